@@ -1,0 +1,1 @@
+"""Adapters: the only modules that talk to Git, Triton, the filesystem and the state store."""

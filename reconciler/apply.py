@@ -1,0 +1,229 @@
+"""Apply: execute a Plan through the server adapters, and nothing else.
+
+Servers are handled concurrently (bounded); the changes of one server, and the steps of one
+change, strictly in order. When a load or verify step fails, the change's revert steps run
+(the old versions never stopped serving, so this only drops what was added) and the other
+models and servers carry on. Apply never re-decides what to do: that is the plan's job.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from reconciler.errors import ReconcileError, ServerUnavailable, VerifyFailed
+from reconciler.plan import Action, ModelChange, Plan, Step
+from reconciler.serving import ModelState
+from reconciler.smoke import mismatches
+from reconciler.spec.model import Tensor
+
+
+class ModelControl(Protocol):
+    """What apply needs from one Triton server (``adapters/triton.py`` is the real one)."""
+
+    def load(self, model: str, config: Mapping[str, Any]) -> None: ...
+
+    def unload(self, model: str) -> None: ...
+
+    def model_state(self, model: str) -> ModelState: ...
+
+    def infer(
+        self, model: str, version: int, inputs: tuple[Tensor, ...], outputs: tuple[str, ...]
+    ) -> dict[str, npt.NDArray[np.generic]]: ...
+
+
+class Outcome(StrEnum):
+    CONVERGED = "converged"
+    REVERTED = "reverted"  # a step failed; the model serves what it served before
+    FAILED = "failed"  # a step failed and the model could not be put back (see errors)
+    SKIPPED = "skipped"  # not attempted: its server became unreachable
+
+
+@dataclass(frozen=True)
+class StepResult:
+    step: Step
+    ok: bool
+    seconds: float
+    error: str | None = None
+    unreachable: bool = False  # the step failed because the server did not answer
+
+
+@dataclass(frozen=True)
+class ChangeResult:
+    change: ModelChange
+    outcome: Outcome
+    steps: tuple[StepResult, ...]
+    revert: tuple[StepResult, ...] = ()
+
+    @property
+    def error(self) -> str | None:
+        for result in (*self.steps, *self.revert):
+            if result.error:
+                return result.error
+        return None
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    revision: str
+    changes: tuple[ChangeResult, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.outcome is Outcome.CONVERGED for c in self.changes)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Injected clock and sleep, so waiting logic is testable without waiting."""
+
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    poll_interval: float = 0.05
+    unload_wait: float = 30.0
+
+
+def _wait_for(
+    control: ModelControl,
+    step: Step,
+    done: Callable[[ModelState], bool],
+    failed: Callable[[ModelState], str | None],
+    timeout: float,
+    timing: Timing,
+) -> ModelState:
+    deadline = timing.clock() + timeout
+    while True:
+        state = control.model_state(step.model)
+        if done(state):
+            return state
+        why = failed(state)
+        if why:
+            raise VerifyFailed(why)
+        if timing.clock() >= deadline:
+            raise VerifyFailed(f"timed out after {timeout:g}s")
+        timing.sleep(timing.poll_interval)
+
+
+def _verify(control: ModelControl, step: Step, timing: Timing) -> None:
+    wanted = set(step.versions)
+
+    def not_coming(state: ModelState) -> str | None:
+        # A version that is neither READY nor LOADING will not become READY by waiting.
+        gone = [
+            v
+            for v in sorted(wanted - state.ready)
+            if not any(s.version == v and s.state == "LOADING" for s in state.versions)
+        ]
+        if gone:
+            return "; ".join(f"version {v} is not READY ({state.reason(v)})" for v in gone)
+        return None
+
+    _wait_for(control, step, lambda s: wanted <= s.ready, not_coming, step.timeout, timing)
+    for case in step.smoke:
+        outputs = tuple(e.name for e in case.expect)
+        for version in step.smoke_versions:
+            answer = control.infer(step.model, version, case.inputs, outputs)
+            wrong = mismatches(case, answer)
+            if wrong:
+                raise VerifyFailed(f"smoke {case.name} on version {version}: {'; '.join(wrong)}")
+
+
+def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
+    if step.versions:
+        assert step.config is not None
+        control.load(step.model, step.config)
+    else:
+        control.unload(step.model)
+    dropped = set(step.dropped)
+
+    def gone(state: ModelState) -> bool:
+        return not (dropped & state.ready)
+
+    # Dropped versions leave READY at once (UNLOADING while in-flight requests finish).
+    _wait_for(control, step, gone, lambda _: None, timing.unload_wait, timing)
+
+
+def execute_step(control: ModelControl, step: Step, timing: Timing) -> None:
+    """Carry out one step; raise a ReconcileError subclass when it fails."""
+    if step.action is Action.LOAD:
+        assert step.config is not None
+        control.load(step.model, step.config)
+    elif step.action is Action.VERIFY:
+        _verify(control, step, timing)
+    else:
+        _unload(control, step, timing)
+
+
+def _run(control: ModelControl, steps: tuple[Step, ...], timing: Timing) -> list[StepResult]:
+    results = []
+    for step in steps:
+        started = timing.clock()
+        try:
+            execute_step(control, step, timing)
+        except ReconcileError as exc:
+            results.append(
+                StepResult(
+                    step,
+                    False,
+                    timing.clock() - started,
+                    str(exc),
+                    unreachable=isinstance(exc, ServerUnavailable),
+                )
+            )
+            break
+        results.append(StepResult(step, True, timing.clock() - started))
+    return results
+
+
+def apply_change(control: ModelControl, change: ModelChange, timing: Timing) -> ChangeResult:
+    results = _run(control, change.steps, timing)
+    if all(r.ok for r in results):
+        return ChangeResult(change, Outcome.CONVERGED, tuple(results))
+    failed = results[-1]
+    if failed.step.action is Action.UNLOAD or failed.unreachable:
+        # New versions are verified and serving (or the server is gone): nothing to put back;
+        # the next pass retries what is left.
+        return ChangeResult(change, Outcome.FAILED, tuple(results))
+    reverted = _run(control, change.revert, timing)
+    outcome = Outcome.REVERTED if all(r.ok for r in reverted) else Outcome.FAILED
+    return ChangeResult(change, outcome, tuple(results), tuple(reverted))
+
+
+def apply(
+    plan: Plan,
+    controls: Mapping[str, ModelControl],
+    *,
+    max_parallel: int = 8,
+    timing: Timing | None = None,
+) -> ApplyResult:
+    """Execute every change of ``plan``; servers concurrently, each server's changes in order."""
+    timing = timing or Timing()
+    by_server: dict[str, list[ModelChange]] = {}
+    for change in plan.changes:
+        by_server.setdefault(change.server, []).append(change)
+
+    def run_server(server: str) -> list[ChangeResult]:
+        results: list[ChangeResult] = []
+        for change in by_server[server]:
+            if results and _server_lost(results[-1]):
+                results.append(ChangeResult(change, Outcome.SKIPPED, ()))
+                continue
+            results.append(apply_change(controls[server], change, timing))
+        return results
+
+    with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
+        per_server = list(pool.map(run_server, sorted(by_server)))
+    return ApplyResult(plan.revision, tuple(r for results in per_server for r in results))
+
+
+def _server_lost(result: ChangeResult) -> bool:
+    return result.outcome is Outcome.SKIPPED or any(
+        r.unreachable for r in (*result.steps, *result.revert)
+    )

@@ -1,0 +1,76 @@
+"""The reconciler's error tree: the loop decides what to do from these types only.
+
+    ReconcileError                     base of everything the reconciler raises on purpose
+    ├── ValidationError                manifests are wrong; permanent until the input changes
+    │                                  (carries every Problem found: file, line, message)
+    ├── SourceUnavailable              the Git remote or ref cannot be read (transient)
+    ├── ServerUnavailable              a Triton server does not answer (transient)
+    ├── UnsafeRevision                 a revision refused as a whole (e.g. it would empty a
+    │                                  server that serves models); nothing is applied
+    └── StepFailed                     one step of a model's change failed; the model goes back
+        ├── LoadFailed                 Triton refused or failed the load (its own message)
+        ├── VerifyFailed               a version did not become READY or a smoke case failed
+        └── UnloadFailed               dropping old versions failed (new ones serve already)
+
+Library exceptions (GitPython, tritonclient, ruamel.yaml) are re-raised as these at the
+adapter boundary, ``raise ServerUnavailable(...) from exc``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ReconcileError(Exception):
+    """Base of the reconciler's own errors."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the manifests, located in a file."""
+
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+class ValidationError(ReconcileError):
+    def __init__(self, problems: list[Problem], revision: str | None = None) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.file, p.line, p.message))
+        self.revision = revision  # the commit the manifests were read from, if any
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class SourceUnavailable(ReconcileError):
+    """The manifest source (Git URL, path or ref) cannot be read."""
+
+
+class ServerUnavailable(ReconcileError):
+    """A Triton server did not answer."""
+
+    def __init__(self, server: str, message: str) -> None:
+        self.server = server
+        super().__init__(f"server {server}: {message}")
+
+
+class UnsafeRevision(ReconcileError):
+    """A revision that would do something no single commit should do, refused as a whole."""
+
+
+class StepFailed(ReconcileError):
+    """A step of one model's change on one server failed."""
+
+
+class LoadFailed(StepFailed):
+    pass
+
+
+class VerifyFailed(StepFailed):
+    pass
+
+
+class UnloadFailed(StepFailed):
+    pass

@@ -1,0 +1,77 @@
+"""Triton model configs in their JSON form: parsing config.pbtxt, merging, version policy.
+
+Triton's load API replaces config.pbtxt with the JSON it is given, so every load carries a
+whole config: the base (the loaded config, else the repository's config.pbtxt) with the
+manifest's ``spec.config`` merged over it and the version policy set. Pure functions, no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
+
+# Fields Triton fills in or names itself when it loads a model; they say nothing about what
+# the user asked for, so comparisons ignore them.
+_SERVER_FILLED = {"version_policy"}
+
+
+def parse_pbtxt(text: str) -> dict[str, Any]:
+    """config.pbtxt (protobuf text format) as Triton's JSON form; raises ValueError."""
+    try:
+        message = text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as exc:
+        raise ValueError(str(exc)) from exc
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` over ``base``: objects merge key by key; lists and scalars replace."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def with_versions(config: Mapping[str, Any], model: str, versions: Iterable[int]) -> dict[str, Any]:
+    """The whole config to load ``model`` with exactly ``versions``."""
+    result = copy.deepcopy(dict(config))
+    result["name"] = model
+    result["version_policy"] = {"specific": {"versions": sorted(set(versions))}}
+    return result
+
+
+def _same(wanted: Any, actual: Any) -> bool:
+    # Triton's JSON renders int64 fields (dims, sizes) as strings: compare by text.
+    if isinstance(wanted, Mapping):
+        return isinstance(actual, Mapping) and all(
+            _same(v, actual.get(k)) for k, v in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(actual, list)
+            and len(wanted) == len(actual)
+            and all(_same(w, a) for w, a in zip(wanted, actual, strict=True))
+        )
+    if isinstance(wanted, bool) or isinstance(actual, bool):
+        return bool(wanted == actual)
+    return bool(wanted == actual) or str(wanted) == str(actual)
+
+
+def config_drift(wanted: Mapping[str, Any], loaded: Mapping[str, Any]) -> list[str]:
+    """Top-level keys of ``wanted`` (the manifest's spec.config) that ``loaded`` does not match."""
+    return sorted(
+        key
+        for key, value in wanted.items()
+        if key not in _SERVER_FILLED and not _same(value, loaded.get(key))
+    )
+
+
+def is_complete(config: Mapping[str, Any]) -> bool:
+    return "backend" in config or "platform" in config

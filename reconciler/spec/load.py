@@ -1,0 +1,370 @@
+"""Read manifest files into a DesiredState, reporting every problem as FILE:LINE: message.
+
+Called by the CLI's ``validate`` (files from a directory) and by every reconcile pass (files
+from a Git commit). YAML is read with ruamel.yaml's round-trip loader, which is safe (it builds
+only plain data) and keeps the line of every key and item; the JSON Schemas in ``schemas/`` are
+the single source of structural validation; the checks that span documents (unique names,
+server references, one deployment per model and server) follow them here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterator, Mapping
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import referencing
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from reconciler.errors import Problem, ValidationError
+from reconciler.spec.model import (
+    DesiredState,
+    Expectation,
+    Location,
+    ModelDeployment,
+    SmokeCase,
+    Tensor,
+    TritonServer,
+)
+
+API_VERSION = "triton-gitops/v1alpha1"
+KIND_SCHEMAS = {
+    "TritonServer": "triton-server.schema.json",
+    "ModelDeployment": "model-deployment.schema.json",
+}
+MANIFEST_SUFFIXES = (".yaml", ".yml")
+MAX_MANIFEST_BYTES = 1 << 20
+
+JsonPath = tuple[str | int, ...]
+
+
+def schema_dir() -> Path:
+    """Where the JSON Schemas are: inside the installed package, else the source tree's."""
+    packaged = resources.files("reconciler") / "schemas"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[2] / "schemas"
+
+
+@cache
+def _validators() -> dict[str, jsonschema.protocols.Validator]:
+    folder = schema_dir()
+    schemas = {p.name: json.loads(p.read_text()) for p in folder.glob("*.schema.json")}
+    registry: referencing.Registry[Any] = referencing.Registry().with_resources(
+        (s["$id"], referencing.Resource.from_contents(s)) for s in schemas.values()
+    )
+    return {
+        kind: jsonschema.Draft202012Validator(schemas[name], registry=registry)
+        for kind, name in KIND_SCHEMAS.items()
+    }
+
+
+def manifest_files_in(directory: Path) -> dict[str, bytes]:
+    """Every *.yaml / *.yml under ``directory`` (hidden folders skipped), by relative path."""
+    if not directory.is_dir():
+        raise ValidationError([Problem(str(directory), 0, "no such directory")])
+    files: dict[str, bytes] = {}
+    for path in sorted(directory.rglob("*")):
+        relative = path.relative_to(directory)
+        if any(part.startswith(".") for part in relative.parts[:-1]):
+            continue
+        if path.suffix in MANIFEST_SUFFIXES and path.is_file():
+            files[relative.as_posix()] = path.read_bytes()
+    return files
+
+
+class _Document:
+    """One YAML document of one file, with a way to find the line of any path in it."""
+
+    def __init__(self, file: str, root: CommentedMap, start_line: int) -> None:
+        self.file = file
+        self.root = root
+        self.start_line = start_line
+
+    def line(self, path: JsonPath) -> int:
+        node: Any = self.root
+        line = self.start_line
+        for step in path:
+            try:
+                if isinstance(node, CommentedMap) and step in node:
+                    line = node.lc.key(step)[0] + 1
+                    node = node[step]
+                elif isinstance(node, CommentedSeq) and isinstance(step, int):
+                    line = node.lc.item(step)[0] + 1
+                    node = node[step]
+                else:
+                    break
+            except (KeyError, IndexError, TypeError, AttributeError):
+                break
+        return line
+
+    def problem(self, path: JsonPath, message: str) -> Problem:
+        return Problem(self.file, self.line(path), message)
+
+
+def _plain(value: Any) -> Any:
+    """ruamel's commented containers and scalar subclasses as plain JSON-like Python values."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    return value
+
+
+def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[_Document]:
+    for file, content in sorted(files.items()):
+        if len(content) > MAX_MANIFEST_BYTES:
+            problems.append(Problem(file, 1, f"file is larger than {MAX_MANIFEST_BYTES} bytes"))
+            continue
+        try:
+            text = content.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(Problem(file, 1, f"not UTF-8 text ({exc.reason})"))
+            continue
+        yaml = YAML(typ="rt")
+        yaml.allow_duplicate_keys = False
+        try:
+            loaded = list(yaml.load_all(text))
+        except MarkedYAMLError as exc:
+            mark = exc.problem_mark or exc.context_mark
+            line = mark.line + 1 if mark is not None else 1
+            problems.append(Problem(file, line, f"invalid YAML: {exc.problem or exc}"))
+            continue
+        except YAMLError as exc:
+            problems.append(Problem(file, 1, f"invalid YAML: {exc}"))
+            continue
+        for document in loaded:
+            if document is None:
+                continue
+            if not isinstance(document, CommentedMap):
+                line = document.lc.line + 1 if hasattr(document, "lc") else 1
+                problems.append(Problem(file, line, "a manifest must be a mapping"))
+                continue
+            yield _Document(file, document, document.lc.line + 1)
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    where = ".".join(
+        f"[{p}]" if isinstance(p, int) else str(p) for p in error.absolute_path
+    ).replace(".[", "[")
+    if error.validator == "not" and error.absolute_path and error.absolute_path[-1] == "config":
+        message = "version_policy is set by the reconciler from spec.versions; remove it"
+    elif error.validator in ("minProperties", "maxProperties") and where.endswith("servers"):
+        message = "exactly one of names or matchLabels is required"
+    elif error.validator == "pattern" and isinstance(error.instance, str):
+        message = f"{error.instance!r} does not match {error.validator_value!r}"
+    else:
+        message = error.message
+    return f"{where}: {message}" if where else message
+
+
+_DURATION = re.compile(r"^([0-9]+)(ms|s|m)$")
+
+
+def _seconds(text: str) -> float:
+    match = _DURATION.match(text)
+    assert match is not None  # the schema's pattern guarantees the form
+    factor = {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2)]
+    return int(match.group(1)) * factor
+
+
+def _flat(data: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flat(item) if isinstance(item, list) else [item])
+    return out
+
+
+def _build_server(doc: _Document, spec: dict[str, Any]) -> TritonServer:
+    metadata, body = spec["metadata"], spec["spec"]
+    return TritonServer(
+        name=metadata["name"],
+        labels=dict(metadata.get("labels", {})),
+        grpc=body["grpc"],
+        metrics=body.get("metrics"),
+        model_repository=body.get("modelRepository"),
+        location=Location(doc.file, doc.start_line),
+    )
+
+
+def _build_deployment(
+    doc: _Document, spec: dict[str, Any], problems: list[Problem]
+) -> ModelDeployment:
+    metadata, body = spec["metadata"], spec["spec"]
+    model = body.get("model", metadata["name"])
+    config = body.get("config", {})
+    if "name" in config and config["name"] != model:
+        problems.append(
+            doc.problem(
+                ("spec", "config", "name"),
+                f"config.name {config['name']!r} must equal the model name {model!r}",
+            )
+        )
+    verify = body.get("verify", {})
+    smoke: list[SmokeCase] = []
+    for index, case in enumerate(verify.get("smoke", [])):
+        path: JsonPath = ("spec", "verify", "smoke", index)
+        inputs = []
+        for name, tensor in case["inputs"].items():
+            data = _flat(tensor["data"])
+            if math.prod(tensor["shape"]) != len(data):
+                problems.append(
+                    doc.problem(
+                        (*path, "inputs", name, "data"),
+                        f"input {name}: shape {tensor['shape']} holds "
+                        f"{math.prod(tensor['shape'])} values, data has {len(data)}",
+                    )
+                )
+            inputs.append(Tensor(name, tensor["datatype"], tuple(tensor["shape"]), tuple(data)))
+        expect = []
+        for name, expected in case.get("expect", {}).items():
+            data = _flat(expected["data"])
+            shape = expected.get("shape")
+            if shape is not None and math.prod(shape) != len(data):
+                problems.append(
+                    doc.problem(
+                        (*path, "expect", name, "data"),
+                        f"output {name}: shape {shape} holds {math.prod(shape)} values, "
+                        f"data has {len(data)}",
+                    )
+                )
+            expect.append(
+                Expectation(
+                    name,
+                    tuple(data),
+                    tuple(shape) if shape is not None else None,
+                    float(expected.get("tolerance", 0.0)),
+                )
+            )
+        smoke.append(SmokeCase(case.get("name", f"smoke[{index}]"), tuple(inputs), tuple(expect)))
+    servers = body["servers"]
+    return ModelDeployment(
+        name=metadata["name"],
+        model=model,
+        versions=tuple(sorted(body["versions"])),
+        server_names=tuple(servers["names"]) if "names" in servers else None,
+        match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
+        config=config,
+        smoke=tuple(smoke),
+        verify_timeout=_seconds(verify.get("timeout", "120s")),
+        location=Location(doc.file, doc.start_line),
+    )
+
+
+def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
+    """Parse, validate and cross-check manifests; raise ValidationError with every problem."""
+    problems: list[Problem] = []
+    servers: list[tuple[_Document, TritonServer]] = []
+    deployments: list[tuple[_Document, ModelDeployment]] = []
+    validators = _validators()
+    for doc in _documents(files, problems):
+        api_version, kind = doc.root.get("apiVersion"), doc.root.get("kind")
+        if api_version != API_VERSION:
+            problems.append(
+                doc.problem(
+                    ("apiVersion",),
+                    f"unknown apiVersion {api_version!r} (expected {API_VERSION!r})"
+                    if api_version is not None
+                    else "apiVersion is required",
+                )
+            )
+            continue
+        if kind not in KIND_SCHEMAS:
+            problems.append(
+                doc.problem(
+                    ("kind",),
+                    f"unknown kind {kind!r} (expected one of {', '.join(sorted(KIND_SCHEMAS))})",
+                )
+            )
+            continue
+        plain = _plain(doc.root)
+        errors = sorted(
+            validators[kind].iter_errors(plain), key=lambda e: [str(p) for p in e.absolute_path]
+        )
+        if errors:
+            problems.extend(doc.problem(tuple(e.absolute_path), _schema_message(e)) for e in errors)
+            continue
+        if kind == "TritonServer":
+            servers.append((doc, _build_server(doc, plain)))
+        else:
+            deployments.append((doc, _build_deployment(doc, plain, problems)))
+    problems.extend(_cross_check(servers, deployments))
+    if problems:
+        raise ValidationError(problems)
+    return DesiredState.build([s for _, s in servers], [d for _, d in deployments])
+
+
+def _cross_check(
+    servers: list[tuple[_Document, TritonServer]],
+    deployments: list[tuple[_Document, ModelDeployment]],
+) -> Iterator[Problem]:
+    seen_servers: dict[str, TritonServer] = {}
+    for doc, server in servers:
+        if server.name in seen_servers:
+            first = seen_servers[server.name].location
+            yield doc.problem(
+                ("metadata", "name"),
+                f"duplicate TritonServer name {server.name!r} (first defined at {first})",
+            )
+        else:
+            seen_servers[server.name] = server
+    seen_deployments: dict[str, ModelDeployment] = {}
+    placed: dict[tuple[str, str], ModelDeployment] = {}
+    for doc, deployment in deployments:
+        if deployment.name in seen_deployments:
+            first = seen_deployments[deployment.name].location
+            yield doc.problem(
+                ("metadata", "name"),
+                f"duplicate ModelDeployment name {deployment.name!r} (first defined at {first})",
+            )
+            continue
+        seen_deployments[deployment.name] = deployment
+        if deployment.server_names is not None:
+            for index, name in enumerate(deployment.server_names):
+                if name not in seen_servers:
+                    yield doc.problem(
+                        ("spec", "servers", "names", index),
+                        f"ModelDeployment {deployment.name!r} names unknown TritonServer {name!r}",
+                    )
+        targets = [s for s in seen_servers.values() if deployment.selects(s)]
+        if deployment.match_labels is not None and not targets:
+            yield doc.problem(
+                ("spec", "servers", "matchLabels"),
+                f"ModelDeployment {deployment.name!r}: matchLabels "
+                f"{dict(deployment.match_labels)} match no TritonServer",
+            )
+        for server in targets:
+            other = placed.get((server.name, deployment.model))
+            if other is not None:
+                yield doc.problem(
+                    ("spec",),
+                    f"model {deployment.model!r} on server {server.name!r} is already placed by "
+                    f"ModelDeployment {other.name!r} ({other.location})",
+                )
+            else:
+                placed[(server.name, deployment.model)] = deployment
+        complete = "backend" in deployment.config or "platform" in deployment.config
+        blind = [s.name for s in targets if s.model_repository is None]
+        if blind and not complete:
+            yield doc.problem(
+                ("spec",),
+                f"ModelDeployment {deployment.name!r}: server(s) {', '.join(blind)} declare no "
+                "spec.modelRepository to read the base config from, so spec.config must be "
+                "complete (at least backend or platform, inputs and outputs)",
+            )

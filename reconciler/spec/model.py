@@ -1,0 +1,103 @@
+"""The manifest kinds as frozen dataclasses: what the planner reads, never raw YAML."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class TritonServer:
+    name: str
+    grpc: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    metrics: str | None = None
+    model_repository: str | None = None
+    location: Location = Location("<memory>", 0)
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Expectation:
+    name: str
+    data: tuple[Any, ...]
+    shape: tuple[int, ...] | None = None
+    tolerance: float = 0.0
+
+
+@dataclass(frozen=True)
+class SmokeCase:
+    name: str
+    inputs: tuple[Tensor, ...]
+    expect: tuple[Expectation, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelDeployment:
+    name: str
+    model: str
+    versions: tuple[int, ...]
+    server_names: tuple[str, ...] | None = None
+    match_labels: Mapping[str, str] | None = None
+    config: Mapping[str, Any] = field(default_factory=dict)
+    smoke: tuple[SmokeCase, ...] = ()
+    verify_timeout: float = 120.0
+    location: Location = Location("<memory>", 0)
+
+    def selects(self, server: TritonServer) -> bool:
+        if self.server_names is not None:
+            return server.name in self.server_names
+        assert self.match_labels is not None
+        return all(server.labels.get(k) == v for k, v in self.match_labels.items())
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One model that one server must serve, and the deployment that asked for it."""
+
+    server: str
+    deployment: ModelDeployment
+
+    @property
+    def model(self) -> str:
+        return self.deployment.model
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """Everything the manifests at one revision ask for."""
+
+    servers: Mapping[str, TritonServer]
+    deployments: Mapping[str, ModelDeployment]
+    # server name -> model name -> placement; every server appears, possibly with no models.
+    placements: Mapping[str, Mapping[str, Placement]]
+
+    @staticmethod
+    def build(servers: list[TritonServer], deployments: list[ModelDeployment]) -> DesiredState:
+        placements: dict[str, dict[str, Placement]] = {s.name: {} for s in servers}
+        for deployment in deployments:
+            for server in servers:
+                if deployment.selects(server):
+                    placements[server.name][deployment.model] = Placement(server.name, deployment)
+        return DesiredState(
+            servers={s.name: s for s in servers},
+            deployments={d.name: d for d in deployments},
+            placements=placements,
+        )

@@ -1,0 +1,103 @@
+"""Fixtures shared by the whole suite: real tritonserver processes, real Git remotes."""
+
+from __future__ import annotations
+
+import compileall
+import shutil
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.local_triton import LocalTriton
+
+MODELS = Path(__file__).parent / "triton_models"
+# Versions written for every test model; 9 fails to initialize (see model.py).
+VERSIONS = (1, 2, 3, 9)
+TEST_MODELS = ("echo", "other")
+
+
+def write_model_repository(root: Path) -> Path:
+    """A Triton model repository with the test models, compiled ahead of the first load.
+
+    Python models write __pycache__ on first import, which changes mtimes and makes Triton
+    fully reload that version on the next load; compiling ahead avoids that.
+    """
+    for name in TEST_MODELS:
+        folder = root / name
+        folder.mkdir(parents=True)
+        config = (MODELS / "echo" / "config.pbtxt").read_text().replace('"echo"', f'"{name}"')
+        (folder / "config.pbtxt").write_text(config)
+        for version in VERSIONS:
+            (folder / str(version)).mkdir()
+            shutil.copy(MODELS / "echo" / "model.py", folder / str(version) / "model.py")
+    compileall.compile_dir(root, quiet=1)
+    return root
+
+
+@pytest.fixture(scope="session")
+def model_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model_repository(tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture
+def triton(model_repository: Path, tmp_path: Path) -> Iterator[LocalTriton]:
+    server = LocalTriton(model_repository, log_file=tmp_path / "triton-a.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def triton_b(model_repository: Path, tmp_path: Path) -> Iterator[LocalTriton]:
+    server = LocalTriton(model_repository, log_file=tmp_path / "triton-b.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+class ManifestRepo:
+    """A bare Git remote (reached over file://) and a clone that tests commit and push from."""
+
+    def __init__(self, root: Path) -> None:
+        self.bare = root / "remote.git"
+        self.work = root / "work"
+        root.mkdir(parents=True, exist_ok=True)
+        git(root, "init", "--quiet", "--bare", "--initial-branch=main", str(self.bare))
+        git(root, "clone", "--quiet", str(self.bare), str(self.work))
+        git(self.work, "config", "user.email", "tests@triton-gitops.invalid")
+        git(self.work, "config", "user.name", "triton-gitops tests")
+        git(self.work, "checkout", "--quiet", "-b", "main")
+
+    @property
+    def url(self) -> str:
+        return self.bare.as_uri()
+
+    def write(self, path: str, text: str) -> None:
+        target = self.work / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(textwrap.dedent(text))
+
+    def remove(self, path: str) -> None:
+        git(self.work, "rm", "--quiet", path)
+
+    def commit(self, message: str) -> str:
+        git(self.work, "add", "--all")
+        git(self.work, "commit", "--quiet", "--allow-empty", "-m", message)
+        git(self.work, "push", "--quiet", "origin", "HEAD:main")
+        return git(self.work, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def manifests(tmp_path: Path) -> ManifestRepo:
+    return ManifestRepo(tmp_path / "git")
