@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 from reconciler.apply import ApplyResult, ChangeResult, Outcome
@@ -97,12 +98,12 @@ def _change_result_text(result: ChangeResult) -> list[str]:
         versions = _list(r.step.versions)
         lines.append(f"    {r.step.action:<7} {versions:<10} {mark} ({r.seconds:.2f}s)")
         if r.error:
-            lines.append(f"      {r.error}")
+            lines.append(textwrap.indent(r.error.strip(), "      "))
     for r in result.revert:
         mark = "ok" if r.ok else "FAILED"
         lines.append(f"    revert {r.step.action:<7} {_list(r.step.versions):<10} {mark}")
         if r.error:
-            lines.append(f"      {r.error}")
+            lines.append(textwrap.indent(r.error.strip(), "      "))
     if result.outcome is Outcome.REVERTED:
         lines.append(f"    serving {_list(change.serving)} as before")
     return lines

@@ -1,0 +1,194 @@
+"""The local demo: a real Triton, a real Git remote, and a reconciler that swaps versions.
+
+Run by ``./dev demo``. It copies ``examples/repo`` into a fresh bare Git remote, starts a
+tritonserver (from the nvidia-pytriton wheel) over a copy of ``examples/model-repository``,
+then: applies version 1, commits a bump to version 2 and applies it while a client keeps
+sending requests, then commits version 3 (which fails to load) and shows that version 2 keeps
+serving. Everything it starts is stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import tritonclient.grpc as triton_grpc
+from ruamel.yaml import YAML
+
+from reconciler.cli import main as triton_gitops
+from reconciler.local_triton import LocalTriton
+
+EXAMPLES = Path(__file__).resolve().parent
+
+
+def banner(text: str) -> None:
+    print(f"\n\033[1m== {text}\033[0m", flush=True)
+
+
+def run(*args: str) -> int:
+    print(f"$ triton-gitops {' '.join(args)}", flush=True)
+    code = triton_gitops(list(args))
+    print(f"(exit {code})", flush=True)
+    return code
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def edit_yaml(path: Path, change: dict[str, object], section: str = "spec") -> None:
+    """Round-trip edit: comments and layout stay as the user wrote them."""
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    document = yaml.load(path)
+    for key, value in change.items():
+        document[section][key] = value
+    with path.open("w") as stream:
+        yaml.dump(document, stream)
+
+
+def serving(server: LocalTriton) -> str:
+    with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+        item = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+        item.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        answer = client.infer("echo", [item]).as_numpy("OUTPUT0")[0][0]
+        index = client.get_model_repository_index(as_json=True).get("models", [])
+    ready = sorted(int(m["version"]) for m in index if m.get("state") == "READY")
+    return f"loaded versions {ready}; an unversioned request is answered by version {answer:g}"
+
+
+class Client:
+    """A client sending unversioned requests in a loop, counting answers per version."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.answers: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        ones = np.ones((1, 4), dtype=np.float32)
+        with triton_grpc.InferenceServerClient(self.address) as client:
+            while not self.stop.is_set():
+                item = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+                item.set_data_from_numpy(ones)
+                try:
+                    key = f"v{client.infer('echo', [item]).as_numpy('OUTPUT0')[0][0]:g}"
+                except Exception as exc:
+                    key = f"failed: {exc}"
+                self.answers[key] = self.answers.get(key, 0) + 1
+
+    def __enter__(self) -> Client:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def demo(workdir: Path) -> int:
+    models = workdir / "model-repository"
+    shutil.copytree(EXAMPLES / "model-repository", models)  # symlinks become files
+    compileall.compile_dir(models, quiet=1)
+
+    banner("starting a local Triton (EXPLICIT model control) on 127.0.0.1")
+    triton = LocalTriton(models, log_file=workdir / "tritonserver.log").start()
+    try:
+        remote, work = workdir / "manifests.git", workdir / "manifests"
+        git(workdir, "init", "--quiet", "--bare", "--initial-branch=main", str(remote))
+        shutil.copytree(EXAMPLES / "repo", work)
+        git(work, "init", "--quiet", "--initial-branch=main")
+        git(work, "config", "user.name", "demo")
+        git(work, "config", "user.email", "demo@triton-gitops.invalid")
+        git(work, "remote", "add", "origin", remote.as_uri())
+        edit_yaml(
+            work / "servers" / "local.yaml",
+            {
+                "grpc": triton.grpc_address,
+                "metrics": triton.metrics_url,
+                "modelRepository": str(models),
+            },
+        )
+
+        def commit(message: str) -> None:
+            git(work, "add", "--all")
+            git(work, "commit", "--quiet", "-m", message)
+            git(work, "push", "--quiet", "origin", "HEAD:main")
+            print(f"committed {git(work, 'rev-parse', '--short', 'HEAD')}: {message}")
+
+        commit("Serve echo version 1 on the edge pool")
+        print(f"Triton gRPC {triton.grpc_address}; manifests in {remote.as_uri()}")
+        options = [
+            "--repo", remote.as_uri(),
+            "--state", str(workdir / "state.db"),
+            "--cache-dir", str(workdir / "cache"),
+        ]  # fmt: skip
+
+        banner("validate the manifests")
+        run("validate", str(work))
+        banner("plan and apply the first deployment")
+        run("plan", *options)
+        if run("apply", *options) != 0:
+            return 1
+        print(serving(triton))
+
+        banner("a pull request bumps echo to version 2; apply it while a client sends requests")
+        edit_yaml(work / "models" / "echo.yaml", {"versions": [2]})
+        smoke = YAML().load(work / "models" / "echo.yaml")
+        smoke["spec"]["verify"]["smoke"][0]["expect"]["OUTPUT0"]["data"] = [2, 4, 6, 8]
+        with (work / "models" / "echo.yaml").open("w") as stream:
+            YAML().dump(smoke, stream)
+        commit("Bump echo to version 2")
+        run("plan", *options)
+        with Client(triton.grpc_address) as client:
+            time.sleep(0.5)
+            code = run("apply", *options)
+            time.sleep(0.5)
+        print(f"client answers during the swap: {client.answers}")
+        print(serving(triton))
+        if code != 0 or any(key.startswith("failed") for key in client.answers):
+            return 1
+
+        banner("version 3 is a bad release: Triton cannot load it, version 2 keeps serving")
+        edit_yaml(work / "models" / "echo.yaml", {"versions": [3]})
+        commit("Bump echo to version 3")
+        code = run("apply", *options)
+        print(serving(triton))
+        if code != 1:
+            return 1
+
+        banner("plan against the bad revision still shows the pending change")
+        run("plan", *options)
+        print("\ndemo finished: every step behaved as intended")
+        return 0
+    finally:
+        triton.stop()
+
+
+def cli() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", action="store_true", help="keep the demo's work folder")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="triton-gitops-demo-"))
+    try:
+        return demo(workdir)
+    finally:
+        if args.keep:
+            print(f"work folder kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -1,0 +1,84 @@
+"""A client load generator for zero-downtime tests and the swap benchmark.
+
+Several threads send unversioned requests to one model in a loop (each with its own gRPC
+client) and record every outcome: which version answered (the test models multiply their
+input by their version), how long it took, and every failure with its message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
+
+
+@dataclass
+class Sample:
+    started: float  # time.monotonic() when the request was sent
+    seconds: float
+    version: int | None  # None when the request failed
+    error: str | None = None
+
+
+@dataclass
+class LoadGenerator:
+    address: str
+    model: str
+    threads: int = 4
+    samples: list[Sample] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _workers: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _run(self) -> None:
+        ones = np.ones((1, 4), dtype=np.float32)
+        with triton_grpc.InferenceServerClient(self.address) as client:
+            while not self._stop.is_set():
+                item = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+                item.set_data_from_numpy(ones)
+                started = time.monotonic()
+                try:
+                    result = client.infer(self.model, [item], client_timeout=30)
+                    output = result.as_numpy("OUTPUT0")
+                    sample = Sample(started, time.monotonic() - started, round(float(output[0][0])))
+                except InferenceServerException as exc:
+                    sample = Sample(started, time.monotonic() - started, None, str(exc))
+                with self._lock:
+                    self.samples.append(sample)
+
+    def start(self) -> LoadGenerator:
+        for _ in range(self.threads):
+            worker = threading.Thread(target=self._run, daemon=True)
+            worker.start()
+            self._workers.append(worker)
+        return self
+
+    def stop(self) -> list[Sample]:
+        self._stop.set()
+        for worker in self._workers:
+            worker.join(timeout=60)
+        return self.samples
+
+    def __enter__(self) -> LoadGenerator:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def wait_for_samples(self, count: int, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.samples) < count and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    @property
+    def failures(self) -> list[Sample]:
+        with self._lock:
+            return [s for s in self.samples if s.error is not None]
+
+    def versions_seen(self) -> set[int]:
+        with self._lock:
+            return {s.version for s in self.samples if s.version is not None}
