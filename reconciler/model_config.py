@@ -19,6 +19,19 @@ from tritonclient.grpc import model_config_pb2
 _SERVER_FILLED = {"version_policy"}
 
 
+def canonical(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` in the form Triton reports it: through the ModelConfig message and back.
+
+    Defaults drop out, int64 fields become strings, enums stay names; raises ValueError for a
+    field or value the ModelConfig message does not have.
+    """
+    try:
+        message = json_format.ParseDict(dict(config), model_config_pb2.ModelConfig())
+    except json_format.ParseError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from exc
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
 def parse_pbtxt(text: str) -> dict[str, Any]:
     """config.pbtxt (protobuf text format) as Triton's JSON form; raises ValueError."""
     try:
@@ -65,12 +78,26 @@ def _same(wanted: Any, actual: Any) -> bool:
 
 
 def config_drift(wanted: Mapping[str, Any], loaded: Mapping[str, Any]) -> list[str]:
-    """Top-level keys of ``wanted`` (the manifest's spec.config) that ``loaded`` does not match."""
-    return sorted(
-        key
-        for key, value in wanted.items()
-        if key not in _SERVER_FILLED and not _same(value, loaded.get(key))
-    )
+    """Top-level keys of ``wanted`` (the manifest's spec.config) that ``loaded`` does not match.
+
+    Both sides are compared in Triton's reported form; what the server fills in itself (an
+    instance group's name, say) is not drift. A key whose wanted value is the default counts
+    as matching when the loaded config leaves it out too.
+    """
+    try:
+        normal = canonical(wanted)
+    except ValueError:
+        return sorted(k for k in wanted if k not in _SERVER_FILLED)  # validation reports it
+    drift = []
+    for key in wanted:
+        if key in _SERVER_FILLED:
+            continue
+        if key in normal:
+            if not _same(normal[key], loaded.get(key)):
+                drift.append(key)
+        elif key in loaded and canonical({key: loaded[key]}):
+            drift.append(key)
+    return sorted(drift)
 
 
 def is_complete(config: Mapping[str, Any]) -> bool:

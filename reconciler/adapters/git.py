@@ -8,6 +8,7 @@ URLs never appear in errors.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ _REFSPECS = [
     "+HEAD:refs/remotes/origin/HEAD",
 ]
 _SYMLINK_MODE = 0o120000
+_NON_INTERACTIVE = {"GIT_TERMINAL_PROMPT": "0"}
+if "GIT_SSH_COMMAND" not in os.environ:
+    _NON_INTERACTIVE["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"
 
 
 def redact(url: str) -> str:
@@ -40,7 +44,8 @@ class Revision:
 
 
 class GitSource:
-    def __init__(self, url: str, cache_dir: Path) -> None:
+    def __init__(self, url: str, cache_dir: Path, fetch_timeout: float = 120.0) -> None:
+        self.fetch_timeout = fetch_timeout
         local = Path(url)
         self.url = str(local.resolve()) if "://" not in url and local.exists() else url
         key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
@@ -52,15 +57,29 @@ class GitSource:
         self.cache.mkdir(parents=True, exist_ok=True)
         return git.Repo.init(self.cache, bare=True)
 
+    def _git_error(self, exc: git.GitCommandError) -> str:
+        """git's own complaint (its fatal:/error: lines), with credentials hidden."""
+        text = str(exc.stderr or "").strip().removeprefix("stderr:").strip().strip("'")
+        lines = [line for line in text.splitlines() if line.startswith(("fatal:", "error:"))]
+        return redact(" ".join(lines or [text or "git fetch failed"]))
+
     def fetch(self, ref: str = "HEAD") -> git.Commit:
         """Bring the cache up to date with the remote and resolve ``ref`` to a commit."""
         repo = self._repo()
         try:
-            repo.git.fetch("--prune", "--no-tags", "--quiet", self.url, *_REFSPECS)
+            # Never wait for a password prompt; never wait forever for a remote.
+            repo.git.fetch(
+                "--prune",
+                "--no-tags",
+                "--quiet",
+                self.url,
+                *_REFSPECS,
+                env=_NON_INTERACTIVE,
+                kill_after_timeout=self.fetch_timeout,
+            )
         except git.GitCommandError as exc:
-            detail = (exc.stderr or "").strip().replace(self.url, redact(self.url))
             raise SourceUnavailable(
-                f"cannot fetch {redact(self.url)}: {detail or 'git fetch failed'}"
+                f"cannot fetch {redact(self.url)}: {self._git_error(exc)}"
             ) from exc
         for candidate in (f"refs/remotes/origin/{ref}", f"refs/tags/{ref}", ref):
             try:

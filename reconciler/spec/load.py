@@ -25,6 +25,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from reconciler.errors import Problem, ValidationError
+from reconciler.model_config import canonical
 from reconciler.spec.model import (
     DesiredState,
     Expectation,
@@ -209,6 +210,14 @@ def _build_deployment(
     metadata, body = spec["metadata"], spec["spec"]
     model = body.get("model", metadata["name"])
     config = body.get("config", {})
+    try:
+        canonical(config)
+    except ValueError as exc:
+        # Point at the offending key when protobuf names one of spec.config's own keys.
+        named = re.search(r'field named "([^"]+)"|parse (\w+) field', str(exc))
+        key = next((k for k in (named.groups() if named else ()) if k in config), None)
+        where: JsonPath = ("spec", "config", key) if key else ("spec", "config")
+        problems.append(doc.problem(where, f"spec.config: {exc}"))
     if "name" in config and config["name"] != model:
         problems.append(
             doc.problem(

@@ -1,0 +1,75 @@
+"""The Git adapter against real repositories: refs, folders, links, a vanished remote."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from reconciler.adapters.git import GitSource, redact
+from reconciler.errors import SourceUnavailable
+from tests.conftest import ManifestRepo, git
+
+
+def test_reads_branch_tag_and_commit(manifests: ManifestRepo, tmp_path: Path) -> None:
+    manifests.write("a.yaml", "one: 1\n")
+    first = manifests.commit("first")
+    git(manifests.work, "tag", "v1")
+    git(manifests.work, "push", "--quiet", "origin", "v1")
+    manifests.write("a.yaml", "one: 2\n")
+    manifests.write("notes.txt", "not a manifest\n")
+    second = manifests.commit("second")
+
+    source = GitSource(manifests.url, tmp_path / "cache")
+    head = source.revision()
+    assert head.sha == second
+    assert head.files == {"a.yaml": b"one: 2\n"}
+    assert source.revision("main").sha == second
+    assert source.revision("v1").files == {"a.yaml": b"one: 1\n"}
+    assert source.revision(first).sha == first
+    with pytest.raises(SourceUnavailable, match="no branch, tag or commit 'nope'"):
+        source.revision("nope")
+
+
+def test_reads_a_folder_and_skips_links(manifests: ManifestRepo, tmp_path: Path) -> None:
+    manifests.write("deploy/prod/a.yml", "a: 1\n")
+    manifests.write("deploy/staging/b.yaml", "b: 1\n")
+    manifests.write("other/c.yaml", "c: 1\n")
+    (manifests.work / "deploy" / "prod" / "escape.yaml").symlink_to("/etc/passwd")
+    manifests.commit("layout")
+    revision = GitSource(manifests.url, tmp_path / "cache").revision(path="deploy/prod")
+    assert revision.files == {"deploy/prod/a.yml": b"a: 1\n"}
+    assert revision.skipped == ("deploy/prod/escape.yaml",)
+    with pytest.raises(SourceUnavailable, match="no folder 'missing'"):
+        GitSource(manifests.url, tmp_path / "cache").revision(path="missing")
+
+
+def test_local_path_reads_commits_not_the_dirty_work_tree(
+    manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    manifests.write("a.yaml", "committed: true\n")
+    sha = manifests.commit("committed")
+    (manifests.work / "a.yaml").write_text("committed: false\n")  # dirty, never read
+    revision = GitSource(str(manifests.work), tmp_path / "cache").revision()
+    assert revision.sha == sha
+    assert revision.files == {"a.yaml": b"committed: true\n"}
+
+
+def test_vanished_remote_is_a_clear_error(manifests: ManifestRepo, tmp_path: Path) -> None:
+    manifests.write("a.yaml", "a: 1\n")
+    manifests.commit("first")
+    source = GitSource(manifests.url, tmp_path / "cache")
+    assert source.revision().files
+    shutil.rmtree(manifests.bare)
+    with pytest.raises(SourceUnavailable, match="cannot fetch"):
+        source.revision()
+
+
+def test_credentials_never_appear_in_errors(tmp_path: Path) -> None:
+    url = "https://user:s3cr3t-token@127.0.0.1:9/nothing.git"
+    assert redact(url) == "https://***@127.0.0.1:9/nothing.git"
+    with pytest.raises(SourceUnavailable) as caught:
+        GitSource(url, tmp_path / "cache").revision()
+    assert "s3cr3t-token" not in str(caught.value)
+    assert "***@127.0.0.1:9" in str(caught.value)

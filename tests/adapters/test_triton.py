@@ -1,0 +1,83 @@
+"""The Triton adapter against a real tritonserver: observation, control, error mapping."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.adapters.triton import TritonServerClient
+from reconciler.errors import LoadFailed, ServerUnavailable, VerifyFailed
+from reconciler.local_triton import LocalTriton, free_port
+from reconciler.model_config import parse_pbtxt, with_versions
+from reconciler.spec.model import Tensor
+
+
+@pytest.fixture
+def client(triton: LocalTriton, model_repository: Path) -> Iterator[TritonServerClient]:
+    with TritonServerClient(
+        "edge-a", triton.grpc_address, model_repository=str(model_repository)
+    ) as client:
+        yield client
+
+
+def _config(model_repository: Path, versions: list[int]) -> dict[str, object]:
+    base = parse_pbtxt((model_repository / "echo" / "config.pbtxt").read_text())
+    return with_versions(base, "echo", versions)
+
+
+def test_observe_before_and_after_loads(client: TritonServerClient, model_repository: Path) -> None:
+    before = client.observe(["echo"])
+    assert before.reachable
+    assert {"echo", "other"} <= before.in_repository
+    echo = before.model("echo")
+    assert echo.ready == frozenset()
+    assert echo.loaded_config is None
+    assert echo.repository_versions == frozenset({1, 2, 3, 9})
+    assert echo.repository_config is not None and echo.repository_config["backend"] == "python"
+
+    client.load("echo", _config(model_repository, [1, 2]))
+    after = client.observe(["echo"]).model("echo")
+    assert after.ready == frozenset({1, 2})
+    assert after.loaded_config is not None
+    assert after.loaded_config["input"][0]["dims"] == ["-1", "4"]
+
+    client.load("echo", _config(model_repository, [2]))
+    assert client.model_state("echo").ready == frozenset({2})
+    client.unload("echo")
+    assert client.model_state("echo").ready == frozenset()
+
+
+def test_failed_load_raises_with_tritons_message_and_keeps_old(
+    client: TritonServerClient, model_repository: Path
+) -> None:
+    client.load("echo", _config(model_repository, [1]))
+    with pytest.raises(LoadFailed, match="version 9 is broken on purpose"):
+        client.load("echo", _config(model_repository, [1, 9]))
+    state = client.model_state("echo")
+    assert state.ready == frozenset({1})
+    assert "broken on purpose" in state.reason(9)
+
+
+def test_infer_by_version(client: TritonServerClient, model_repository: Path) -> None:
+    client.load("echo", _config(model_repository, [2, 3]))
+    tensor = Tensor("INPUT0", "FP32", (1, 4), (1.0, 2.0, 3.0, 4.0))
+    for version in (2, 3):
+        answer = client.infer("echo", version, (tensor,), ("OUTPUT0",))
+        assert answer["OUTPUT0"].tolist() == [[version * x for x in (1, 2, 3, 4)]]
+    with pytest.raises(VerifyFailed, match="version 1"):
+        client.infer("echo", 1, (tensor,), ("OUTPUT0",))
+
+
+def test_unreachable_server_is_data_for_observe_and_an_error_for_control() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    with TritonServerClient("edge-z", address, call_timeout=2, load_timeout=2) as client:
+        observed = client.observe(["echo"])
+        assert not observed.reachable
+        assert observed.error is not None and "edge-z" in observed.error
+        assert address in observed.error
+        with pytest.raises(ServerUnavailable, match="edge-z"):
+            client.load("echo", {"backend": "python"})
+        with pytest.raises(ServerUnavailable, match="edge-z"):
+            client.model_state("echo")
