@@ -53,6 +53,7 @@ class StepResult:
     seconds: float
     error: str | None = None
     unreachable: bool = False  # the step failed because the server did not answer
+    reverting: bool = False  # the step belongs to a change's revert
 
 
 @dataclass(frozen=True)
@@ -161,8 +162,21 @@ def execute_step(control: ModelControl, step: Step, timing: Timing) -> None:
         _unload(control, step, timing)
 
 
-def _run(control: ModelControl, steps: tuple[Step, ...], timing: Timing) -> list[StepResult]:
-    results = []
+Progress = Callable[[StepResult], None]
+
+
+def _ignore(_: StepResult) -> None:
+    pass
+
+
+def _run(
+    control: ModelControl,
+    steps: tuple[Step, ...],
+    timing: Timing,
+    progress: Progress,
+    reverting: bool = False,
+) -> list[StepResult]:
+    results: list[StepResult] = []
     for step in steps:
         started = timing.clock()
         try:
@@ -175,15 +189,20 @@ def _run(control: ModelControl, steps: tuple[Step, ...], timing: Timing) -> list
                     timing.clock() - started,
                     str(exc),
                     unreachable=isinstance(exc, ServerUnavailable),
+                    reverting=reverting,
                 )
             )
+            progress(results[-1])
             break
-        results.append(StepResult(step, True, timing.clock() - started))
+        results.append(StepResult(step, True, timing.clock() - started, reverting=reverting))
+        progress(results[-1])
     return results
 
 
-def apply_change(control: ModelControl, change: ModelChange, timing: Timing) -> ChangeResult:
-    results = _run(control, change.steps, timing)
+def apply_change(
+    control: ModelControl, change: ModelChange, timing: Timing, progress: Progress = _ignore
+) -> ChangeResult:
+    results = _run(control, change.steps, timing, progress)
     if all(r.ok for r in results):
         return ChangeResult(change, Outcome.CONVERGED, tuple(results))
     failed = results[-1]
@@ -191,7 +210,7 @@ def apply_change(control: ModelControl, change: ModelChange, timing: Timing) -> 
         # New versions are verified and serving (or the server is gone): nothing to put back;
         # the next pass retries what is left.
         return ChangeResult(change, Outcome.FAILED, tuple(results))
-    reverted = _run(control, change.revert, timing)
+    reverted = _run(control, change.revert, timing, progress, reverting=True)
     outcome = Outcome.REVERTED if all(r.ok for r in reverted) else Outcome.FAILED
     return ChangeResult(change, outcome, tuple(results), tuple(reverted))
 
@@ -202,8 +221,12 @@ def apply(
     *,
     max_parallel: int = 8,
     timing: Timing | None = None,
+    progress: Progress = _ignore,
 ) -> ApplyResult:
-    """Execute every change of ``plan``; servers concurrently, each server's changes in order."""
+    """Execute every change of ``plan``; servers concurrently, each server's changes in order.
+
+    ``progress`` is called with each step's result as it finishes (from worker threads).
+    """
     timing = timing or Timing()
     by_server: dict[str, list[ModelChange]] = {}
     for change in plan.changes:
@@ -215,7 +238,7 @@ def apply(
             if results and _server_lost(results[-1]):
                 results.append(ChangeResult(change, Outcome.SKIPPED, ()))
                 continue
-            results.append(apply_change(controls[server], change, timing))
+            results.append(apply_change(controls[server], change, timing, progress))
         return results
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:

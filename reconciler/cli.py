@@ -16,7 +16,7 @@ from pathlib import Path
 from reconciler import __version__
 from reconciler.errors import ReconcileError, ValidationError
 from reconciler.loop import Settings, Source, reconcile
-from reconciler.render import report_json, report_text
+from reconciler.render import progress_line, report_json, report_text
 from reconciler.spec import load_desired_state, manifest_files_in
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
@@ -176,7 +176,12 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
         call_timeout=args.call_timeout,
     )
     try:
-        report = reconcile(source, settings, apply_changes=apply_changes)
+        report = reconcile(
+            source,
+            settings,
+            apply_changes=apply_changes,
+            progress=lambda step: print(progress_line(step), file=sys.stderr, flush=True),
+        )
     except ValidationError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

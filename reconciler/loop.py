@@ -22,7 +22,7 @@ from pathlib import Path
 from reconciler.adapters.git import GitSource, Revision
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
-from reconciler.apply import ApplyResult, Outcome, apply
+from reconciler.apply import ApplyResult, Outcome, Progress, StepResult, apply
 from reconciler.errors import UnsafeRevision, ValidationError
 from reconciler.plan import History, Plan, emptied_servers, plan
 from reconciler.serving import ServerState
@@ -55,6 +55,10 @@ class PassReport:
     @property
     def ok(self) -> bool:
         return not self.plan.problems and (self.result is None or self.result.ok)
+
+
+def _quiet(_: StepResult) -> None:
+    pass
 
 
 def fetch(source: Source, settings: Settings) -> Revision:
@@ -114,7 +118,9 @@ def next_managed(
     return managed
 
 
-def reconcile(source: Source, settings: Settings, *, apply_changes: bool) -> PassReport:
+def reconcile(
+    source: Source, settings: Settings, *, apply_changes: bool, progress: Progress | None = None
+) -> PassReport:
     revision = fetch(source, settings)
     try:
         desired = load_desired_state(revision.files)
@@ -135,7 +141,9 @@ def reconcile(source: Source, settings: Settings, *, apply_changes: bool) -> Pas
             plan_ = plan(desired, serving, history, revision.sha)
             if not apply_changes:
                 return PassReport(revision.sha, plan_)
-            result = apply(plan_, clients, max_parallel=settings.max_parallel)
+            result = apply(
+                plan_, clients, max_parallel=settings.max_parallel, progress=progress or _quiet
+            )
         finally:
             for client in clients.values():
                 client.close()

@@ -6,7 +6,7 @@ import json
 import textwrap
 from typing import Any
 
-from reconciler.apply import ApplyResult, ChangeResult, Outcome
+from reconciler.apply import ApplyResult, ChangeResult, Outcome, StepResult
 from reconciler.loop import PassReport
 from reconciler.plan import Action, ModelChange, Plan, Step
 
@@ -107,6 +107,17 @@ def _change_result_text(result: ChangeResult) -> list[str]:
     if result.outcome is Outcome.REVERTED:
         lines.append(f"    serving {_list(change.serving)} as before")
     return lines
+
+
+def progress_line(result: StepResult) -> str:
+    """One line as a step finishes, for watching a long apply."""
+    step = result.step
+    mark = "ok" if result.ok else "FAILED"
+    what = "revert " if result.reverting else ""
+    return (
+        f"{step.server}/{step.model}: {what}{step.action} {_list(step.versions)} "
+        f"{mark} ({result.seconds:.2f}s)"
+    )
 
 
 def result_text(result: ApplyResult) -> str:

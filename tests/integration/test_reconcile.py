@@ -92,6 +92,9 @@ def test_version_that_fails_to_load_keeps_old_serving(
     assert result.code == 1
     assert "edge-a/echo: reverted" in result.out
     assert "version 9 is broken on purpose" in result.out  # Triton's own message
+    # Progress is reported on stderr as each step finishes.
+    assert "edge-a/echo: load 1, 9 FAILED" in result.err
+    assert "edge-a/echo: revert load 1 ok" in result.err
     assert ready_versions(triton, "echo") == {1}
     assert served_factor(triton, "echo") == 1.0
     # The other model carried on.
