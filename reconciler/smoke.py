@@ -61,10 +61,18 @@ def mismatches(case: SmokeCase, outputs: Mapping[str, npt.NDArray[np.generic]]) 
             if got != list(expected.data):
                 problems.append(f"output {expected.name} is {got}, expected {list(expected.data)}")
             continue
-        want = np.array(expected.data, dtype=np.float64)
+        try:
+            want = np.array(expected.data, dtype=np.float64)
+        except (TypeError, ValueError):
+            problems.append(
+                f"output {expected.name} is numeric ({actual.dtype}), expected "
+                f"{list(expected.data)}"
+            )
+            continue
         diff = np.abs(flat.astype(np.float64) - want)
         if not np.all(diff <= expected.tolerance):  # NaN never passes
-            worst = int(np.nanargmax(diff)) if not np.all(np.isnan(diff)) else 0
+            nan = np.flatnonzero(np.isnan(diff))
+            worst = int(nan[0]) if nan.size else int(np.argmax(diff))
             problems.append(
                 f"output {expected.name}[{worst}] is {flat[worst]!r}, expected "
                 f"{expected.data[worst]!r} (tolerance {expected.tolerance})"

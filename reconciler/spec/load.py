@@ -262,11 +262,20 @@ def _build_deployment(
                 )
             )
         smoke.append(SmokeCase(case.get("name", f"smoke[{index}]"), tuple(inputs), tuple(expect)))
+    for index, version in enumerate(body["versions"]):
+        # JSON Schema's integer admits 2.0; a version number must be written as one.
+        if not isinstance(version, int):
+            problems.append(
+                doc.problem(
+                    ("spec", "versions", index),
+                    f"spec.versions[{index}]: {version!r} is not a whole version number",
+                )
+            )
     servers = body["servers"]
     return ModelDeployment(
         name=metadata["name"],
         model=model,
-        versions=tuple(sorted(body["versions"])),
+        versions=tuple(sorted(int(v) for v in body["versions"])),
         server_names=tuple(servers["names"]) if "names" in servers else None,
         match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
         config=config,

@@ -1,0 +1,256 @@
+"""apply: executing plans against the fake, with time injected so nothing really sleeps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from reconciler.apply import ApplyResult, ChangeResult, Outcome, Timing, apply
+from reconciler.errors import LoadFailed
+from reconciler.plan import Action, History, Plan, plan
+from reconciler.serving import ModelState, VersionState
+from reconciler.spec.model import DesiredState, Expectation, SmokeCase, Tensor
+from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
+
+
+def times(factor: float) -> SmokeCase:
+    """Passes only on a version that multiplies by ``factor`` (the fake's version number)."""
+    return SmokeCase(
+        f"times-{factor:g}",
+        (Tensor("INPUT0", "FP32", (2,), (1.0, -3.0)),),
+        (Expectation("OUTPUT0", (1.0 * factor, -3.0 * factor)),),
+    )
+
+
+def plan_for(
+    desired: DesiredState, fakes: Mapping[str, FakeTriton], **observe_options: bool
+) -> Plan:
+    serving = {name: observe(fake, **observe_options) for name, fake in fakes.items()}
+    return plan(desired, serving, History(), "rev-1")
+
+
+def run(p: Plan, fakes: Mapping[str, FakeTriton], clock: FakeClock, **timing: float) -> ApplyResult:
+    return apply(p, fakes, timing=Timing(clock=clock.clock, sleep=clock.sleep, **timing))
+
+
+def serving(versions: list[int], **options: Any) -> FakeTriton:
+    fake = FakeTriton("s1", {"m": range(1, 7)}, **options)
+    if versions:
+        fake.serve("m", versions)
+    return fake
+
+
+def only(result: ApplyResult) -> ChangeResult:
+    (change,) = result.changes
+    return change
+
+
+def test_verify_polls_a_loading_version_until_ready() -> None:
+    fake = serving([1], loading_polls={("m", 2): 3})
+    clock = FakeClock()
+    p = plan_for(desired_state(deploy("m", [2], smoke=[times(2)])), {"s1": fake})
+
+    result = run(p, {"s1": fake}, clock, poll_interval=0.25)
+
+    change = only(result)
+    assert change.outcome is Outcome.CONVERGED and result.ok
+    assert clock.sleeps == [0.25, 0.25, 0.25]
+    verify = change.steps[1]
+    assert verify.step.action is Action.VERIFY
+    assert verify.seconds == pytest.approx(0.75)  # measured on the injected clock
+    assert fake.ready("m") == {2}
+
+
+def test_verify_times_out_on_the_injected_clock_and_reverts() -> None:
+    fake = serving([1], loading_polls={("m", 2): None})  # 2 never leaves LOADING
+    clock = FakeClock()
+    desired = desired_state(deploy("m", [2], verify_timeout=5.0))
+    p = plan_for(desired, {"s1": fake})
+
+    result = run(p, {"s1": fake}, clock, poll_interval=0.5)
+
+    change = only(result)
+    assert change.outcome is Outcome.REVERTED and not result.ok
+    assert change.error == "timed out after 5s"
+    assert [(r.step.action, r.ok) for r in change.steps] == [
+        (Action.LOAD, True),
+        (Action.VERIFY, False),
+    ]
+    assert change.steps[1].seconds == pytest.approx(5.0)
+    assert set(clock.sleeps) == {0.5}
+    assert clock.elapsed == pytest.approx(5.0)  # the whole timeout, and no more
+    assert [(r.step.action, r.ok) for r in change.revert] == [
+        (Action.LOAD, True),
+        (Action.VERIFY, True),
+    ]
+    assert fake.ready("m") == {1}
+    assert all(fake.history("m")[1:])
+    state = fake.model_state("m")
+    assert state.reason(2) == "UNAVAILABLE: unloaded"  # the revert dropped the loading one
+
+
+def test_a_version_that_will_not_come_fails_verify_at_once() -> None:
+    # The repository cannot be read, so the planner cannot know 3 is missing; Triton
+    # silently loads nothing for it.
+    fake = FakeTriton("s1", {"m": [1, 2]})
+    fake.serve("m", [1])
+    clock = FakeClock()
+    p = plan_for(desired_state(deploy("m", [3])), {"s1": fake}, readable_repository=False)
+    assert p.changes and not p.problems
+
+    change = only(run(p, {"s1": fake}, clock))
+
+    assert change.outcome is Outcome.REVERTED
+    assert change.error == "version 3 is not READY (not loaded)"
+    assert clock.sleeps == []
+    assert fake.ready("m") == {1}
+
+
+def test_a_failed_smoke_case_reverts_to_the_old_version() -> None:
+    fake = serving([1], wrong_answers={("m", 2)})
+    p = plan_for(desired_state(deploy("m", [2], smoke=[times(2)])), {"s1": fake})
+
+    change = only(run(p, {"s1": fake}, FakeClock()))
+
+    assert change.outcome is Outcome.REVERTED
+    assert change.error is not None
+    assert change.error.startswith("smoke times-2 on version 2: output OUTPUT0[")
+    assert fake.ready("m") == {1}
+    assert "infer m 2" in fake.calls
+
+
+def test_a_refused_load_reverts_and_keeps_tritons_message() -> None:
+    fake = serving([1, 2], failing={("m", 3)})
+    p = plan_for(desired_state(deploy("m", [3])), {"s1": fake})
+
+    change = only(run(p, {"s1": fake}, FakeClock()))
+
+    assert change.outcome is Outcome.REVERTED
+    assert change.error == "server s1: failed to load 'm' version 3: initialize failed"
+    assert [r.step.action for r in change.steps] == [Action.LOAD]
+    assert fake.ready("m") == {1, 2}
+    assert all(fake.history("m")[1:])
+
+
+def test_a_failed_first_deploy_reverts_to_nothing() -> None:
+    fake = serving([], wrong_answers={("m", 1)})
+    p = plan_for(desired_state(deploy("m", [1], smoke=[times(1)])), {"s1": fake})
+
+    change = only(run(p, {"s1": fake}, FakeClock()))
+
+    assert change.outcome is Outcome.REVERTED
+    assert [r.step.action for r in change.revert] == [Action.UNLOAD]
+    assert fake.ready("m") == frozenset()
+    assert "unload m" in fake.calls
+
+
+class StuckUnloading(FakeTriton):
+    """Reports the dropped versions READY forever (in-flight requests that never finish)."""
+
+    def model_state(self, model: str) -> ModelState:
+        state = super().model_state(model)
+        stuck = tuple(
+            VersionState(v.version, "READY") if v.reason == "unloaded" else v
+            for v in state.versions
+        )
+        return ModelState(model, stuck)
+
+
+def test_an_unload_that_never_finishes_fails_after_unload_wait_without_revert() -> None:
+    fake = StuckUnloading("s1", {"m": range(1, 7)})
+    fake.serve("m", [1])
+    clock = FakeClock()
+    p = plan_for(desired_state(deploy("m", [2])), {"s1": fake})
+
+    change = only(run(p, {"s1": fake}, clock, poll_interval=1.0, unload_wait=3.0))
+
+    # The new version is verified and serving: nothing to put back; the next pass retries.
+    assert change.outcome is Outcome.FAILED
+    assert change.revert == ()
+    assert change.steps[-1].step.action is Action.UNLOAD
+    assert change.error == "timed out after 3s"
+    assert clock.elapsed == pytest.approx(3.0)
+    assert fake.ready("m") == {2}
+
+
+class RevertRefused(FakeTriton):
+    """Refuses every load after the first."""
+
+    def load(self, model: str, config: Mapping[str, Any]) -> None:
+        if "load m" in self.calls:
+            self.calls.append(f"load {model}")
+            raise LoadFailed("server s1: out of memory")
+        super().load(model, config)
+
+
+def test_a_revert_that_fails_is_failed_not_reverted() -> None:
+    fake = RevertRefused("s1", {"m": range(1, 7)}, wrong_answers={("m", 2)})
+    fake.serve("m", [1])
+    p = plan_for(desired_state(deploy("m", [2], smoke=[times(2)])), {"s1": fake})
+
+    change = only(run(p, {"s1": fake}, FakeClock()))
+
+    assert change.outcome is Outcome.FAILED
+    assert [(r.step.action, r.ok) for r in change.revert] == [(Action.LOAD, False)]
+    assert change.revert[0].error == "server s1: out of memory"
+    assert change.error is not None and change.error.startswith("smoke times-2")
+
+
+def test_an_unreachable_server_skips_its_other_changes_and_others_carry_on() -> None:
+    s1 = FakeTriton("s1", {"a": [1, 2], "b": [1, 2]})
+    s2 = FakeTriton("s2", {"a": [1, 2], "b": [1, 2]})
+    desired = desired_state(
+        deploy("a", [1], servers=["s1", "s2"]),
+        deploy("b", [2], servers=["s1", "s2"]),
+        servers=["s1", "s2"],
+    )
+    fakes = {"s1": s1, "s2": s2}
+    p = plan_for(desired, fakes)
+    s1.unreachable = True  # goes away between observe and apply
+
+    result = run(p, fakes, FakeClock())
+
+    outcomes = {(c.change.server, c.change.model): c.outcome for c in result.changes}
+    assert outcomes == {
+        ("s1", "a"): Outcome.FAILED,
+        ("s1", "b"): Outcome.SKIPPED,
+        ("s2", "a"): Outcome.CONVERGED,
+        ("s2", "b"): Outcome.CONVERGED,
+    }
+    failed = result.changes[0]
+    assert failed.steps[0].unreachable and failed.revert == ()
+    assert s1.calls == ["load a"]  # nothing more was tried there
+    assert (s2.ready("a"), s2.ready("b")) == ({1}, {2})
+
+
+def test_each_servers_changes_run_in_plan_order() -> None:
+    fake = FakeTriton("s1", {"a": [1], "b": [1], "c": [1]})
+    desired = desired_state(deploy("c", [1]), deploy("a", [1]), deploy("b", [1]))
+    p = plan_for(desired, {"s1": fake})
+
+    result = run(p, {"s1": fake}, FakeClock())
+
+    assert [c.change.model for c in result.changes] == ["a", "b", "c"]
+    assert [c for c in fake.calls if c.startswith("load")] == ["load a", "load b", "load c"]
+
+
+def test_an_empty_plan_does_nothing() -> None:
+    fake = serving([1])
+    result = run(Plan("rev-1"), {"s1": fake}, FakeClock())
+    assert result.changes == () and result.ok and result.revision == "rev-1"
+    assert fake.calls == []
+
+
+def test_a_smoke_case_that_cannot_be_compared_reverts() -> None:
+    fake = serving([1])
+    text = SmokeCase(
+        "text", (Tensor("INPUT0", "FP32", (1,), (1.0,)),), (Expectation("OUTPUT0", ("abc",)),)
+    )
+    p = plan_for(desired_state(deploy("m", [2], smoke=[text])), {"s1": fake})
+
+    change = only(run(p, {"s1": fake}, FakeClock()))
+
+    assert change.outcome is Outcome.REVERTED
+    assert fake.ready("m") == {1}
