@@ -1,9 +1,13 @@
 """Apply: execute a Plan through the server adapters, and nothing else.
 
 Servers are handled concurrently (bounded); the changes of one server, and the steps of one
-change, strictly in order. When a load or verify step fails, the change's revert steps run
-(the old versions never stopped serving, so this only drops what was added) and the other
-models and servers carry on. Apply never re-decides what to do: that is the plan's job.
+change, strictly in order. When a load, verify or analysis step fails, the change's revert
+steps run (the old versions never stopped serving, so this only drops what was added) and the
+other models and servers carry on. Apply never re-decides what to do: that is the plan's job.
+
+An analyze step reads figures through a ``FiguresSource`` every interval and hands them to the
+pure ``analysis`` module; the first verdict that fails the rollout ends the step at once, so
+the revert follows the failing evaluation without waiting for the rest of the duration.
 """
 
 from __future__ import annotations
@@ -18,7 +22,15 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from reconciler.errors import ReconcileError, ServerUnavailable, VerifyFailed
+from reconciler.analysis import (
+    Evaluation,
+    Figures,
+    RolloutVerdict,
+    baseline_from,
+    evaluate,
+    judge,
+)
+from reconciler.errors import AnalysisFailed, ReconcileError, ServerUnavailable, VerifyFailed
 from reconciler.plan import Action, ModelChange, Plan, Step
 from reconciler.serving import ModelState
 from reconciler.smoke import mismatches
@@ -39,6 +51,14 @@ class ModelControl(Protocol):
     ) -> dict[str, npt.NDArray[np.generic]]: ...
 
 
+class FiguresSource(Protocol):
+    """Where an analyze step reads metrics (``adapters/metrics.py`` has the real ones)."""
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = ...
+    ) -> Figures: ...
+
+
 class Outcome(StrEnum):
     CONVERGED = "converged"
     REVERTED = "reverted"  # a step failed; the model serves what it served before
@@ -54,6 +74,9 @@ class StepResult:
     error: str | None = None
     unreachable: bool = False  # the step failed because the server did not answer
     reverting: bool = False  # the step belongs to a change's revert
+    ended_at: float = 0.0  # the injected clock when the step ended
+    evaluations: tuple[Evaluation, ...] = ()  # analyze: every evaluation made
+    verdict: RolloutVerdict | None = None  # analyze: how it ended
 
 
 @dataclass(frozen=True)
@@ -69,6 +92,18 @@ class ChangeResult:
             if result.error:
                 return result.error
         return None
+
+    @property
+    def analysis(self) -> StepResult | None:
+        return next((r for r in self.steps if r.step.action is Action.ANALYZE), None)
+
+    @property
+    def rollback_seconds(self) -> float | None:
+        """From the failing evaluation until the old versions alone were loaded again."""
+        analysis = self.analysis
+        if analysis is None or analysis.ok or not self.revert or not self.revert[0].ok:
+            return None
+        return self.revert[0].ended_at - analysis.ended_at
 
 
 @dataclass(frozen=True)
@@ -151,15 +186,64 @@ def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
     _wait_for(control, step, gone, lambda _: None, timing.unload_wait, timing)
 
 
-def execute_step(control: ModelControl, step: Step, timing: Timing) -> None:
-    """Carry out one step; raise a ReconcileError subclass when it fails."""
+def _analyze(
+    control: ModelControl, step: Step, timing: Timing, source: FiguresSource | None
+) -> tuple[tuple[Evaluation, ...], RolloutVerdict]:
+    spec = step.analysis
+    assert spec is not None
+    if source is None:
+        raise AnalysisFailed(f"server {step.server}: no metrics source for the analysis", ())
+    queries = {c.name: c.query for c in spec.checks if c.query}
+    old = source.figures(step.model, step.baseline) if step.baseline else None
+    previous = source.figures(step.model, step.versions, queries)
+    baseline = baseline_from(old, previous)
+    started = timing.clock()
+    evaluations: list[Evaluation] = []
+    while True:
+        # Ticks are measured from the start, so slow scrapes do not stretch the analysis.
+        next_tick = started + spec.interval * (len(evaluations) + 1)
+        timing.sleep(max(0.0, next_tick - timing.clock()))
+        current = source.figures(step.model, step.versions, queries)
+        elapsed = timing.clock() - started
+        evaluations.append(evaluate(spec, len(evaluations), elapsed, previous, current, baseline))
+        previous = current
+        verdict = judge(spec, tuple(evaluations), elapsed)
+        if verdict is RolloutVerdict.PASSED:
+            return tuple(evaluations), verdict
+        if verdict is not RolloutVerdict.RUNNING:
+            last = evaluations[-1]
+            why = (
+                "; ".join(str(r) for r in last.failed)
+                if verdict is RolloutVerdict.FAILED
+                else "no evaluation counted in "
+                f"{spec.duration:g}s (last: {'; '.join(str(r) for r in last.results)})"
+            )
+            raise AnalysisFailed(
+                f"server {step.server}: analysis of {step.model} version(s) "
+                f"{', '.join(map(str, step.versions))} {verdict} after "
+                f"{len(evaluations)} evaluation(s): {why}",
+                tuple(evaluations),
+                verdict,
+            )
+
+
+def execute_step(
+    control: ModelControl, step: Step, timing: Timing, source: FiguresSource | None = None
+) -> tuple[tuple[Evaluation, ...], RolloutVerdict | None]:
+    """Carry out one step; raise a ReconcileError subclass when it fails.
+
+    Returns the evaluations and verdict of an analyze step, nothing for the others.
+    """
     if step.action is Action.LOAD:
         assert step.config is not None
         control.load(step.model, step.config)
     elif step.action is Action.VERIFY:
         _verify(control, step, timing)
+    elif step.action is Action.ANALYZE:
+        return _analyze(control, step, timing, source)
     else:
         _unload(control, step, timing)
+    return (), None
 
 
 Progress = Callable[[StepResult], None]
@@ -174,35 +258,55 @@ def _run(
     steps: tuple[Step, ...],
     timing: Timing,
     progress: Progress,
+    source: FiguresSource | None = None,
     reverting: bool = False,
 ) -> list[StepResult]:
     results: list[StepResult] = []
     for step in steps:
         started = timing.clock()
         try:
-            execute_step(control, step, timing)
+            evaluations, verdict = execute_step(control, step, timing, source)
         except ReconcileError as exc:
+            ended = timing.clock()
             results.append(
                 StepResult(
                     step,
                     False,
-                    timing.clock() - started,
+                    ended - started,
                     str(exc),
                     unreachable=isinstance(exc, ServerUnavailable),
                     reverting=reverting,
+                    ended_at=ended,
+                    evaluations=exc.evaluations if isinstance(exc, AnalysisFailed) else (),
+                    verdict=exc.verdict if isinstance(exc, AnalysisFailed) else None,
                 )
             )
             progress(results[-1])
             break
-        results.append(StepResult(step, True, timing.clock() - started, reverting=reverting))
+        ended = timing.clock()
+        results.append(
+            StepResult(
+                step,
+                True,
+                ended - started,
+                reverting=reverting,
+                ended_at=ended,
+                evaluations=evaluations,
+                verdict=verdict,
+            )
+        )
         progress(results[-1])
     return results
 
 
 def apply_change(
-    control: ModelControl, change: ModelChange, timing: Timing, progress: Progress = _ignore
+    control: ModelControl,
+    change: ModelChange,
+    timing: Timing,
+    progress: Progress = _ignore,
+    source: FiguresSource | None = None,
 ) -> ChangeResult:
-    results = _run(control, change.steps, timing, progress)
+    results = _run(control, change.steps, timing, progress, source)
     if all(r.ok for r in results):
         return ChangeResult(change, Outcome.CONVERGED, tuple(results))
     failed = results[-1]
@@ -222,6 +326,7 @@ def apply(
     max_parallel: int = 8,
     timing: Timing | None = None,
     progress: Progress = _ignore,
+    metrics: Mapping[str, FiguresSource] | None = None,
 ) -> ApplyResult:
     """Execute every change of ``plan``; servers concurrently, each server's changes in order.
 
@@ -238,7 +343,8 @@ def apply(
             if results and _server_lost(results[-1]):
                 results.append(ChangeResult(change, Outcome.SKIPPED, ()))
                 continue
-            results.append(apply_change(controls[server], change, timing, progress))
+            source = (metrics or {}).get(server)
+            results.append(apply_change(controls[server], change, timing, progress, source))
         return results
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:

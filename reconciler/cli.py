@@ -1,7 +1,8 @@
 """Command line: argument parsing only; the work is in ``loop``, ``spec`` and ``render``.
 
 Exit codes: ``validate`` 0 valid, 1 invalid; ``plan`` 0 nothing to do, 2 changes pending,
-1 error; ``apply`` 0 every server converged, 1 anything failed.
+1 error; ``apply`` 0 every server converged, 1 anything failed or was reverted;
+``history`` 0, or 1 without a state store.
 """
 
 from __future__ import annotations
@@ -14,10 +15,18 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from reconciler import __version__
+from reconciler.adapters.state import StateStore
 from reconciler.errors import ReconcileError, ValidationError
-from reconciler.loop import Settings, Source, reconcile
-from reconciler.render import progress_line, report_json, report_text
+from reconciler.loop import RevertMode, Settings, Source, reconcile
+from reconciler.render import (
+    history_json,
+    history_text,
+    progress_line,
+    report_json,
+    report_text,
+)
 from reconciler.spec import load_desired_state, manifest_files_in
+from reconciler.spec.load import analysis_source_problems
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -89,6 +98,50 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="longest wait for any other Triton call (default 10)",
     )
+    analysis = parser.add_argument_group("analysis, revert and alerts")
+    analysis.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("TRITON_GITOPS_PROMETHEUS_URL"),
+        metavar="URL",
+        help="read analysis metrics from this Prometheus (needed by promql checks); without "
+        "it each server's spec.metrics endpoint is scraped directly",
+    )
+    analysis.add_argument(
+        "--revert-mode",
+        choices=[m.value for m in RevertMode],
+        default=RevertMode.HOLD.value,
+        help="after a failed rollout (the old versions serve again at once either way): hold "
+        "= keep the ModelDeployment at its previous versions until a commit changes it "
+        "(default); commit = also push a commit restoring its previous versions and config "
+        "to the tracked branch; branch = push that commit to a new branch "
+        "triton-gitops/revert-<sha> for a pull request",
+    )
+    analysis.add_argument(
+        "--revert-author",
+        default="triton-gitops <triton-gitops@localhost>",
+        metavar="'NAME <EMAIL>'",
+        help="author and committer of revert commits",
+    )
+    analysis.add_argument(
+        "--revert-message",
+        default="Revert {deployments} after failed rollout of {short}",
+        metavar="TEMPLATE",
+        help="first line of revert commits; {deployments}, {revision} and {short} are "
+        "replaced. The body always lists the failed checks with their values.",
+    )
+    analysis.add_argument(
+        "--alertmanager-url",
+        default=os.environ.get("TRITON_GITOPS_ALERTMANAGER_URL"),
+        metavar="URL",
+        help="post alerts to this Alertmanager (API v2); resolved when a later rollout of "
+        "the model succeeds",
+    )
+    analysis.add_argument(
+        "--alert-webhook",
+        default=os.environ.get("TRITON_GITOPS_ALERT_WEBHOOK"),
+        metavar="URL",
+        help="post every alert event as JSON to this URL",
+    )
     run.add_argument(
         "--allow-empty",
         action="store_true",
@@ -117,6 +170,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     validate.add_argument("dir", nargs="?", default=".", type=Path, metavar="DIR")
     validate.add_argument("--output", choices=("text", "json"), default="text")
+    validate.add_argument(
+        "--prometheus-url",
+        default=os.environ.get("TRITON_GITOPS_PROMETHEUS_URL"),
+        metavar="URL",
+        help="the Prometheus the reconciler will use: promql checks need one, built-in "
+        "checks need it or each server's spec.metrics",
+    )
+
+    history = commands.add_parser(
+        "history",
+        help="list recorded rollouts with their verdicts and check values",
+        description="List rollouts from the state store, newest first: revision, server, "
+        "model, from and to versions, outcome, the analysis verdict and each check's value.",
+    )
+    history.add_argument("--model", help="only this model")
+    history.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    history.add_argument("--output", choices=("text", "json"), default="text")
+    history.add_argument("--state", type=Path, default=_default_state(), help="state store")
 
     for name, summary in (
         (
@@ -139,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _validate(args: argparse.Namespace) -> int:
     try:
         desired = load_desired_state(manifest_files_in(args.dir))
+        problems = analysis_source_problems(desired, prometheus=args.prometheus_url is not None)
+        if problems:
+            raise ValidationError(problems)
     except ValidationError as exc:
         if args.output == "json":
             print(json.dumps({"valid": False, "problems": [vars(p) for p in exc.problems]}))
@@ -174,6 +248,12 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
         max_parallel=args.parallel,
         load_timeout=args.load_timeout,
         call_timeout=args.call_timeout,
+        prometheus_url=args.prometheus_url,
+        revert_mode=RevertMode(args.revert_mode),
+        revert_author=args.revert_author,
+        revert_message=args.revert_message,
+        alertmanager_url=args.alertmanager_url,
+        alert_webhook=args.alert_webhook,
     )
     try:
         report = reconcile(
@@ -201,8 +281,23 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     return EXIT_OK
 
 
+def _history(args: argparse.Namespace) -> int:
+    if not args.state.exists():
+        print(f"error: no state store at {args.state}", file=sys.stderr)
+        return EXIT_ERROR
+    store = StateStore(args.state)
+    try:
+        rollouts = store.rollouts(args.model, args.limit)
+    finally:
+        store.close()
+    print(history_json(rollouts) if args.output == "json" else history_text(rollouts))
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "validate":
         return _validate(args)
+    if args.command == "history":
+        return _history(args)
     return _reconcile(args, apply_changes=args.command == "apply")

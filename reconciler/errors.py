@@ -10,6 +10,7 @@
     └── StepFailed                     one step of a model's change failed; the model goes back
         ├── LoadFailed                 Triton refused or failed the load (its own message)
         ├── VerifyFailed               a version did not become READY or a smoke case failed
+        ├── AnalysisFailed             the new versions' metrics failed the analysis
         └── UnloadFailed               dropping old versions failed (new ones serve already)
 
 Library exceptions (GitPython, tritonclient, ruamel.yaml) are re-raised as these at the
@@ -19,6 +20,7 @@ adapter boundary, ``raise ServerUnavailable(...) from exc``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 class ReconcileError(Exception):
@@ -70,6 +72,15 @@ class LoadFailed(StepFailed):
 
 class VerifyFailed(StepFailed):
     pass
+
+
+class AnalysisFailed(StepFailed):
+    """The analysis failed the rollout; carries every evaluation made, for the record."""
+
+    def __init__(self, message: str, evaluations: tuple[Any, ...], verdict: Any = "failed") -> None:
+        super().__init__(message)
+        self.evaluations = evaluations
+        self.verdict = verdict
 
 
 class UnloadFailed(StepFailed):

@@ -4,9 +4,11 @@
     spec     Revision -> DesiredState               (ValidationError: nothing is applied)
     guard    refuse a revision that would empty a server that serves declared models
     observe  each server -> ServerState              (concurrently; unreachable is data)
-    plan     (desired, serving, history) -> Plan     (pure)
-    apply    Plan -> ApplyResult                     (only in apply mode)
-    record   the models now managed per server, and the pass, into the state store
+    plan     (desired, serving, history) -> Plan     (pure; holds keep failed specs out)
+    apply    Plan -> ApplyResult                     (only in apply mode; analysis included)
+    record   managed models, rollouts, holds, applied specs -> the state store
+    revert   write the failed ModelDeployments back to Git  (--revert-mode commit|branch)
+    alert    failed rollouts and loads; resolve them when a later rollout succeeds
 
 ``reconcile`` is what the CLI's ``plan`` and ``apply`` call; it raises only ReconcileError
 subclasses, and returns a PassReport for everything else, failures of single models included.
@@ -14,19 +16,39 @@ subclasses, and returns a PassReport for everything else, failures of single mod
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import StrEnum
 from pathlib import Path
 
-from reconciler.adapters.git import GitSource, Revision
+from reconciler.adapters.alerts import (
+    Alerter,
+    AlertmanagerAlerter,
+    FanOut,
+    LogAlerter,
+    WebhookAlerter,
+)
+from reconciler.adapters.git import GitSource, GitWriter, RevertEdit, Revision
+from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.apply import ApplyResult, Outcome, Progress, StepResult, apply
-from reconciler.errors import UnsafeRevision, ValidationError
-from reconciler.plan import History, Plan, emptied_servers, plan
+from reconciler.errors import ReconcileError, UnsafeRevision, ValidationError
+from reconciler.plan import History, Hold, Plan, emptied_servers, plan
+from reconciler.rollouts import (
+    AlertEvent,
+    alerts_from,
+    applied_from,
+    holds_from,
+    released_holds,
+    rollouts_from,
+)
 from reconciler.serving import ServerState
 from reconciler.spec import DesiredState, load_desired_state
+from reconciler.spec.load import analysis_source_problems
 
 
 @dataclass(frozen=True)
@@ -34,6 +56,12 @@ class Source:
     repo: str
     ref: str = "HEAD"
     path: str = ""
+
+
+class RevertMode(StrEnum):
+    HOLD = "hold"
+    COMMIT = "commit"
+    BRANCH = "branch"
 
 
 @dataclass(frozen=True)
@@ -44,6 +72,12 @@ class Settings:
     max_parallel: int = 8
     load_timeout: float = 600.0
     call_timeout: float = 10.0
+    prometheus_url: str | None = None
+    revert_mode: RevertMode = RevertMode.HOLD
+    revert_author: str = "triton-gitops <triton-gitops@localhost>"
+    revert_message: str = "Revert {deployments} after failed rollout of {short}"
+    alertmanager_url: str | None = None
+    alert_webhook: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +85,7 @@ class PassReport:
     revision: str
     plan: Plan
     result: ApplyResult | None = None
+    reverts: tuple[str, ...] = ()  # what the revert write-back did, one line each
 
     @property
     def ok(self) -> bool:
@@ -118,13 +153,119 @@ def next_managed(
     return managed
 
 
+def alerter(settings: Settings) -> FanOut:
+    alerters: list[Alerter] = [LogAlerter(logging.getLogger("triton_gitops.alerts"))]
+    if settings.alertmanager_url:
+        alerters.append(AlertmanagerAlerter(settings.alertmanager_url))
+    if settings.alert_webhook:
+        alerters.append(WebhookAlerter(settings.alert_webhook))
+    return FanOut(alerters)
+
+
+def check_analysis_sources(desired: DesiredState, settings: Settings) -> None:
+    problems = analysis_source_problems(desired, prometheus=settings.prometheus_url is not None)
+    if problems:
+        raise ValidationError(problems)
+
+
+def revert_message(settings: Settings, result: ApplyResult, holds: tuple[Hold, ...]) -> str:
+    names = ", ".join(h.deployment for h in holds)
+    lines = [
+        settings.revert_message.format(
+            deployments=names, revision=result.revision, short=result.revision[:12]
+        ),
+        "",
+        f"triton-gitops reverted the effect of {result.revision} on {names}:",
+    ]
+    for change in result.changes:
+        if change.change.deployment in {h.deployment for h in holds}:
+            lines.append(
+                f"- {change.change.server}/{change.change.model}: "
+                f"{', '.join(map(str, change.change.desired))} {change.outcome}, "
+                f"{', '.join(map(str, change.change.serving)) or 'nothing'} serves again"
+            )
+            analysis = change.analysis
+            if analysis and analysis.evaluations:
+                lines.extend(f"    {r}" for r in analysis.evaluations[-1].results)
+            elif change.error:
+                lines.append(f"    {change.error.strip().splitlines()[0]}")
+    lines += ["", f"Reverted-revision: {result.revision}"]
+    return "\n".join(lines) + "\n"
+
+
+def write_back(
+    source: Source,
+    settings: Settings,
+    desired: DesiredState,
+    state: StateStore,
+    result: ApplyResult,
+    holds: tuple[Hold, ...],
+) -> tuple[str, ...]:
+    """Push a commit restoring the held ModelDeployments' previous versions and config."""
+    if settings.revert_mode is RevertMode.HOLD or not holds:
+        return ()
+    edits, notes = [], []
+    for hold in holds:
+        previous = state.applied_spec(hold.deployment)
+        deployment = desired.deployments[hold.deployment]
+        if previous is None:
+            notes.append(
+                f"{hold.deployment}: no earlier applied spec to restore; held, not reverted in Git"
+            )
+            continue
+        edits.append(
+            RevertEdit(
+                hold.deployment,
+                deployment.location.file,  # the file's path in the repository
+                hold.fingerprint,
+                previous.versions,
+                previous.config,
+            )
+        )
+    if not edits:
+        return tuple(notes)
+    writer = GitWriter(source.repo, settings.cache_dir, settings.revert_author)
+    branch = writer.tracked_branch(source.ref)
+    target = (
+        f"triton-gitops/revert-{result.revision[:12]}"
+        if settings.revert_mode is RevertMode.BRANCH
+        else branch
+    )
+    pushed = writer.push_revert(
+        branch, tuple(edits), revert_message(settings, result, holds), target
+    )
+    if pushed is None:
+        return (*notes, "revert not pushed: every ModelDeployment changed again meanwhile")
+    notes.append(
+        f"pushed revert {pushed.sha} to {pushed.branch}: restores {', '.join(pushed.deployments)}"
+        + (
+            f"; left alone (changed meanwhile): {', '.join(pushed.skipped)}"
+            if pushed.skipped
+            else ""
+        )
+    )
+    return tuple(notes)
+
+
 def reconcile(
     source: Source, settings: Settings, *, apply_changes: bool, progress: Progress | None = None
 ) -> PassReport:
+    alerts = alerter(settings)
     revision = fetch(source, settings)
     try:
         desired = load_desired_state(revision.files)
+        check_analysis_sources(desired, settings)
     except ValidationError as exc:
+        if apply_changes:
+            alerts.send(
+                AlertEvent(
+                    "validation-failed",
+                    "warning",
+                    f"the manifests at {revision.sha[:12]} are invalid; nothing applied",
+                    revision.sha,
+                    details={"problems": "\n".join(str(p) for p in exc.problems)},
+                )
+            )
         raise ValidationError(exc.problems, revision.sha) from None
     state = StateStore(settings.state_path)
     try:
@@ -141,12 +282,30 @@ def reconcile(
             plan_ = plan(desired, serving, history, revision.sha)
             if not apply_changes:
                 return PassReport(revision.sha, plan_)
+            readers = {
+                name: reader
+                for name, server in desired.servers.items()
+                if (reader := metrics_reader(settings.prometheus_url, server.metrics)) is not None
+            }
             result = apply(
-                plan_, clients, max_parallel=settings.max_parallel, progress=progress or _quiet
+                plan_,
+                clients,
+                max_parallel=settings.max_parallel,
+                progress=progress or _quiet,
+                metrics=readers,
             )
         finally:
             for client in clients.values():
                 client.close()
+        holds = holds_from(result, desired, history)
+        events = alerts_from(result, str(settings.revert_mode))
+        open_alerts = state.open_alerts()
+        opened = [(e.model or "", e.server or "", e.kind) for e in events if not e.resolved]
+        resolved = [
+            e
+            for e in events
+            if e.resolved and any((e.model, e.server) == (m, s) for m, s, _ in open_alerts)
+        ]
         report = PassReport(revision.sha, plan_, result)
         state.record_pass(
             revision.sha,
@@ -159,7 +318,24 @@ def reconcile(
                 ],
                 "problems": [str(p) for p in plan_.problems],
             },
+            rollouts=rollouts_from(result, time.time()),
+            holds=holds,
+            released=[
+                n
+                for n in released_holds(desired, history)
+                if n not in {h.deployment for h in holds}
+            ],
+            applied=applied_from(desired, plan_, result),
+            alerts_opened=opened,
+            alerts_resolved=[(e.model or "", e.server or "") for e in resolved],
         )
-        return report
+        for event in [e for e in events if not e.resolved] + resolved:
+            alerts.send(event)
+        try:
+            notes = write_back(source, settings, desired, state, result, holds)
+        except ReconcileError as exc:
+            notes = (f"revert write-back failed: {exc}",)
+        return replace(report, reverts=notes)
     finally:
         state.close()
+        alerts.flush()

@@ -14,10 +14,11 @@ Nothing is planned where R == D and the loaded config already matches the manife
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from reconciler.analysis import AnalysisSpec
 from reconciler.model_config import config_drift, is_complete, merge, with_versions
 from reconciler.serving import ModelState, ServerState, ServingState
 from reconciler.spec.model import DesiredState, ModelDeployment, SmokeCase
@@ -26,6 +27,7 @@ from reconciler.spec.model import DesiredState, ModelDeployment, SmokeCase
 class Action(StrEnum):
     LOAD = "load"
     VERIFY = "verify"
+    ANALYZE = "analyze"
     UNLOAD = "unload"
 
 
@@ -43,6 +45,8 @@ class Step:
     smoke_versions: tuple[int, ...] = ()
     dropped: tuple[int, ...] = ()  # unload: the versions that go
     timeout: float = 120.0
+    analysis: AnalysisSpec | None = None  # analyze: what to watch, how long
+    baseline: tuple[int, ...] = ()  # analyze: the old versions the new are compared with
 
 
 @dataclass(frozen=True)
@@ -73,11 +77,39 @@ class PlanProblem:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """A ModelDeployment whose spec failed its rollout: kept at what served before.
+
+    It lasts until a commit changes the ModelDeployment (its fingerprint).
+    """
+
+    deployment: str
+    fingerprint: str
+    revision: str
+    reason: str
+    previous: Mapping[str, tuple[int, ...]]  # server -> versions it served before
+    configs: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class History:
-    """What the state store remembers: the last applied revision and the models it placed."""
+    """What the state store remembers: the last applied revision, the models it placed, holds."""
 
     revision: str | None = None
     managed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    holds: Mapping[str, Hold] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Held:
+    """A (server, model) kept at its previous versions by a hold, for the plan's report."""
+
+    server: str
+    model: str
+    deployment: str
+    revision: str
+    reason: str
+    versions: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -86,6 +118,7 @@ class Plan:
     changes: tuple[ModelChange, ...] = ()
     problems: tuple[PlanProblem, ...] = ()
     in_sync: tuple[tuple[str, str], ...] = ()  # (server, model) pairs that already match
+    held: tuple[Held, ...] = ()
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -185,6 +218,29 @@ def _plan_model(
                 timeout=deployment.verify_timeout,
             )
         )
+    if deployment.analysis is not None and (new or drift):
+        watched = desired if drift else new
+        spec = deployment.analysis
+        note = ""
+        if ready and max(watched) < max(ready):
+            note = (
+                f"; unversioned requests keep reaching {max(ready)} until it is unloaded, "
+                f"so the new versions see only version-pinned traffic (noTraffic: "
+                f"{spec.no_traffic})"
+            )
+        steps.append(
+            Step(
+                server,
+                deployment.model,
+                Action.ANALYZE,
+                _versions(watched),
+                f"watch {', '.join(map(str, sorted(watched)))} for {spec.duration:g}s, every "
+                f"{spec.interval:g}s: {', '.join(c.name for c in spec.checks)}; old versions "
+                f"stay loaded{note}",
+                analysis=spec,
+                baseline=_versions(ready - desired),
+            )
+        )
     if old:
         steps.append(
             Step(
@@ -234,6 +290,26 @@ def _revert_steps(
     )
 
 
+def _plan_held(
+    server: str, deployment: ModelDeployment, hold: Hold, observed: ServerState
+) -> ModelChange | PlanProblem | None:
+    """Keep (or bring back) what served before the failed rollout; never the failed spec."""
+    previous = hold.previous.get(server)
+    if previous is None:
+        return None  # this server took no part in the failed rollout: leave it as it is
+    if not previous:
+        return _plan_removal(server, deployment.model, observed)
+    config = hold.configs.get(server)
+    restored = replace(
+        deployment,
+        versions=previous,
+        config=config if config is not None else deployment.config,
+        smoke=(),
+        analysis=None,
+    )
+    return _plan_model(server, restored, observed)
+
+
 def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelChange | None:
     model = observed.model(model_name)
     if not model.ready:
@@ -271,6 +347,7 @@ def plan(desired: DesiredState, serving: ServingState, history: History, revisio
     changes: list[ModelChange] = []
     problems: list[PlanProblem] = []
     in_sync: list[tuple[str, str]] = []
+    held: list[Held] = []
     for server in sorted(desired.placements):
         observed = serving.get(server)
         if observed is None or not observed.reachable:
@@ -279,7 +356,23 @@ def plan(desired: DesiredState, serving: ServingState, history: History, revisio
             continue
         placements = desired.placements[server]
         for model_name in sorted(placements):
-            outcome = _plan_model(server, placements[model_name].deployment, observed)
+            deployment = placements[model_name].deployment
+            hold = history.holds.get(deployment.name)
+            if hold is not None and hold.fingerprint == deployment.fingerprint:
+                previous = hold.previous.get(server)
+                held.append(
+                    Held(
+                        server,
+                        model_name,
+                        deployment.name,
+                        hold.revision,
+                        hold.reason,
+                        previous if previous is not None else (),
+                    )
+                )
+                outcome = _plan_held(server, deployment, hold, observed)
+            else:
+                outcome = _plan_model(server, deployment, observed)
             if outcome is None:
                 in_sync.append((server, model_name))
             elif isinstance(outcome, PlanProblem):
@@ -290,4 +383,4 @@ def plan(desired: DesiredState, serving: ServingState, history: History, revisio
             removal = _plan_removal(server, model_name, observed)
             if removal is not None:
                 changes.append(removal)
-    return Plan(revision, tuple(changes), tuple(problems), tuple(in_sync))
+    return Plan(revision, tuple(changes), tuple(problems), tuple(in_sync), tuple(held))

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import textwrap
+from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.apply import ApplyResult, ChangeResult, Outcome, StepResult
 from reconciler.loop import PassReport
 from reconciler.plan import Action, ModelChange, Plan, Step
+from reconciler.rollouts import Rollout, checks_json
 
 FORMAT_VERSION = "1"
 
@@ -30,6 +32,15 @@ def step_json(step: Step) -> dict[str, Any]:
     if step.action is Action.VERIFY:
         data["smoke_cases"] = [case.name for case in step.smoke]
         data["smoke_versions"] = list(step.smoke_versions)
+    if step.action is Action.ANALYZE and step.analysis is not None:
+        data["analysis"] = {
+            "interval_seconds": step.analysis.interval,
+            "duration_seconds": step.analysis.duration,
+            "failure_limit": step.analysis.failure_limit,
+            "no_traffic": str(step.analysis.no_traffic),
+            "checks": [c.name for c in step.analysis.checks],
+            "baseline_versions": list(step.baseline),
+        }
     return data
 
 
@@ -52,6 +63,17 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             {"server": p.server, "model": p.model, "message": p.message} for p in plan.problems
         ],
         "in_sync": [{"server": s, "model": m} for s, m in plan.in_sync],
+        "held": [
+            {
+                "server": h.server,
+                "model": h.model,
+                "deployment": h.deployment,
+                "revision": h.revision,
+                "versions": list(h.versions),
+                "reason": h.reason,
+            }
+            for h in plan.held
+        ],
     }
 
 
@@ -78,12 +100,21 @@ def plan_text(plan: Plan) -> str:
             lines.append(f"server {server}")
         lines.append(_change_header(change))
         lines.extend(f"    {i}. {_step_line(step)}" for i, step in enumerate(change.steps, 1))
+    if plan.held:
+        lines.append("held (a rollout of this spec failed; kept at what served before):")
+        for h in plan.held:
+            reason = h.reason.strip().splitlines()[0] if h.reason else ""
+            lines.append(
+                f"  {h.server}/{h.model}: ModelDeployment {h.deployment} at revision "
+                f"{h.revision[:12]} held at {_list(h.versions)}: {reason}"
+            )
+        lines.append("  (a commit that changes the ModelDeployment releases its hold)")
     if plan.problems:
         lines.append("problems:")
         lines.extend(f"  {p}" for p in plan.problems)
     lines.append(
         f"plan: {len(plan.changes)} model(s) to change in {len(plan.steps)} step(s), "
-        f"{len(plan.in_sync)} in sync, {len(plan.problems)} problem(s)"
+        f"{len(plan.in_sync)} in sync, {len(plan.held)} held, {len(plan.problems)} problem(s)"
     )
     if not plan.changes and not plan.problems:
         lines.append("nothing to do: every server serves what the manifests ask for")
@@ -97,6 +128,12 @@ def _change_result_text(result: ChangeResult) -> list[str]:
         mark = "ok" if r.ok else "FAILED"
         versions = _list(r.step.versions)
         lines.append(f"    {r.step.action:<7} {versions:<10} {mark} ({r.seconds:.2f}s)")
+        for evaluation in r.evaluations:
+            lines.append(
+                f"      evaluation {evaluation.index + 1} at {evaluation.at:.1f}s: "
+                f"{evaluation.verdict}"
+            )
+            lines.extend(f"        {check}" for check in evaluation.results)
         if r.error:
             lines.append(textwrap.indent(r.error.strip(), "      "))
     for r in result.revert:
@@ -106,6 +143,11 @@ def _change_result_text(result: ChangeResult) -> list[str]:
             lines.append(textwrap.indent(r.error.strip(), "      "))
     if result.outcome is Outcome.REVERTED:
         lines.append(f"    serving {_list(change.serving)} as before")
+        if result.rollback_seconds is not None:
+            lines.append(
+                f"    old versions alone again {result.rollback_seconds * 1000:.0f} ms after "
+                "the failing evaluation"
+            )
     return lines
 
 
@@ -155,10 +197,29 @@ def result_json(result: ApplyResult) -> dict[str, Any]:
     }
 
 
+def _analysis_json(change: ChangeResult) -> dict[str, Any] | None:
+    analysis = change.analysis
+    if analysis is None:
+        return None
+    return {
+        "verdict": str(analysis.verdict) if analysis.verdict else None,
+        "evaluations": [
+            {
+                "index": e.index,
+                "at_seconds": round(e.at, 3),
+                "verdict": str(e.verdict),
+                "checks": list(checks_json(e)),
+            }
+            for e in analysis.evaluations
+        ],
+    }
+
+
 def report_json(report: PassReport) -> str:
     data = plan_json(report.plan)
     if report.result is not None:
         data["result"] = result_json(report.result)
+        data["reverts"] = list(report.reverts)
     data["ok"] = report.ok
     return json.dumps(data, indent=2)
 
@@ -167,4 +228,50 @@ def report_text(report: PassReport) -> str:
     parts = [plan_text(report.plan)]
     if report.result is not None and report.result.changes:
         parts.append(result_text(report.result))
+    parts.extend(report.reverts)
     return "\n".join(parts)
+
+
+def history_text(rollouts: list[Rollout]) -> str:
+    if not rollouts:
+        return "no rollouts recorded"
+    lines = []
+    for r in rollouts:
+        when = datetime.fromtimestamp(r.finished_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        verdict = f", analysis {r.verdict}" if r.verdict else ""
+        lines.append(
+            f"{when}Z {r.revision[:12]} {r.server}/{r.model} {_list(r.from_versions)} -> "
+            f"{_list(r.to_versions)}: {r.outcome}{verdict}"
+        )
+        for check in r.checks:
+            value = "n/a" if check["value"] is None else f"{check['value']:.6g}"
+            lines.append(f"    {check['check']}={value} ({check['threshold']}): {check['verdict']}")
+        if r.error and r.outcome != "converged":
+            lines.append(f"    {r.error.strip().splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def history_json(rollouts: list[Rollout]) -> str:
+    return json.dumps(
+        {
+            "format_version": FORMAT_VERSION,
+            "rollouts": [
+                {
+                    "revision": r.revision,
+                    "deployment": r.deployment,
+                    "server": r.server,
+                    "model": r.model,
+                    "from_versions": list(r.from_versions),
+                    "to_versions": list(r.to_versions),
+                    "outcome": r.outcome,
+                    "verdict": r.verdict,
+                    "checks": list(r.checks),
+                    "error": r.error,
+                    "rollback_seconds": r.rollback_seconds,
+                    "finished_at": r.finished_at,
+                }
+                for r in rollouts
+            ],
+        },
+        indent=2,
+    )

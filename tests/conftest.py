@@ -13,9 +13,11 @@ import pytest
 
 from reconciler.local_triton import LocalTriton
 
+pytest_plugins = ("tests.services",)
+
 MODELS = Path(__file__).parent / "triton_models"
-# Versions written for every test model; 9 fails to initialize (see model.py).
-VERSIONS = (1, 2, 3, 9)
+# Versions written for every test model; see model.py for how 3, 4, 5, 6 and 9 misbehave.
+VERSIONS = (1, 2, 3, 4, 5, 6, 9)
 TEST_MODELS = ("echo", "other")
 
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import git
 
+from reconciler.adapters.credentials import redact
 from reconciler.errors import SourceUnavailable
+from reconciler.spec.edit import restore_deployment
 from reconciler.spec.load import MANIFEST_SUFFIXES
 
 _REFSPECS = [
@@ -29,9 +33,11 @@ if "GIT_SSH_COMMAND" not in os.environ:
     _NON_INTERACTIVE["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"
 
 
-def redact(url: str) -> str:
-    """``url`` with any user:password@ part hidden."""
-    return re.sub(r"(?<=://)[^/@]+@", "***@", url)
+def git_error(exc: git.GitCommandError) -> str:
+    """git's own complaint (its fatal:/error: lines), with credentials hidden."""
+    text = str(exc.stderr or "").strip().removeprefix("stderr:").strip().strip("'")
+    lines = [line for line in text.splitlines() if line.startswith(("fatal:", "error:"))]
+    return redact(" ".join(lines or [text or "git failed"]))
 
 
 @dataclass(frozen=True)
@@ -57,12 +63,6 @@ class GitSource:
         self.cache.mkdir(parents=True, exist_ok=True)
         return git.Repo.init(self.cache, bare=True)
 
-    def _git_error(self, exc: git.GitCommandError) -> str:
-        """git's own complaint (its fatal:/error: lines), with credentials hidden."""
-        text = str(exc.stderr or "").strip().removeprefix("stderr:").strip().strip("'")
-        lines = [line for line in text.splitlines() if line.startswith(("fatal:", "error:"))]
-        return redact(" ".join(lines or [text or "git fetch failed"]))
-
     def fetch(self, ref: str = "HEAD") -> git.Commit:
         """Bring the cache up to date with the remote and resolve ``ref`` to a commit."""
         repo = self._repo()
@@ -78,9 +78,7 @@ class GitSource:
                 kill_after_timeout=self.fetch_timeout,
             )
         except git.GitCommandError as exc:
-            raise SourceUnavailable(
-                f"cannot fetch {redact(self.url)}: {self._git_error(exc)}"
-            ) from exc
+            raise SourceUnavailable(f"cannot fetch {redact(self.url)}: {git_error(exc)}") from exc
         for candidate in (f"refs/remotes/origin/{ref}", f"refs/tags/{ref}", ref):
             try:
                 return repo.commit(candidate)
@@ -116,3 +114,119 @@ class GitSource:
 
     def revision(self, ref: str = "HEAD", path: str = "") -> Revision:
         return self.read(self.fetch(ref), path)
+
+
+@dataclass(frozen=True)
+class RevertEdit:
+    """Put one ModelDeployment (in ``file``) back to ``versions`` and ``config``."""
+
+    deployment: str
+    file: str
+    failed_fingerprint: str
+    versions: tuple[int, ...]
+    config: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class PushedRevert:
+    branch: str
+    sha: str
+    deployments: tuple[str, ...]  # the ModelDeployments the commit restores
+    skipped: tuple[str, ...]  # changed by someone else meanwhile: left alone
+
+
+class GitWriter:
+    """Commits to the manifest repository: the revert write-back. Never force-pushes."""
+
+    def __init__(
+        self, url: str, cache_dir: Path, author: str, fetch_timeout: float = 120.0
+    ) -> None:
+        self.source = GitSource(url, cache_dir, fetch_timeout)
+        self.url = self.source.url
+        self.workdir = cache_dir / "worktrees" / self.source.cache.name
+        name, _, email = author.partition("<")
+        self.author = git.Actor(name.strip() or "triton-gitops", email.rstrip(">").strip())
+
+    def tracked_branch(self, ref: str) -> str:
+        """The branch ``ref`` names; HEAD resolves to the remote's default branch."""
+        if ref != "HEAD":
+            return ref.removeprefix("refs/heads/")
+        try:
+            answer = git.Git().ls_remote("--symref", self.url, "HEAD", env=_NON_INTERACTIVE)
+        except git.GitCommandError as exc:
+            raise SourceUnavailable(f"cannot read {redact(self.url)}: {git_error(exc)}") from exc
+        match = re.search(r"ref: refs/heads/(\S+)\s+HEAD", str(answer))
+        if match is None:
+            raise SourceUnavailable(f"{redact(self.url)} has no default branch")
+        return match.group(1)
+
+    def _checkout(self, branch: str) -> git.Repo:
+        if (self.workdir / ".git").exists():
+            repo = git.Repo(self.workdir)
+        else:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            repo = git.Repo.init(self.workdir)
+            repo.git.remote("add", "origin", self.url)
+        try:
+            refspec = f"+refs/heads/{branch}:refs/remotes/origin/{branch}"
+            repo.git.fetch(
+                "--quiet",
+                "origin",
+                refspec,
+                env=_NON_INTERACTIVE,
+                kill_after_timeout=self.source.fetch_timeout,
+            )
+        except git.GitCommandError as exc:
+            raise SourceUnavailable(f"cannot fetch {redact(self.url)}: {git_error(exc)}") from exc
+        repo.git.checkout("--quiet", "--force", "-B", "triton-gitops-writeback", f"origin/{branch}")
+        repo.git.clean("-fdq")
+        return repo
+
+    def push_revert(
+        self,
+        branch: str,
+        edits: tuple[RevertEdit, ...],
+        message: str,
+        target_branch: str | None = None,
+        attempts: int = 5,
+    ) -> PushedRevert | None:
+        """Commit ``edits`` on top of ``branch`` and push to ``target_branch`` (default: the
+        same branch). If the branch moved meanwhile, fetch, re-check and retry. None when every
+        edit was overtaken by someone else's change (nothing to revert any more)."""
+        target = target_branch or branch
+        for _ in range(attempts):
+            repo = self._checkout(branch)
+            done, skipped = [], []
+            for edit in edits:
+                path = self.workdir / edit.file
+                text = path.read_text() if path.is_file() else ""
+                restored = restore_deployment(
+                    text, edit.deployment, edit.failed_fingerprint, edit.versions, edit.config
+                )
+                if restored is None:
+                    skipped.append(edit.deployment)
+                    continue
+                path.write_text(restored)
+                repo.index.add([edit.file])
+                done.append(edit.deployment)
+            if not done:
+                return None
+            commit = repo.index.commit(message, author=self.author, committer=self.author)
+            try:
+                repo.git.push(
+                    "--quiet",
+                    "origin",
+                    f"HEAD:refs/heads/{target}",
+                    env=_NON_INTERACTIVE,
+                    kill_after_timeout=self.source.fetch_timeout,
+                )
+            except git.GitCommandError as exc:
+                if "rejected" in str(exc.stderr) or "non-fast-forward" in str(exc.stderr):
+                    continue  # the branch moved: start again from its new head
+                raise SourceUnavailable(
+                    f"cannot push to {redact(self.url)}: {git_error(exc)}"
+                ) from exc
+            return PushedRevert(target, commit.hexsha, tuple(done), tuple(skipped))
+        raise SourceUnavailable(
+            f"{redact(self.url)} branch {target} kept moving; gave up after {attempts} attempts"
+        )

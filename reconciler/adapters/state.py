@@ -1,8 +1,10 @@
 """The state store: what the reconciler remembers between passes, in SQLite.
 
-It records, per server, the models the last applied revision placed there (so that a
-ModelDeployment removed from Git unloads its model) and every pass's outcome. WAL mode and one
-transaction per write, so a kill mid-write leaves the previous record intact.
+Per server, the models the last applied revision placed there (so that a ModelDeployment
+removed from Git unloads its model); holds on ModelDeployments whose rollout failed; every
+rollout with its verdict and check values (for ``history``); the failure alerts still open;
+and each pass's outcome. WAL mode and one transaction per pass, so a kill mid-write leaves the
+previous record intact.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from reconciler.plan import History
+from reconciler.plan import History, Hold
+from reconciler.rollouts import AppliedSpec, Rollout
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS managed (
@@ -29,6 +32,44 @@ CREATE TABLE IF NOT EXISTS passes (
     finished_at REAL NOT NULL,
     ok INTEGER NOT NULL,
     summary TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS holds (
+    deployment TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    revision TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    previous TEXT NOT NULL,
+    configs TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rollouts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    revision TEXT NOT NULL,
+    deployment TEXT NOT NULL,
+    server TEXT NOT NULL,
+    model TEXT NOT NULL,
+    from_versions TEXT NOT NULL,
+    to_versions TEXT NOT NULL,
+    outcome TEXT NOT NULL,
+    verdict TEXT,
+    checks TEXT NOT NULL,
+    error TEXT,
+    rollback_seconds REAL,
+    finished_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS applied_specs (
+    deployment TEXT PRIMARY KEY,
+    revision TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    versions TEXT NOT NULL,
+    config TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS open_alerts (
+    model TEXT NOT NULL,
+    server TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    revision TEXT NOT NULL,
+    PRIMARY KEY (model, server, kind)
 );
 """
 
@@ -51,10 +92,45 @@ class StateStore:
         row = self._db.execute(
             "SELECT revision FROM passes WHERE ok = 1 ORDER BY id DESC LIMIT 1"
         ).fetchone()
+        holds = {
+            name: Hold(
+                deployment=name,
+                fingerprint=fingerprint,
+                revision=revision,
+                reason=reason,
+                previous={k: tuple(v) for k, v in json.loads(previous).items()},
+                configs=json.loads(configs),
+            )
+            for name, fingerprint, revision, reason, previous, configs in self._db.execute(
+                "SELECT deployment, fingerprint, revision, reason, previous, configs FROM holds"
+            )
+        }
         return History(
             revision=row[0] if row else None,
             managed={server: frozenset(models) for server, models in managed.items()},
+            holds=holds,
         )
+
+    def applied_spec(self, deployment: str) -> AppliedSpec | None:
+        row = self._db.execute(
+            "SELECT revision, fingerprint, versions, config FROM applied_specs "
+            "WHERE deployment = ?",
+            (deployment,),
+        ).fetchone()
+        if row is None:
+            return None
+        return AppliedSpec(
+            deployment, row[0], row[1], tuple(json.loads(row[2])), json.loads(row[3])
+        )
+
+    def open_alerts(self) -> set[tuple[str, str, str]]:
+        """(model, server, kind) of the failure alerts raised and not yet resolved."""
+        return {
+            (model, server, kind)
+            for model, server, kind in self._db.execute(
+                "SELECT model, server, kind FROM open_alerts"
+            )
+        }
 
     def record_pass(
         self,
@@ -62,8 +138,15 @@ class StateStore:
         managed: Mapping[str, frozenset[str]],
         ok: bool,
         summary: Mapping[str, Any],
+        *,
+        rollouts: Iterable[Rollout] = (),
+        holds: Iterable[Hold] = (),
+        released: Iterable[str] = (),
+        applied: Iterable[AppliedSpec] = (),
+        alerts_opened: Iterable[tuple[str, str, str]] = (),
+        alerts_resolved: Iterable[tuple[str, str]] = (),
     ) -> None:
-        """Replace the managed models of the servers in ``managed`` and log the pass."""
+        """Everything one pass learned, in one transaction."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             for server, models in managed.items():
@@ -72,7 +155,96 @@ class StateStore:
                     "INSERT INTO managed (server, model, revision) VALUES (?, ?, ?)",
                     [(server, model, revision) for model in sorted(models)],
                 )
+            self._db.executemany(
+                "DELETE FROM holds WHERE deployment = ?", [(name,) for name in released]
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        h.deployment,
+                        h.fingerprint,
+                        h.revision,
+                        h.reason,
+                        json.dumps({k: list(v) for k, v in h.previous.items()}),
+                        json.dumps(dict(h.configs)),
+                        time.time(),
+                    )
+                    for h in holds
+                ],
+            )
+            self._db.executemany(
+                "INSERT INTO rollouts (revision, deployment, server, model, from_versions, "
+                "to_versions, outcome, verdict, checks, error, rollback_seconds, finished_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        r.revision,
+                        r.deployment,
+                        r.server,
+                        r.model,
+                        json.dumps(list(r.from_versions)),
+                        json.dumps(list(r.to_versions)),
+                        r.outcome,
+                        r.verdict,
+                        json.dumps(list(r.checks)),
+                        r.error,
+                        r.rollback_seconds,
+                        r.finished_at,
+                    )
+                    for r in rollouts
+                ],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO applied_specs VALUES (?, ?, ?, ?, ?)",
+                [
+                    (
+                        a.deployment,
+                        a.revision,
+                        a.fingerprint,
+                        json.dumps(list(a.versions)),
+                        json.dumps(dict(a.config)),
+                    )
+                    for a in applied
+                ],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO open_alerts VALUES (?, ?, ?, ?)",
+                [(model, server, kind, revision) for model, server, kind in alerts_opened],
+            )
+            self._db.executemany(
+                "DELETE FROM open_alerts WHERE model = ? AND server = ?", list(alerts_resolved)
+            )
             self._db.execute(
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",
                 (revision, time.time(), int(ok), json.dumps(summary, sort_keys=True)),
             )
+
+    def rollouts(self, model: str | None = None, limit: int = 100) -> list[Rollout]:
+        """The latest rollouts, newest first, optionally of one model."""
+        query = (
+            "SELECT revision, deployment, server, model, from_versions, to_versions, outcome, "
+            "verdict, checks, error, rollback_seconds, finished_at FROM rollouts"
+        )
+        args: tuple[Any, ...] = ()
+        if model is not None:
+            query += " WHERE model = ?"
+            args = (model,)
+        query += " ORDER BY id DESC LIMIT ?"
+        return [
+            Rollout(
+                revision=row[0],
+                deployment=row[1],
+                server=row[2],
+                model=row[3],
+                from_versions=tuple(json.loads(row[4])),
+                to_versions=tuple(json.loads(row[5])),
+                outcome=row[6],
+                verdict=row[7],
+                checks=tuple(json.loads(row[8])),
+                error=row[9],
+                rollback_seconds=row[10],
+                finished_at=row[11],
+            )
+            for row in self._db.execute(query, (*args, limit))
+        ]

@@ -9,6 +9,7 @@ server references, one deployment per model and server) follow them here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -24,6 +25,7 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
+from reconciler.analysis import AnalysisSpec, Check, NoTraffic
 from reconciler.errors import Problem, ValidationError
 from reconciler.model_config import canonical
 from reconciler.spec.model import (
@@ -111,12 +113,12 @@ class _Document:
         return Problem(self.file, self.line(path), message)
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """ruamel's commented containers and scalar subclasses as plain JSON-like Python values."""
     if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, bool) or value is None:
         return value
     if isinstance(value, int):
@@ -166,6 +168,11 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     ).replace(".[", "[")
     if error.validator == "not" and error.absolute_path and error.absolute_path[-1] == "config":
         message = "version_policy is set by the reconciler from spec.versions; remove it"
+    elif error.validator == "oneOf" and "checks" in error.absolute_path:
+        message = (
+            "a check needs exactly one of successRate, latency, memory or promql "
+            "(promql with min and/or max)"
+        )
     elif error.validator in ("minProperties", "maxProperties") and where.endswith("servers"):
         message = "exactly one of names or matchLabels is required"
     elif error.validator == "pattern" and isinstance(error.instance, str):
@@ -272,6 +279,7 @@ def _build_deployment(
                 )
             )
     servers = body["servers"]
+    analysis = verify.get("analysis")
     return ModelDeployment(
         name=metadata["name"],
         model=model,
@@ -281,7 +289,56 @@ def _build_deployment(
         config=config,
         smoke=tuple(smoke),
         verify_timeout=_seconds(verify.get("timeout", "120s")),
+        analysis=_analysis(analysis) if analysis is not None else None,
         location=Location(doc.file, doc.start_line),
+        analysis_location=(
+            Location(doc.file, doc.line(("spec", "verify", "analysis")))
+            if analysis is not None
+            else None
+        ),
+        fingerprint=fingerprint_of(body),
+    )
+
+
+def fingerprint_of(spec: Mapping[str, Any]) -> str:
+    """A short digest of a ModelDeployment's spec, stable across key order and layout."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
+    checks = []
+    for check in spec["checks"]:
+        if "successRate" in check:
+            checks.append(Check(check["name"], "successRate", min=check["successRate"]["min"]))
+        elif "latency" in check:
+            checks.append(
+                Check(check["name"], "latency", max_increase=check["latency"]["maxIncrease"])
+            )
+        elif "memory" in check:
+            checks.append(
+                Check(
+                    check["name"],
+                    "memory",
+                    max_increase_bytes=check["memory"]["maxIncreaseBytes"],
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    check["name"],
+                    "promql",
+                    min=check.get("min"),
+                    max=check.get("max"),
+                    query=check["promql"],
+                )
+            )
+    return AnalysisSpec(
+        interval=_seconds(spec.get("interval", "10s")),
+        duration=_seconds(spec.get("duration", "60s")),
+        failure_limit=spec.get("failureLimit", 0),
+        no_traffic=NoTraffic(spec.get("noTraffic", "wait")),
+        checks=tuple(checks),
     )
 
 
@@ -311,17 +368,17 @@ def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
                 )
             )
             continue
-        plain = _plain(doc.root)
+        data = plain(doc.root)
         errors = sorted(
-            validators[kind].iter_errors(plain), key=lambda e: [str(p) for p in e.absolute_path]
+            validators[kind].iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]
         )
         if errors:
             problems.extend(doc.problem(tuple(e.absolute_path), _schema_message(e)) for e in errors)
             continue
         if kind == "TritonServer":
-            servers.append((doc, _build_server(doc, plain)))
+            servers.append((doc, _build_server(doc, data)))
         else:
-            deployments.append((doc, _build_deployment(doc, plain, problems)))
+            deployments.append((doc, _build_deployment(doc, data, problems)))
     problems.extend(_cross_check(servers, deployments))
     if problems:
         raise ValidationError(problems)
@@ -386,3 +443,33 @@ def _cross_check(
                 "spec.modelRepository to read the base config from, so spec.config must be "
                 "complete (at least backend or platform, inputs and outputs)",
             )
+
+
+def analysis_source_problems(desired: DesiredState, *, prometheus: bool) -> list[Problem]:
+    """Analyses that cannot read their metrics: PromQL checks without Prometheus, any check
+    on a server without a metrics URL."""
+    problems = []
+    for deployment in desired.deployments.values():
+        spec, where = deployment.analysis, deployment.analysis_location
+        if spec is None or where is None:
+            continue
+        if spec.needs_prometheus and not prometheus:
+            names = ", ".join(c.name for c in spec.checks if c.kind == "promql")
+            problems.append(
+                Problem(where.file, where.line, f"promql check(s) {names} need --prometheus-url")
+            )
+        # Metrics are located by each server's metrics URL, scraped directly or as the
+        # Prometheus target's instance label.
+        blind = sorted(
+            s.name for s in desired.servers.values() if deployment.selects(s) and s.metrics is None
+        )
+        if blind:
+            problems.append(
+                Problem(
+                    where.file,
+                    where.line,
+                    f"the analysis of {deployment.name!r} needs metrics: set spec.metrics on "
+                    f"TritonServer(s) {', '.join(blind)}",
+                )
+            )
+    return problems

@@ -6,6 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from reconciler.analysis import AnalysisSpec
+
 
 @dataclass(frozen=True)
 class Location:
@@ -59,7 +61,11 @@ class ModelDeployment:
     config: Mapping[str, Any] = field(default_factory=dict)
     smoke: tuple[SmokeCase, ...] = ()
     verify_timeout: float = 120.0
+    analysis: AnalysisSpec | None = None
     location: Location = Location("<memory>", 0)
+    analysis_location: Location | None = None
+    # A digest of the whole spec: a hold on a failed spec lasts until this changes.
+    fingerprint: str = ""
 
     def selects(self, server: TritonServer) -> bool:
         if self.server_names is not None:

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.git import GitSource, redact
+from reconciler.adapters.credentials import redact
+from reconciler.adapters.git import GitSource
 from reconciler.errors import SourceUnavailable
 from tests.conftest import ManifestRepo, git
 

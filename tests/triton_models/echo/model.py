@@ -1,13 +1,19 @@
 """Test model: OUTPUT0 = INPUT0 * version, so every answer tells which version served it.
 
-The fixture copies this file into every version folder. Version 9 fails in initialize, a real
-version that Triton refuses to load.
+The fixture copies this file into every version folder. Some versions misbehave on purpose,
+each in a way the reconciler must catch:
+  3  loads and answers, x3 (wrong for a smoke case that expects x2)
+  4  fails 40% of its requests
+  5  answers correctly but 25 ms late (several times slower)
+  6  keeps 8 MB of memory per request, up to 1.5 GB (a leak)
+  9  fails in initialize: Triton refuses to load it
 """
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 BROKEN_VERSIONS = {9}
+FAILING, SLOW, LEAKING = 4, 5, 6
 
 
 class TritonPythonModel:
@@ -15,11 +21,24 @@ class TritonPythonModel:
         self.version = int(args["model_version"])
         if self.version in BROKEN_VERSIONS:
             raise RuntimeError(f"version {self.version} is broken on purpose")
+        self.count = 0
+        self.kept = []
 
     def execute(self, requests):
         responses = []
         for request in requests:
+            self.count += 1
             data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            if self.version == FAILING and self.count % 5 in (1, 3):
+                # Raising counts in nv_inference_request_failure; an error response does not
+                # (Triton 2.51 counts a Python-backend response carrying an error a success).
+                raise RuntimeError(f"version 4 failed request {self.count}")
+            if self.version == SLOW:
+                import time
+
+                time.sleep(0.025)
+            if self.version == LEAKING and len(self.kept) < 192:
+                self.kept.append(np.full(8 << 20, 1, dtype=np.uint8))  # touched, so resident
             output = pb_utils.Tensor("OUTPUT0", (data * self.version).astype(np.float32))
             responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
         return responses

@@ -1,0 +1,258 @@
+"""Metric sources for the post-swap analysis: Triton's own endpoint, or a Prometheus server.
+
+The analysis loop (``reconciler/analysis.py`` judges, this module reads) asks a
+``MetricsReader`` for the cumulative ``Figures`` of some versions of one model on one server,
+every analysis interval. Two readers:
+
+- ``TritonScrape`` reads the server's Prometheus text endpoint directly (no Prometheus
+  needed); it cannot run PromQL, so every requested query reads as None.
+- ``PrometheusQuery`` asks a Prometheus server that scrapes the Triton server, with instant
+  queries all evaluated at one timestamp (so success and duration come from the same scrape),
+  and also runs the deployment's own PromQL checks.
+
+A reader never raises for a source it cannot read: it returns ``Figures(error=...)`` naming
+the URL (credentials hidden) and the reason, which the analysis turns into ``no-data``. The
+only module that imports prometheus_client's parser and prometheus_api_client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import requests
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from prometheus_api_client.prometheus_connect import PrometheusConnect
+from prometheus_client.parser import text_string_to_metric_families
+from urllib3.util.retry import Retry
+
+from reconciler.adapters.credentials import basic_auth, redact
+from reconciler.analysis import Figures
+
+log = logging.getLogger(__name__)
+
+SUCCESS = "nv_inference_request_success"
+FAILURE = "nv_inference_request_failure"
+DURATION = "nv_inference_request_duration_us"
+GPU_MEMORY = "nv_gpu_memory_used_bytes"
+CPU_MEMORY = "nv_cpu_memory_used_bytes"
+_PER_MODEL = (SUCCESS, FAILURE, DURATION)
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class MetricsReader(Protocol):
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = {}
+    ) -> Figures:
+        """Cumulative figures for ``versions`` of ``model``, and the value of each query."""
+        ...
+
+
+def _number(value: Any) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _measured(memory: float | None) -> float | None:
+    """Triton reports 0 bytes in use until its first memory poll (``--metrics-interval-ms``,
+    2 s by default, after start); a baseline of 0 would make any server look like a leak."""
+    return memory if memory else None
+
+
+class TritonScrape:
+    """Figures read from one Triton server's metrics endpoint (``http://host:8002/metrics``)."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        if not urllib.parse.urlsplit(url).path.strip("/"):
+            url = url.rstrip("/") + "/metrics"
+        self.url = url
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"TritonScrape({redact(self.url)!r})"
+
+    def _text(self) -> str:
+        url, headers = basic_auth(self.url)
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=self.timeout) as response:
+            return bytes(response.read()).decode("utf-8", errors="replace")
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = {}
+    ) -> Figures:
+        unsupported: dict[str, float | None] = dict.fromkeys(queries)
+        try:
+            text = self._text()
+        except urllib.error.HTTPError as exc:
+            return Figures(queries=unsupported, error=self._error(f"HTTP {exc.code} {exc.reason}"))
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+            return Figures(queries=unsupported, error=self._error(str(reason)))
+        wanted = {str(v) for v in versions}
+        sums: dict[str, float | None] = dict.fromkeys((*_PER_MODEL, GPU_MEMORY, CPU_MEMORY))
+        try:
+            for family in text_string_to_metric_families(text):
+                if family.name not in sums:
+                    continue
+                # The parser names counter samples ``<family>_total``; ``_created`` samples
+                # (timestamps, not counts) are left out.
+                names = (family.name, f"{family.name}_total")
+                for sample in family.samples:
+                    if sample.name not in names:
+                        continue
+                    if family.name in _PER_MODEL and (
+                        sample.labels.get("model") != model
+                        or sample.labels.get("version") not in wanted
+                    ):
+                        continue
+                    sums[family.name] = (sums[family.name] or 0.0) + float(sample.value)
+        except ValueError as exc:  # not Prometheus text
+            return Figures(queries=unsupported, error=self._error(f"unreadable metrics: {exc}"))
+        memory = sums[GPU_MEMORY] if sums[GPU_MEMORY] is not None else sums[CPU_MEMORY]
+        return Figures(
+            success=sums[SUCCESS],
+            failure=sums[FAILURE],
+            duration_us=sums[DURATION],
+            memory_bytes=_measured(memory),
+            queries=unsupported,
+        )
+
+    def _error(self, reason: str) -> str:
+        return redact(f"cannot read metrics from {self.url}: {reason}")
+
+
+def _quoted(value: str) -> str:
+    """A PromQL string literal: JSON's escapes are Go's, which PromQL uses.
+
+    Non-ASCII stays as is, since Go refuses JSON's surrogate-pair escapes.
+    """
+    return json.dumps(value, ensure_ascii=False)
+
+
+def instance_of(metrics_url: str) -> str:
+    """The ``instance`` label Prometheus gives a target scraped at ``metrics_url``."""
+    parts = urllib.parse.urlsplit(metrics_url)
+    host = parts.netloc.rpartition("@")[2]
+    if parts.port is None:  # Prometheus 2 adds the scheme's port to the target address
+        host = f"{host}:{_DEFAULT_PORTS.get(parts.scheme, 80)}"
+    return host
+
+
+class PrometheusQuery:
+    """Figures from a Prometheus server that scrapes the Triton server as ``instance``."""
+
+    def __init__(
+        self,
+        url: str,
+        instance: str,
+        timeout: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.instance = instance
+        self.timeout = timeout
+        self.clock = clock
+        plain, headers = basic_auth(self.url)
+        # No retries here: the analysis asks again at its next interval, and one call must
+        # not outlast its timeout several times over.
+        self._client = PrometheusConnect(
+            url=plain,
+            headers=headers,
+            retry=Retry(total=0),
+            # Annotated int, handed to requests, which takes float seconds.
+            timeout=timeout,  # type: ignore[arg-type]
+        )
+
+    @classmethod
+    def for_metrics_url(
+        cls, prometheus_url: str, metrics_url: str, timeout: float = 5.0
+    ) -> PrometheusQuery:
+        return cls(prometheus_url, instance_of(metrics_url), timeout)
+
+    def __repr__(self) -> str:
+        return f"PrometheusQuery({redact(self.url)!r}, instance={self.instance!r})"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def standard_queries(self, model: str, versions: tuple[int, ...]) -> dict[str, str]:
+        """The PromQL behind each of ``Figures``' figures (no counters without versions)."""
+        server = f"instance={_quoted(self.instance)}"
+        # ``or`` keeps the GPU figure where there is one, else the CPU one.
+        queries = {"memory": f"sum({GPU_MEMORY}{{{server}}}) or sum({CPU_MEMORY}{{{server}}})"}
+        if versions:
+            matchers = (
+                f"model={_quoted(model)}",
+                f"version=~{_quoted('|'.join(str(v) for v in versions))}",
+                server,
+            )
+            selector = "{" + ",".join(matchers) + "}"
+            for name in _PER_MODEL:  # the failure sum runs over every reason
+                queries[name] = f"sum({name}{selector})"
+        return queries
+
+    def _value(self, query: str, at: float) -> float | None:
+        """The first sample's value; raises for an unreachable Prometheus or a refused query."""
+        result = self._client.custom_query(query, params={"time": f"{at:.3f}"})
+        if not result:
+            return None
+        if isinstance(result[0], dict):  # an instant vector
+            return _number(result[0].get("value", (None, None))[1])
+        return _number(result[1])  # a scalar or string: [time, "value"]
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = {}
+    ) -> Figures:
+        at = self.clock()
+        standard: dict[str, float | None] = {}
+        try:
+            for name, query in self.standard_queries(model, versions).items():
+                standard[name] = self._value(query, at)
+            values = {name: self._query(name, query, at) for name, query in queries.items()}
+        except (
+            requests.RequestException,
+            PrometheusApiClientException,
+            LookupError,
+            TypeError,
+        ) as exc:
+            return Figures(
+                queries=dict.fromkeys(queries),
+                error=redact(f"cannot query Prometheus at {self.url}: {exc}"),
+            )
+        return Figures(
+            success=standard.get(SUCCESS),
+            failure=standard.get(FAILURE),
+            duration_us=standard.get(DURATION),
+            memory_bytes=_measured(standard.get("memory")),
+            queries=values,
+        )
+
+    def _query(self, name: str, query: str, at: float) -> float | None:
+        """One of the deployment's own queries; a query Prometheus refuses reads as None."""
+        try:
+            return self._value(query, at)
+        except PrometheusApiClientException as exc:
+            log.warning("query %s (%s) failed on %s: %s", name, query, redact(self.url), exc)
+            return None
+
+
+def metrics_reader(
+    prometheus_url: str | None, server_metrics_url: str | None, timeout: float = 5.0
+) -> MetricsReader | None:
+    """Prometheus when there is one (it needs the server's metrics URL to find the series),
+    else the server's own endpoint, else nothing to read from."""
+    if server_metrics_url is None:
+        return None
+    if prometheus_url:
+        return PrometheusQuery.for_metrics_url(prometheus_url, server_metrics_url, timeout)
+    return TritonScrape(server_metrics_url, timeout)

@@ -1,0 +1,237 @@
+"""What a pass leaves behind about its rollouts: records, holds, and the alerts they raise.
+
+Pure functions from a Plan and its ApplyResult (and the wall-clock time, passed in) to the
+values the state store writes and the alert adapters send. Called by ``loop.record``.
+
+A rollout is a change that loaded something new (versions or config) for a ModelDeployment on
+one server. A change that was reverted puts its ModelDeployment on hold at the versions each
+server served before, until a commit changes that ModelDeployment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.analysis import Evaluation
+from reconciler.apply import ApplyResult, ChangeResult, Outcome
+from reconciler.plan import Action, History, Hold, Plan
+from reconciler.spec.model import DesiredState
+
+
+@dataclass(frozen=True)
+class Rollout:
+    revision: str
+    deployment: str
+    server: str
+    model: str
+    from_versions: tuple[int, ...]
+    to_versions: tuple[int, ...]
+    outcome: str  # converged | reverted | failed | skipped
+    verdict: str | None  # the analysis verdict, where one ran
+    checks: tuple[Mapping[str, Any], ...]  # the last evaluation's check results
+    error: str | None
+    rollback_seconds: float | None
+    finished_at: float  # wall-clock seconds since the epoch
+
+
+@dataclass(frozen=True)
+class AppliedSpec:
+    """The versions and config a ModelDeployment last converged to everywhere it is placed:
+    what a revert write-back restores."""
+
+    deployment: str
+    revision: str
+    fingerprint: str
+    versions: tuple[int, ...]
+    config: Mapping[str, Any]
+
+
+KINDS = ("rollout-failed", "load-failed", "validation-failed", "rollout-succeeded")
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    """One thing to tell people about a revision; ``kind`` is one of ``KINDS``."""
+
+    kind: str
+    severity: str  # critical | warning | info
+    summary: str
+    revision: str
+    model: str | None = None
+    server: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+    resolved: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown alert kind {self.kind!r}; one of {', '.join(KINDS)}")
+
+
+def checks_json(evaluation: Evaluation | None) -> tuple[dict[str, Any], ...]:
+    if evaluation is None:
+        return ()
+    return tuple(
+        {
+            "check": r.check,
+            "verdict": str(r.verdict),
+            "value": r.value,
+            "threshold": r.threshold,
+            "detail": r.detail,
+        }
+        for r in evaluation.results
+    )
+
+
+def _is_rollout(change: ChangeResult) -> bool:
+    return change.change.deployment is not None and any(
+        s.action is Action.LOAD for s in change.change.steps
+    )
+
+
+def rollouts_from(result: ApplyResult, now: float) -> tuple[Rollout, ...]:
+    records = []
+    for change in result.changes:
+        if not _is_rollout(change):
+            continue
+        analysis = change.analysis
+        last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
+        records.append(
+            Rollout(
+                revision=result.revision,
+                deployment=change.change.deployment or "",
+                server=change.change.server,
+                model=change.change.model,
+                from_versions=change.change.serving,
+                to_versions=change.change.desired,
+                outcome=str(change.outcome),
+                verdict=str(analysis.verdict) if analysis and analysis.verdict else None,
+                checks=checks_json(last),
+                error=change.error,
+                rollback_seconds=change.rollback_seconds,
+                finished_at=now,
+            )
+        )
+    return tuple(records)
+
+
+def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> tuple[Hold, ...]:
+    """A hold for every ModelDeployment with a reverted change, naming every server involved."""
+    reverted: dict[str, list[ChangeResult]] = {}
+    for change in result.changes:
+        if _is_rollout(change) and change.outcome in (Outcome.REVERTED, Outcome.FAILED):
+            if any(r.step.action is Action.UNLOAD for r in change.steps if not r.ok):
+                continue  # new versions verified and serving; only the unload is left
+            reverted.setdefault(change.change.deployment or "", []).append(change)
+    holds = []
+    for name, changes in sorted(reverted.items()):
+        deployment = desired.deployments[name]
+        earlier = history.holds.get(name)
+        previous = dict(earlier.previous) if earlier else {}
+        configs = dict(earlier.configs) if earlier else {}
+        for change in changes:
+            previous.setdefault(change.change.server, change.change.serving)
+            load = change.change.revert[0] if change.change.revert else None
+            configs.setdefault(change.change.server, load.config if load else None)
+        holds.append(
+            Hold(
+                deployment=name,
+                fingerprint=deployment.fingerprint,
+                revision=result.revision,
+                reason="; ".join(sorted({c.error or str(c.outcome) for c in changes})),
+                previous=previous,
+                configs=configs,
+            )
+        )
+    return tuple(holds)
+
+
+def released_holds(desired: DesiredState, history: History) -> tuple[str, ...]:
+    """Holds whose ModelDeployment a newer commit changed or removed."""
+    return tuple(
+        sorted(
+            name
+            for name, hold in history.holds.items()
+            if name not in desired.deployments
+            or desired.deployments[name].fingerprint != hold.fingerprint
+        )
+    )
+
+
+def alerts_from(result: ApplyResult, revert_action: str) -> tuple[AlertEvent, ...]:
+    """One alert per failed rollout; a resolving event per successful one."""
+    events = []
+    for change in result.changes:
+        if not _is_rollout(change):
+            continue
+        model, server = change.change.model, change.change.server
+        to = ", ".join(map(str, change.change.desired))
+        if change.outcome is Outcome.CONVERGED:
+            events.append(
+                AlertEvent(
+                    "rollout-succeeded",
+                    "info",
+                    f"{model} {to} serves on {server}",
+                    result.revision,
+                    model,
+                    server,
+                    resolved=True,
+                )
+            )
+            continue
+        analysis = change.analysis
+        failed_analysis = analysis is not None and not analysis.ok
+        last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
+        details: dict[str, Any] = {
+            "revision": result.revision,
+            "deployment": change.change.deployment,
+            "from_versions": list(change.change.serving),
+            "to_versions": list(change.change.desired),
+            "outcome": str(change.outcome),
+            "error": change.error,
+            "action": revert_action if change.outcome is Outcome.REVERTED else "none",
+        }
+        if last is not None:
+            details["checks"] = "; ".join(str(r) for r in last.results)
+        if change.rollback_seconds is not None:
+            details["rollback_seconds"] = round(change.rollback_seconds, 4)
+        events.append(
+            AlertEvent(
+                "rollout-failed" if failed_analysis else "load-failed",
+                "critical",
+                f"{model} {to} on {server} "
+                + ("failed its analysis" if failed_analysis else "failed to load or verify")
+                + (
+                    f"; {', '.join(map(str, change.change.serving)) or 'nothing'} serves again"
+                    if change.outcome is Outcome.REVERTED
+                    else ""
+                ),
+                result.revision,
+                model,
+                server,
+                details,
+            )
+        )
+    return tuple(events)
+
+
+def applied_from(
+    desired: DesiredState, plan: Plan, result: ApplyResult | None
+) -> tuple[AppliedSpec, ...]:
+    """ModelDeployments that now serve their spec on every server they are placed on."""
+    done = set(plan.in_sync) | {
+        (c.change.server, c.change.model)
+        for c in (result.changes if result else ())
+        if c.outcome is Outcome.CONVERGED
+    }
+    held = {h.deployment for h in plan.held}
+    placed: dict[str, list[tuple[str, str]]] = {}
+    for server, placements in desired.placements.items():
+        for model, placement in placements.items():
+            placed.setdefault(placement.deployment.name, []).append((server, model))
+    return tuple(
+        AppliedSpec(name, plan.revision, d.fingerprint, d.versions, d.config)
+        for name, d in sorted(desired.deployments.items())
+        if name not in held and placed.get(name) and all(p in done for p in placed[name])
+    )
