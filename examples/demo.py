@@ -2,9 +2,11 @@
 
 Run by ``./dev demo``. It copies ``examples/repo`` into a fresh bare Git remote, starts a
 tritonserver (from the nvidia-pytriton wheel) over a copy of ``examples/model-repository``,
-then: applies version 1, commits a bump to version 2 and applies it while a client keeps
-sending requests, then commits version 3 (which fails to load) and shows that version 2 keeps
-serving. Everything it starts is stopped at the end.
+then: applies version 1; commits a bump to version 2 and applies it while a client keeps
+sending requests (analysis passes, version 1 is unloaded); commits version 3, which fails to
+load (version 2 keeps serving, the ModelDeployment is held); commits version 4, which loads
+but fails requests: the analysis catches it, version 2 serves again within milliseconds, and
+a revert commit lands in Git. Everything it starts is stopped at the end.
 """
 
 from __future__ import annotations
@@ -53,6 +55,17 @@ def edit_yaml(path: Path, change: dict[str, object], section: str = "spec") -> N
     document = yaml.load(path)
     for key, value in change.items():
         document[section][key] = value
+    with path.open("w") as stream:
+        yaml.dump(document, stream)
+
+
+def bump(path: Path, version: int) -> None:
+    """Serve ``version`` instead, with the smoke expectation that version answers."""
+    yaml = YAML()
+    document = yaml.load(path)
+    document["spec"]["versions"][:] = [version]
+    expect = document["spec"]["verify"]["smoke"][0]["expect"]["OUTPUT0"]["data"]
+    expect[:] = [version * x for x in (1, 2, 3, 4)]
     with path.open("w") as stream:
         yaml.dump(document, stream)
 
@@ -144,11 +157,7 @@ def demo(workdir: Path) -> int:
         print(serving(triton))
 
         banner("a pull request bumps echo to version 2; apply it while a client sends requests")
-        edit_yaml(work / "models" / "echo.yaml", {"versions": [2]})
-        smoke = YAML().load(work / "models" / "echo.yaml")
-        smoke["spec"]["verify"]["smoke"][0]["expect"]["OUTPUT0"]["data"] = [2, 4, 6, 8]
-        with (work / "models" / "echo.yaml").open("w") as stream:
-            YAML().dump(smoke, stream)
+        bump(work / "models" / "echo.yaml", 2)
         commit("Bump echo to version 2")
         run("plan", *options)
         with Client(triton.grpc_address) as client:
@@ -161,15 +170,28 @@ def demo(workdir: Path) -> int:
             return 1
 
         banner("version 3 is a bad release: Triton cannot load it, version 2 keeps serving")
-        edit_yaml(work / "models" / "echo.yaml", {"versions": [3]})
+        bump(work / "models" / "echo.yaml", 3)
         commit("Bump echo to version 3")
         code = run("apply", *options)
         print(serving(triton))
         if code != 1:
             return 1
-
-        banner("plan against the bad revision still shows the pending change")
+        banner("the failed spec is held: the next pass does not try it again")
         run("plan", *options)
+
+        banner("version 4 loads but fails requests: the analysis reverts it, and Git too")
+        bump(work / "models" / "echo.yaml", 4)
+        commit("Bump echo to version 4")
+        with Client(triton.grpc_address) as client:
+            time.sleep(0.5)
+            code = run("apply", *options, "--revert-mode", "commit")
+        print(f"client answers during the rollout: {client.answers}")
+        print(serving(triton))
+        if code != 1:
+            return 1
+        print("$ git log -1 (the tracked branch)")
+        print(git(workdir, "--git-dir", str(remote), "log", "-1", "--format=%an: %B", "main"))
+        run("history", "--state", str(workdir / "state.db"))
         print("\ndemo finished: every step behaved as intended")
         return 0
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -296,6 +297,8 @@ def _history(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Structured log lines (alerts among them) go to stderr, one JSON object per line.
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.command == "validate":
         return _validate(args)
     if args.command == "history":

@@ -117,7 +117,11 @@ def plan_text(plan: Plan) -> str:
         f"{len(plan.in_sync)} in sync, {len(plan.held)} held, {len(plan.problems)} problem(s)"
     )
     if not plan.changes and not plan.problems:
-        lines.append("nothing to do: every server serves what the manifests ask for")
+        lines.append(
+            "nothing to do: every server serves what the manifests ask for"
+            if not plan.held
+            else "nothing to do: held ModelDeployments stay as they are"
+        )
     return "\n".join(lines)
 
 
@@ -191,6 +195,8 @@ def result_json(result: ApplyResult) -> dict[str, Any]:
                     for r in c.steps
                 ],
                 "revert": [{**step_json(r.step), "ok": r.ok, "error": r.error} for r in c.revert],
+                "analysis": _analysis_json(c),
+                "rollback_seconds": c.rollback_seconds,
             }
             for c in result.changes
         ],

@@ -16,7 +16,13 @@ from reconciler.cli import main
 from reconciler.local_triton import LocalTriton
 
 
-def server_doc(name: str, address: str, repository: Path | None, labels: str = "") -> str:
+def server_doc(
+    name: str,
+    address: str,
+    repository: Path | None,
+    labels: str = "",
+    metrics: str | None = None,
+) -> str:
     lines = [
         "apiVersion: triton-gitops/v1alpha1",
         "kind: TritonServer",
@@ -26,6 +32,8 @@ def server_doc(name: str, address: str, repository: Path | None, labels: str = "
     if labels:
         lines.append(f"  labels: {labels}")
     lines += ["spec:", f"  grpc: {address}"]
+    if metrics is not None:
+        lines.append(f"  metrics: {metrics}")
     if repository is not None:
         lines.append(f"  modelRepository: {repository}")
     return "\n".join(lines) + "\n"
