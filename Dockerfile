@@ -16,7 +16,7 @@ RUN useradd --create-home --uid 10001 reconciler
 USER reconciler
 WORKDIR /home/reconciler
 ENV TRITON_GITOPS_STATE=/home/reconciler/state/state.db \
-    TRITON_GITOPS_CACHE=/home/reconciler/cache
+    TRITON_GITOPS_CACHE_DIR=/home/reconciler/cache
 
 ENTRYPOINT ["triton-gitops"]
 CMD ["--help"]

@@ -30,7 +30,13 @@ from reconciler.analysis import (
     evaluate,
     judge,
 )
-from reconciler.errors import AnalysisFailed, ReconcileError, ServerUnavailable, VerifyFailed
+from reconciler.errors import (
+    AnalysisFailed,
+    Interrupted,
+    ReconcileError,
+    ServerUnavailable,
+    VerifyFailed,
+)
 from reconciler.plan import Action, ModelChange, Plan, Step
 from reconciler.serving import ModelState
 from reconciler.smoke import mismatches
@@ -63,7 +69,8 @@ class Outcome(StrEnum):
     CONVERGED = "converged"
     REVERTED = "reverted"  # a step failed; the model serves what it served before
     FAILED = "failed"  # a step failed and the model could not be put back (see errors)
-    SKIPPED = "skipped"  # not attempted: its server became unreachable
+    SKIPPED = "skipped"  # not attempted: its server became unreachable, or shutdown began
+    INTERRUPTED = "interrupted"  # shutdown during its analysis: put back, not held
 
 
 @dataclass(frozen=True)
@@ -116,14 +123,20 @@ class ApplyResult:
         return all(c.outcome is Outcome.CONVERGED for c in self.changes)
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass(frozen=True)
 class Timing:
-    """Injected clock and sleep, so waiting logic is testable without waiting."""
+    """Injected clock and sleep, so waiting logic is testable without waiting; and
+    ``stopping``, which turns true when the process is asked to shut down."""
 
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     poll_interval: float = 0.05
     unload_wait: float = 30.0
+    stopping: Callable[[], bool] = _never
 
 
 def _wait_for(
@@ -203,6 +216,13 @@ def _analyze(
         # Ticks are measured from the start, so slow scrapes do not stretch the analysis.
         next_tick = started + spec.interval * (len(evaluations) + 1)
         timing.sleep(max(0.0, next_tick - timing.clock()))
+        if timing.stopping():
+            raise Interrupted(
+                f"server {step.server}: analysis of {step.model} interrupted by shutdown after "
+                f"{len(evaluations)} evaluation(s); the old versions serve again",
+                tuple(evaluations),
+                "interrupted",
+            )
         current = source.figures(step.model, step.versions, queries)
         elapsed = timing.clock() - started
         evaluations.append(evaluate(spec, len(evaluations), elapsed, previous, current, baseline))
@@ -315,7 +335,12 @@ def apply_change(
         # the next pass retries what is left.
         return ChangeResult(change, Outcome.FAILED, tuple(results))
     reverted = _run(control, change.revert, timing, progress, reverting=True)
-    outcome = Outcome.REVERTED if all(r.ok for r in reverted) else Outcome.FAILED
+    if not all(r.ok for r in reverted):
+        outcome = Outcome.FAILED
+    elif failed.verdict == "interrupted":
+        outcome = Outcome.INTERRUPTED
+    else:
+        outcome = Outcome.REVERTED
     return ChangeResult(change, outcome, tuple(results), tuple(reverted))
 
 
@@ -340,7 +365,8 @@ def apply(
     def run_server(server: str) -> list[ChangeResult]:
         results: list[ChangeResult] = []
         for change in by_server[server]:
-            if results and _server_lost(results[-1]):
+            # Shutdown: finish the change in progress, start no other.
+            if timing.stopping() or (results and _server_lost(results[-1])):
                 results.append(ChangeResult(change, Outcome.SKIPPED, ()))
                 continue
             source = (metrics or {}).get(server)

@@ -12,19 +12,27 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from reconciler import __version__
+from reconciler.adapters.git import GitCredentials
 from reconciler.adapters.state import StateStore
+from reconciler.daemon import Daemon, JsonLogFormatter, RunSettings
 from reconciler.errors import ReconcileError, ValidationError
-from reconciler.loop import RevertMode, Settings, Source, reconcile
+from reconciler.loop import RevertMode, Settings, Source, reconcile, status
 from reconciler.render import (
     history_json,
     history_text,
     progress_line,
     report_json,
     report_text,
+    status_json,
+    status_text,
 )
 from reconciler.spec import load_desired_state, manifest_files_in
 from reconciler.spec.load import analysis_source_problems
@@ -34,12 +42,12 @@ EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
 def _default_state() -> Path:
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(os.environ.get("TRITON_GITOPS_STATE", Path(base) / "triton-gitops" / "state.db"))
+    return Path(base) / "triton-gitops" / "state.db"
 
 
 def _default_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(os.environ.get("TRITON_GITOPS_CACHE", Path(base) / "triton-gitops"))
+    return Path(base) / "triton-gitops"
 
 
 def _source_options(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +74,20 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--output", choices=("text", "json"), default="text", help="report format (default text)"
     )
+    creds = parser.add_argument_group(
+        "Git credentials (from the environment or mounted files, never from the repository)"
+    )
+    creds.add_argument(
+        "--git-token-file",
+        type=Path,
+        metavar="FILE",
+        help="HTTPS token for the repository (or the value in $TRITON_GITOPS_GIT_TOKEN); sent "
+        "as basic auth through git's environment, never in a URL or a message",
+    )
+    creds.add_argument(
+        "--git-username", default="x-access-token", help="user name sent with the token"
+    )
+    creds.add_argument("--git-ssh-key", type=Path, metavar="FILE", help="SSH private key file")
     run = parser.add_argument_group("reconciler")
     run.add_argument(
         "--state",
@@ -78,7 +100,7 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
         "--cache-dir",
         type=Path,
         default=_default_cache(),
-        help="where Git mirrors are kept (default $TRITON_GITOPS_CACHE or "
+        help="where Git mirrors are kept (default $TRITON_GITOPS_CACHE_DIR or "
         "$XDG_CACHE_HOME/triton-gitops)",
     )
     run.add_argument(
@@ -102,7 +124,6 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
     analysis = parser.add_argument_group("analysis, revert and alerts")
     analysis.add_argument(
         "--prometheus-url",
-        default=os.environ.get("TRITON_GITOPS_PROMETHEUS_URL"),
         metavar="URL",
         help="read analysis metrics from this Prometheus (needed by promql checks); without "
         "it each server's spec.metrics endpoint is scraped directly",
@@ -132,14 +153,12 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
     )
     analysis.add_argument(
         "--alertmanager-url",
-        default=os.environ.get("TRITON_GITOPS_ALERTMANAGER_URL"),
         metavar="URL",
         help="post alerts to this Alertmanager (API v2); resolved when a later rollout of "
         "the model succeeds",
     )
     analysis.add_argument(
         "--alert-webhook",
-        default=os.environ.get("TRITON_GITOPS_ALERT_WEBHOOK"),
         metavar="URL",
         help="post every alert event as JSON to this URL",
     )
@@ -160,6 +179,15 @@ def build_parser() -> argparse.ArgumentParser:
         "swaps (load new beside old, verify, then unload old).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="YAML file of option defaults (keys are long option names, e.g. repo, "
+        "interval, revert-mode). Precedence: command-line flag, then $TRITON_GITOPS_<OPTION> "
+        "(e.g. TRITON_GITOPS_REPO), then this file, then the built-in default. "
+        "$TRITON_GITOPS_CONFIG names the file too.",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     validate = commands.add_parser(
@@ -173,7 +201,6 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument("--output", choices=("text", "json"), default="text")
     validate.add_argument(
         "--prometheus-url",
-        default=os.environ.get("TRITON_GITOPS_PROMETHEUS_URL"),
         metavar="URL",
         help="the Prometheus the reconciler will use: promql checks need one, built-in "
         "checks need it or each server's spec.metrics",
@@ -205,7 +232,133 @@ def build_parser() -> argparse.ArgumentParser:
             "plans, per server and model, the versions to load, verify and unload.",
         )
         _source_options(sub)
+
+    status = commands.add_parser(
+        "status",
+        help="per server and model: desired versus served versions, holds, last error",
+        description="Observe every declared server and show, per server and model, the "
+        "versions the manifests ask for, the versions Triton serves, whether it is in sync, "
+        "pending, held, suspended or unreachable, the last rollout, and the last applied "
+        "revision. Changes nothing.",
+    )
+    _source_options(status)
+
+    run = commands.add_parser(
+        "run",
+        help="reconcile continuously: schedule, webhooks, self-heal, /metrics",
+        description="Run as a service: a pass every --interval (with jitter, never two at "
+        "once), another at once on a verified webhook (GitHub X-Hub-Signature-256, GitLab "
+        "X-Gitlab-Token, or POST /reconcile with a bearer token), and a cheap watch of every "
+        "server between passes so a restarted server or a hand-unloaded model is restored "
+        "within seconds. Serves /metrics, /healthz and /readyz on --listen. SIGTERM or SIGINT "
+        "finishes the change in progress and exits 0.",
+    )
+    _source_options(run)
+    service = run.add_argument_group("service")
+    service.add_argument(
+        "--interval", type=float, default=60.0, metavar="SECONDS", help="between passes (60)"
+    )
+    service.add_argument(
+        "--jitter", type=float, default=5.0, metavar="SECONDS", help="random delay added (5)"
+    )
+    service.add_argument(
+        "--listen",
+        default="127.0.0.1:9090",
+        metavar="HOST:PORT",
+        help="address for webhooks, /metrics, /healthz, /readyz (127.0.0.1:9090)",
+    )
+    service.add_argument(
+        "--watch-interval",
+        type=float,
+        default=3.0,
+        metavar="SECONDS",
+        help="how often each server is checked between passes (3)",
+    )
+    service.add_argument(
+        "--shutdown-deadline",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="longest wait at shutdown for the change in progress (60)",
+    )
+    service.add_argument(
+        "--dry-run", action="store_true", help="plan and report every pass; change nothing"
+    )
+    for name, what in (
+        ("github-secret", "GitHub webhook secret (HMAC-SHA256)"),
+        ("gitlab-token", "GitLab webhook token"),
+        ("reconcile-token", "bearer token for POST /reconcile"),
+    ):
+        service.add_argument(
+            f"--{name}-file",
+            type=Path,
+            metavar="FILE",
+            help=f"file holding the {what} (or the value in "
+            f"$TRITON_GITOPS_{name.upper().replace('-', '_')}); the endpoint is off without it",
+        )
     return parser
+
+
+def _secret(file: Path | None, variable: str) -> str | None:
+    """A secret from a mounted file, else from the environment; never from a flag's value."""
+    if file is not None:
+        return file.read_text().strip() or None
+    return os.environ.get(variable) or None
+
+
+def _truthy(text: str) -> bool:
+    return text.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _config_file(argv: Sequence[str]) -> Path | None:
+    for index, arg in enumerate(argv):
+        if arg == "--config" and index + 1 < len(argv):
+            return Path(argv[index + 1])
+        if arg.startswith("--config="):
+            return Path(arg.split("=", 1)[1])
+    variable = os.environ.get("TRITON_GITOPS_CONFIG")
+    return Path(variable) if variable else None
+
+
+def external_defaults(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str], config: Mapping[str, Any]
+) -> None:
+    """Take option defaults from the config file, then the environment (which wins); a flag
+    on the command line wins over both. Option --foo-bar is key foo-bar (or foo_bar) in the
+    file and $TRITON_GITOPS_FOO_BAR in the environment."""
+    parsers = [parser] + [
+        sub
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for sub in action.choices.values()
+    ]
+    for sub in parsers:
+        for action in sub._actions:
+            longs = [o for o in action.option_strings if o.startswith("--")]
+            if not longs or action.dest in ("help", "version", "config"):
+                continue
+            key = longs[0][2:]
+            raw: Any = None
+            if key in config or key.replace("-", "_") in config:
+                raw = config.get(key, config.get(key.replace("-", "_")))
+            variable = "TRITON_GITOPS_" + key.upper().replace("-", "_")
+            if variable in environ:
+                raw = environ[variable]
+            if raw is None:
+                continue
+            if isinstance(action, argparse._StoreTrueAction):
+                value: Any = raw if isinstance(raw, bool) else _truthy(str(raw))
+            elif action.type is not None and callable(action.type):
+                value = action.type(str(raw))
+            else:
+                value = str(raw)
+            if action.choices is not None and value not in action.choices:
+                raise SystemExit(
+                    f"triton-gitops: {variable} or config {key}: {value!r} is not "
+                    f"one of {', '.join(map(str, action.choices))}"
+                )
+            action.default = value
+            action.required = False
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -240,9 +393,8 @@ def _validate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
-    source = Source(args.repo, args.ref, args.path)
-    settings = Settings(
+def _settings(args: argparse.Namespace) -> Settings:
+    return Settings(
         cache_dir=args.cache_dir,
         state_path=args.state,
         allow_empty=args.allow_empty,
@@ -255,7 +407,17 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
         revert_message=args.revert_message,
         alertmanager_url=args.alertmanager_url,
         alert_webhook=args.alert_webhook,
+        git_credentials=GitCredentials(
+            token=_secret(args.git_token_file, "TRITON_GITOPS_GIT_TOKEN"),
+            username=args.git_username,
+            ssh_key=args.git_ssh_key,
+        ),
     )
+
+
+def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
+    source = Source(args.repo, args.ref, args.path)
+    settings = _settings(args)
     try:
         report = reconcile(
             source,
@@ -295,12 +457,70 @@ def _history(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _status(args: argparse.Namespace) -> int:
+    try:
+        report = status(Source(args.repo, args.ref, args.path), _settings(args))
+    except ReconcileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    print(status_json(report) if args.output == "json" else status_text(report))
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    daemon = Daemon(
+        Source(args.repo, args.ref, args.path),
+        _settings(args),
+        RunSettings(
+            interval=args.interval,
+            jitter=args.jitter,
+            listen=args.listen,
+            github_secret=_secret(args.github_secret_file, "TRITON_GITOPS_GITHUB_SECRET"),
+            gitlab_token=_secret(args.gitlab_token_file, "TRITON_GITOPS_GITLAB_TOKEN"),
+            reconcile_token=_secret(args.reconcile_token_file, "TRITON_GITOPS_RECONCILE_TOKEN"),
+            watch_interval=args.watch_interval,
+            shutdown_deadline=args.shutdown_deadline,
+            dry_run=args.dry_run,
+        ),
+    )
+    code = daemon.serve()
+    if code != 0:
+        # A pass is still running past the deadline: do not wait for its thread.
+        logging.shutdown()
+        os._exit(code)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    config_file = _config_file(arguments)
+    config: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            loaded = YAML(typ="safe").load(config_file.read_text())
+        except (OSError, YAMLError) as exc:
+            print(f"error: config file {config_file}: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        if not isinstance(loaded, dict):
+            print(f"error: config file {config_file}: not a mapping", file=sys.stderr)
+            return EXIT_ERROR
+        config = loaded
+    external_defaults(parser, os.environ, config)
+    args = parser.parse_args(arguments)
+    if args.command == "run":
+        return _run(args)
     # Structured log lines (alerts among them) go to stderr, one JSON object per line.
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     if args.command == "validate":
         return _validate(args)
     if args.command == "history":
         return _history(args)
+    if args.command == "status":
+        return _status(args)
     return _reconcile(args, apply_changes=args.command == "apply")

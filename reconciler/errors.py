@@ -11,6 +11,7 @@
         ├── LoadFailed                 Triton refused or failed the load (its own message)
         ├── VerifyFailed               a version did not become READY or a smoke case failed
         ├── AnalysisFailed             the new versions' metrics failed the analysis
+        │   └── Interrupted            shutdown came during the analysis (put back, not held)
         └── UnloadFailed               dropping old versions failed (new ones serve already)
 
 Library exceptions (GitPython, tritonclient, ruamel.yaml) are re-raised as these at the
@@ -81,6 +82,10 @@ class AnalysisFailed(StepFailed):
         super().__init__(message)
         self.evaluations = evaluations
         self.verdict = verdict
+
+
+class Interrupted(AnalysisFailed):
+    """Shutdown began during an analysis; the old versions go back, the spec is not held."""
 
 
 class UnloadFailed(StepFailed):

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
@@ -31,15 +31,16 @@ from reconciler.adapters.alerts import (
     LogAlerter,
     WebhookAlerter,
 )
-from reconciler.adapters.git import GitSource, GitWriter, RevertEdit, Revision
+from reconciler.adapters.git import GitCredentials, GitSource, GitWriter, RevertEdit, Revision
 from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
-from reconciler.apply import ApplyResult, Outcome, Progress, StepResult, apply
+from reconciler.apply import ApplyResult, Outcome, Progress, StepResult, Timing, apply
 from reconciler.errors import ReconcileError, UnsafeRevision, ValidationError
 from reconciler.plan import History, Hold, Plan, emptied_servers, plan
 from reconciler.rollouts import (
     AlertEvent,
+    Rollout,
     alerts_from,
     applied_from,
     holds_from,
@@ -78,6 +79,8 @@ class Settings:
     revert_message: str = "Revert {deployments} after failed rollout of {short}"
     alertmanager_url: str | None = None
     alert_webhook: str | None = None
+    poll_interval: float = 0.05  # how often verify and unload poll Triton's index
+    git_credentials: GitCredentials = field(default_factory=GitCredentials)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,13 @@ class PassReport:
     plan: Plan
     result: ApplyResult | None = None
     reverts: tuple[str, ...] = ()  # what the revert write-back did, one line each
+    # (server, model) pairs put back to an already applied spec: someone or something
+    # (a restart, a hand unload) changed the server.
+    drift: tuple[tuple[str, str], ...] = ()
+    servers: Mapping[str, str] = field(default_factory=dict)  # name -> gRPC address
+    # server -> model -> versions that serve as intended after this pass (the daemon's watch
+    # checks these between passes, so a restarted server is seen within seconds)
+    expected: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -96,8 +106,14 @@ def _quiet(_: StepResult) -> None:
     pass
 
 
+def _not_stopping() -> bool:
+    return False
+
+
 def fetch(source: Source, settings: Settings) -> Revision:
-    return GitSource(source.repo, settings.cache_dir).revision(source.ref, source.path)
+    return GitSource(
+        source.repo, settings.cache_dir, credentials=settings.git_credentials
+    ).revision(source.ref, source.path)
 
 
 def guard(desired: DesiredState, history: History, allow_empty: bool) -> None:
@@ -224,7 +240,12 @@ def write_back(
         )
     if not edits:
         return tuple(notes)
-    writer = GitWriter(source.repo, settings.cache_dir, settings.revert_author)
+    writer = GitWriter(
+        source.repo,
+        settings.cache_dir,
+        settings.revert_author,
+        credentials=settings.git_credentials,
+    )
     branch = writer.tracked_branch(source.ref)
     target = (
         f"triton-gitops/revert-{result.revision[:12]}"
@@ -247,9 +268,48 @@ def write_back(
     return tuple(notes)
 
 
+def expected_serving(
+    desired: DesiredState, plan_: Plan, result: ApplyResult | None
+) -> dict[str, dict[str, tuple[int, ...]]]:
+    """What each server serves as intended after the pass, model by model."""
+    expected: dict[str, dict[str, tuple[int, ...]]] = {}
+    for server, model in plan_.in_sync:
+        deployment = desired.placements[server][model].deployment
+        expected.setdefault(server, {})[model] = deployment.versions
+    for held in plan_.held:
+        expected.setdefault(held.server, {})[held.model] = held.versions
+    for change in result.changes if result else ():
+        if change.outcome is Outcome.CONVERGED and change.change.desired:
+            expected.setdefault(change.change.server, {})[change.change.model] = (
+                change.change.desired
+            )
+    return expected
+
+
+def drift_corrected(
+    desired: DesiredState, result: ApplyResult, applied: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """Converged changes of ModelDeployments whose current spec had been applied before."""
+    return tuple(
+        (c.change.server, c.change.model)
+        for c in result.changes
+        if c.outcome is Outcome.CONVERGED
+        and c.change.deployment is not None
+        and applied.get(c.change.deployment) == desired.deployments[c.change.deployment].fingerprint
+    )
+
+
 def reconcile(
-    source: Source, settings: Settings, *, apply_changes: bool, progress: Progress | None = None
+    source: Source,
+    settings: Settings,
+    *,
+    apply_changes: bool,
+    progress: Progress | None = None,
+    skip: Mapping[str, str] | None = None,
+    stopping: Callable[[], bool] | None = None,
 ) -> PassReport:
+    """One pass. ``skip``: servers to leave alone this time (name -> why); ``stopping``:
+    turns true at shutdown (the change in progress finishes, no other starts)."""
     alerts = alerter(settings)
     revision = fetch(source, settings)
     try:
@@ -276,10 +336,11 @@ def reconcile(
                 server, load_timeout=settings.load_timeout, call_timeout=settings.call_timeout
             )
             for name, server in desired.servers.items()
+            if not skip or name not in skip
         }
         try:
             serving = observe(clients, desired, history, settings.max_parallel)
-            plan_ = plan(desired, serving, history, revision.sha)
+            plan_ = plan(desired, serving, history, revision.sha, skip)
             if not apply_changes:
                 return PassReport(revision.sha, plan_)
             readers = {
@@ -287,12 +348,20 @@ def reconcile(
                 for name, server in desired.servers.items()
                 if (reader := metrics_reader(settings.prometheus_url, server.metrics)) is not None
             }
+            applied = {
+                name: spec.fingerprint
+                for name in desired.deployments
+                if (spec := state.applied_spec(name)) is not None
+            }
             result = apply(
                 plan_,
                 clients,
                 max_parallel=settings.max_parallel,
                 progress=progress or _quiet,
                 metrics=readers,
+                timing=Timing(
+                    poll_interval=settings.poll_interval, stopping=stopping or _not_stopping
+                ),
             )
         finally:
             for client in clients.values():
@@ -306,7 +375,14 @@ def reconcile(
             for e in events
             if e.resolved and any((e.model, e.server) == (m, s) for m, s, _ in open_alerts)
         ]
-        report = PassReport(revision.sha, plan_, result)
+        report = PassReport(
+            revision.sha,
+            plan_,
+            result,
+            drift=drift_corrected(desired, result, applied),
+            servers={name: server.grpc for name, server in desired.servers.items()},
+            expected=expected_serving(desired, plan_, result),
+        )
         state.record_pass(
             revision.sha,
             next_managed(desired, history, plan_, result),
@@ -339,3 +415,110 @@ def reconcile(
     finally:
         state.close()
         alerts.flush()
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    server: str
+    model: str
+    deployment: str | None
+    desired: tuple[int, ...]
+    serving: tuple[int, ...]
+    state: str  # in-sync | pending | held | suspended | removing | problem | unreachable
+    detail: str = ""
+    last_rollout: Rollout | None = None
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    revision: str
+    last_applied: str | None
+    models: tuple[ModelStatus, ...]
+    unreachable: Mapping[str, str]  # server -> why
+    last_pass: Mapping[str, object] | None
+
+
+def status(source: Source, settings: Settings) -> StatusReport:
+    """Per server and model: what the manifests ask for, what is served, and why not."""
+    revision = fetch(source, settings)
+    desired = load_desired_state(revision.files)
+    state = StateStore(settings.state_path)
+    try:
+        history = state.history()
+        clients = {
+            name: TritonServerClient.for_server(server, call_timeout=settings.call_timeout)
+            for name, server in desired.servers.items()
+        }
+        try:
+            serving = observe(clients, desired, history, settings.max_parallel)
+        finally:
+            for client in clients.values():
+                client.close()
+        plan_ = plan(desired, serving, history, revision.sha)
+        last: dict[tuple[str, str], Rollout] = {}
+        for rollout in state.rollouts(limit=1000):
+            last.setdefault((rollout.server, rollout.model), rollout)
+        last_pass = state.last_pass()
+    finally:
+        state.close()
+
+    def served(server: str, model: str) -> tuple[int, ...]:
+        observed = serving.get(server)
+        return tuple(sorted(observed.model(model).ready)) if observed else ()
+
+    models: list[ModelStatus] = []
+    changes = {(c.server, c.model): c for c in plan_.changes}
+    problems = {(p.server, p.model): p.message for p in plan_.problems}
+    held = {(h.server, h.model): h for h in plan_.held}
+    for server, placements in sorted(desired.placements.items()):
+        for model, placement in sorted(placements.items()):
+            key = (server, model)
+            deployment = placement.deployment
+            if (server, None) in problems:
+                kind, detail = "unreachable", problems[(server, None)]
+            elif key in problems:
+                kind, detail = "problem", problems[key]
+            elif deployment.suspend:
+                kind, detail = "suspended", "spec.suspend is true"
+            elif key in held:
+                hold = held[key]
+                kind = "held"
+                detail = f"revision {hold.revision[:12]} failed: {hold.reason.splitlines()[0]}"
+            elif key in changes:
+                steps = ", ".join(f"{s.action} {list(s.versions)}" for s in changes[key].steps)
+                kind, detail = "pending", steps
+            else:
+                kind, detail = "in-sync", ""
+            models.append(
+                ModelStatus(
+                    server,
+                    model,
+                    deployment.name,
+                    deployment.versions,
+                    served(server, model),
+                    kind,
+                    detail,
+                    last.get(key),
+                )
+            )
+    for change in plan_.changes:
+        if change.deployment is None:
+            models.append(
+                ModelStatus(
+                    change.server,
+                    change.model,
+                    None,
+                    (),
+                    change.serving,
+                    "removing",
+                    "no ModelDeployment places it here any more",
+                    last.get((change.server, change.model)),
+                )
+            )
+    return StatusReport(
+        revision.sha,
+        history.revision,
+        tuple(models),
+        {p.server: p.message for p in plan_.problems if p.model is None},
+        last_pass,
+    )

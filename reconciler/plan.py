@@ -119,6 +119,7 @@ class Plan:
     problems: tuple[PlanProblem, ...] = ()
     in_sync: tuple[tuple[str, str], ...] = ()  # (server, model) pairs that already match
     held: tuple[Held, ...] = ()
+    suspended: tuple[tuple[str, str], ...] = ()  # (server, model) left alone: spec.suspend
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -342,13 +343,27 @@ def emptied_servers(desired: DesiredState, history: History) -> list[str]:
     )
 
 
-def plan(desired: DesiredState, serving: ServingState, history: History, revision: str) -> Plan:
-    """Diff what the manifests ask for against what the servers serve."""
+def plan(
+    desired: DesiredState,
+    serving: ServingState,
+    history: History,
+    revision: str,
+    skip: Mapping[str, str] | None = None,
+) -> Plan:
+    """Diff what the manifests ask for against what the servers serve.
+
+    Servers in ``skip`` (name -> why, e.g. backing off after failures) are reported as
+    problems and left alone.
+    """
     changes: list[ModelChange] = []
     problems: list[PlanProblem] = []
     in_sync: list[tuple[str, str]] = []
     held: list[Held] = []
+    suspended: list[tuple[str, str]] = []
     for server in sorted(desired.placements):
+        if skip and server in skip:
+            problems.append(PlanProblem(server, None, skip[server]))
+            continue
         observed = serving.get(server)
         if observed is None or not observed.reachable:
             why = observed.error if observed is not None and observed.error else "not observed"
@@ -357,6 +372,9 @@ def plan(desired: DesiredState, serving: ServingState, history: History, revisio
         placements = desired.placements[server]
         for model_name in sorted(placements):
             deployment = placements[model_name].deployment
+            if deployment.suspend:
+                suspended.append((server, model_name))
+                continue
             hold = history.holds.get(deployment.name)
             if hold is not None and hold.fingerprint == deployment.fingerprint:
                 previous = hold.previous.get(server)
@@ -383,4 +401,6 @@ def plan(desired: DesiredState, serving: ServingState, history: History, revisio
             removal = _plan_removal(server, model_name, observed)
             if removal is not None:
                 changes.append(removal)
-    return Plan(revision, tuple(changes), tuple(problems), tuple(in_sync), tuple(held))
+    return Plan(
+        revision, tuple(changes), tuple(problems), tuple(in_sync), tuple(held), tuple(suspended)
+    )

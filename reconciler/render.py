@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.apply import ApplyResult, ChangeResult, Outcome, StepResult
-from reconciler.loop import PassReport
+from reconciler.loop import PassReport, StatusReport
 from reconciler.plan import Action, ModelChange, Plan, Step
 from reconciler.rollouts import Rollout, checks_json
 
@@ -63,6 +63,7 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             {"server": p.server, "model": p.model, "message": p.message} for p in plan.problems
         ],
         "in_sync": [{"server": s, "model": m} for s, m in plan.in_sync],
+        "suspended": [{"server": s, "model": m} for s, m in plan.suspended],
         "held": [
             {
                 "server": h.server,
@@ -109,6 +110,9 @@ def plan_text(plan: Plan) -> str:
                 f"{h.revision[:12]} held at {_list(h.versions)}: {reason}"
             )
         lines.append("  (a commit that changes the ModelDeployment releases its hold)")
+    if plan.suspended:
+        lines.append("suspended (spec.suspend: true; left as they are):")
+        lines.extend(f"  {s}/{m}" for s, m in plan.suspended)
     if plan.problems:
         lines.append("problems:")
         lines.extend(f"  {p}" for p in plan.problems)
@@ -277,6 +281,72 @@ def history_json(rollouts: list[Rollout]) -> str:
                     "finished_at": r.finished_at,
                 }
                 for r in rollouts
+            ],
+        },
+        indent=2,
+    )
+
+
+def status_text(report: StatusReport) -> str:
+    lines = [
+        f"revision {report.revision} (last applied: {report.last_applied or 'none'})",
+    ]
+    server = None
+    for m in report.models:
+        if m.server != server:
+            server = m.server
+            why = report.unreachable.get(server)
+            lines.append(f"server {server}" + (f": UNREACHABLE ({why})" if why else ""))
+        line = (
+            f"  {m.model:<20} desired {_list(m.desired):<10} serving {_list(m.serving):<10} "
+            f"{m.state}"
+        )
+        lines.append(line + (f": {m.detail}" if m.detail else ""))
+        if m.last_rollout is not None:
+            r = m.last_rollout
+            lines.append(
+                f"    last rollout {r.revision[:12]} {_list(r.from_versions)} -> "
+                f"{_list(r.to_versions)}: {r.outcome}"
+                + (
+                    f" ({r.error.strip().splitlines()[0]})"
+                    if r.error and r.outcome != "converged"
+                    else ""
+                )
+            )
+    if report.last_pass is not None:
+        ok = "ok" if report.last_pass["ok"] else "with problems"
+        lines.append(f"last pass: revision {str(report.last_pass['revision'])[:12]}, {ok}")
+    return "\n".join(lines)
+
+
+def status_json(report: StatusReport) -> str:
+    return json.dumps(
+        {
+            "format_version": FORMAT_VERSION,
+            "revision": report.revision,
+            "last_applied": report.last_applied,
+            "unreachable": dict(report.unreachable),
+            "last_pass": report.last_pass,
+            "models": [
+                {
+                    "server": m.server,
+                    "model": m.model,
+                    "deployment": m.deployment,
+                    "desired": list(m.desired),
+                    "serving": list(m.serving),
+                    "state": m.state,
+                    "detail": m.detail,
+                    "last_rollout": None
+                    if m.last_rollout is None
+                    else {
+                        "revision": m.last_rollout.revision,
+                        "from_versions": list(m.last_rollout.from_versions),
+                        "to_versions": list(m.last_rollout.to_versions),
+                        "outcome": m.last_rollout.outcome,
+                        "error": m.last_rollout.error,
+                    },
+                }
+                for m in report.models
             ],
         },
         indent=2,

@@ -165,6 +165,8 @@ def alerts_from(result: ApplyResult, revert_action: str) -> tuple[AlertEvent, ..
     for change in result.changes:
         if not _is_rollout(change):
             continue
+        if change.outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED):
+            continue  # not attempted, or put back at shutdown: nothing failed
         model, server = change.change.model, change.change.server
         to = ", ".join(map(str, change.change.desired))
         if change.outcome is Outcome.CONVERGED:

@@ -17,7 +17,7 @@ pytest_plugins = ("tests.services",)
 
 MODELS = Path(__file__).parent / "triton_models"
 # Versions written for every test model; see model.py for how 3, 4, 5, 6 and 9 misbehave.
-VERSIONS = (1, 2, 3, 4, 5, 6, 9)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 9)
 TEST_MODELS = ("echo", "other")
 
 

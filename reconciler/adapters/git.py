@@ -7,6 +7,7 @@ URLs never appear in errors.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import re
@@ -33,6 +34,35 @@ if "GIT_SSH_COMMAND" not in os.environ:
     _NON_INTERACTIVE["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"
 
 
+@dataclass(frozen=True)
+class GitCredentials:
+    """Credentials for the manifest repository, from the environment or mounted files, never
+    from the repository. They reach git through its environment only: never argv, never a
+    URL, never a message."""
+
+    token: str | None = None  # HTTPS: sent as basic auth with ``username``
+    username: str = "x-access-token"
+    ssh_key: Path | None = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(_NON_INTERACTIVE)
+        if self.token:
+            basic = base64.b64encode(f"{self.username}:{self.token}".encode()).decode()
+            env.update(
+                {
+                    "GIT_CONFIG_COUNT": "1",
+                    "GIT_CONFIG_KEY_0": "http.extraHeader",
+                    "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
+                }
+            )
+        if self.ssh_key is not None:
+            env["GIT_SSH_COMMAND"] = (
+                f"ssh -i {self.ssh_key} -o IdentitiesOnly=yes -o BatchMode=yes "
+                "-o StrictHostKeyChecking=accept-new"
+            )
+        return env
+
+
 def git_error(exc: git.GitCommandError) -> str:
     """git's own complaint (its fatal:/error: lines), with credentials hidden."""
     text = str(exc.stderr or "").strip().removeprefix("stderr:").strip().strip("'")
@@ -50,8 +80,15 @@ class Revision:
 
 
 class GitSource:
-    def __init__(self, url: str, cache_dir: Path, fetch_timeout: float = 120.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        cache_dir: Path,
+        fetch_timeout: float = 120.0,
+        credentials: GitCredentials | None = None,
+    ) -> None:
         self.fetch_timeout = fetch_timeout
+        self.env = (credentials or GitCredentials()).env()
         local = Path(url)
         self.url = str(local.resolve()) if "://" not in url and local.exists() else url
         key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
@@ -74,7 +111,7 @@ class GitSource:
                 "--quiet",
                 self.url,
                 *_REFSPECS,
-                env=_NON_INTERACTIVE,
+                env=self.env,
                 kill_after_timeout=self.fetch_timeout,
             )
         except git.GitCommandError as exc:
@@ -139,9 +176,14 @@ class GitWriter:
     """Commits to the manifest repository: the revert write-back. Never force-pushes."""
 
     def __init__(
-        self, url: str, cache_dir: Path, author: str, fetch_timeout: float = 120.0
+        self,
+        url: str,
+        cache_dir: Path,
+        author: str,
+        fetch_timeout: float = 120.0,
+        credentials: GitCredentials | None = None,
     ) -> None:
-        self.source = GitSource(url, cache_dir, fetch_timeout)
+        self.source = GitSource(url, cache_dir, fetch_timeout, credentials)
         self.url = self.source.url
         self.workdir = cache_dir / "worktrees" / self.source.cache.name
         name, _, email = author.partition("<")
@@ -152,7 +194,7 @@ class GitWriter:
         if ref != "HEAD":
             return ref.removeprefix("refs/heads/")
         try:
-            answer = git.Git().ls_remote("--symref", self.url, "HEAD", env=_NON_INTERACTIVE)
+            answer = git.Git().ls_remote("--symref", self.url, "HEAD", env=self.source.env)
         except git.GitCommandError as exc:
             raise SourceUnavailable(f"cannot read {redact(self.url)}: {git_error(exc)}") from exc
         match = re.search(r"ref: refs/heads/(\S+)\s+HEAD", str(answer))
@@ -173,7 +215,7 @@ class GitWriter:
                 "--quiet",
                 "origin",
                 refspec,
-                env=_NON_INTERACTIVE,
+                env=self.source.env,
                 kill_after_timeout=self.source.fetch_timeout,
             )
         except git.GitCommandError as exc:
@@ -217,7 +259,7 @@ class GitWriter:
                     "--quiet",
                     "origin",
                     f"HEAD:refs/heads/{target}",
-                    env=_NON_INTERACTIVE,
+                    env=self.source.env,
                     kill_after_timeout=self.source.fetch_timeout,
                 )
             except git.GitCommandError as exc:

@@ -123,6 +123,20 @@ class StateStore:
             deployment, row[0], row[1], tuple(json.loads(row[2])), json.loads(row[3])
         )
 
+    def last_pass(self) -> dict[str, Any] | None:
+        """The latest pass: revision, when it finished, whether it was ok, its summary."""
+        row = self._db.execute(
+            "SELECT revision, finished_at, ok, summary FROM passes ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        if row is None:
+            return None
+        return {
+            "revision": row[0],
+            "finished_at": row[1],
+            "ok": bool(row[2]),
+            "summary": json.loads(row[3]),
+        }
+
     def open_alerts(self) -> set[tuple[str, str, str]]:
         """(model, server, kind) of the failure alerts raised and not yet resolved."""
         return {

@@ -290,6 +290,7 @@ def _build_deployment(
         smoke=tuple(smoke),
         verify_timeout=_seconds(verify.get("timeout", "120s")),
         analysis=_analysis(analysis) if analysis is not None else None,
+        suspend=bool(body.get("suspend", False)),
         location=Location(doc.file, doc.start_line),
         analysis_location=(
             Location(doc.file, doc.line(("spec", "verify", "analysis")))

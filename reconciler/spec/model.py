@@ -62,6 +62,7 @@ class ModelDeployment:
     smoke: tuple[SmokeCase, ...] = ()
     verify_timeout: float = 120.0
     analysis: AnalysisSpec | None = None
+    suspend: bool = False
     location: Location = Location("<memory>", 0)
     analysis_location: Location | None = None
     # A digest of the whole spec: a hold on a failed spec lasts until this changes.

@@ -6,6 +6,7 @@ each in a way the reconciler must catch:
   4  fails 40% of its requests
   5  answers correctly but 25 ms late (several times slower)
   6  keeps 8 MB of memory per request, up to 1.5 GB (a leak)
+  7  takes 3 s to initialize (a slow load)
   9  fails in initialize: Triton refuses to load it
 """
 
@@ -13,12 +14,16 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 BROKEN_VERSIONS = {9}
-FAILING, SLOW, LEAKING = 4, 5, 6
+FAILING, SLOW, LEAKING, SLOW_LOAD = 4, 5, 6, 7
 
 
 class TritonPythonModel:
     def initialize(self, args):
         self.version = int(args["model_version"])
+        if self.version == SLOW_LOAD:
+            import time
+
+            time.sleep(3)
         if self.version in BROKEN_VERSIONS:
             raise RuntimeError(f"version {self.version} is broken on purpose")
         self.count = 0

@@ -1,0 +1,306 @@
+"""``triton-gitops run`` as a real subprocess against real Triton servers and a bare remote."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from reconciler.local_triton import LocalTriton, free_port
+from tests.conftest import ManifestRepo
+from tests.integration.flows import deployment_doc, ready_versions, server_doc
+from tests.services import StartPrometheus
+
+SECRET = "webhook-s3cret-value"
+TOKEN = "reconcile-t0ken-value"
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
+    """Seconds it took for ``condition`` to hold; fails the test after ``timeout``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            if condition():
+                return time.monotonic() - started
+        except Exception:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout}s: {what}")
+
+
+@dataclass
+class Service:
+    """The reconciler service in its own process, ended by its pid."""
+
+    repo: str
+    workdir: Path
+    extra: tuple[str, ...] = ()
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "reconciler.log"
+
+    def start(self) -> Service:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "secret").write_text(SECRET)
+        env = dict(os.environ, TRITON_GITOPS_RECONCILE_TOKEN=TOKEN)
+        command = [
+            sys.executable, "-m", "reconciler", "run",
+            "--repo", self.repo,
+            "--state", str(self.workdir / "state.db"),
+            "--cache-dir", str(self.workdir / "cache"),
+            "--listen", f"127.0.0.1:{self.port}",
+            "--interval", "300", "--jitter", "0",  # only the first pass, webhooks and watch
+            "--watch-interval", "0.5",
+            "--call-timeout", "2",
+            "--github-secret-file", str(self.workdir / "secret"),
+            *self.extra,
+        ]  # fmt: skip
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        wait_until(lambda: self.get("/healthz")[0] == 200, 30, "the service answers")
+        return self
+
+    def stop(self) -> int:
+        process, self.process = self.process, None
+        if process is None:
+            return 0
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                return process.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+                raise
+        return process.returncode
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> int:
+        request = urllib.request.Request(self.url + path, body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    def events(self) -> list[dict[str, object]]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        return [json.loads(line) for line in lines if line.startswith("{")]
+
+    def passes(self) -> int:
+        return sum(e.get("message") == "pass finished" for e in self.events())
+
+
+def github_push(service: Service, secret: str = SECRET) -> int:
+    body = json.dumps({"ref": "refs/heads/main"}).encode()
+    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return service.post(
+        "/webhook/github",
+        body,
+        {"X-Hub-Signature-256": signature, "X-GitHub-Event": "push",
+         "Content-Type": "application/json"},
+    )  # fmt: skip
+
+
+@pytest.fixture
+def service(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> Iterator[Service]:
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.commit("deploy echo 1")
+    running = Service(manifests.url, tmp_path / "service").start()
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "the first pass")
+        yield running
+    finally:
+        running.stop()
+
+
+def test_signed_webhook_is_served_and_unsigned_refused(
+    service: Service, manifests: ManifestRepo, triton: LocalTriton
+) -> None:
+    wait_until(lambda: service.passes() >= 1, 10, "the first pass is logged")
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
+    manifests.commit("echo 2")
+    before = service.passes()
+    assert github_push(service, secret="not-the-secret") == 401
+    assert service.post("/webhook/github", b"{}", {"Content-Type": "application/json"}) == 401
+    assert service.post("/reconcile", b"{}", {"Authorization": "Bearer wrong"}) == 401
+    time.sleep(1.5)
+    assert service.passes() == before  # nothing triggered
+    assert ready_versions(triton, "echo") == {1}
+
+    assert github_push(service) == 202
+    took = wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "echo 2 serves")
+    # Triton's own load of a Python model takes about 1.4 s here; the rest is ours.
+    assert took < 10
+
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.commit("echo 1 again")
+    assert service.post("/reconcile", b"{}", {"Authorization": f"Bearer {TOKEN}"}) == 202
+    wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "echo 1 serves again")
+
+    status, body = service.get("/readyz")
+    assert status == 200 and json.loads(body)["ready"] is True
+    log = service.log.read_text()
+    assert SECRET not in log and TOKEN not in log
+    assert any(e.get("message") == "webhook refused" for e in service.events())
+
+
+def test_oversized_and_slow_webhooks_do_not_block(service: Service) -> None:
+    # The size is refused from the header: the body is never read.
+    with socket.create_connection(("127.0.0.1", service.port), timeout=5) as big:
+        big.sendall(b"POST /webhook/github HTTP/1.1\r\nHost: x\r\nContent-Length: 2097152\r\n\r\n")
+        assert big.recv(64).startswith(b"HTTP/1.0 413")
+    # A client that sends headers and then nothing holds one thread until it times out;
+    # health checks and webhooks are answered meanwhile.
+    with socket.create_connection(("127.0.0.1", service.port)) as slow:
+        slow.sendall(b"POST /webhook/github HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
+        started = time.monotonic()
+        assert service.get("/healthz")[0] == 200
+        assert github_push(service) == 202
+        assert time.monotonic() - started < 2
+
+
+def test_restarted_triton_and_hand_unloaded_model_are_restored(
+    service: Service, triton: LocalTriton
+) -> None:
+    with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+        client.unload_model("echo")
+    wait_until(lambda: ready_versions(triton, "echo") == set(), 10, "the hand unload")
+    wait_until(lambda: ready_versions(triton, "echo") == {1}, 15, "the model is restored")
+
+    triton.kill()
+    triton.start()  # same ports, EXPLICIT mode: nothing loaded
+    took = wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "restored after restart")
+    assert took < 15
+    _, metrics = service.get("/metrics")
+    assert b'triton_gitops_drift_corrections_total{model="echo",server="edge-a"}' in metrics
+
+
+def test_git_remote_and_server_down_then_back(
+    service: Service, manifests: ManifestRepo, triton: LocalTriton, tmp_path: Path
+) -> None:
+    hidden = tmp_path / "hidden.git"
+    shutil.move(manifests.bare, hidden)
+    assert service.post("/reconcile", b"{}", {"Authorization": f"Bearer {TOKEN}"}) == 202
+    wait_until(
+        lambda: any(e.get("result") == "source-unavailable" for e in service.events()),
+        15,
+        "the failed fetch is reported",
+    )
+    assert ready_versions(triton, "echo") == {1}  # everything keeps serving
+    shutil.move(hidden, manifests.bare)
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
+    manifests.commit("echo 2 while the reconciler was cut off")
+    # Retried with backoff: the change lands without any webhook.
+    wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "recovery after Git returns")
+
+    triton.stop()
+    assert service.post("/reconcile", b"{}", {"Authorization": f"Bearer {TOKEN}"}) == 202
+    wait_until(
+        lambda: (
+            b'triton_gitops_server_reachable{server="edge-a"} 0.0' in service.get("/metrics")[1]
+        ),
+        20,
+        "the server is reported unreachable",
+    )
+    triton.start()
+    wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "recovery after the server")
+
+
+def test_sigterm_during_a_load_finishes_the_step(
+    service: Service, manifests: ManifestRepo, triton: LocalTriton
+) -> None:
+    manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"]))  # 3 s to load
+    manifests.commit("echo 7, slow to load")
+    assert github_push(service) == 202
+
+    def loading() -> bool:
+        with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+            index = client.get_model_repository_index(as_json=True)["models"]
+        return any(m.get("version") == "7" and m.get("state") == "LOADING" for m in index)
+
+    wait_until(loading, 15, "version 7 is loading")
+    assert service.process is not None
+    service.process.send_signal(signal.SIGTERM)
+    assert service.process.wait(60) == 0
+    service.process = None
+    # The change in progress was finished: 7 loaded, verified, and 1 dropped.
+    assert ready_versions(triton, "echo") == {7}
+    messages = [e.get("message") for e in service.events()]
+    assert "stopping" in messages and messages[-1] == "stopped"
+
+
+def test_prometheus_scrapes_the_reconciler(
+    service: Service, start_prometheus: StartPrometheus
+) -> None:
+    prometheus = start_prometheus([f"127.0.0.1:{service.port}"])
+    query = urllib.parse.urlencode({"query": "triton_gitops_passes_total"})
+
+    def scraped() -> bool:
+        with urllib.request.urlopen(f"{prometheus.url}/api/v1/query?{query}", timeout=5) as r:
+            result = json.load(r)["data"]["result"]
+        return any(float(item["value"][1]) >= 1 for item in result)
+
+    wait_until(scraped, 30, "Prometheus has the reconciler's pass counter")
+    _, metrics = service.get("/metrics")
+    for name in (
+        b"triton_gitops_pass_duration_seconds_bucket",
+        b"triton_gitops_last_success_timestamp_seconds",
+        b"triton_gitops_applied_revision_info",
+        b'triton_gitops_server_reachable{server="edge-a"} 1.0',
+    ):
+        assert name in metrics
+
+
+def test_dry_run_and_suspend_change_nothing(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.write("other.yaml", deployment_doc("other", [1], ["edge-a"]) + "  suspend: true\n")
+    manifests.commit("echo 1; other suspended")
+    dry = Service(manifests.url, tmp_path / "dry", ("--dry-run",)).start()
+    try:
+        wait_until(lambda: dry.passes() >= 1, 20, "a dry pass")
+        assert ready_versions(triton, "echo") == set()
+    finally:
+        assert dry.stop() == 0
+    real = Service(manifests.url, tmp_path / "real").start()
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == {1}, 20, "echo deployed")
+        assert ready_versions(triton, "other") == set()  # suspended: left as it is
+    finally:
+        assert real.stop() == 0
