@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
@@ -171,8 +171,16 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors exit 1: exit 2 means "changes pending" for plan and diff."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="triton-gitops",
         description="GitOps for NVIDIA Triton Inference Server: make every server serve the "
         "model versions that the manifests in a Git repository declare, with zero-downtime "
@@ -349,13 +357,16 @@ def external_defaults(
             if isinstance(action, argparse._StoreTrueAction):
                 value: Any = raw if isinstance(raw, bool) else _truthy(str(raw))
             elif action.type is not None and callable(action.type):
-                value = action.type(str(raw))
+                try:
+                    value = action.type(str(raw))
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"{variable} or config key {key}: {raw!r}: {exc}") from exc
             else:
                 value = str(raw)
             if action.choices is not None and value not in action.choices:
-                raise SystemExit(
-                    f"triton-gitops: {variable} or config {key}: {value!r} is not "
-                    f"one of {', '.join(map(str, action.choices))}"
+                raise ValueError(
+                    f"{variable} or config key {key}: {value!r} is not one of "
+                    f"{', '.join(map(str, action.choices))}"
                 )
             action.default = value
             action.required = False
@@ -511,7 +522,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"error: config file {config_file}: not a mapping", file=sys.stderr)
             return EXIT_ERROR
         config = loaded
-    external_defaults(parser, os.environ, config)
+    try:
+        external_defaults(parser, os.environ, config)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     args = parser.parse_args(arguments)
     if args.command == "run":
         return _run(args)

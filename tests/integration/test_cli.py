@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.local_triton import LocalTriton
+from reconciler.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo, git
 from tests.integration.flows import (
     Reconciler,
@@ -120,3 +120,72 @@ def test_vanished_repository_changes_nothing(
     assert result.code == 1
     assert f"error: cannot fetch {manifests.url}: fatal: " in result.err
     assert ready_versions(triton, "echo") == {2}
+
+
+def test_status_shows_desired_served_held_and_unreachable(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    dead = f"127.0.0.1:{free_port()}"
+    manifests.write(
+        "servers.yaml",
+        server_doc("edge-a", triton.grpc_address, model_repository)
+        + "---\n"
+        + server_doc("edge-b", dead, model_repository),
+    )
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.write("other.yaml", deployment_doc("other", [2], ["edge-a", "edge-b"]))
+    manifests.commit("two models, edge-b down")
+    assert reconciler.apply("--call-timeout", "2").code == 1  # edge-b is unreachable
+    manifests.write("echo.yaml", deployment_doc("echo", [9], ["edge-a"]))
+    bad = manifests.commit("echo 9 fails to load")
+    assert reconciler.apply("--call-timeout", "2").code == 1
+    manifests.write("other.yaml", deployment_doc("other", [3], ["edge-a", "edge-b"]))
+    manifests.commit("other 3, not applied yet")
+
+    shown = cli("status", *reconciler.options, "--call-timeout", "2", "--output", "json")
+    assert shown.code == 0, shown.err
+    doc = shown.json()
+    models = {(m["server"], m["model"]): m for m in doc["models"]}
+    echo = models[("edge-a", "echo")]
+    assert (echo["desired"], echo["serving"], echo["state"]) == ([9], [1], "held")
+    assert bad[:12] in echo["detail"]
+    assert echo["last_rollout"]["outcome"] == "reverted"
+    other = models[("edge-a", "other")]
+    assert (other["desired"], other["serving"], other["state"]) == ([3], [2], "pending")
+    assert models[("edge-b", "other")]["state"] == "unreachable"
+    assert "edge-b" in doc["unreachable"]
+    text = cli("status", *reconciler.options, "--call-timeout", "2")
+    assert "server edge-b: UNREACHABLE" in text.out
+    assert "echo" in text.out and "held" in text.out
+
+
+def test_options_from_environment_and_config_file(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    model_repository: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifests.write(
+        "prod/servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository)
+    )
+    manifests.write("prod/echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
+    manifests.commit("prod")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"repo: {manifests.url}\npath: staging\nstate: {tmp_path / 'state.db'}\n"
+        f"cache-dir: {tmp_path / 'cache'}\noutput: json\n"
+    )
+    # The environment wins over the file; a flag wins over both.
+    monkeypatch.setenv("TRITON_GITOPS_PATH", "prod")
+    planned = cli("--config", str(config), "plan")
+    assert planned.code == 2, planned.err
+    assert planned.json()["steps"][0]["versions"] == [2]
+    flagged = cli("--config", str(config), "plan", "--path", "nowhere")
+    assert flagged.code == 1 and "no folder 'nowhere'" in flagged.err
+    monkeypatch.setenv("TRITON_GITOPS_REVERT_MODE", "sideways")
+    refused = cli("--config", str(config), "plan")
+    assert refused.code == 1
+    assert "TRITON_GITOPS_REVERT_MODE or config key revert-mode: 'sideways'" in refused.err
+    assert cli("plan", "--no-such-option").code == 1  # usage errors are not "changes"
