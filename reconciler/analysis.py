@@ -155,7 +155,10 @@ def _success_rate(check: Check, success: float | None, failure: float | None) ->
     threshold = f">= {check.min:g}"
     if success is None:
         return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no success counter")
-    failure = failure or 0.0  # Triton exports the failure series only once one happened
+    if failure is None:
+        # evaluate() already counts a series absent before and after as zero failures; None
+        # here is a counter that vanished, went backwards or is not a number.
+        return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no failure counter")
     total = success + failure
     if total == 0:
         return CheckResult(check.name, Verdict.NO_TRAFFIC, None, threshold, "no requests")

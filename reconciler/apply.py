@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -205,7 +205,9 @@ def _analyze(
     spec = step.analysis
     assert spec is not None
     if source is None:
-        raise AnalysisFailed(f"server {step.server}: no metrics source for the analysis", ())
+        raise AnalysisFailed(
+            f"server {step.server}: no metrics source for the analysis", (), RolloutVerdict.FAILED
+        )
     queries = {c.name: c.query for c in spec.checks if c.query}
     old = source.figures(step.model, step.baseline) if step.baseline else None
     previous = source.figures(step.model, step.versions, queries)
@@ -224,6 +226,10 @@ def _analyze(
                 "interrupted",
             )
         current = source.figures(step.model, step.versions, queries)
+        if baseline.memory_bytes is None and current.memory_bytes is not None:
+            # The first reading had no memory figure (a failed scrape, or Triton not yet
+            # sampling): measure growth from the first reading that has one.
+            baseline = replace(baseline, memory_bytes=current.memory_bytes)
         elapsed = timing.clock() - started
         evaluations.append(evaluate(spec, len(evaluations), elapsed, previous, current, baseline))
         previous = current

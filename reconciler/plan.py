@@ -378,16 +378,17 @@ def plan(
             hold = history.holds.get(deployment.name)
             if hold is not None and hold.fingerprint == deployment.fingerprint:
                 previous = hold.previous.get(server)
-                held.append(
-                    Held(
-                        server,
-                        model_name,
-                        deployment.name,
-                        hold.revision,
-                        hold.reason,
-                        previous if previous is not None else (),
+                if previous is not None:
+                    held.append(
+                        Held(
+                            server,
+                            model_name,
+                            deployment.name,
+                            hold.revision,
+                            hold.reason,
+                            previous,
+                        )
                     )
-                )
                 outcome = _plan_held(server, deployment, hold, observed)
             else:
                 outcome = _plan_model(server, deployment, observed)

@@ -48,7 +48,13 @@ class AppliedSpec:
     config: Mapping[str, Any]
 
 
-KINDS = ("rollout-failed", "load-failed", "validation-failed", "rollout-succeeded")
+KINDS = (
+    "rollout-failed",
+    "load-failed",
+    "validation-failed",
+    "rollout-succeeded",
+    "unload-failed",
+)
 
 
 @dataclass(frozen=True)
@@ -123,11 +129,15 @@ def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> 
         if _is_rollout(change) and change.outcome in (Outcome.REVERTED, Outcome.FAILED):
             if any(r.step.action is Action.UNLOAD for r in change.steps if not r.ok):
                 continue  # new versions verified and serving; only the unload is left
+            if any(r.unreachable for r in (*change.steps, *change.revert)):
+                continue  # the server went away: transient, the next pass tries again
             reverted.setdefault(change.change.deployment or "", []).append(change)
     holds = []
     for name, changes in sorted(reverted.items()):
         deployment = desired.deployments[name]
         earlier = history.holds.get(name)
+        if earlier is not None and earlier.fingerprint != deployment.fingerprint:
+            earlier = None  # released: its servers' "previous" is history now
         previous = dict(earlier.previous) if earlier else {}
         configs = dict(earlier.configs) if earlier else {}
         for change in changes:
@@ -179,6 +189,21 @@ def alerts_from(result: ApplyResult, revert_action: str) -> tuple[AlertEvent, ..
                     model,
                     server,
                     resolved=True,
+                )
+            )
+            continue
+        if any(r.step.action is Action.UNLOAD and not r.ok for r in change.steps):
+            events.append(
+                AlertEvent(
+                    "unload-failed",
+                    "warning",
+                    f"{model} {to} serves on {server}, but the old versions "
+                    f"{', '.join(map(str, change.change.serving))} could not be unloaded; "
+                    "the next pass retries",
+                    result.revision,
+                    model,
+                    server,
+                    {"revision": result.revision, "error": change.error},
                 )
             )
             continue

@@ -40,13 +40,14 @@ from reconciler.rollouts import KINDS, AlertEvent
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_FAILED, LOAD_FAILED, VALIDATION_FAILED, ROLLOUT_SUCCEEDED = KINDS
+ROLLOUT_FAILED, LOAD_FAILED, VALIDATION_FAILED, ROLLOUT_SUCCEEDED, UNLOAD_FAILED = KINDS
 
 # The Alertmanager alert each kind fires, or (a success) resolves.
 ALERT_NAMES = {
     ROLLOUT_FAILED: "TritonGitopsRolloutFailed",
     LOAD_FAILED: "TritonGitopsLoadFailed",
     VALIDATION_FAILED: "TritonGitopsValidationFailed",
+    UNLOAD_FAILED: "TritonGitopsUnloadFailed",
     ROLLOUT_SUCCEEDED: "TritonGitopsRolloutFailed",
 }
 

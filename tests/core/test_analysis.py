@@ -1,0 +1,488 @@
+"""analysis: figures in, verdicts out. Every check kind at its bounds, every way to get no data,
+the noTraffic policy, and judge's rollout verdicts; then one invariant under Hypothesis."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reconciler.analysis import (
+    AnalysisSpec,
+    Baseline,
+    Check,
+    CheckResult,
+    Evaluation,
+    Figures,
+    NoTraffic,
+    RolloutVerdict,
+    Verdict,
+    baseline_from,
+    evaluate,
+    judge,
+)
+
+SUCCESS_RATE = Check("success-rate", "successRate", min=0.99)
+LATENCY = Check("latency", "latency", max_increase=0.5)
+MEMORY = Check("memory", "memory", max_increase_bytes=1000)
+KPI = Check("kpi", "promql", min=10, max=20, query="sum(rate(kpi_total[1m]))")
+ALL_CHECKS = (SUCCESS_RATE, LATENCY, MEMORY, KPI)
+
+# The old versions answered in 100us on average; the server used 10 000 bytes at the start.
+BASELINE = Baseline(mean_latency_us=100.0, memory_bytes=10_000.0)
+START = Figures(success=1000.0, failure=10.0, duration_us=50_000.0, memory_bytes=10_000.0)
+
+
+def spec(
+    *checks: Check,
+    no_traffic: NoTraffic = NoTraffic.WAIT,
+    failure_limit: int = 0,
+    duration: float = 60.0,
+) -> AnalysisSpec:
+    return AnalysisSpec(5.0, duration, failure_limit, no_traffic, checks or ALL_CHECKS)
+
+
+def window(
+    successes: float = 100.0,
+    failures: float = 0.0,
+    mean_us: float = 100.0,
+    memory_growth: float = 0.0,
+    kpi: float | None = 15.0,
+) -> Figures:
+    """The reading one interval after START, with these requests in between."""
+    assert START.success is not None and START.failure is not None
+    assert START.duration_us is not None and START.memory_bytes is not None
+    return Figures(
+        success=START.success + successes,
+        failure=START.failure + failures,
+        duration_us=START.duration_us + successes * mean_us,
+        memory_bytes=START.memory_bytes + memory_growth,
+        queries={"kpi": kpi},
+    )
+
+
+def check_result(
+    check: Check,
+    current: Figures,
+    previous: Figures = START,
+    baseline: Baseline = BASELINE,
+    no_traffic: NoTraffic = NoTraffic.WAIT,
+) -> CheckResult:
+    (result,) = evaluate(
+        spec(check, no_traffic=no_traffic), 0, 5.0, previous, current, baseline
+    ).results
+    return result
+
+
+# -- each check kind at its threshold --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("successes", "failures", "verdict", "rate"),
+    [
+        (100, 0, Verdict.PASS, 1.0),
+        (99, 1, Verdict.PASS, 0.99),  # exactly the minimum passes
+        (98, 2, Verdict.FAIL, 0.98),
+        (0, 5, Verdict.FAIL, 0.0),  # every request failed
+    ],
+)
+def test_success_rate_is_judged_over_the_window(
+    successes: int, failures: int, verdict: Verdict, rate: float
+) -> None:
+    result = check_result(SUCCESS_RATE, window(successes, failures))
+
+    assert result.verdict is verdict
+    assert result.value == pytest.approx(rate)
+    assert result.threshold == ">= 0.99"
+    # Counted over the window, not over the cumulative counters (1000 ok, 10 failed before).
+    assert result.detail == f"{failures} of {successes + failures} requests failed"
+
+
+def test_a_check_result_renders_value_threshold_verdict_and_detail() -> None:
+    result = check_result(SUCCESS_RATE, window(98, 2))
+
+    assert str(result) == "success-rate=0.98 (>= 0.99): fail, 2 of 100 requests failed"
+    assert (
+        str(CheckResult("kpi", Verdict.NO_DATA, None, "any value"))
+        == "kpi=n/a (any value): no-data"
+    )
+
+
+@pytest.mark.parametrize(
+    ("mean_us", "verdict", "increase"),
+    [
+        (100.0, Verdict.PASS, 0.0),
+        (150.0, Verdict.PASS, 0.5),  # exactly the allowed increase passes
+        (151.0, Verdict.FAIL, 0.51),
+        (50.0, Verdict.PASS, -0.5),  # faster is fine
+    ],
+)
+def test_latency_compares_the_windows_mean_with_the_old_versions(
+    mean_us: float, verdict: Verdict, increase: float
+) -> None:
+    result = check_result(LATENCY, window(mean_us=mean_us))
+
+    assert result.verdict is verdict
+    assert result.value == pytest.approx(increase)
+    assert result.threshold == "increase <= 0.5"
+    assert result.detail == f"mean {mean_us:.0f}us vs 100us before"
+
+
+@pytest.mark.parametrize(
+    ("growth", "verdict"),
+    [(0.0, Verdict.PASS), (1000.0, Verdict.PASS), (1001.0, Verdict.FAIL), (-4000.0, Verdict.PASS)],
+)
+def test_memory_growth_is_measured_from_the_start_of_the_analysis(
+    growth: float, verdict: Verdict
+) -> None:
+    # The previous reading does not matter: growth is against the baseline taken at the start.
+    previous = replace(START, memory_bytes=50_000.0)
+
+    result = check_result(MEMORY, window(memory_growth=growth), previous=previous)
+
+    assert (result.verdict, result.value) == (verdict, growth)
+    assert result.threshold == "growth <= 1000 bytes"
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "verdict"),
+    [
+        (KPI, 10.0, Verdict.PASS),  # both bounds are inclusive
+        (KPI, 20.0, Verdict.PASS),
+        (KPI, 9.99, Verdict.FAIL),
+        (KPI, 20.01, Verdict.FAIL),
+        (replace(KPI, max=None), 1e9, Verdict.PASS),
+        (replace(KPI, max=None), 9.0, Verdict.FAIL),
+        (replace(KPI, min=None), -5.0, Verdict.PASS),
+        (replace(KPI, min=None), 21.0, Verdict.FAIL),
+    ],
+)
+def test_a_promql_check_holds_its_value_within_min_and_max(
+    check: Check, value: float, verdict: Verdict
+) -> None:
+    result = check_result(check, window(kpi=value))
+
+    assert (result.verdict, result.value) == (verdict, value)
+
+
+@pytest.mark.parametrize(
+    ("check", "threshold"),
+    [
+        (KPI, ">= 10 and <= 20"),
+        (replace(KPI, max=None), ">= 10"),
+        (replace(KPI, min=None), "<= 20"),
+        (replace(KPI, min=None, max=None), "any value"),
+    ],
+)
+def test_a_promql_checks_threshold_names_its_bounds(check: Check, threshold: str) -> None:
+    assert check_result(check, window()).threshold == threshold
+
+
+# -- no data: never a crash, never a pass ----------------------------------------------------
+
+NAN, INF = math.nan, math.inf
+
+
+@pytest.mark.parametrize(
+    ("check", "current", "baseline", "detail"),
+    [
+        (SUCCESS_RATE, replace(window(), success=NAN), BASELINE, "no success counter"),
+        (SUCCESS_RATE, replace(window(), success=INF), BASELINE, "no success counter"),
+        (SUCCESS_RATE, replace(window(), success=None), BASELINE, "no success counter"),
+        (SUCCESS_RATE, replace(window(), success=500.0), BASELINE, "no success counter"),
+        (LATENCY, replace(window(), duration_us=NAN), BASELINE, "no latency figures"),
+        (LATENCY, replace(window(), duration_us=None), BASELINE, "no latency figures"),
+        (LATENCY, replace(window(), duration_us=1.0), BASELINE, "no latency figures"),
+        (LATENCY, replace(window(), success=-INF), BASELINE, "no latency figures"),
+        (
+            LATENCY,
+            window(),
+            Baseline(None, 10_000.0),
+            "no baseline from the old versions",
+        ),
+        (MEMORY, replace(window(), memory_bytes=NAN), BASELINE, "no memory figures"),
+        (MEMORY, replace(window(), memory_bytes=INF), BASELINE, "no memory figures"),
+        (MEMORY, replace(window(), memory_bytes=None), BASELINE, "no memory figures"),
+        (MEMORY, window(), Baseline(100.0, None), "no memory figures"),
+        (KPI, window(kpi=NAN), BASELINE, "query gave no number"),
+        (KPI, window(kpi=-INF), BASELINE, "query gave no number"),
+        (KPI, window(kpi=None), BASELINE, "query gave no number"),
+        (KPI, replace(window(), queries={}), BASELINE, "query gave no number"),
+    ],
+    ids=[
+        "success-nan",
+        "success-inf",
+        "success-absent",
+        "success-went-backwards",
+        "duration-nan",
+        "duration-absent",
+        "duration-went-backwards",
+        "success-minus-inf",
+        "no-latency-baseline",
+        "memory-nan",
+        "memory-inf",
+        "memory-absent",
+        "no-memory-baseline",
+        "query-nan",
+        "query-minus-inf",
+        "query-none",
+        "query-missing",
+    ],
+)
+def test_figures_that_are_not_numbers_give_no_data(
+    check: Check, current: Figures, baseline: Baseline, detail: str
+) -> None:
+    evaluation = evaluate(spec(check), 0, 5.0, START, current, baseline)
+
+    (result,) = evaluation.results
+    assert (result.verdict, result.value, result.detail) == (Verdict.NO_DATA, None, detail)
+    assert evaluation.verdict is Verdict.NO_DATA
+
+
+def test_a_nan_previous_reading_gives_no_data_too() -> None:
+    previous = Figures(success=NAN, failure=NAN, duration_us=NAN, memory_bytes=NAN)
+
+    evaluation = evaluate(spec(SUCCESS_RATE, LATENCY), 0, 5.0, previous, window(), BASELINE)
+
+    assert [r.verdict for r in evaluation.results] == [Verdict.NO_DATA, Verdict.NO_DATA]
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [NAN, INF, 3.0, None],
+    ids=["nan", "inf", "went-backwards", "vanished"],
+)
+def test_a_failure_counter_that_cannot_be_read_gives_no_data(failure: float | None) -> None:
+    # START counted 10 failures; the new reading has no usable failure figure.
+    current = replace(window(99, 1), failure=failure)
+
+    result = check_result(SUCCESS_RATE, current)
+
+    assert result.verdict is Verdict.NO_DATA
+
+
+def test_the_failure_series_absent_on_both_sides_counts_as_zero_failures() -> None:
+    # Triton exports nv_inference_request_failure only once a request has failed.
+    previous = replace(START, failure=None)
+    current = replace(window(50), failure=None)
+
+    result = check_result(SUCCESS_RATE, current, previous=previous)
+
+    assert (result.verdict, result.value) == (Verdict.PASS, 1.0)
+    assert result.detail == "0 of 50 requests failed"
+
+
+def test_a_failure_series_that_appears_counts_every_failure_in_it() -> None:
+    previous = replace(START, failure=None)
+    current = replace(window(97), failure=3.0)
+
+    result = check_result(SUCCESS_RATE, current, previous=previous)
+
+    assert result.verdict is Verdict.FAIL
+    assert result.value == pytest.approx(0.97)
+    assert result.detail == "3 of 100 requests failed"
+
+
+@pytest.mark.parametrize("side", ["current", "previous", "both"])
+def test_figures_with_an_error_give_no_data_for_every_check(side: str) -> None:
+    broken = "server s1: metrics at http://s1:8002/metrics: connection refused"
+    current = replace(window(), error=broken) if side in ("current", "both") else window()
+    previous = replace(START, error=broken) if side in ("previous", "both") else START
+
+    evaluation = evaluate(spec(), 3, 20.0, previous, current, BASELINE)
+
+    assert [(r.check, r.verdict, r.value, r.detail) for r in evaluation.results] == [
+        (c.name, Verdict.NO_DATA, None, broken) for c in ALL_CHECKS
+    ]
+    assert (evaluation.verdict, evaluation.index, evaluation.at) == (Verdict.NO_DATA, 3, 20.0)
+
+
+def test_an_error_wins_over_a_skipped_latency_check() -> None:
+    first_deploy = Baseline(None, 10_000.0, has_old=False)
+    current = replace(window(), error="scrape timed out")
+
+    result = check_result(LATENCY, current, baseline=first_deploy)
+
+    assert (result.verdict, result.detail) == (Verdict.NO_DATA, "scrape timed out")
+
+
+# -- no traffic ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "verdict"),
+    [
+        (NoTraffic.WAIT, Verdict.NO_TRAFFIC),
+        (NoTraffic.PASS, Verdict.PASS),
+        (NoTraffic.FAIL, Verdict.FAIL),
+    ],
+)
+def test_a_window_without_requests_counts_as_the_no_traffic_policy_says(
+    policy: NoTraffic, verdict: Verdict
+) -> None:
+    idle = window(successes=0, failures=0)
+
+    evaluation = evaluate(
+        spec(SUCCESS_RATE, LATENCY, MEMORY, KPI, no_traffic=policy), 0, 5.0, START, idle, BASELINE
+    )
+
+    assert [(r.check, r.verdict) for r in evaluation.results] == [
+        ("success-rate", Verdict.NO_TRAFFIC),
+        ("latency", Verdict.NO_TRAFFIC),
+        ("memory", Verdict.PASS),
+        ("kpi", Verdict.PASS),
+    ]
+    assert evaluation.results[0].detail == "no requests"
+    assert evaluation.verdict is verdict
+    assert evaluation.failed == ()  # the policy judges the evaluation, not the checks
+
+
+@pytest.mark.parametrize("policy", list(NoTraffic))
+def test_no_traffic_never_hides_a_failing_or_unreadable_check(policy: NoTraffic) -> None:
+    idle = window(successes=0)
+
+    failing = evaluate(
+        spec(SUCCESS_RATE, MEMORY, no_traffic=policy),
+        0,
+        5.0,
+        START,
+        replace(idle, memory_bytes=1e9),
+        BASELINE,
+    )
+    unreadable = evaluate(
+        spec(SUCCESS_RATE, KPI, no_traffic=policy), 0, 5.0, START, window(0, kpi=NAN), BASELINE
+    )
+
+    assert failing.verdict is Verdict.FAIL
+    assert [r.check for r in failing.failed] == ["memory"]
+    assert unreadable.verdict is Verdict.NO_DATA
+
+
+# -- baseline and first deployments ----------------------------------------------------------
+
+
+def test_the_baseline_is_the_old_versions_mean_and_the_memory_at_the_start() -> None:
+    old = Figures(success=400.0, failure=3.0, duration_us=80_000.0)
+
+    assert baseline_from(old, START) == Baseline(200.0, 10_000.0, has_old=True)
+    assert baseline_from(old, replace(START, memory_bytes=NAN)) == Baseline(200.0, None)
+    # Old versions that never answered a request give no baseline, not a division by zero.
+    assert baseline_from(replace(old, success=0.0), START) == Baseline(None, 10_000.0)
+    assert baseline_from(Figures(error="down"), START) == Baseline(None, 10_000.0)
+
+
+def test_latency_is_skipped_without_old_versions_and_the_rest_still_counts() -> None:
+    first_deploy = baseline_from(None, START)
+    assert first_deploy == Baseline(None, 10_000.0, has_old=False)
+
+    evaluation = evaluate(
+        spec(SUCCESS_RATE, LATENCY, MEMORY), 0, 5.0, START, window(mean_us=10_000), first_deploy
+    )
+
+    assert [(r.check, r.verdict) for r in evaluation.results] == [
+        ("success-rate", Verdict.PASS),
+        ("latency", Verdict.SKIPPED),
+        ("memory", Verdict.PASS),
+    ]
+    assert evaluation.results[1].detail == "no old versions"
+    assert evaluation.verdict is Verdict.PASS
+
+
+def test_a_failing_check_is_listed_by_the_evaluation() -> None:
+    evaluation = evaluate(spec(), 0, 5.0, START, window(98, 2, mean_us=300.0), BASELINE)
+
+    assert evaluation.verdict is Verdict.FAIL
+    assert [r.check for r in evaluation.failed] == ["success-rate", "latency"]
+
+
+# -- judge -----------------------------------------------------------------------------------
+
+
+def ev(verdict: Verdict, index: int = 0) -> Evaluation:
+    return Evaluation(index, 5.0 * (index + 1), (), verdict)
+
+
+def evs(*verdicts: Verdict) -> tuple[Evaluation, ...]:
+    return tuple(ev(v, i) for i, v in enumerate(verdicts))
+
+
+P, F, N, W = Verdict.PASS, Verdict.FAIL, Verdict.NO_DATA, Verdict.NO_TRAFFIC
+
+
+@pytest.mark.parametrize(
+    ("limit", "verdicts", "elapsed", "expected"),
+    [
+        (0, (F,), 5.0, RolloutVerdict.FAILED),  # at once, long before the duration
+        (0, (P, P, F), 15.0, RolloutVerdict.FAILED),
+        (1, (F,), 5.0, RolloutVerdict.RUNNING),  # one failure tolerated
+        (1, (F, P, F), 15.0, RolloutVerdict.FAILED),
+        (2, (F, F, F), 15.0, RolloutVerdict.FAILED),
+        (0, (F,), 60.0, RolloutVerdict.FAILED),  # failing beats passing at the end
+        (0, (), 0.0, RolloutVerdict.RUNNING),
+        (0, (P, P), 10.0, RolloutVerdict.RUNNING),
+        (0, (P,), 59.999, RolloutVerdict.RUNNING),
+        (0, (P,), 60.0, RolloutVerdict.PASSED),  # the end of the duration is inclusive
+        (0, (N, W, P), 60.0, RolloutVerdict.PASSED),  # one counted pass is enough
+        (1, (F, P), 60.0, RolloutVerdict.PASSED),  # within the failure limit
+        (0, (N, N, N), 60.0, RolloutVerdict.INCONCLUSIVE),
+        (0, (W, W, W), 60.0, RolloutVerdict.INCONCLUSIVE),
+        (0, (N, W), 65.0, RolloutVerdict.INCONCLUSIVE),
+        (1, (F,), 60.0, RolloutVerdict.INCONCLUSIVE),  # a tolerated failure is no pass
+        (0, (), 60.0, RolloutVerdict.INCONCLUSIVE),
+    ],
+)
+def test_judge(
+    limit: int, verdicts: tuple[Verdict, ...], elapsed: float, expected: RolloutVerdict
+) -> None:
+    assert judge(spec(failure_limit=limit), evs(*verdicts), elapsed) is expected
+
+
+def test_judge_counts_a_no_traffic_window_as_failed_under_the_fail_policy() -> None:
+    strict = spec(SUCCESS_RATE, no_traffic=NoTraffic.FAIL)
+    idle = evaluate(strict, 0, 5.0, START, window(0), BASELINE)
+
+    assert judge(strict, (idle,), 5.0) is RolloutVerdict.FAILED
+
+
+# -- invariant -------------------------------------------------------------------------------
+
+numbers = st.one_of(
+    st.none(),
+    st.sampled_from([NAN, INF, -INF, 0.0]),
+    st.floats(min_value=-1e6, max_value=1e12, allow_nan=False),
+)
+figures = st.builds(
+    Figures,
+    success=numbers,
+    failure=numbers,
+    duration_us=numbers,
+    memory_bytes=numbers,
+    queries=st.fixed_dictionaries({"kpi": numbers}),
+    error=st.sampled_from([None, None, None, "connection refused"]),
+)
+baselines = st.builds(Baseline, numbers, numbers, st.booleans())
+specs = st.builds(
+    AnalysisSpec,
+    interval=st.just(5.0),
+    duration=st.just(60.0),
+    failure_limit=st.integers(0, 2),
+    no_traffic=st.sampled_from(NoTraffic),
+    checks=st.lists(st.sampled_from(ALL_CHECKS), min_size=1, max_size=4, unique=True).map(tuple),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(specs, figures, figures, baselines)
+def test_an_evaluation_with_no_data_or_a_failure_never_passes(
+    analysis: AnalysisSpec, previous: Figures, current: Figures, baseline: Baseline
+) -> None:
+    evaluation = evaluate(analysis, 0, 5.0, previous, current, baseline)
+
+    assert len(evaluation.results) == len(analysis.checks)
+    if any(r.verdict in (Verdict.NO_DATA, Verdict.FAIL) for r in evaluation.results):
+        assert evaluation.verdict is not Verdict.PASS
+    if previous.error or current.error:
+        assert {r.verdict for r in evaluation.results} == {Verdict.NO_DATA}
