@@ -20,19 +20,38 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from reconciler import __version__
-from reconciler.adapters.git import GitCredentials
+from reconciler.adapters.git import GitCredentials, path_in_work_tree
+from reconciler.adapters.signatures import SignaturePolicy
 from reconciler.adapters.state import StateStore
 from reconciler.daemon import Daemon, JsonLogFormatter, RunSettings
-from reconciler.errors import ReconcileError, ValidationError
-from reconciler.loop import RevertMode, Settings, Source, reconcile, status
+from reconciler.errors import Problem, ReconcileError, ValidationError
+from reconciler.loop import (
+    RevertMode,
+    Settings,
+    Source,
+    diff_refs,
+    load_saved_plan,
+    reconcile,
+    save_plan,
+    status,
+)
 from reconciler.render import (
     history_json,
     history_text,
+    plan_json,
     progress_line,
     report_json,
     report_text,
     status_json,
     status_text,
+)
+from reconciler.review import (
+    diff_json,
+    diff_markdown,
+    diff_text,
+    github_annotations,
+    plan_markdown,
+    problems_json,
 )
 from reconciler.spec import load_desired_state, manifest_files_in
 from reconciler.spec.load import analysis_source_problems
@@ -50,7 +69,9 @@ def _default_cache() -> Path:
     return Path(base) / "triton-gitops"
 
 
-def _source_options(parser: argparse.ArgumentParser) -> None:
+def _source_options(
+    parser: argparse.ArgumentParser, outputs: tuple[str, ...] = ("text", "json")
+) -> None:
     group = parser.add_argument_group("manifest source")
     group.add_argument(
         "--repo",
@@ -72,7 +93,7 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
         help="folder in the repository holding the manifests (default: the whole repository)",
     )
     group.add_argument(
-        "--output", choices=("text", "json"), default="text", help="report format (default text)"
+        "--output", choices=outputs, default="text", help="report format (default text)"
     )
     creds = parser.add_argument_group(
         "Git credentials (from the environment or mounted files, never from the repository)"
@@ -88,6 +109,38 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
         "--git-username", default="x-access-token", help="user name sent with the token"
     )
     creds.add_argument("--git-ssh-key", type=Path, metavar="FILE", help="SSH private key file")
+    approved = parser.add_argument_group(
+        "only approved commits (fast-forward only; signatures; approval trailers)"
+    )
+    approved.add_argument(
+        "--accept-rewrite",
+        metavar="SHA",
+        help="the tracked branch was rewritten (force-pushed) on purpose: accept this new head "
+        "(full SHA or a prefix). Without it a head that does not descend from the last applied "
+        "commit is refused, alerted, and the last applied revision keeps serving.",
+    )
+    approved.add_argument(
+        "--verify-signatures",
+        choices=[p.value for p in SignaturePolicy],
+        help="refuse commits not signed (OpenPGP, git verify-commit) by a key in --trusted-keys: "
+        "head = the commit applied; all = every commit since the last applied one",
+    )
+    approved.add_argument(
+        "--trusted-keys",
+        type=Path,
+        metavar="DIR",
+        help="folder of trusted public keys (*.asc, *.gpg); imported into a keyring the "
+        "reconciler owns, never the user's own",
+    )
+    approved.add_argument(
+        "--require-trailer",
+        metavar="KEY",
+        help="refuse a commit with fewer than --min-approvals distinct KEY: trailers (e.g. "
+        "Approved-by, as Git hosts write into merge commits); use with --verify-signatures",
+    )
+    approved.add_argument(
+        "--min-approvals", type=int, default=1, metavar="N", help="with --require-trailer (1)"
+    )
     run = parser.add_argument_group("reconciler")
     run.add_argument(
         "--state",
@@ -206,7 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit 0 when valid, 1 when not.",
     )
     validate.add_argument("dir", nargs="?", default=".", type=Path, metavar="DIR")
-    validate.add_argument("--output", choices=("text", "json"), default="text")
+    validate.add_argument(
+        "--output",
+        choices=("text", "json", "github"),
+        default="text",
+        help="github: GitHub Actions annotations (::error file=F,line=L::message), so problems "
+        "show on the pull request's diff",
+    )
     validate.add_argument(
         "--prometheus-url",
         metavar="URL",
@@ -225,21 +284,52 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--output", choices=("text", "json"), default="text")
     history.add_argument("--state", type=Path, default=_default_state(), help="state store")
 
-    for name, summary in (
-        (
-            "plan",
-            "show what apply would do; exit 0 nothing to do, 2 changes pending, 1 error",
-        ),
-        ("apply", "run one reconcile pass; exit 0 when every server converged, 1 otherwise"),
-    ):
-        sub = commands.add_parser(
-            name,
-            help=summary,
-            description=f"{summary[0].upper()}{summary[1:]}. Reads the manifests at the "
-            "commit the ref resolves to, observes every declared Triton server over gRPC and "
-            "plans, per server and model, the versions to load, verify and unload.",
-        )
-        _source_options(sub)
+    plan_command = commands.add_parser(
+        "plan",
+        help="show what apply would do; exit 0 nothing to do, 2 changes pending, 1 error",
+        description="Show what apply would do; exit 0 nothing to do, 2 changes pending, "
+        "1 error. Reads the manifests at the commit the ref resolves to, observes every "
+        "declared Triton server over gRPC and plans, per server and model, the versions to "
+        "load, verify, analyze and unload. --output markdown is a pull-request comment.",
+    )
+    _source_options(plan_command, ("text", "json", "markdown"))
+    plan_command.add_argument(
+        "--out",
+        type=Path,
+        metavar="FILE",
+        help="also save the plan (revision, each server's state, steps) for apply --plan",
+    )
+    apply_command = commands.add_parser(
+        "apply",
+        help="run one reconcile pass; exit 0 when every server converged, 1 otherwise",
+        description="Run one reconcile pass; exit 0 when every server converged, 1 when "
+        "anything failed or was reverted. Reads the manifests at the commit the ref resolves "
+        "to, observes every declared Triton server, plans and applies: load new versions "
+        "beside the old, verify, analyze, then unload the old.",
+    )
+    _source_options(apply_command)
+    apply_command.add_argument(
+        "--plan",
+        type=Path,
+        metavar="FILE",
+        help="apply exactly this saved plan (plan --out); refused as stale when the tracked "
+        "branch or any server moved since it was made",
+    )
+
+    diff_command = commands.add_parser(
+        "diff",
+        help="what a change does to the desired state; no servers needed",
+        description="Compare the manifests at two refs: per server and model, versions added "
+        "and removed, config fields changed, servers added or removed, models unloaded, and "
+        "warnings a reviewer must see. Needs no Triton server. Exit 0 no change, 2 changes, "
+        "1 error.",
+    )
+    diff_command.add_argument("--repo", required=True, metavar="URL|PATH")
+    diff_command.add_argument("--base", required=True, metavar="REF", help="e.g. origin/main")
+    diff_command.add_argument("--head", required=True, metavar="REF", help="the change")
+    diff_command.add_argument("--path", default="", metavar="SUBDIR")
+    diff_command.add_argument("--output", choices=("text", "json", "markdown"), default="text")
+    diff_command.add_argument("--cache-dir", type=Path, default=_default_cache())
 
     status = commands.add_parser(
         "status",
@@ -373,35 +463,62 @@ def external_defaults(
 
 
 def _validate(args: argparse.Namespace) -> int:
+    counts = ""
     try:
         desired = load_desired_state(manifest_files_in(args.dir))
         problems = analysis_source_problems(desired, prometheus=args.prometheus_url is not None)
         if problems:
             raise ValidationError(problems)
+        counts = f"{len(desired.servers)} server(s), {len(desired.deployments)} model deployment(s)"
     except ValidationError as exc:
-        if args.output == "json":
-            print(json.dumps({"valid": False, "problems": [vars(p) for p in exc.problems]}))
-        else:
-            for problem in exc.problems:
-                print(problem, file=sys.stderr)
-            print(f"{len(exc.problems)} problem(s)", file=sys.stderr)
+        problems = exc.problems
+    if args.output == "github":
+        # Annotations must name files as the repository does.
+        prefix = path_in_work_tree(args.dir)
+        located = [
+            Problem(f"{prefix}/{p.file}" if prefix else p.file, p.line, p.message) for p in problems
+        ]
+        if located:
+            print(github_annotations(located))
+    elif args.output == "json":
+        print(json.dumps(problems_json(problems)))
+    elif problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"{len(problems)} problem(s)", file=sys.stderr)
+    else:
+        print(f"valid: {counts}")
+    return EXIT_ERROR if problems else EXIT_OK
+
+
+def _diff(args: argparse.Namespace) -> int:
+    try:
+        base, head, changes = diff_refs(
+            args.repo, args.base, args.head, args.path, args.cache_dir, _git_credentials(args)
+        )
+    except ValidationError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"{len(exc.problems)} problem(s) at {exc.revision}", file=sys.stderr)
+        return EXIT_ERROR
+    except ReconcileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     if args.output == "json":
-        print(
-            json.dumps(
-                {
-                    "valid": True,
-                    "servers": len(desired.servers),
-                    "deployments": len(desired.deployments),
-                }
-            )
-        )
+        print(json.dumps(diff_json(changes, base, head), indent=2))
+    elif args.output == "markdown":
+        print(diff_markdown(changes, base, head))
     else:
-        print(
-            f"valid: {len(desired.servers)} server(s), {len(desired.deployments)} "
-            "model deployment(s)"
-        )
-    return EXIT_OK
+        print(diff_text(changes, base, head))
+    return EXIT_CHANGES if changes.has_changes else EXIT_OK
+
+
+def _git_credentials(args: argparse.Namespace) -> GitCredentials:
+    return GitCredentials(
+        token=_secret(getattr(args, "git_token_file", None), "TRITON_GITOPS_GIT_TOKEN"),
+        username=getattr(args, "git_username", "x-access-token"),
+        ssh_key=getattr(args, "git_ssh_key", None),
+    )
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -418,11 +535,14 @@ def _settings(args: argparse.Namespace) -> Settings:
         revert_message=args.revert_message,
         alertmanager_url=args.alertmanager_url,
         alert_webhook=args.alert_webhook,
-        git_credentials=GitCredentials(
-            token=_secret(args.git_token_file, "TRITON_GITOPS_GIT_TOKEN"),
-            username=args.git_username,
-            ssh_key=args.git_ssh_key,
+        git_credentials=_git_credentials(args),
+        accept_rewrite=args.accept_rewrite,
+        verify_signatures=(
+            SignaturePolicy(args.verify_signatures) if args.verify_signatures else None
         ),
+        trusted_keys=args.trusted_keys,
+        require_trailer=args.require_trailer,
+        min_approvals=args.min_approvals,
     )
 
 
@@ -430,11 +550,13 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     source = Source(args.repo, args.ref, args.path)
     settings = _settings(args)
     try:
+        saved = load_saved_plan(args.plan, source) if getattr(args, "plan", None) else None
         report = reconcile(
             source,
             settings,
             apply_changes=apply_changes,
             progress=lambda step: print(progress_line(step), file=sys.stderr, flush=True),
+            saved=saved,
         )
     except ValidationError as exc:
         for problem in exc.problems:
@@ -447,7 +569,14 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     except ReconcileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    print(report_json(report) if args.output == "json" else report_text(report))
+    if args.output == "json":
+        print(report_json(report))
+    elif args.output == "markdown":
+        print(plan_markdown(report.plan))
+    else:
+        print(report_text(report))
+    if getattr(args, "out", None):
+        save_plan(args.out, source, report, plan_json(report.plan))
     if not report.ok:
         return EXIT_ERROR
     if not apply_changes and report.plan.has_changes:
@@ -538,4 +667,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _history(args)
     if args.command == "status":
         return _status(args)
+    if args.command == "diff":
+        return _diff(args)
     return _reconcile(args, apply_changes=args.command == "apply")

@@ -16,6 +16,8 @@ subclasses, and returns a PassReport for everything else, failures of single mod
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -31,13 +33,25 @@ from reconciler.adapters.alerts import (
     LogAlerter,
     WebhookAlerter,
 )
+from reconciler.adapters.credentials import redact
 from reconciler.adapters.git import GitCredentials, GitSource, GitWriter, RevertEdit, Revision
 from reconciler.adapters.metrics import metrics_reader
+from reconciler.adapters.signatures import (
+    CommitVerifier,
+    HistoryRewritten,
+    SignaturePolicy,
+    TrustedKeysError,
+    UnverifiedRevision,
+    approvals,
+    commits_to_verify,
+    is_fast_forward,
+)
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.apply import ApplyResult, Outcome, Progress, StepResult, Timing, apply
+from reconciler.diff import DesiredDiff, diff
 from reconciler.errors import ReconcileError, UnsafeRevision, ValidationError
-from reconciler.plan import History, Hold, Plan, emptied_servers, plan
+from reconciler.plan import History, Hold, Plan, emptied_servers, plan, plan_steps_json
 from reconciler.rollouts import (
     AlertEvent,
     Rollout,
@@ -81,6 +95,12 @@ class Settings:
     alert_webhook: str | None = None
     poll_interval: float = 0.05  # how often verify and unload poll Triton's index
     git_credentials: GitCredentials = field(default_factory=GitCredentials)
+    # Only approved commits: fast-forward only, signatures, approval trailers.
+    accept_rewrite: str | None = None  # a rewritten head (sha or prefix) an operator accepted
+    verify_signatures: SignaturePolicy | None = None
+    trusted_keys: Path | None = None
+    require_trailer: str | None = None
+    min_approvals: int = 1
 
 
 @dataclass(frozen=True)
@@ -96,10 +116,60 @@ class PassReport:
     # server -> model -> versions that serve as intended after this pass (the daemon's watch
     # checks these between passes, so a restarted server is seen within seconds)
     expected: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    served: Mapping[str, str] = field(default_factory=dict)  # server -> digest of its state
 
     @property
     def ok(self) -> bool:
         return not self.plan.problems and (self.result is None or self.result.ok)
+
+
+class StalePlan(UnsafeRevision):
+    """A saved plan no longer matches the tracked branch or the servers."""
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """What ``plan --out`` records: the revision, each server's state, the steps."""
+
+    revision: str
+    served: Mapping[str, str]
+    steps: tuple[Mapping[str, object], ...]
+
+
+def serving_digest(serving: Mapping[str, ServerState]) -> dict[str, str]:
+    """Per server, a digest of what it serves of the models observed (versions, states,
+    loaded config), so a saved plan can tell that a server moved since."""
+    digests = {}
+    for name, server in sorted(serving.items()):
+        view = {
+            "error": server.error,
+            "models": {
+                model: {
+                    "versions": [[v.version, v.state] for v in state.versions],
+                    "config": state.loaded_config,
+                }
+                for model, state in sorted(server.models.items())
+            },
+        }
+        text = json.dumps(view, sort_keys=True, default=str)
+        digests[name] = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digests
+
+
+def check_saved_plan(saved: SavedPlan, served: Mapping[str, str], plan_: Plan) -> None:
+    moved = sorted(
+        name
+        for name in set(saved.served) | set(served)
+        if saved.served.get(name) != served.get(name)
+    )
+    if moved:
+        raise StalePlan(
+            f"stale plan: server(s) {', '.join(moved)} changed since the plan was made; "
+            "make a new plan"
+        )
+    steps = tuple(plan_steps_json(plan_))
+    if steps != tuple(saved.steps):
+        raise StalePlan("stale plan: the same revision and servers now plan other steps")
 
 
 def _quiet(_: StepResult) -> None:
@@ -111,9 +181,52 @@ def _not_stopping() -> bool:
 
 
 def fetch(source: Source, settings: Settings) -> Revision:
-    return GitSource(
-        source.repo, settings.cache_dir, credentials=settings.git_credentials
-    ).revision(source.ref, source.path)
+    return git_source(source, settings).revision(source.ref, source.path)
+
+
+def git_source(source: Source, settings: Settings) -> GitSource:
+    return GitSource(source.repo, settings.cache_dir, credentials=settings.git_credentials)
+
+
+class NotApproved(UnsafeRevision):
+    """The commit lacks the approvals its trailers must record."""
+
+
+def check_approved(
+    mirror: Path, last_applied: str | None, revision: str, settings: Settings
+) -> None:
+    """Refuse a revision that was not approved the way the settings demand.
+
+    Fast-forward only: the tracked branch must descend from the last applied commit (a
+    force-push is refused until an operator accepts that exact head). Then signatures
+    (``head``: the commit applied; ``all``: every commit since the last applied one; on a
+    first pass only the head), then approval trailers on the commit applied.
+    """
+    accepted = settings.accept_rewrite is not None and revision.startswith(settings.accept_rewrite)
+    if (
+        last_applied is not None
+        and not accepted
+        and not is_fast_forward(mirror, last_applied, revision)
+    ):
+        raise HistoryRewritten(last_applied, revision)
+    if settings.verify_signatures is not None:
+        if settings.trusted_keys is None:
+            raise TrustedKeysError("--verify-signatures needs --trusted-keys DIR")
+        policy = settings.verify_signatures if last_applied else SignaturePolicy.HEAD
+        verifier = CommitVerifier(settings.trusted_keys, settings.cache_dir / "gpg")
+        verdicts = verifier.verify(
+            mirror, commits_to_verify(mirror, policy, last_applied, revision)
+        )
+        if not all(v.ok for v in verdicts):
+            raise UnverifiedRevision(verdicts)
+    if settings.require_trailer:
+        found = approvals(mirror, revision, settings.require_trailer)
+        if len(found) < settings.min_approvals:
+            raise NotApproved(
+                f"refusing revision {revision}: {len(found)} distinct "
+                f"{settings.require_trailer} trailer(s), {settings.min_approvals} required"
+                + (f" (found: {', '.join(found)})" if found else "")
+            )
 
 
 def guard(desired: DesiredState, history: History, allow_empty: bool) -> None:
@@ -307,11 +420,43 @@ def reconcile(
     progress: Progress | None = None,
     skip: Mapping[str, str] | None = None,
     stopping: Callable[[], bool] | None = None,
+    saved: SavedPlan | None = None,
 ) -> PassReport:
     """One pass. ``skip``: servers to leave alone this time (name -> why); ``stopping``:
-    turns true at shutdown (the change in progress finishes, no other starts)."""
+    turns true at shutdown (the change in progress finishes, no other starts); ``saved``: a
+    plan made earlier (``plan --out``) that this pass must match exactly, or refuse."""
     alerts = alerter(settings)
-    revision = fetch(source, settings)
+    repository = git_source(source, settings)
+    commit = repository.fetch(source.ref)
+    state = StateStore(settings.state_path)
+    try:
+        last = state.last_pass()
+    finally:
+        state.close()
+    try:
+        check_approved(
+            repository.cache, str(last["revision"]) if last else None, commit.hexsha, settings
+        )
+    except UnsafeRevision as exc:
+        if apply_changes:
+            alerts.send(
+                AlertEvent(
+                    "revision-refused",
+                    "critical",
+                    f"revision {commit.hexsha[:12]} refused; the last applied revision keeps "
+                    "serving",
+                    commit.hexsha,
+                    details={"reason": str(exc)},
+                )
+            )
+            alerts.flush()
+        raise
+    if saved is not None and commit.hexsha != saved.revision:
+        raise StalePlan(
+            f"stale plan: {source.ref} is at {commit.hexsha} now, the plan was made at "
+            f"{saved.revision}; make a new plan"
+        )
+    revision = repository.read(commit, source.path)
     try:
         desired = load_desired_state(revision.files)
         check_analysis_sources(desired, settings)
@@ -341,8 +486,11 @@ def reconcile(
         try:
             serving = observe(clients, desired, history, settings.max_parallel)
             plan_ = plan(desired, serving, history, revision.sha, skip)
+            served = serving_digest(serving)
+            if saved is not None:
+                check_saved_plan(saved, served, plan_)
             if not apply_changes:
-                return PassReport(revision.sha, plan_)
+                return PassReport(revision.sha, plan_, served=served)
             readers = {
                 name: reader
                 for name, server in desired.servers.items()
@@ -379,6 +527,7 @@ def reconcile(
             revision.sha,
             plan_,
             result,
+            served=served,
             drift=drift_corrected(desired, result, applied),
             servers={name: server.grpc for name, server in desired.servers.items()},
             expected=expected_serving(desired, plan_, result),
@@ -522,3 +671,73 @@ def status(source: Source, settings: Settings) -> StatusReport:
         {p.server: p.message for p in plan_.problems if p.model is None},
         last_pass,
     )
+
+
+def diff_refs(
+    repo: str,
+    base: str,
+    head: str,
+    path: str,
+    cache_dir: Path,
+    credentials: GitCredentials | None = None,
+) -> tuple[str, str, DesiredDiff]:
+    """The desired-state diff between two refs (no servers needed): (base sha, head sha, diff)."""
+    repository = GitSource(repo, cache_dir, credentials=credentials)
+    local = "://" not in repo and Path(repo).exists()
+    states = []
+    for ref in (base, head):
+        # A local checkout (a CI job) is read in place, so its remote-tracking refs
+        # (origin/main) resolve as they do there.
+        revision = (
+            repository.read(repository.resolve_in_place(ref), path)
+            if local
+            else repository.revision(ref, path)
+        )
+        try:
+            states.append((revision.sha, load_desired_state(revision.files)))
+        except ValidationError as exc:
+            raise ValidationError(exc.problems, revision.sha) from None
+    (base_sha, base_state), (head_sha, head_state) = states
+    return base_sha, head_sha, diff(base_state, head_state)
+
+
+SAVED_PLAN_KIND = "triton-gitops/saved-plan"
+
+
+def save_plan(
+    file: Path, source: Source, report: PassReport, plan_view: Mapping[str, object]
+) -> None:
+    """Write what ``apply --plan`` must find unchanged: revision, servers' state, steps."""
+    file.write_text(
+        json.dumps(
+            {
+                "format_version": "1",
+                "kind": SAVED_PLAN_KIND,
+                "repo": redact(source.repo),
+                "ref": source.ref,
+                "path": source.path,
+                "revision": report.revision,
+                "served": dict(report.served),
+                "steps": plan_steps_json(report.plan),
+                "plan": plan_view,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+
+
+def load_saved_plan(file: Path, source: Source) -> SavedPlan:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise StalePlan(f"cannot read saved plan {file}: {exc}") from exc
+    if not isinstance(data, dict) or data.get("kind") != SAVED_PLAN_KIND:
+        raise StalePlan(f"{file} is not a saved triton-gitops plan")
+    made_for = (data.get("repo"), data.get("ref"), data.get("path"))
+    if made_for != (redact(source.repo), source.ref, source.path):
+        raise StalePlan(
+            f"{file} was made for repo {made_for[0]} ref {made_for[1]} path "
+            f"{made_for[2]!r}, not this source"
+        )
+    return SavedPlan(str(data["revision"]), dict(data["served"]), tuple(data["steps"]))

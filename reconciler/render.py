@@ -9,7 +9,7 @@ from typing import Any
 
 from reconciler.apply import ApplyResult, ChangeResult, Outcome, StepResult
 from reconciler.loop import PassReport, StatusReport
-from reconciler.plan import Action, ModelChange, Plan, Step
+from reconciler.plan import Action, ModelChange, Plan, Step, step_json
 from reconciler.rollouts import Rollout, checks_json
 
 FORMAT_VERSION = "1"
@@ -17,31 +17,6 @@ FORMAT_VERSION = "1"
 
 def _list(versions: tuple[int, ...]) -> str:
     return ", ".join(map(str, versions)) if versions else "none"
-
-
-def step_json(step: Step) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "server": step.server,
-        "model": step.model,
-        "action": str(step.action),
-        "versions": list(step.versions),
-        "reason": step.reason,
-    }
-    if step.action is Action.UNLOAD:
-        data["dropped"] = list(step.dropped)
-    if step.action is Action.VERIFY:
-        data["smoke_cases"] = [case.name for case in step.smoke]
-        data["smoke_versions"] = list(step.smoke_versions)
-    if step.action is Action.ANALYZE and step.analysis is not None:
-        data["analysis"] = {
-            "interval_seconds": step.analysis.interval,
-            "duration_seconds": step.analysis.duration,
-            "failure_limit": step.analysis.failure_limit,
-            "no_traffic": str(step.analysis.no_traffic),
-            "checks": [c.name for c in step.analysis.checks],
-            "baseline_versions": list(step.baseline),
-        }
-    return data
 
 
 def plan_json(plan: Plan) -> dict[str, Any]:

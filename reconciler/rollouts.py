@@ -54,6 +54,7 @@ KINDS = (
     "validation-failed",
     "rollout-succeeded",
     "unload-failed",
+    "revision-refused",
 )
 
 

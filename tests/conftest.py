@@ -13,7 +13,7 @@ import pytest
 
 from reconciler.local_triton import LocalTriton
 
-pytest_plugins = ("tests.services",)
+pytest_plugins = ("tests.services", "tests.signing")
 
 MODELS = Path(__file__).parent / "triton_models"
 # Versions written for every test model; see model.py for how 3, 4, 5, 6 and 9 misbehave.

@@ -40,7 +40,14 @@ from reconciler.rollouts import KINDS, AlertEvent
 
 log = logging.getLogger(__name__)
 
-ROLLOUT_FAILED, LOAD_FAILED, VALIDATION_FAILED, ROLLOUT_SUCCEEDED, UNLOAD_FAILED = KINDS
+(
+    ROLLOUT_FAILED,
+    LOAD_FAILED,
+    VALIDATION_FAILED,
+    ROLLOUT_SUCCEEDED,
+    UNLOAD_FAILED,
+    REVISION_REFUSED,
+) = KINDS
 
 # The Alertmanager alert each kind fires, or (a success) resolves.
 ALERT_NAMES = {
@@ -48,6 +55,7 @@ ALERT_NAMES = {
     LOAD_FAILED: "TritonGitopsLoadFailed",
     VALIDATION_FAILED: "TritonGitopsValidationFailed",
     UNLOAD_FAILED: "TritonGitopsUnloadFailed",
+    REVISION_REFUSED: "TritonGitopsRevisionRefused",
     ROLLOUT_SUCCEEDED: "TritonGitopsRolloutFailed",
 }
 

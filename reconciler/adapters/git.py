@@ -70,6 +70,20 @@ def git_error(exc: git.GitCommandError) -> str:
     return redact(" ".join(lines or [text or "git failed"]))
 
 
+def path_in_work_tree(path: Path) -> str:
+    """``path`` relative to the top of the Git work tree holding it ('' outside one), so
+    reports can name files as the repository does (GitHub annotations need that)."""
+    try:
+        repo = git.Repo(path, search_parent_directories=True)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return ""
+    top = repo.working_tree_dir
+    if top is None:
+        return ""
+    relative = path.resolve().relative_to(Path(top).resolve()).as_posix()
+    return "" if relative == "." else relative
+
+
 @dataclass(frozen=True)
 class Revision:
     """The manifest files at one commit."""
@@ -122,6 +136,16 @@ class GitSource:
             except (git.BadName, ValueError, git.GitCommandError):
                 continue
         raise SourceUnavailable(f"{redact(self.url)} has no branch, tag or commit {ref!r}")
+
+    def resolve_in_place(self, ref: str) -> git.Commit:
+        """``ref`` resolved in the local repository itself, as git there would (origin/main,
+        HEAD, a branch or a SHA), without mirroring: for reviews in a CI checkout."""
+        try:
+            return git.Repo(self.url, search_parent_directories=True).commit(ref)
+        except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
+            raise SourceUnavailable(f"{redact(self.url)} is not a Git repository") from exc
+        except (git.BadName, ValueError, git.GitCommandError) as exc:
+            raise SourceUnavailable(f"{redact(self.url)} has no commit {ref!r}") from exc
 
     def read(self, commit: git.Commit, path: str = "") -> Revision:
         """Manifest files under ``path`` in ``commit``'s tree, by their path in the repository."""

@@ -124,12 +124,12 @@ def test_missing_version_is_a_plan_error_for_that_model_only(
     manifests: ManifestRepo, reconciler: Reconciler, triton: LocalTriton, model_repository: Path
 ) -> None:
     _one_server(manifests, triton, model_repository)
-    manifests.write("models/echo.yaml", deployment_doc("echo", [7], ["edge-a"]))
+    manifests.write("models/echo.yaml", deployment_doc("echo", [8], ["edge-a"]))
     manifests.write("models/other.yaml", deployment_doc("other", [1], ["edge-a"]))
-    manifests.commit("echo 7 does not exist")
+    manifests.commit("echo 8 does not exist")
     planned = reconciler.plan()
     assert planned.code == 1
-    assert "server edge-a, model echo: version(s) 7 not in the model repository" in planned.out
+    assert "server edge-a, model echo: version(s) 8 not in the model repository" in planned.out
     result = reconciler.apply()
     assert result.code == 1
     assert ready_versions(triton, "other") == {1}
@@ -150,11 +150,11 @@ def test_missing_version_without_readable_repository_fails_verify(
     manifests.write("models/echo.yaml", deployment_doc("echo", [1], ["edge-a"]) + config)
     manifests.commit("deploy with a complete config")
     assert reconciler.apply().code == 0
-    manifests.write("models/echo.yaml", deployment_doc("echo", [7], ["edge-a"]) + config)
-    manifests.commit("echo 7 does not exist")
+    manifests.write("models/echo.yaml", deployment_doc("echo", [8], ["edge-a"]) + config)
+    manifests.commit("echo 8 does not exist")
     result = reconciler.apply()
     assert result.code == 1
-    assert "version 7 is not READY" in result.out
+    assert "version 8 is not READY" in result.out
     assert ready_versions(triton, "echo") == {1}
 
 
