@@ -1,0 +1,881 @@
+"""The container image and the deployment examples hang together: no Docker, no cluster.
+
+Nothing is built or applied. The Dockerfile, examples/deploy/kubernetes/*.yaml, the example
+TritonServer manifest and the Grafana dashboard are parsed and checked against the real command
+line (``build_parser``, ``external_defaults``), the real manifest loader, and the real metrics
+registry (``ReconcilerMetrics``): option names, file paths, ports, probes and metric names that
+do not exist fail here instead of in a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import http.server
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import generate_latest
+from ruamel.yaml import YAML
+
+from reconciler.adapters.metrics import instance_of
+from reconciler.cli import build_parser, external_defaults
+from reconciler.daemon import ReconcilerMetrics
+from reconciler.spec import load_desired_state, manifest_files_in
+from reconciler.spec.load import analysis_source_problems
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+DEPLOY = ROOT / "examples" / "deploy"
+KUBE = DEPLOY / "kubernetes"
+MANIFESTS = DEPLOY / "manifests"
+DASHBOARD = DEPLOY / "grafana" / "triton-gitops-dashboard.json"
+
+# What Triton 2.51 exports on CPU (/work/shared/triton-on-cpu.md, checked on a real server).
+TRITON_METRICS = frozenset(
+    {
+        "nv_inference_request_success",
+        "nv_inference_request_failure",
+        "nv_inference_count",
+        "nv_inference_exec_count",
+        "nv_inference_request_duration_us",
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_compute_output_duration_us",
+        "nv_inference_pending_request_count",
+        "nv_cpu_memory_total_bytes",
+        "nv_cpu_memory_used_bytes",
+        "nv_cpu_utilization",
+    }
+)
+# What the dashboard must show at least: every reconciler figure of the issue, and Triton's
+# per-version traffic, latency and memory.
+DASHBOARD_MUST_SHOW = frozenset(
+    {
+        "triton_gitops_pass_duration_seconds_bucket",
+        "triton_gitops_passes_total",
+        "triton_gitops_last_success_timestamp_seconds",
+        "triton_gitops_applied_revision_info",
+        "triton_gitops_drift_corrections_total",
+        "triton_gitops_rollouts_total",
+        "triton_gitops_server_reachable",
+        "triton_gitops_git_fetch_errors_total",
+        "triton_gitops_webhooks_total",
+        "nv_inference_request_success",
+        "nv_inference_request_failure",
+        "nv_inference_request_duration_us",
+        "nv_cpu_memory_used_bytes",
+    }
+)
+NAMESPACED = frozenset(
+    {
+        "ServiceAccount",
+        "ConfigMap",
+        "Secret",
+        "PersistentVolumeClaim",
+        "Deployment",
+        "Service",
+        "ServiceMonitor",
+    }
+)
+DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LISTEN_ANYWHERE = ("0.0.0.0", "", "::", "[::]")
+RSS_TARGET_BYTES = 80 * 1000 * 1000
+
+
+# -- reading the files ------------------------------------------------------------------------
+
+
+def yaml_documents(path: Path) -> list[Any]:
+    return [doc for doc in YAML(typ="safe").load_all(path.read_text()) if doc is not None]
+
+
+def kube_files() -> list[Path]:
+    return sorted(p for p in KUBE.iterdir() if p.suffix in (".yaml", ".yml"))
+
+
+@functools.cache
+def kube_objects() -> list[dict[str, Any]]:
+    """Every Kubernetes object of examples/deploy/kubernetes, kustomization.yaml aside."""
+    return [
+        doc
+        for path in kube_files()
+        if path.name != "kustomization.yaml"
+        for doc in yaml_documents(path)
+    ]
+
+
+def find(kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [
+        o
+        for o in kube_objects()
+        if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)
+    ]
+
+
+def one(kind: str, name: str | None = None) -> dict[str, Any]:
+    found = find(kind, name)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def reconciler_deployment() -> dict[str, Any]:
+    return one("Deployment", "triton-gitops")
+
+
+def triton_deployment() -> dict[str, Any]:
+    found = [
+        d
+        for d in find("Deployment")
+        if any("tritonserver" in c["image"] for c in d["spec"]["template"]["spec"]["containers"])
+    ]
+    assert len(found) == 1, "expected one Triton Deployment"
+    return found[0]
+
+
+def only_container(deployment: dict[str, Any]) -> dict[str, Any]:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def container_env(container: dict[str, Any]) -> dict[str, str]:
+    env = {}
+    for item in container.get("env", []):
+        assert "value" in item, f"env {item['name']}: only literal values are checked here"
+        env[item["name"]] = str(item["value"])
+    return env
+
+
+def container_port(container: dict[str, Any], port: int | str) -> int:
+    """The containerPort a probe or a Service's targetPort (number or name) reaches."""
+    for entry in container.get("ports", []):
+        if port in (entry["containerPort"], entry.get("name")):
+            return int(entry["containerPort"])
+    raise AssertionError(f"container {container['name']} declares no port {port!r}")
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def mounted(
+    deployment: dict[str, Any], container: dict[str, Any], path: str
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """The volume mount and volume a file path of the container lies on, and the file's key
+    in that volume (a ConfigMap's or Secret's key for those)."""
+    candidates = [
+        m
+        for m in container.get("volumeMounts", [])
+        if path == m["mountPath"].rstrip("/") or path.startswith(m["mountPath"].rstrip("/") + "/")
+    ]
+    assert candidates, f"{path} lies on no volume of {container['name']}"
+    mount = max(candidates, key=lambda m: len(m["mountPath"].rstrip("/")))
+    volume = next(
+        v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    )
+    relative = mount.get("subPath") or path[len(mount["mountPath"].rstrip("/")) + 1 :]
+    source = volume.get("configMap") or volume.get("secret") or {}
+    for item in source.get("items", []):
+        if item["path"] == relative:
+            relative = item["key"]
+    return mount, volume, relative
+
+
+def quantity(text: str | int | float) -> float:
+    """A Kubernetes quantity ("128Mi", "50m", "1") as a number (bytes or cores)."""
+    units = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9}
+    value = str(text)
+    if value.endswith("m"):
+        return float(value[:-1]) / 1000
+    for suffix, factor in units.items():
+        if value.endswith(suffix):
+            return float(value[: -len(suffix)]) * factor
+    return float(value)
+
+
+@functools.cache
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuations joined and comment lines dropped."""
+    instructions: list[tuple[str, str]] = []
+    current = ""
+    for line in DOCKERFILE.read_text().splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        if stripped.endswith("\\"):
+            current += stripped[:-1] + " "
+            continue
+        keyword, _, rest = (current + stripped).partition(" ")
+        instructions.append((keyword.upper(), rest.strip()))
+        current = ""
+    assert not current, "the Dockerfile ends inside a continuation"
+    return instructions
+
+
+def docker(keyword: str) -> list[str]:
+    return [rest for key, rest in dockerfile() if key == keyword]
+
+
+def image_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for rest in docker("ENV"):
+        for pair in shlex.split(rest):
+            key, sep, value = pair.partition("=")
+            assert sep, f"ENV {rest}: use the KEY=VALUE form"
+            env[key] = value
+    return env
+
+
+def image_entrypoint() -> list[str]:
+    (entrypoint,) = docker("ENTRYPOINT")
+    command: list[str] = json.loads(entrypoint)  # exec form: signals reach the process
+    return command
+
+
+def run_options() -> dict[str, argparse.Action]:
+    """The long options of `triton-gitops run`, by name without the dashes."""
+    parser = build_parser()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    run = subparsers.choices["run"]
+    return {
+        option[2:]: action
+        for action in run._actions
+        for option in action.option_strings
+        if option.startswith("--") and option != "--help"
+    }
+
+
+def reconciler_config() -> tuple[str, dict[str, Any]]:
+    """The config file the reconciler's Deployment points $TRITON_GITOPS_CONFIG at, parsed."""
+    deployment = reconciler_deployment()
+    container = only_container(deployment)
+    path = container_env(container)["TRITON_GITOPS_CONFIG"]
+    _, volume, key = mounted(deployment, container, path)
+    assert "configMap" in volume, f"{path} is not on a ConfigMap volume"
+    config_map = one("ConfigMap", volume["configMap"]["name"])
+    assert key in config_map["data"], f"ConfigMap has no key {key} for {path}"
+    config = YAML(typ="safe").load(config_map["data"][key])
+    assert isinstance(config, dict), "the config file must be a mapping"
+    return key, config
+
+
+def startup_environment() -> dict[str, str]:
+    """The reconciler container's environment: the image's ENV, then the Deployment's env."""
+    return {**image_env(), **container_env(only_container(reconciler_deployment()))}
+
+
+def container_startup() -> argparse.Namespace:
+    """Parse the command line the reconciler container runs, the way `triton-gitops` does:
+    ENTRYPOINT plus the Deployment's args, defaults from the environment and config file."""
+    container = only_container(reconciler_deployment())
+    assert "command" not in container, "the image's ENTRYPOINT must not be replaced"
+    entrypoint = image_entrypoint()
+    assert entrypoint[0] == "triton-gitops"
+    parser = build_parser()
+    external_defaults(parser, startup_environment(), reconciler_config()[1])
+    return parser.parse_args([*entrypoint[1:], *map(str, container.get("args", []))])
+
+
+def walk(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from walk(value)
+
+
+PROMQL_WORDS = frozenset(
+    {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right"}
+    | {"bool", "offset", "inf", "nan"}
+)
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression (with Grafana variables) selects."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)  # strings
+    text = re.sub(r"\$\{[^}]*\}|\$\w+", "", text)  # Grafana variables
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", "", text)  # ranges
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w:.])[A-Za-z_:][\w:]*", text):
+        if text[match.end() :].lstrip().startswith("(") or match.group() in PROMQL_WORDS:
+            continue  # a function or a keyword
+        names.add(match.group())
+    return names
+
+
+def exported_metric_names() -> set[str]:
+    """Every series name the reconciler's real registry exposes, labelled ones included."""
+    names = set()
+    for line in generate_latest(ReconcilerMetrics().registry).decode().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            if kind == "histogram":
+                names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count", f"{name}_created"}
+            elif kind == "summary":
+                names |= {f"{name}_sum", f"{name}_count", f"{name}_created"}
+            else:
+                names.add(name)
+        elif line and not line.startswith("#"):
+            match = re.match(r"[A-Za-z_:][\w:]*", line)
+            assert match is not None
+            names.add(match.group())
+    return names
+
+
+def relabel(rule: dict[str, Any], labels: dict[str, str]) -> dict[str, str]:
+    """One Prometheus `replace` relabeling (anchored regex, $1 / ${1} in the replacement)."""
+    assert rule.get("action", "replace") == "replace"
+    value = rule.get("separator", ";").join(labels.get(s, "") for s in rule["sourceLabels"])
+    match = re.fullmatch(rule.get("regex", "(.*)"), value)
+    if match is None:
+        return labels
+    replaced = re.sub(
+        r"\$\{(\w+)\}|\$(\w+)",
+        lambda m: match.group(int(m.group(1) or m.group(2))),
+        rule.get("replacement", "$1"),
+    )
+    return {**labels, rule["targetLabel"]: replaced}
+
+
+# -- every file -------------------------------------------------------------------------------
+
+
+def test_every_yaml_and_json_file_parses() -> None:
+    yamls = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])
+    jsons = sorted(DEPLOY.rglob("*.json"))
+    assert {p.name for p in yamls} >= {
+        "kustomization.yaml",
+        "serviceaccount.yaml",
+        "configmap.yaml",
+        "secret.yaml",
+        "deployment.yaml",
+        "service.yaml",
+        "servicemonitor.yaml",
+        "triton.yaml",
+    }
+    assert DASHBOARD in jsons
+    for path in yamls:
+        documents = yaml_documents(path)
+        assert documents, f"{path} holds no document"
+        assert all(isinstance(d, dict) for d in documents), f"{path}: a document is no mapping"
+    for path in jsons:
+        assert isinstance(json.loads(path.read_text()), dict), path
+
+
+def test_kubernetes_objects_are_well_formed() -> None:
+    objects = kube_objects()
+    namespaces = {o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"}
+    seen = set()
+    for obj in objects:
+        for field in ("apiVersion", "kind", "metadata"):
+            assert obj.get(field), f"an object without {field}: {obj}"
+        name = obj["metadata"].get("name")
+        assert isinstance(name, str) and DNS_1123.fullmatch(name), f"bad name {name!r}"
+        assert (obj["kind"], name) not in seen, f"{obj['kind']} {name} twice"
+        seen.add((obj["kind"], name))
+        if obj["kind"] in NAMESPACED:
+            assert obj["metadata"].get("namespace") in namespaces, f"{obj['kind']} {name}"
+    for deployment in find("Deployment"):
+        template = deployment["spec"]["template"]
+        assert selects(
+            deployment["spec"]["selector"]["matchLabels"], template["metadata"]["labels"]
+        )
+        names = {v["name"] for v in template["spec"].get("volumes", [])}
+        for container in template["spec"]["containers"]:
+            for mount in container.get("volumeMounts", []):
+                assert mount["name"] in names, f"{container['name']}: no volume {mount['name']}"
+        for volume in template["spec"].get("volumes", []):
+            for kind, key, field in (
+                ("ConfigMap", "configMap", "name"),
+                ("Secret", "secret", "secretName"),
+                ("PersistentVolumeClaim", "persistentVolumeClaim", "claimName"),
+            ):
+                if key in volume:
+                    one(kind, volume[key][field])
+        if "serviceAccountName" in template["spec"]:
+            one("ServiceAccount", template["spec"]["serviceAccountName"])
+
+
+def test_kustomization_lists_exactly_the_files_present() -> None:
+    (kustomization,) = yaml_documents(KUBE / "kustomization.yaml")
+    assert kustomization["kind"] == "Kustomization"
+    resources = kustomization["resources"]
+    assert len(resources) == len(set(resources)), "a resource listed twice"
+    present = {p.name for p in kube_files()} - {"kustomization.yaml"}
+    assert set(resources) == present
+    images = {i["name"] for i in kustomization.get("images", [])}
+    assert images <= {only_container(reconciler_deployment())["image"].split(":")[0]}
+
+
+def test_kustomize_renders_every_object() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(KUBE)], capture_output=True, text=True, timeout=60
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    objects = [d for d in YAML(typ="safe").load_all(rendered.stdout) if d is not None]
+    assert {(o["kind"], o["metadata"]["name"]) for o in objects} == {
+        (o["kind"], o["metadata"]["name"]) for o in kube_objects()
+    }
+
+
+# -- the reconciler's Deployment, Service, ConfigMap and Secret -------------------------------
+
+
+def test_reconciler_runs_once_without_root_on_a_read_only_root() -> None:
+    deployment = reconciler_deployment()
+    pod = deployment["spec"]["template"]["spec"]
+    container = only_container(deployment)
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"]["type"] == "Recreate", "never two reconcilers at once"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    uid = docker("USER")[-1].split(":")[0]
+    assert uid.isdigit() and pod["securityContext"]["runAsUser"] == int(uid), "the image's user"
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    args = container_startup()
+    env = startup_environment()
+    writable = {
+        "state": str(args.state.parent),
+        "cache": str(args.cache_dir),
+        "home": env["HOME"],
+        "tmp": "/tmp",
+    }
+    for what, path in writable.items():
+        mount, volume, _ = mounted(deployment, container, path)
+        assert not mount.get("readOnly"), f"{what} ({path}) is on a read-only mount"
+        assert "emptyDir" in volume or "persistentVolumeClaim" in volume, f"{what} ({path})"
+    _, state_volume, _ = mounted(deployment, container, str(args.state))
+    assert "persistentVolumeClaim" in state_volume, "holds and placements must survive restarts"
+    requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+    assert RSS_TARGET_BYTES <= quantity(requests["memory"]) <= quantity(limits["memory"])
+    assert quantity(limits["memory"]) <= 2**30, "sized for an 80 MB process, not more"
+    assert 0 < quantity(requests["cpu"]) <= quantity(limits["cpu"])
+    assert pod["terminationGracePeriodSeconds"] > args.shutdown_deadline, (
+        "Kubernetes would kill the reconciler before the change in progress finishes"
+    )
+
+
+def test_probes_reach_health_endpoints_on_the_port_the_service_exposes() -> None:
+    deployment = reconciler_deployment()
+    container = only_container(deployment)
+    liveness = container["livenessProbe"]["httpGet"]
+    readiness = container["readinessProbe"]["httpGet"]
+    assert liveness["path"] == "/healthz"
+    assert readiness["path"] == "/readyz"
+    port = container_port(container, liveness["port"])
+    assert container_port(container, readiness["port"]) == port
+    host, _, listen_port = container_startup().listen.rpartition(":")
+    assert int(listen_port) == port, "the daemon listens where the probes knock"
+    assert host in LISTEN_ANYWHERE, "127.0.0.1 is unreachable from the kubelet and Prometheus"
+    (service,) = [
+        s
+        for s in find("Service")
+        if selects(s["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
+    ]
+    targets = {container_port(container, p["targetPort"]) for p in service["spec"]["ports"]}
+    assert targets == {port}
+    assert [p["port"] for p in service["spec"]["ports"]] == [9090]
+
+
+def test_config_file_keys_are_run_options_and_are_accepted() -> None:
+    _, config = reconciler_config()
+    options = run_options()
+    assert set(config) <= set(options), f"not options of run: {set(config) - set(options)}"
+    assert {"repo", "ref", "path", "interval", "revert-mode"} <= set(config)
+    parser = build_parser()
+    external_defaults(parser, {}, config)  # raises on a value it cannot take
+    args = parser.parse_args(["run"])  # --repo is required: the file gives it
+    for key, value in config.items():
+        action = options[key]
+        if isinstance(action, argparse._StoreTrueAction):
+            expected: Any = bool(value)
+        elif callable(action.type):
+            expected = action.type(str(value))
+        else:
+            expected = str(value)
+        assert getattr(args, action.dest) == expected, key
+    # A key also set in the environment is silently overridden by it (environment wins).
+    shadowed = {
+        k for k in config if "TRITON_GITOPS_" + k.upper().replace("-", "_") in startup_environment()
+    }
+    assert not shadowed, f"set in the environment, ignored in the config file: {shadowed}"
+
+
+def test_container_command_line_is_accepted() -> None:
+    args = container_startup()
+    _, config = reconciler_config()
+    assert args.command == "run"
+    assert args.repo == config["repo"]
+    assert args.git_token_file is not None
+    assert args.github_secret_file is not None
+    assert args.reconcile_token_file is not None
+
+
+def test_secret_files_are_the_ones_the_file_options_name() -> None:
+    deployment = reconciler_deployment()
+    container = only_container(deployment)
+    args = vars(container_startup())
+    file_options = [
+        action.dest
+        for name, action in run_options().items()
+        if name.endswith("-file") or name == "git-ssh-key"
+    ]
+    secrets: dict[str, set[str]] = {}
+    for dest in file_options:
+        if args[dest] is None:
+            continue
+        _, volume, key = mounted(deployment, container, str(args[dest]))
+        assert "secret" in volume, f"--{dest}: {args[dest]} is not on a Secret volume"
+        secrets.setdefault(volume["secret"]["secretName"], set()).add(key)
+    assert secrets, "no credentials file is configured"
+    for name, keys in secrets.items():
+        secret = one("Secret", name)
+        present = set(secret.get("stringData", {})) | set(secret.get("data", {}))
+        assert keys == present, f"Secret {name}: files {present}, options name {keys}"
+    for volume in deployment["spec"]["template"]["spec"]["volumes"]:
+        if "secret" in volume:
+            mode = volume["secret"].get("defaultMode", 0o644)
+            assert not mode & 0o002, "secret files must not be world-writable"
+            assert mode & 0o040 or mode & 0o004, "the non-root user reads them via fsGroup"
+
+
+def test_servicemonitors_scrape_the_services() -> None:
+    monitors = find("ServiceMonitor")
+    assert monitors
+    scraped = set()
+    for monitor in monitors:
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        namespaces = monitor["spec"]["namespaceSelector"]["matchNames"]
+        services = [
+            s
+            for s in find("Service")
+            if s["metadata"]["namespace"] in namespaces
+            and selects(monitor["spec"]["selector"]["matchLabels"], s["metadata"]["labels"])
+        ]
+        assert services, f"ServiceMonitor {monitor['metadata']['name']} selects no Service"
+        for endpoint in monitor["spec"]["endpoints"]:
+            assert endpoint["path"] == "/metrics"
+            for service in services:
+                assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+                scraped.add(service["metadata"]["name"])
+    assert "triton-gitops" in scraped
+    triton_service = one("Service", triton_service_name())
+    assert triton_service["metadata"]["name"] in scraped
+
+
+# -- Triton ----------------------------------------------------------------------------------
+
+
+def triton_args() -> dict[str, str]:
+    args = {}
+    for arg in only_container(triton_deployment())["args"]:
+        key, sep, value = str(arg).partition("=")
+        assert sep, f"{arg}: use --flag=value"
+        args[key] = value
+    return args
+
+
+def triton_service_name() -> str:
+    labels = triton_deployment()["spec"]["template"]["metadata"]["labels"]
+    (service,) = [s for s in find("Service") if selects(s["spec"]["selector"], labels)]
+    name: str = service["metadata"]["name"]
+    return name
+
+
+def test_triton_is_started_the_way_production_needs() -> None:
+    deployment = triton_deployment()
+    container = only_container(deployment)
+    assert container["image"] == "nvcr.io/nvidia/tritonserver:24.10-py3"
+    assert container.get("command") == ["tritonserver"]
+    args = triton_args()
+    assert args["--model-control-mode"] == "explicit"
+    assert int(args["--model-load-thread-count"]) > 0
+    exit_timeout = int(args["--exit-timeout-secs"])
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert grace > exit_timeout
+    preload = container_env(container)["LD_PRELOAD"].split(":")
+    assert "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4" in preload
+    ports = {
+        "http": int(args["--http-port"]),
+        "grpc": int(args["--grpc-port"]),
+        "metrics": int(args["--metrics-port"]),
+    }
+    assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
+    for name, number in ports.items():
+        assert container_port(container, name) == number
+    readiness = container["readinessProbe"]["httpGet"]
+    assert readiness["path"] == "/v2/health/ready"
+    assert container_port(container, readiness["port"]) == ports["http"]
+    mount, _, _ = mounted(deployment, container, args["--model-repository"])
+    assert mount.get("readOnly") is True, "Triton only reads its model repository"
+    assert deployment["spec"]["replicas"] == 1, "one address, one Triton process"
+    service = one("Service", triton_service_name())
+    assert service["spec"]["clusterIP"] == "None", "headless: the address is the pod's"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert {
+        p["port"]: container_port(container, p["targetPort"]) for p in service["spec"]["ports"]
+    } == {
+        8000: 8000,
+        8001: 8001,
+        8002: 8002,
+    }
+
+
+def test_example_triton_server_manifest_matches_the_service_and_the_scrape() -> None:
+    desired = load_desired_state(manifest_files_in(MANIFESTS))  # raises when invalid
+    assert analysis_source_problems(desired, prometheus=True) == []
+    assert desired.servers
+    service = one("Service", triton_service_name())
+    namespace = service["metadata"]["namespace"]
+    host = f"{service['metadata']['name']}.{namespace}.svc.cluster.local"
+    ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+    (monitor,) = [
+        m
+        for m in find("ServiceMonitor")
+        if selects(m["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    ]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    # The labels Prometheus gives the target before relabeling: the pod's address.
+    labels = {
+        "__address__": f"10.1.2.3:{ports[endpoint['port']]}",
+        "__meta_kubernetes_service_name": service["metadata"]["name"],
+        "__meta_kubernetes_namespace": namespace,
+    }
+    labels["instance"] = labels["__address__"]
+    for rule in endpoint.get("relabelings", []):
+        labels = relabel(rule, labels)
+    for path in MANIFESTS.rglob("*.yaml"):
+        for doc in yaml_documents(path):
+            assert doc["kind"] == "TritonServer"
+            assert doc["spec"]["grpc"] == f"{host}:{ports['grpc']}"
+            assert doc["spec"]["metrics"] == f"http://{host}:{ports['metrics']}/metrics"
+            # With prometheus-url, the analysis queries instance=<this>: it must be the label.
+            assert instance_of(doc["spec"]["metrics"]) == labels["instance"]
+
+
+# -- the Grafana dashboard --------------------------------------------------------------------
+
+
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the dashboard: panel targets and annotations."""
+    return [node["expr"] for node in walk(dashboard()) if isinstance(node.get("expr"), str)]
+
+
+def test_promql_metric_name_extraction() -> None:
+    expr = (
+        'histogram_quantile(0.9, sum by (le) (rate(a_bucket{job=~"$job"}[$__rate_interval])))'
+        " / on (x) group_left (y) sum without (z) (b_total offset 5m) or vector(0) > bool c"
+    )
+    assert promql_metric_names(expr) == {"a_bucket", "b_total", "c"}
+
+
+def test_dashboard_uses_only_metrics_that_exist() -> None:
+    used: set[str] = set()
+    for expr in dashboard_queries():
+        names = promql_metric_names(expr)
+        assert names, f"no metric in {expr!r}"
+        used |= names
+    for variable in dashboard()["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        query = (
+            variable["query"]["query"] if isinstance(variable["query"], dict) else variable["query"]
+        )
+        match = re.fullmatch(r"label_values\(\s*([A-Za-z_:][\w:]*).*,\s*\w+\s*\)", query)
+        used |= {match.group(1)} if match else promql_metric_names(query)
+    known = exported_metric_names() | TRITON_METRICS
+    assert "triton_gitops_passes_total" in known and "triton_gitops_webhooks_total" in known
+    assert used <= known, f"metrics nobody exports: {sorted(used - known)}"
+    assert used >= DASHBOARD_MUST_SHOW, (
+        f"not on the dashboard: {sorted(DASHBOARD_MUST_SHOW - used)}"
+    )
+
+
+def test_dashboard_shows_triton_traffic_per_model_version() -> None:
+    queries = dashboard_queries()
+    for expr in queries:
+        if "nv_inference_request" in expr:
+            groupings = re.findall(r"\bby\s*\(([^)]*)\)", expr)
+            assert groupings, expr
+            for grouping in groupings:
+                labels = {label.strip() for label in grouping.split(",")}
+                assert {"model", "version"} <= labels, expr
+    assert any(
+        re.search(r"nv_inference_request_duration_us.*\)\s*/\s*.*nv_inference_request_success", e)
+        for e in queries
+    ), "mean latency: duration over successes"
+    assert any(
+        "histogram_quantile" in e and "triton_gitops_pass_duration_seconds_bucket" in e
+        for e in queries
+    )
+
+
+def test_dashboard_is_a_grafana_schema_39_dashboard() -> None:
+    board = dashboard()
+    assert board["schemaVersion"] == 39
+    assert board["title"] and board["uid"]
+    variables = {v["name"] for v in board["templating"]["list"]}
+    panels = board["panels"] + [p for row in board["panels"] for p in row.get("panels", [])]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24 and grid["h"] > 0, panel["title"]
+        if panel["type"] == "row":
+            continue
+        refs = [t["refId"] for t in panel["targets"]]
+        assert refs and len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            uid = target["datasource"]["uid"]
+            assert uid.strip("${}") in variables, f"{panel['title']}: datasource {uid}"
+
+
+# -- the Dockerfile --------------------------------------------------------------------------
+
+
+def test_dockerfile_runs_the_reconciler_as_a_non_root_user() -> None:
+    (base,) = docker("FROM")
+    assert base.startswith("python:3.11-slim")
+    users = docker("USER")
+    assert users, "no USER: the container would run as root"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, "a numeric non-root uid (runAsNonRoot checks it)"
+    assert image_entrypoint() == ["triton-gitops", "run"]
+    (healthcheck,) = docker("HEALTHCHECK")
+    assert "/healthz" in healthcheck
+    apt = [r for r in docker("RUN") if "apt-get install" in r]
+    assert len(apt) == 1 and "apt-get update" in apt[0], "update and install in one layer"
+    packages = set(apt[0].split("apt-get install", 1)[1].split("&&")[0].split())
+    assert {"git", "ca-certificates", "--no-install-recommends"} <= packages
+    assert "rm -rf /var/lib/apt/lists/*" in apt[0]
+    env = image_env()
+    volumes = [v for rest in docker("VOLUME") for v in json.loads(rest)]
+    for key in ("TRITON_GITOPS_STATE", "TRITON_GITOPS_CACHE_DIR", "HOME"):
+        assert any(env[key].startswith(v.rstrip("/") + "/") or env[key] == v for v in volumes), key
+    # The image's environment alone is a valid configuration of `run`.
+    parser = build_parser()
+    external_defaults(parser, env, {})
+    args = parser.parse_args([*image_entrypoint()[1:], "--repo", "https://example.com/m.git"])
+    host, _, port = args.listen.rpartition(":")
+    assert host in LISTEN_ANYWHERE and port in docker("EXPOSE")[0].split()
+    assert str(args.state) == env["TRITON_GITOPS_STATE"]
+    assert str(args.cache_dir) == env["TRITON_GITOPS_CACHE_DIR"]
+
+
+def test_dockerfile_installs_the_package_without_test_extras() -> None:
+    instructions = dockerfile()
+    runs = [rest for key, rest in instructions if key == "RUN"]
+    assert any(re.search(r"\bpip install (?:-\S+ )*\.(?:\s|$)", r) for r in runs), "pip install ."
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = set(project["project"]["optional-dependencies"])
+    for run in runs:
+        assert ".[" not in run, f"extras installed: {run}"
+        assert "nvidia-pytriton" not in run and "pytest" not in run, run
+        for extra in extras:
+            assert f"[{extra}]" not in run, run
+    # Everything the wheel is built from is copied, and exists.
+    copied: set[str] = set()
+    for key, rest in instructions:
+        if key == "COPY":
+            parts = [p for p in shlex.split(rest) if not p.startswith("--")]
+            for source in parts[:-1]:
+                assert (ROOT / source).exists(), f"COPY {source}: no such file"
+                copied.add(source.rstrip("/"))
+    hatch = project["tool"]["hatch"]["build"]["targets"]["wheel"]
+    needed = {"pyproject.toml", project["project"]["readme"], *hatch["packages"]}
+    needed |= set(hatch.get("force-include", {}))
+    assert needed <= copied, f"not copied: {needed - copied}"
+    # Cache-friendly: the dependencies install from pyproject.toml before the sources arrive.
+    order = [f"{key} {rest}" for key, rest in instructions]
+    dependencies = next(i for i, line in enumerate(order) if "pip install -r" in line)
+    sources = next(i for i, line in enumerate(order) if line.startswith("COPY reconciler"))
+    project_file = next(i for i, line in enumerate(order) if line.startswith("COPY pyproject.toml"))
+    assert project_file < dependencies < sources
+
+
+def test_dockerfile_dependency_layer_lists_the_project_dependencies(tmp_path: Path) -> None:
+    (run,) = [r for r in docker("RUN") if "pip install -r" in r]
+    words = shlex.split(run)
+    code = words[words.index("-c") + 1]
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    listed = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert listed.stdout.split() == project["dependencies"]
+
+
+class _Health(http.server.ThreadingHTTPServer):
+    status = 200
+    paths: list[str]
+
+
+class _HealthHandler(http.server.BaseHTTPRequestHandler):
+    server: _Health
+
+    def do_GET(self) -> None:
+        self.server.paths.append(self.path)
+        self.send_response(self.server.status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def healthcheck(port: int) -> int:
+    """Run the image's HEALTHCHECK command against 127.0.0.1:port; its exit code."""
+    (healthcheck,) = docker("HEALTHCHECK")
+    command = json.loads(healthcheck.split(" CMD ", 1)[1])
+    assert command[0] == "python", "curl is not in the slim image"
+    env = {**os.environ, "TRITON_GITOPS_LISTEN": f"0.0.0.0:{port}"}
+    done = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, timeout=30)
+    return done.returncode
+
+
+@pytest.mark.parametrize(("status", "healthy"), [(200, True), (503, False)])
+def test_healthcheck_probes_healthz(status: int, healthy: bool) -> None:
+    server = _Health(("127.0.0.1", 0), _HealthHandler)
+    server.status, server.paths = status, []
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        assert (healthcheck(server.server_address[1]) == 0) is healthy
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert server.paths == ["/healthz"]
+
+
+def test_healthcheck_fails_when_nothing_listens() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    assert healthcheck(port) != 0
