@@ -78,6 +78,12 @@ class Figures:
     ``nv_inference_request_duration_us``) summed over the versions; None where the series is
     absent. ``memory_bytes`` is the server's memory in use (GPU where reported, else CPU).
     ``queries`` holds the value of each PromQL check, by check name.
+
+    ``pending`` (``nv_inference_pending_request_count``, a gauge: requests queued, not those
+    executing) and ``inferences`` (``nv_inference_count``, a counter) are summed over the
+    versions too; together they tell when a model is idle. ``memory_total_bytes`` is the
+    server's memory in all, from the same source as ``memory_bytes`` (GPU where reported,
+    else CPU), so that the two make a headroom.
     """
 
     success: float | None = None
@@ -86,6 +92,9 @@ class Figures:
     memory_bytes: float | None = None
     queries: Mapping[str, float | None] = field(default_factory=dict)
     error: str | None = None  # why the figures could not be read at all
+    pending: float | None = None
+    inferences: float | None = None
+    memory_total_bytes: float | None = None
 
 
 @dataclass(frozen=True)

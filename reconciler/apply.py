@@ -12,7 +12,13 @@ the revert follows the failing evaluation without waiting for the rest of the du
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -22,6 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from reconciler.adapters.credentials import basic_auth, redact
 from reconciler.analysis import (
     Evaluation,
     Figures,
@@ -32,13 +39,15 @@ from reconciler.analysis import (
 )
 from reconciler.errors import (
     AnalysisFailed,
+    DrainTimeout,
     Interrupted,
     ReconcileError,
     ServerUnavailable,
+    StepFailed,
     VerifyFailed,
 )
 from reconciler.plan import Action, ModelChange, Plan, Step
-from reconciler.serving import ModelState
+from reconciler.serving import ModelInterface, ModelState, interface_difference
 from reconciler.smoke import mismatches
 from reconciler.spec.model import Tensor
 
@@ -55,6 +64,8 @@ class ModelControl(Protocol):
     def infer(
         self, model: str, version: int, inputs: tuple[Tensor, ...], outputs: tuple[str, ...]
     ) -> dict[str, npt.NDArray[np.generic]]: ...
+
+    def interface(self, model: str, version: int) -> ModelInterface: ...
 
 
 class FiguresSource(Protocol):
@@ -84,6 +95,7 @@ class StepResult:
     ended_at: float = 0.0  # the injected clock when the step ended
     evaluations: tuple[Evaluation, ...] = ()  # analyze: every evaluation made
     verdict: RolloutVerdict | None = None  # analyze: how it ended
+    footprint: float | None = None  # load beside old: server memory added per new version
 
 
 @dataclass(frozen=True)
@@ -160,7 +172,18 @@ def _wait_for(
         timing.sleep(timing.poll_interval)
 
 
-def _verify(control: ModelControl, step: Step, timing: Timing) -> None:
+@dataclass
+class _ChangeContext:
+    """What one change's steps share while it runs."""
+
+    source: FiguresSource | None = None
+    interface: ModelInterface | None = None  # the old versions' inputs and outputs
+    footprint: float | None = None
+
+
+def _verify(
+    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext | None = None
+) -> None:
     wanted = set(step.versions)
 
     def not_coming(state: ModelState) -> str | None:
@@ -182,6 +205,16 @@ def _verify(control: ModelControl, step: Step, timing: Timing) -> None:
             wrong = mismatches(case, answer)
             if wrong:
                 raise VerifyFailed(f"smoke {case.name} on version {version}: {'; '.join(wrong)}")
+    if step.interface_check and context is not None and context.interface is not None:
+        for version in step.smoke_versions:
+            changed = interface_difference(
+                context.interface, control.interface(step.model, version)
+            )
+            if changed:
+                raise VerifyFailed(
+                    f"version {version} changes the model's interface: {'; '.join(changed)} "
+                    "(set spec.allowInterfaceChange: true to accept)"
+                )
 
 
 def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
@@ -193,10 +226,100 @@ def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
     dropped = set(step.dropped)
 
     def gone(state: ModelState) -> bool:
+        if step.until_unavailable:
+            # A library swap needs the model fully out: no version READY or UNLOADING.
+            return not any(v.state in ("READY", "UNLOADING", "LOADING") for v in state.versions)
         return not (dropped & state.ready)
 
     # Dropped versions leave READY at once (UNLOADING while in-flight requests finish).
     _wait_for(control, step, gone, lambda _: None, timing.unload_wait, timing)
+
+
+def _post_json(url: str, payload: Mapping[str, Any], timeout: float = 10.0) -> None:
+    """POST ``payload``; any answer but 2xx, or none, raises StepFailed."""
+    plain_url, headers = basic_auth(url)
+    request = urllib.request.Request(
+        plain_url,
+        json.dumps(payload).encode(),
+        {"Content-Type": "application/json", **headers},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            status = int(response.status)
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except (urllib.error.URLError, OSError) as exc:
+        raise StepFailed(f"{redact(url)} did not answer: {exc}") from exc
+    if not 200 <= status < 300:
+        raise StepFailed(f"{redact(url)} answered {status}")
+
+
+def _drain(step: Step, timing: Timing, context: _ChangeContext) -> None:
+    """Wait until the model is idle here: no pending request and no new inference for the
+    idle window. Nothing is swapped on timeout: the old versions keep serving."""
+    policy = step.drain
+    assert policy is not None
+    if policy.drain_webhook:
+        _post_json(
+            policy.drain_webhook,
+            {"event": "drain", "server": step.server, "model": step.model,
+             "versions": list(step.versions)},
+        )  # fmt: skip
+    if context.source is None:
+        raise DrainTimeout(f"server {step.server}: draining {step.model} needs its metrics")
+    deadline = timing.clock() + policy.drain_timeout
+    quiet_since: float | None = None
+    last: float | None = None
+    while True:
+        figures = context.source.figures(step.model, step.versions)
+        now = timing.clock()
+        idle = figures.error is None and not figures.pending and figures.inferences is not None
+        if idle and figures.inferences == last:
+            quiet_since = now if quiet_since is None else quiet_since
+            if now - quiet_since >= policy.idle:
+                return
+        else:
+            quiet_since = now if idle else None
+        last = figures.inferences
+        if now >= deadline:
+            raise DrainTimeout(
+                f"server {step.server}: {step.model} did not go idle within "
+                f"{policy.drain_timeout:g}s (pending {figures.pending}, inferences still "
+                "growing); not swapped, the old versions keep serving"
+            )
+        timing.sleep(min(1.0, max(timing.poll_interval, policy.idle / 10)))
+
+
+def _replace_library(step: Step) -> None:
+    backend = step.backend
+    assert backend is not None
+    if backend.command:
+        env = {
+            **os.environ,
+            "TRITON_GITOPS_SERVER": step.server,
+            "TRITON_GITOPS_MODEL": step.model,
+            "TRITON_GITOPS_BACKEND": backend.name,
+            "TRITON_GITOPS_REVISION": backend.revision,
+        }
+        try:
+            done = subprocess.run(
+                list(backend.command), env=env, capture_output=True, text=True, timeout=600
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise StepFailed(f"replaceLibrary command failed: {exc}") from exc
+        if done.returncode != 0:
+            raise StepFailed(
+                f"replaceLibrary command exited {done.returncode}: "
+                f"{(done.stderr or done.stdout).strip()[-500:]}"
+            )
+    if backend.webhook:
+        _post_json(
+            backend.webhook,
+            {"event": "replace-library", "server": step.server, "model": step.model,
+             "backend": backend.name, "revision": backend.revision},
+            timeout=600,
+        )  # fmt: skip
 
 
 def _analyze(
@@ -253,20 +376,41 @@ def _analyze(
             )
 
 
+def _load(control: ModelControl, step: Step, context: _ChangeContext) -> None:
+    assert step.config is not None
+    source = context.source
+    before = source.figures(step.model, ()) if source is not None else None
+    control.load(step.model, step.config)
+    if source is not None and before is not None and before.memory_bytes is not None:
+        # What loading beside the old cost the server, per new version: the footprint the
+        # next headroom check uses when the manifest declares none.
+        after = source.figures(step.model, ())
+        if after.memory_bytes is not None and len(step.versions) > 0:
+            context.footprint = max(0.0, after.memory_bytes - before.memory_bytes)
+
+
 def execute_step(
-    control: ModelControl, step: Step, timing: Timing, source: FiguresSource | None = None
+    control: ModelControl,
+    step: Step,
+    timing: Timing,
+    source: FiguresSource | None = None,
+    context: _ChangeContext | None = None,
 ) -> tuple[tuple[Evaluation, ...], RolloutVerdict | None]:
     """Carry out one step; raise a ReconcileError subclass when it fails.
 
     Returns the evaluations and verdict of an analyze step, nothing for the others.
     """
+    context = context or _ChangeContext(source)
     if step.action is Action.LOAD:
-        assert step.config is not None
-        control.load(step.model, step.config)
+        _load(control, step, context)
     elif step.action is Action.VERIFY:
-        _verify(control, step, timing)
+        _verify(control, step, timing, context)
     elif step.action is Action.ANALYZE:
-        return _analyze(control, step, timing, source)
+        return _analyze(control, step, timing, context.source)
+    elif step.action is Action.DRAIN:
+        _drain(step, timing, context)
+    elif step.action is Action.REPLACE_LIBRARY:
+        _replace_library(step)
     else:
         _unload(control, step, timing)
     return (), None
@@ -284,14 +428,14 @@ def _run(
     steps: tuple[Step, ...],
     timing: Timing,
     progress: Progress,
-    source: FiguresSource | None = None,
+    context: _ChangeContext,
     reverting: bool = False,
 ) -> list[StepResult]:
     results: list[StepResult] = []
     for step in steps:
         started = timing.clock()
         try:
-            evaluations, verdict = execute_step(control, step, timing, source)
+            evaluations, verdict = execute_step(control, step, timing, context.source, context)
         except ReconcileError as exc:
             ended = timing.clock()
             results.append(
@@ -319,6 +463,7 @@ def _run(
                 ended_at=ended,
                 evaluations=evaluations,
                 verdict=verdict,
+                footprint=context.footprint if step.action is Action.LOAD else None,
             )
         )
         progress(results[-1])
@@ -332,15 +477,38 @@ def apply_change(
     progress: Progress = _ignore,
     source: FiguresSource | None = None,
 ) -> ChangeResult:
-    results = _run(control, change.steps, timing, progress, source)
+    context = _ChangeContext(source)
+    if change.interface_baseline is not None:
+        try:
+            context.interface = control.interface(change.model, change.interface_baseline)
+        except ReconcileError as exc:
+            return ChangeResult(
+                change,
+                Outcome.FAILED,
+                (
+                    StepResult(
+                        change.steps[0],
+                        False,
+                        0.0,
+                        f"reading the old interface: {exc}",
+                        unreachable=isinstance(exc, ServerUnavailable),
+                    ),
+                ),
+            )
+    results = _run(control, change.steps, timing, progress, context)
     if all(r.ok for r in results):
         return ChangeResult(change, Outcome.CONVERGED, tuple(results))
     failed = results[-1]
-    if failed.step.action is Action.UNLOAD or failed.unreachable:
+    if failed.step.action is Action.DRAIN:
+        # Nothing was touched: the old versions serve as before. Not held; retried.
+        return ChangeResult(change, Outcome.FAILED, tuple(results))
+    if (failed.step.action is Action.UNLOAD and not failed.step.until_unavailable) or (
+        failed.unreachable
+    ):
         # New versions are verified and serving (or the server is gone): nothing to put back;
         # the next pass retries what is left.
         return ChangeResult(change, Outcome.FAILED, tuple(results))
-    reverted = _run(control, change.revert, timing, progress, reverting=True)
+    reverted = _run(control, change.revert, timing, progress, _ChangeContext(source), True)
     if not all(r.ok for r in reverted):
         outcome = Outcome.FAILED
     elif failed.verdict == "interrupted":
@@ -367,6 +535,9 @@ def apply(
     by_server: dict[str, list[ModelChange]] = {}
     for change in plan.changes:
         by_server.setdefault(change.server, []).append(change)
+    # One server of a pool at a time for changes that take a model out of service there
+    # (drains, library swaps, swaps without headroom).
+    locks = {c.exclusive: threading.Lock() for c in plan.changes if c.exclusive}
 
     def run_server(server: str) -> list[ChangeResult]:
         results: list[ChangeResult] = []
@@ -376,7 +547,11 @@ def apply(
                 results.append(ChangeResult(change, Outcome.SKIPPED, ()))
                 continue
             source = (metrics or {}).get(server)
-            results.append(apply_change(controls[server], change, timing, progress, source))
+            if change.exclusive:
+                with locks[change.exclusive]:
+                    results.append(apply_change(controls[server], change, timing, progress, source))
+            else:
+                results.append(apply_change(controls[server], change, timing, progress, source))
         return results
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:

@@ -23,6 +23,7 @@ from reconciler import __version__
 from reconciler.adapters.git import GitCredentials, path_in_work_tree
 from reconciler.adapters.signatures import SignaturePolicy
 from reconciler.adapters.state import StateStore
+from reconciler.artifacts import tree_digest
 from reconciler.daemon import Daemon, JsonLogFormatter, RunSettings
 from reconciler.errors import Problem, ReconcileError, ValidationError
 from reconciler.loop import (
@@ -330,6 +331,16 @@ def build_parser() -> argparse.ArgumentParser:
     diff_command.add_argument("--path", default="", metavar="SUBDIR")
     diff_command.add_argument("--output", choices=("text", "json", "markdown"), default="text")
     diff_command.add_argument("--cache-dir", type=Path, default=_default_cache())
+
+    digest = commands.add_parser(
+        "digest",
+        help="print the digest of a model version folder, to pin in a manifest",
+        description="Print the sha256 file-tree digest of a model version folder (e.g. "
+        "models/echo/3), as spec.versions entries pin it: {version: 3, digest: sha256:...}. "
+        "The reconciler recomputes it before every load when it can read the model "
+        "repository, and refuses a version whose folder changed.",
+    )
+    digest.add_argument("path", type=Path, metavar="PATH")
 
     status = commands.add_parser(
         "status",
@@ -669,4 +680,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(args)
     if args.command == "diff":
         return _diff(args)
+    if args.command == "digest":
+        try:
+            print(tree_digest(args.path))
+        except ReconcileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        return EXIT_OK
     return _reconcile(args, apply_changes=args.command == "apply")

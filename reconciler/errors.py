@@ -12,7 +12,8 @@
         ├── VerifyFailed               a version did not become READY or a smoke case failed
         ├── AnalysisFailed             the new versions' metrics failed the analysis
         │   └── Interrupted            shutdown came during the analysis (put back, not held)
-        └── UnloadFailed               dropping old versions failed (new ones serve already)
+        ├── UnloadFailed               dropping old versions failed (new ones serve already)
+        └── DrainTimeout               a model did not go idle: not swapped, old ones serve
 
 Library exceptions (GitPython, tritonclient, ruamel.yaml) are re-raised as these at the
 adapter boundary, ``raise ServerUnavailable(...) from exc``.
@@ -90,3 +91,7 @@ class Interrupted(AnalysisFailed):
 
 class UnloadFailed(StepFailed):
     pass
+
+
+class DrainTimeout(StepFailed):
+    """A model did not go idle on a server in time; nothing was swapped there."""

@@ -48,7 +48,16 @@ from reconciler.adapters.signatures import (
 )
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
-from reconciler.apply import ApplyResult, Outcome, Progress, StepResult, Timing, apply
+from reconciler.apply import (
+    ApplyResult,
+    FiguresSource,
+    Outcome,
+    Progress,
+    StepResult,
+    Timing,
+    apply,
+)
+from reconciler.artifacts import version_digests
 from reconciler.diff import DesiredDiff, diff
 from reconciler.errors import ReconcileError, UnsafeRevision, ValidationError
 from reconciler.plan import History, Hold, Plan, emptied_servers, plan, plan_steps_json
@@ -57,7 +66,9 @@ from reconciler.rollouts import (
     Rollout,
     alerts_from,
     applied_from,
+    footprints_from,
     holds_from,
+    problem_alerts,
     released_holds,
     rollouts_from,
 )
@@ -244,10 +255,35 @@ def observe(
     desired: DesiredState,
     history: History,
     max_parallel: int,
+    readers: Mapping[str, FiguresSource] | None = None,
 ) -> dict[str, ServerState]:
+    """Each server's state: Triton's index and configs; the digests of pinned version folders
+    (when the model repository is readable); its free memory (when it has metrics)."""
+
     def one(server: str) -> ServerState:
         models = set(desired.placements[server]) | set(history.managed.get(server, ()))
-        return clients[server].observe(sorted(models))
+        state = clients[server].observe(sorted(models))
+        if not state.reachable:
+            return state
+        repository = desired.servers[server].model_repository
+        if repository:
+            enriched = dict(state.models)
+            for model, placement in desired.placements[server].items():
+                pinned = placement.deployment.digests
+                if pinned and model in enriched:
+                    enriched[model] = replace(
+                        enriched[model],
+                        repository_digests=version_digests(repository, model, pinned),
+                    )
+            state = replace(state, models=enriched)
+        reader = (readers or {}).get(server)
+        if reader is not None:
+            figures = reader.figures("", ())
+            if figures.memory_total_bytes is not None and figures.memory_bytes is not None:
+                state = replace(
+                    state, memory_free=figures.memory_total_bytes - figures.memory_bytes
+                )
+        return state
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
         return dict(zip(clients, pool.map(one, clients), strict=True))
@@ -270,6 +306,10 @@ def next_managed(
     for change in plan_.changes:
         if change.deployment is None and (change.server, change.model) not in removed_ok:
             pending_removal.setdefault(change.server, set()).add(change.model)
+    for problem in plan_.problems:
+        # A removal refused this pass (an ensemble still needs the model) stays ours.
+        if problem.model and problem.model not in desired.placements.get(problem.server, {}):
+            pending_removal.setdefault(problem.server, set()).add(problem.model)
     unobserved = {p.server for p in plan_.problems if p.model is None}
     managed: dict[str, frozenset[str]] = {}
     for server, placements in desired.placements.items():
@@ -483,19 +523,19 @@ def reconcile(
             for name, server in desired.servers.items()
             if not skip or name not in skip
         }
+        readers = {
+            name: reader
+            for name, server in desired.servers.items()
+            if (reader := metrics_reader(settings.prometheus_url, server.metrics)) is not None
+        }
         try:
-            serving = observe(clients, desired, history, settings.max_parallel)
+            serving = observe(clients, desired, history, settings.max_parallel, readers)
             plan_ = plan(desired, serving, history, revision.sha, skip)
             served = serving_digest(serving)
             if saved is not None:
                 check_saved_plan(saved, served, plan_)
             if not apply_changes:
                 return PassReport(revision.sha, plan_, served=served)
-            readers = {
-                name: reader
-                for name, server in desired.servers.items()
-                if (reader := metrics_reader(settings.prometheus_url, server.metrics)) is not None
-            }
             applied = {
                 name: spec.fingerprint
                 for name in desired.deployments
@@ -551,10 +591,13 @@ def reconcile(
                 if n not in {h.deployment for h in holds}
             ],
             applied=applied_from(desired, plan_, result),
+            footprints=footprints_from(result),
             alerts_opened=opened,
             alerts_resolved=[(e.model or "", e.server or "") for e in resolved],
         )
         for event in [e for e in events if not e.resolved] + resolved:
+            alerts.send(event)
+        for event in problem_alerts(plan_):
             alerts.send(event)
         try:
             notes = write_back(source, settings, desired, state, result, holds)

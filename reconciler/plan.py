@@ -21,14 +21,23 @@ from typing import Any
 from reconciler.analysis import AnalysisSpec
 from reconciler.model_config import config_drift, is_complete, merge, with_versions
 from reconciler.serving import ModelState, ServerState, ServingState
-from reconciler.spec.model import DesiredState, ModelDeployment, SmokeCase
+from reconciler.spec.model import (
+    BackendSpec,
+    DesiredState,
+    ModelDeployment,
+    Placement,
+    SequencePolicy,
+    SmokeCase,
+)
 
 
 class Action(StrEnum):
+    DRAIN = "drain"  # wait until the model is idle on this server (sequence models)
+    UNLOAD = "unload"
+    REPLACE_LIBRARY = "replace-library"  # a new backend shared library reaches the host
     LOAD = "load"
     VERIFY = "verify"
     ANALYZE = "analyze"
-    UNLOAD = "unload"
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,11 @@ class Step:
     timeout: float = 120.0
     analysis: AnalysisSpec | None = None  # analyze: what to watch, how long
     baseline: tuple[int, ...] = ()  # analyze: the old versions the new are compared with
+    drain: SequencePolicy | None = None  # drain: webhook, idle window, timeout
+    backend: BackendSpec | None = None  # replace-library: what to put in place
+    interface_check: bool = False  # verify: new versions must keep the old interface
+    until_unavailable: bool = False  # unload: wait until the model is fully gone
+    dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,9 @@ class ModelChange:
     steps: tuple[Step, ...]
     # Run when a load or verify step fails: back to ``serving`` (which never stopped serving).
     revert: tuple[Step, ...] = ()
+    # Changes with the same key never run at once (one server of a pool at a time).
+    exclusive: str | None = None
+    interface_baseline: int | None = None  # the old version whose interface new ones keep
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,7 @@ class PlanProblem:
     server: str
     model: str | None
     message: str
+    kind: str = "problem"  # problem | artifact-mismatch | no-headroom | dependency
 
     def __str__(self) -> str:
         where = f"server {self.server}" + (f", model {self.model}" if self.model else "")
@@ -98,6 +116,8 @@ class History:
     revision: str | None = None
     managed: Mapping[str, frozenset[str]] = field(default_factory=dict)
     holds: Mapping[str, Hold] = field(default_factory=dict)
+    backends: Mapping[str, str] = field(default_factory=dict)  # deployment -> applied revision
+    footprints: Mapping[tuple[str, str], float] = field(default_factory=dict)  # bytes/version
 
 
 @dataclass(frozen=True)
@@ -150,9 +170,62 @@ def _base_config(
     )
 
 
+def target_config(model: ModelState, deployment: ModelDeployment) -> Mapping[str, Any] | None:
+    """The config the model is to run with: the base with spec.config merged over it."""
+    base, _ = _base_config(model, deployment)
+    return None if base is None else merge(base, deployment.config)
+
+
+def composing_models(config: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The models an ensemble config runs in its steps."""
+    if not config:
+        return ()
+    steps = config.get("ensemble_scheduling", {}).get("step", [])
+    return tuple(sorted({str(s["model_name"]) for s in steps if "model_name" in s}))
+
+
+def _sequence_policy(
+    deployment: ModelDeployment, target: Mapping[str, Any]
+) -> SequencePolicy | None:
+    """How to drain a sequence model (declared, or detected from sequence_batching)."""
+    batching = target.get("sequence_batching")
+    if deployment.sequence is None and batching is None:
+        return None
+    policy = deployment.sequence or SequencePolicy()
+    if isinstance(batching, Mapping) and batching.get("max_sequence_idle_microseconds"):
+        # The drain must outlast the longest pause Triton allows inside a sequence.
+        floor = int(batching["max_sequence_idle_microseconds"]) / 1e6
+        policy = replace(policy, idle=max(policy.idle, floor))
+    return policy
+
+
+def _digest_problem(
+    server: str, deployment: ModelDeployment, model: ModelState
+) -> PlanProblem | None:
+    wrong = []
+    for version, pinned in sorted(deployment.digests.items()):
+        if version not in model.repository_digests:
+            continue  # the repository cannot be read: nothing to compare with
+        found = model.repository_digests[version]
+        if found is not None and found != pinned:
+            wrong.append(f"version {version} is {found}, the manifest pins {pinned}")
+    if not wrong:
+        return None
+    return PlanProblem(
+        server,
+        deployment.model,
+        "artifact changed under a released version number, refusing to load: " + "; ".join(wrong),
+        "artifact-mismatch",
+    )
+
+
 def _plan_model(
-    server: str, deployment: ModelDeployment, observed: ServerState
+    server: str,
+    deployment: ModelDeployment,
+    observed: ServerState,
+    history: History | None = None,
 ) -> ModelChange | PlanProblem | None:
+    history = history or History()
     model = observed.model(deployment.model)
     desired = frozenset(deployment.versions)
     ready = model.ready
@@ -167,6 +240,9 @@ def _plan_model(
             )
     elif observed.in_repository and deployment.model not in observed.in_repository:
         return PlanProblem(server, deployment.model, "model not in the server's model repository")
+    digest_problem = _digest_problem(server, deployment, model)
+    if digest_problem is not None:
+        return digest_problem
     base, why_not = _base_config(model, deployment)
     if base is None:
         return PlanProblem(server, deployment.model, why_not or "no base config")
@@ -176,11 +252,80 @@ def _plan_model(
         if ready and model.loaded_config is not None
         else []
     )
+    applied_backend = history.backends.get(deployment.name)
+    backend_change = (
+        deployment.backend is not None
+        and applied_backend is not None
+        and applied_backend != deployment.backend.revision
+        and bool(ready)
+    )
     new = desired - ready
     old = ready - desired
-    if not new and not old and not drift:
+    if not new and not old and not drift and not backend_change:
         return None
+    sequence = _sequence_policy(deployment, target)
+    revert = _revert_steps(server, deployment.model, model, ready)
+    if backend_change:
+        assert deployment.backend is not None
+        return ModelChange(
+            server,
+            deployment.model,
+            deployment.name,
+            _versions(ready),
+            _versions(desired),
+            _replace_steps(
+                server,
+                deployment,
+                target,
+                desired,
+                sequence or SequencePolicy(idle=2.0),
+                f"backend {deployment.backend.name} {applied_backend} -> "
+                f"{deployment.backend.revision}",
+                deployment.backend,
+            ),
+            exclusive=deployment.name,
+            revert=revert,
+        )
+    if new and ready:
+        needed_each = deployment.memory_per_version or history.footprints.get(
+            (server, deployment.model)
+        )
+        if needed_each is not None and observed.memory_free is not None:
+            needed = needed_each * len(new)
+            if needed > observed.memory_free:
+                room = (
+                    f"{len(new)} new version(s) need {needed / 2**20:.0f} MiB beside the old, "
+                    f"{observed.memory_free / 2**20:.0f} MiB free"
+                )
+                if deployment.when_no_headroom != "replace":
+                    return PlanProblem(
+                        server,
+                        deployment.model,
+                        f"no memory headroom: {room}; the old versions keep serving "
+                        "(rollout.whenNoHeadroom: replace swaps instead, one server at a time)",
+                        "no-headroom",
+                    )
+                return ModelChange(
+                    server,
+                    deployment.model,
+                    deployment.name,
+                    _versions(ready),
+                    _versions(desired),
+                    _replace_steps(
+                        server,
+                        deployment,
+                        target,
+                        desired,
+                        sequence,
+                        f"no room beside the old ({room})",
+                        None,
+                    ),
+                    exclusive=deployment.name,
+                    revert=revert,
+                )
     steps: list[Step] = []
+    if (new or drift) and ready and sequence is not None:
+        steps.append(_drain_step(server, deployment.model, ready, sequence))
     if new or drift:
         why = []
         if new:
@@ -200,24 +345,8 @@ def _plan_model(
                 config=with_versions(target, deployment.model, loading),
             )
         )
-        smoke_versions = desired if drift else new
         steps.append(
-            Step(
-                server,
-                deployment.model,
-                Action.VERIFY,
-                _versions(desired),
-                f"{', '.join(map(str, sorted(desired)))} READY"
-                + (
-                    f"; {len(deployment.smoke)} smoke case(s) against "
-                    f"{', '.join(map(str, sorted(smoke_versions)))}"
-                    if deployment.smoke
-                    else ""
-                ),
-                smoke=deployment.smoke,
-                smoke_versions=_versions(smoke_versions),
-                timeout=deployment.verify_timeout,
-            )
+            _verify_step(server, deployment, desired, desired if drift else new, bool(ready))
         )
     if deployment.analysis is not None and (new or drift):
         watched = desired if drift else new
@@ -262,8 +391,106 @@ def _plan_model(
         _versions(ready),
         _versions(desired),
         tuple(steps),
-        _revert_steps(server, deployment.model, model, ready),
+        exclusive=deployment.name if sequence is not None and ready else None,
+        interface_baseline=(
+            max(ready)
+            if ready and (new or drift) and not deployment.allow_interface_change
+            else None
+        ),
+        revert=revert,
     )
+
+
+def _drain_step(server: str, model: str, ready: frozenset[int], policy: SequencePolicy) -> Step:
+    return Step(
+        server,
+        model,
+        Action.DRAIN,
+        _versions(ready),
+        f"wait until {model} is idle here (no pending request, no new inference for "
+        f"{policy.idle:g}s; at most {policy.drain_timeout:g}s)"
+        + (", after telling the load balancer" if policy.drain_webhook else ""),
+        drain=policy,
+    )
+
+
+def _verify_step(
+    server: str,
+    deployment: ModelDeployment,
+    desired: frozenset[int],
+    smoke_versions: frozenset[int],
+    check_interface: bool,
+) -> Step:
+    notes = [f"{', '.join(map(str, sorted(desired)))} READY"]
+    if deployment.smoke:
+        notes.append(
+            f"{len(deployment.smoke)} smoke case(s) against "
+            f"{', '.join(map(str, sorted(smoke_versions)))}"
+        )
+    interface = check_interface and not deployment.allow_interface_change
+    if interface:
+        notes.append("inputs and outputs as the old versions'")
+    return Step(
+        server,
+        deployment.model,
+        Action.VERIFY,
+        _versions(desired),
+        "; ".join(notes),
+        smoke=deployment.smoke,
+        smoke_versions=_versions(smoke_versions),
+        timeout=deployment.verify_timeout,
+        interface_check=interface,
+    )
+
+
+def _replace_steps(
+    server: str,
+    deployment: ModelDeployment,
+    target: Mapping[str, Any],
+    desired: frozenset[int],
+    drain: SequencePolicy | None,
+    why: str,
+    backend: BackendSpec | None,
+) -> tuple[Step, ...]:
+    """Swap in place on this server (old out, then new in): a backend library change, or no
+    memory for both. The model does not serve here in between: one server at a time."""
+    model = deployment.model
+    steps = []
+    if drain is not None:
+        steps.append(_drain_step(server, model, frozenset(deployment.versions), drain))
+    steps.append(
+        Step(
+            server,
+            model,
+            Action.UNLOAD,
+            (),
+            f"{why}: unload here and wait until it is gone",
+            until_unavailable=True,
+        )
+    )
+    if backend is not None:
+        steps.append(
+            Step(
+                server,
+                model,
+                Action.REPLACE_LIBRARY,
+                (),
+                f"put {backend.name} {backend.revision} in place",
+                backend=backend,
+            )
+        )
+    steps.append(
+        Step(
+            server,
+            model,
+            Action.LOAD,
+            _versions(desired),
+            f"serve {', '.join(map(str, sorted(desired)))} again",
+            config=with_versions(target, model, desired),
+        )
+    )
+    steps.append(_verify_step(server, deployment, desired, desired, False))
+    return tuple(steps)
 
 
 def _revert_steps(
@@ -343,6 +570,101 @@ def emptied_servers(desired: DesiredState, history: History) -> list[str]:
     )
 
 
+def _order(
+    server: str,
+    changes: list[ModelChange],
+    placements: Mapping[str, Placement],
+    observed: ServerState,
+) -> tuple[list[ModelChange], list[PlanProblem]]:
+    """Order one server's changes by their dependencies and refuse the ones with Triton side
+    effects nobody asked for.
+
+    Loading an ensemble loads its composing models (with their default versions) and
+    unloading a composing model forces its ensembles out, so: composing models and
+    dependsOn targets load first; an ensemble is never loaded while one of its composing
+    models is placed nowhere on the server; a model is never removed while an ensemble that
+    stays needs it; when both go, the ensemble goes first (its removal is named on the
+    composing model's unload).
+    """
+    problems: list[PlanProblem] = []
+    placed = set(placements)
+    needs: dict[str, set[str]] = {}
+    for model, placement in placements.items():
+        deployment = placement.deployment
+        target = target_config(observed.model(model), deployment)
+        needs[model] = set(composing_models(target)) | {
+            p for p, other in placements.items() if other.deployment.name in deployment.depends_on
+        }
+    removed = {c.model for c in changes if c.deployment is None}
+    for model in removed:
+        needs[model] = set(composing_models(observed.model(model).loaded_config))
+    kept: list[ModelChange] = []
+    for change in changes:
+        if change.deployment is not None:
+            loads = any(s.action is Action.LOAD for s in change.steps)
+            missing = sorted(needs.get(change.model, set()) - placed)
+            if loads and missing:
+                problems.append(
+                    PlanProblem(
+                        server,
+                        change.model,
+                        f"needs {', '.join(missing)}, which no ModelDeployment places on this "
+                        "server: loading it would make Triton load them with their default "
+                        "versions",
+                        "dependency",
+                    )
+                )
+                continue
+            kept.append(change)
+            continue
+        staying = sorted(m for m in placed if change.model in needs.get(m, set()))
+        if staying:
+            problems.append(
+                PlanProblem(
+                    server,
+                    change.model,
+                    f"not unloaded: {', '.join(staying)} still need(s) it here, and unloading "
+                    "it would force them out; remove them too, or keep it",
+                    "dependency",
+                )
+            )
+            continue
+        going = tuple(sorted(m for m in removed if change.model in needs.get(m, set())))
+        if going:
+            unload = replace(
+                change.steps[0],
+                dependents=going,
+                reason=f"{change.steps[0].reason}; after {', '.join(going)}, which need it",
+            )
+            change = replace(change, steps=(unload, *change.steps[1:]))
+        kept.append(change)
+    # Depth-first: a model after everything it needs; removals after loads, and a removed
+    # model after the removed models that need it.
+    by_model = {c.model: c for c in kept}
+    ordered: list[ModelChange] = []
+    seen: set[str] = set()
+
+    def visit(model: str, stack: tuple[str, ...]) -> None:
+        if model in seen or model in stack or model not in by_model:
+            return
+        change = by_model[model]
+        if change.deployment is not None:
+            for dependency in sorted(needs.get(model, set())):
+                if by_model.get(dependency) is not None and by_model[dependency].deployment:
+                    visit(dependency, (*stack, model))
+        else:
+            for dependent in sorted(m for m in removed if model in needs.get(m, set())):
+                visit(dependent, (*stack, model))
+        seen.add(model)
+        ordered.append(change)
+
+    for change in [c for c in kept if c.deployment is not None]:
+        visit(change.model, ())
+    for change in [c for c in kept if c.deployment is None]:
+        visit(change.model, ())
+    return ordered, problems
+
+
 def plan(
     desired: DesiredState,
     serving: ServingState,
@@ -370,6 +692,7 @@ def plan(
             problems.append(PlanProblem(server, None, why))
             continue
         placements = desired.placements[server]
+        server_changes: list[ModelChange] = []
         for model_name in sorted(placements):
             deployment = placements[model_name].deployment
             if deployment.suspend:
@@ -391,17 +714,20 @@ def plan(
                     )
                 outcome = _plan_held(server, deployment, hold, observed)
             else:
-                outcome = _plan_model(server, deployment, observed)
+                outcome = _plan_model(server, deployment, observed, history)
             if outcome is None:
                 in_sync.append((server, model_name))
             elif isinstance(outcome, PlanProblem):
                 problems.append(outcome)
             else:
-                changes.append(outcome)
+                server_changes.append(outcome)
         for model_name in sorted(history.managed.get(server, frozenset()) - set(placements)):
             removal = _plan_removal(server, model_name, observed)
             if removal is not None:
-                changes.append(removal)
+                server_changes.append(removal)
+        ordered, dependency_problems = _order(server, server_changes, placements, observed)
+        changes.extend(ordered)
+        problems.extend(dependency_problems)
     return Plan(
         revision, tuple(changes), tuple(problems), tuple(in_sync), tuple(held), tuple(suspended)
     )

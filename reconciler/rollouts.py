@@ -46,6 +46,7 @@ class AppliedSpec:
     fingerprint: str
     versions: tuple[int, ...]
     config: Mapping[str, Any]
+    backend: str | None = None  # the backend library revision it runs on, if declared
 
 
 KINDS = (
@@ -55,6 +56,10 @@ KINDS = (
     "rollout-succeeded",
     "unload-failed",
     "revision-refused",
+    "artifact-mismatch",
+    "no-headroom",
+    "drain-timeout",
+    "dependency",
 )
 
 
@@ -193,6 +198,20 @@ def alerts_from(result: ApplyResult, revert_action: str) -> tuple[AlertEvent, ..
                 )
             )
             continue
+        if any(r.step.action is Action.DRAIN and not r.ok for r in change.steps):
+            events.append(
+                AlertEvent(
+                    "drain-timeout",
+                    "warning",
+                    f"{model} on {server} did not go idle; {to} not swapped in, "
+                    f"{', '.join(map(str, change.change.serving))} keeps serving",
+                    result.revision,
+                    model,
+                    server,
+                    {"revision": result.revision, "error": change.error},
+                )
+            )
+            continue
         if any(r.step.action is Action.UNLOAD and not r.ok for r in change.steps):
             events.append(
                 AlertEvent(
@@ -259,7 +278,44 @@ def applied_from(
         for model, placement in placements.items():
             placed.setdefault(placement.deployment.name, []).append((server, model))
     return tuple(
-        AppliedSpec(name, plan.revision, d.fingerprint, d.versions, d.config)
+        AppliedSpec(
+            name,
+            plan.revision,
+            d.fingerprint,
+            d.versions,
+            d.config,
+            d.backend.revision if d.backend else None,
+        )
         for name, d in sorted(desired.deployments.items())
         if name not in held and placed.get(name) and all(p in done for p in placed[name])
     )
+
+
+def problem_alerts(plan: Plan) -> tuple[AlertEvent, ...]:
+    """Plan problems people must hear about: an artifact changed under a released version,
+    no memory headroom, a dependency that would make Triton load or unload on its own."""
+    return tuple(
+        AlertEvent(
+            p.kind,
+            "critical" if p.kind == "artifact-mismatch" else "warning",
+            f"{p.model} on {p.server}: {p.message}",
+            plan.revision,
+            p.model,
+            p.server,
+            {"revision": plan.revision, "problem": p.message},
+        )
+        for p in plan.problems
+        if p.kind in ("artifact-mismatch", "no-headroom", "dependency")
+    )
+
+
+def footprints_from(result: ApplyResult) -> dict[tuple[str, str], float]:
+    """Memory each new version took when it loaded (bytes per version): the footprint a later
+    headroom check assumes when the manifest declares none."""
+    found: dict[tuple[str, str], float] = {}
+    for change in result.changes:
+        new = set(change.change.desired) - set(change.change.serving)
+        for step in change.steps:
+            if step.ok and step.footprint is not None and new:
+                found[(change.change.server, change.change.model)] = step.footprint / len(new)
+    return found

@@ -32,6 +32,8 @@ class ModelState:
     # read the server's model repository; None when it cannot.
     repository_config: Mapping[str, Any] | None = None
     repository_versions: frozenset[int] | None = None
+    # Digests of the version folders whose digest a manifest pins (None: folder missing).
+    repository_digests: Mapping[int, str | None] = field(default_factory=dict)
 
     @property
     def ready(self) -> frozenset[int]:
@@ -52,6 +54,7 @@ class ServerState:
     models: Mapping[str, ModelState] = field(default_factory=dict)
     in_repository: frozenset[str] = frozenset()  # model names Triton's repository index lists
     error: str | None = None  # set when the server could not be observed
+    memory_free: float | None = None  # bytes, from the server's metrics when it has them
 
     @property
     def reachable(self) -> bool:
@@ -62,3 +65,66 @@ class ServerState:
 
 
 ServingState = Mapping[str, ServerState]
+
+
+# A version's interface, read by the Triton adapter (``TritonServerClient.interface``) and
+# compared by the interface gate: a new version whose inputs or outputs differ from the old
+# one's fails the rollout unless the deployment allows it.
+
+
+@dataclass(frozen=True)
+class TensorSignature:
+    """One input or output of a model version, as Triton's model metadata gives it."""
+
+    name: str
+    datatype: str  # FP32, INT64, BYTES...
+    shape: tuple[int, ...]  # -1 for a variable dimension; the batch dimension included
+
+
+@dataclass(frozen=True)
+class ModelInterface:
+    """What a model version takes and gives (from Triton's model metadata).
+
+    Inputs and outputs are kept sorted by name, so two interfaces are equal exactly when
+    they declare the same tensors, whatever order the server listed them in.
+    """
+
+    inputs: tuple[TensorSignature, ...] = ()
+    outputs: tuple[TensorSignature, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(sorted(self.inputs, key=lambda t: t.name)))
+        object.__setattr__(self, "outputs", tuple(sorted(self.outputs, key=lambda t: t.name)))
+
+
+def interface_difference(old: ModelInterface, new: ModelInterface) -> list[str]:
+    """Every way ``new`` differs from ``old``, one human line each; empty when they agree.
+
+    Exact, on purpose: a widened shape (``[-1, 4]`` to ``[-1, -1]``) is a difference too,
+    since a client built for one interface may not handle the other. Whether a difference is
+    allowed is the deployment's call (``spec.allowInterfaceChange``), not this function's.
+    Lines come inputs first, then outputs, each by name, e.g. ``output OUTPUT0 removed``,
+    ``input INPUT0 shape [-1, 4] -> [-1, 8]``.
+    """
+    lines: list[str] = []
+    for kind, before, after in (
+        ("input", old.inputs, new.inputs),
+        ("output", old.outputs, new.outputs),
+    ):
+        was = {t.name: t for t in before}
+        now = {t.name: t for t in after}
+        for name in sorted(was.keys() | now.keys()):
+            if name not in now:
+                lines.append(f"{kind} {name} removed")
+            elif name not in was:
+                lines.append(f"{kind} {name} added")
+            else:
+                if was[name].datatype != now[name].datatype:
+                    lines.append(
+                        f"{kind} {name} datatype {was[name].datatype} -> {now[name].datatype}"
+                    )
+                if was[name].shape != now[name].shape:
+                    lines.append(
+                        f"{kind} {name} shape {list(was[name].shape)} -> {list(now[name].shape)}"
+                    )
+    return lines

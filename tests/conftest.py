@@ -19,6 +19,12 @@ MODELS = Path(__file__).parent / "triton_models"
 # Versions written for every test model; see model.py for how 3, 4, 5, 6 and 9 misbehave.
 VERSIONS = (1, 2, 3, 4, 5, 6, 7, 9)
 TEST_MODELS = ("echo", "other")
+# An ensemble over echo then other (answers INPUT0 * v_echo * v_other); its one version folder
+# is empty, as Triton requires.
+ENSEMBLE = "chain"
+# A sequence model (Python backend, sequence_batching): a running sum per sequence * version.
+SEQUENCE_MODEL = "counter"
+SEQUENCE_VERSIONS = (1, 2)
 
 
 def write_model_repository(root: Path) -> Path:
@@ -35,6 +41,12 @@ def write_model_repository(root: Path) -> Path:
         for version in VERSIONS:
             (folder / str(version)).mkdir()
             shutil.copy(MODELS / "echo" / "model.py", folder / str(version) / "model.py")
+    (root / ENSEMBLE / "1").mkdir(parents=True)
+    shutil.copy(MODELS / ENSEMBLE / "config.pbtxt", root / ENSEMBLE / "config.pbtxt")
+    for version in SEQUENCE_VERSIONS:
+        (root / SEQUENCE_MODEL / str(version)).mkdir(parents=True)
+        shutil.copy(MODELS / SEQUENCE_MODEL / "model.py", root / SEQUENCE_MODEL / str(version))
+    shutil.copy(MODELS / SEQUENCE_MODEL / "config.pbtxt", root / SEQUENCE_MODEL / "config.pbtxt")
     compileall.compile_dir(root, quiet=1)
     return root
 

@@ -40,14 +40,13 @@ from reconciler.rollouts import KINDS, AlertEvent
 
 log = logging.getLogger(__name__)
 
-(
-    ROLLOUT_FAILED,
-    LOAD_FAILED,
-    VALIDATION_FAILED,
-    ROLLOUT_SUCCEEDED,
-    UNLOAD_FAILED,
-    REVISION_REFUSED,
-) = KINDS
+ROLLOUT_FAILED = "rollout-failed"
+LOAD_FAILED = "load-failed"
+VALIDATION_FAILED = "validation-failed"
+ROLLOUT_SUCCEEDED = "rollout-succeeded"
+UNLOAD_FAILED = "unload-failed"
+REVISION_REFUSED = "revision-refused"
+assert {ROLLOUT_FAILED, LOAD_FAILED, VALIDATION_FAILED, ROLLOUT_SUCCEEDED} <= set(KINDS)
 
 # The Alertmanager alert each kind fires, or (a success) resolves.
 ALERT_NAMES = {

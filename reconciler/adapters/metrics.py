@@ -41,9 +41,14 @@ log = logging.getLogger(__name__)
 SUCCESS = "nv_inference_request_success"
 FAILURE = "nv_inference_request_failure"
 DURATION = "nv_inference_request_duration_us"
+PENDING = "nv_inference_pending_request_count"  # a gauge: queued, not executing
+INFERENCES = "nv_inference_count"
 GPU_MEMORY = "nv_gpu_memory_used_bytes"
 CPU_MEMORY = "nv_cpu_memory_used_bytes"
-_PER_MODEL = (SUCCESS, FAILURE, DURATION)
+GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
+CPU_MEMORY_TOTAL = "nv_cpu_memory_total_bytes"
+_PER_MODEL = (SUCCESS, FAILURE, DURATION, PENDING, INFERENCES)
+_MEMORY = (GPU_MEMORY, CPU_MEMORY, GPU_MEMORY_TOTAL, CPU_MEMORY_TOTAL)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -99,7 +104,7 @@ class TritonScrape:
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             return Figures(queries=unsupported, error=self._error(str(reason)))
         wanted = {str(v) for v in versions}
-        sums: dict[str, float | None] = dict.fromkeys((*_PER_MODEL, GPU_MEMORY, CPU_MEMORY))
+        sums: dict[str, float | None] = dict.fromkeys((*_PER_MODEL, *_MEMORY))
         try:
             for family in text_string_to_metric_families(text):
                 if family.name not in sums:
@@ -118,13 +123,21 @@ class TritonScrape:
                     sums[family.name] = (sums[family.name] or 0.0) + float(sample.value)
         except ValueError as exc:  # not Prometheus text
             return Figures(queries=unsupported, error=self._error(f"unreadable metrics: {exc}"))
-        memory = sums[GPU_MEMORY] if sums[GPU_MEMORY] is not None else sums[CPU_MEMORY]
+        # Used and total from one source: a GPU total beside a CPU figure in use would make
+        # a headroom of nothing real.
+        if sums[GPU_MEMORY] is not None:
+            memory, total = sums[GPU_MEMORY], sums[GPU_MEMORY_TOTAL]
+        else:
+            memory, total = sums[CPU_MEMORY], sums[CPU_MEMORY_TOTAL]
         return Figures(
             success=sums[SUCCESS],
             failure=sums[FAILURE],
             duration_us=sums[DURATION],
             memory_bytes=_measured(memory),
             queries=unsupported,
+            pending=sums[PENDING],
+            inferences=sums[INFERENCES],
+            memory_total_bytes=_measured(total),
         )
 
     def _error(self, reason: str) -> str:
@@ -188,8 +201,15 @@ class PrometheusQuery:
     def standard_queries(self, model: str, versions: tuple[int, ...]) -> dict[str, str]:
         """The PromQL behind each of ``Figures``' figures (no counters without versions)."""
         server = f"instance={_quoted(self.instance)}"
-        # ``or`` keeps the GPU figure where there is one, else the CPU one.
-        queries = {"memory": f"sum({GPU_MEMORY}{{{server}}}) or sum({CPU_MEMORY}{{{server}}})"}
+        # ``or`` keeps the GPU figure where there is one, else the CPU one. The total follows
+        # the same choice (GPU exactly when a GPU figure in use exists), so that used and
+        # total always come from one source.
+        gpu_used = f"sum({GPU_MEMORY}{{{server}}})"
+        queries = {
+            "memory": f"{gpu_used} or sum({CPU_MEMORY}{{{server}}})",
+            "memory_total": f"(sum({GPU_MEMORY_TOTAL}{{{server}}}) and on() {gpu_used})"
+            f" or (sum({CPU_MEMORY_TOTAL}{{{server}}}) unless on() {gpu_used})",
+        }
         if versions:
             matchers = (
                 f"model={_quoted(model)}",
@@ -235,6 +255,9 @@ class PrometheusQuery:
             duration_us=standard.get(DURATION),
             memory_bytes=_measured(standard.get("memory")),
             queries=values,
+            pending=standard.get(PENDING),
+            inferences=standard.get(INFERENCES),
+            memory_total_bytes=_measured(standard.get("memory_total")),
         )
 
     def _query(self, name: str, query: str, at: float) -> float | None:

@@ -64,6 +64,12 @@ CREATE TABLE IF NOT EXISTS applied_specs (
     versions TEXT NOT NULL,
     config TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS footprints (
+    server TEXT NOT NULL,
+    model TEXT NOT NULL,
+    bytes_per_version REAL NOT NULL,
+    PRIMARY KEY (server, model)
+);
 CREATE TABLE IF NOT EXISTS open_alerts (
     model TEXT NOT NULL,
     server TEXT NOT NULL,
@@ -81,6 +87,9 @@ class StateStore:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(applied_specs)")}
+        if "backend" not in columns:  # a state file from before backend revisions
+            self._db.execute("ALTER TABLE applied_specs ADD COLUMN backend TEXT")
 
     def close(self) -> None:
         self._db.close()
@@ -105,10 +114,24 @@ class StateStore:
                 "SELECT deployment, fingerprint, revision, reason, previous, configs FROM holds"
             )
         }
+        backends = {
+            name: revision
+            for name, revision in self._db.execute(
+                "SELECT deployment, backend FROM applied_specs WHERE backend IS NOT NULL"
+            )
+        }
+        footprints = {
+            (server, model): size
+            for server, model, size in self._db.execute(
+                "SELECT server, model, bytes_per_version FROM footprints"
+            )
+        }
         return History(
             revision=row[0] if row else None,
             managed={server: frozenset(models) for server, models in managed.items()},
             holds=holds,
+            backends=backends,
+            footprints=footprints,
         )
 
     def applied_spec(self, deployment: str) -> AppliedSpec | None:
@@ -157,6 +180,7 @@ class StateStore:
         holds: Iterable[Hold] = (),
         released: Iterable[str] = (),
         applied: Iterable[AppliedSpec] = (),
+        footprints: Mapping[tuple[str, str], float] | None = None,
         alerts_opened: Iterable[tuple[str, str, str]] = (),
         alerts_resolved: Iterable[tuple[str, str]] = (),
     ) -> None:
@@ -210,7 +234,9 @@ class StateStore:
                 ],
             )
             self._db.executemany(
-                "INSERT OR REPLACE INTO applied_specs VALUES (?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO applied_specs "
+                "(deployment, revision, fingerprint, versions, config, backend) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
                 [
                     (
                         a.deployment,
@@ -218,9 +244,14 @@ class StateStore:
                         a.fingerprint,
                         json.dumps(list(a.versions)),
                         json.dumps(dict(a.config)),
+                        a.backend,
                     )
                     for a in applied
                 ],
+            )
+            self._db.executemany(
+                "INSERT OR REPLACE INTO footprints VALUES (?, ?, ?)",
+                [(server, model, size) for (server, model), size in (footprints or {}).items()],
             )
             self._db.executemany(
                 "INSERT OR REPLACE INTO open_alerts VALUES (?, ?, ?, ?)",

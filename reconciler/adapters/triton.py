@@ -2,7 +2,8 @@
 
 The only module that imports tritonclient's gRPC client. Observation reads the repository
 index (the source of truth for which versions are loaded; ``get_model_config`` may be stale for
-versions reused in place) and, for loaded models, the config they run with. Library errors are
+versions reused in place), for loaded models the config they run with, and for one loaded
+version its interface (inputs and outputs, from the model metadata). Library errors are
 re-raised as ours: an unreachable server as ``ServerUnavailable``, a refused load with Triton's
 own message as ``LoadFailed``.
 """
@@ -20,7 +21,13 @@ from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.model_repository import read_model
 from reconciler.errors import LoadFailed, ServerUnavailable, StepFailed, UnloadFailed, VerifyFailed
-from reconciler.serving import ModelState, ServerState, VersionState
+from reconciler.serving import (
+    ModelInterface,
+    ModelState,
+    ServerState,
+    TensorSignature,
+    VersionState,
+)
 from reconciler.smoke import as_array
 from reconciler.spec.model import Tensor, TritonServer
 
@@ -29,6 +36,21 @@ _UNREACHABLE = {"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"}
 
 def _unreachable(exc: InferenceServerException) -> bool:
     return str(exc.status()) in _UNREACHABLE
+
+
+def _not_ready(exc: InferenceServerException) -> bool:
+    """Triton's own refusal for a model or version that is not READY. It comes with the same
+    gRPC code as an unreachable server (UNAVAILABLE), but the server did answer."""
+    return str(exc.message()).startswith("Request for unknown model")
+
+
+def _signature(tensor: Mapping[str, Any]) -> TensorSignature:
+    # The JSON form renders int64 dims as strings.
+    return TensorSignature(
+        str(tensor["name"]),
+        str(tensor["datatype"]),
+        tuple(int(d) for d in tensor.get("shape", [])),
+    )
 
 
 class TritonServerClient:
@@ -138,6 +160,30 @@ class TritonServerClient:
             states,
             frozenset(str(e["name"]) for e in entries if e.get("name")),
         )
+
+    def interface(self, model: str, version: int) -> ModelInterface:
+        """The inputs and outputs ``version`` of ``model`` serves; the version must be loaded.
+
+        Triton answers from the config the version runs with, so a config change that renames
+        a tensor shows here as soon as the new load is in place: read the old versions'
+        interface before loading the new ones.
+        """
+        doing = f"reading the interface of {model} version {version}"
+        try:
+            answer = self._client.get_model_metadata(
+                model, model_version=str(version), as_json=True, client_timeout=self.call_timeout
+            )
+        except InferenceServerException as exc:
+            if _unreachable(exc) and not _not_ready(exc):
+                raise self._error(exc, doing) from exc
+            raise VerifyFailed(f"server {self.name}: {doing}: {exc.message()}") from exc
+        try:
+            return ModelInterface(
+                inputs=tuple(_signature(t) for t in answer.get("inputs", [])),
+                outputs=tuple(_signature(t) for t in answer.get("outputs", [])),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise VerifyFailed(f"server {self.name}: {doing}: unreadable metadata") from exc
 
     # -- control -----------------------------------------------------------------------------
 

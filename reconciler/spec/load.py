@@ -13,7 +13,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -29,10 +29,12 @@ from reconciler.analysis import AnalysisSpec, Check, NoTraffic
 from reconciler.errors import Problem, ValidationError
 from reconciler.model_config import canonical
 from reconciler.spec.model import (
+    BackendSpec,
     DesiredState,
     Expectation,
     Location,
     ModelDeployment,
+    SequencePolicy,
     SmokeCase,
     Tensor,
     TritonServer,
@@ -162,7 +164,23 @@ def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[
             yield _Document(file, document, document.lc.line + 1)
 
 
+def _specific(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For a oneOf between a scalar form and an object form, the error of the form the
+    value was written in: "'two' is not of type 'integer'", not "valid under none"."""
+    if error.validator != "oneOf" or not error.context:
+        return error
+    written_as_object = isinstance(error.instance, dict)
+    branches = error.validator_value
+    same_form = [
+        e
+        for e in error.context
+        if (branches[e.schema_path[0]].get("type") == "object") == written_as_object
+    ]
+    return jsonschema.exceptions.best_match(same_form) or error if same_form else error
+
+
 def _schema_message(error: jsonschema.ValidationError) -> str:
+    error = _specific(error)
     where = ".".join(
         f"[{p}]" if isinstance(p, int) else str(p) for p in error.absolute_path
     ).replace(".[", "[")
@@ -182,14 +200,23 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
-_DURATION = re.compile(r"^([0-9]+)(ms|s|m)$")
+_DURATION = re.compile(r"^([0-9]+)(ms|s|m|h)$")
+_SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
 
 
 def _seconds(text: str) -> float:
     match = _DURATION.match(text)
     assert match is not None  # the schema's pattern guarantees the form
-    factor = {"ms": 0.001, "s": 1.0, "m": 60.0}[match.group(2)]
+    factor = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
     return int(match.group(1)) * factor
+
+
+def _bytes(value: int | str) -> int:
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(value)
+    assert match is not None  # the schema's pattern guarantees the form
+    return int(match.group(1)) << {None: 0, "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[match.group(2)]
 
 
 def _flat(data: list[Any]) -> list[Any]:
@@ -269,7 +296,16 @@ def _build_deployment(
                 )
             )
         smoke.append(SmokeCase(case.get("name", f"smoke[{index}]"), tuple(inputs), tuple(expect)))
-    for index, version in enumerate(body["versions"]):
+    numbers: list[Any] = []
+    digests: dict[int, str] = {}
+    for entry in body["versions"]:
+        number = entry["version"] if isinstance(entry, dict) else entry
+        numbers.append(number)
+        if isinstance(entry, dict) and isinstance(number, int):
+            digests[number] = entry["digest"]
+    if len(set(numbers)) != len(numbers):
+        problems.append(doc.problem(("spec", "versions"), "spec.versions lists a version twice"))
+    for index, version in enumerate(numbers):
         # JSON Schema's integer admits 2.0; a version number must be written as one.
         if not isinstance(version, int):
             problems.append(
@@ -283,7 +319,7 @@ def _build_deployment(
     return ModelDeployment(
         name=metadata["name"],
         model=model,
-        versions=tuple(sorted(int(v) for v in body["versions"])),
+        versions=tuple(sorted(int(v) for v in numbers)),
         server_names=tuple(servers["names"]) if "names" in servers else None,
         match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
         config=config,
@@ -291,6 +327,32 @@ def _build_deployment(
         verify_timeout=_seconds(verify.get("timeout", "120s")),
         analysis=_analysis(analysis) if analysis is not None else None,
         suspend=bool(body.get("suspend", False)),
+        digests=digests,
+        depends_on=tuple(body.get("dependsOn", ())),
+        sequence=(
+            SequencePolicy(
+                _seconds(body["sequence"].get("drainTimeout", "300s")),
+                _seconds(body["sequence"].get("idle", "10s")),
+                body["sequence"].get("drainWebhook"),
+            )
+            if "sequence" in body
+            else None
+        ),
+        backend=(
+            BackendSpec(
+                body["backend"]["name"],
+                body["backend"]["revision"],
+                tuple(body["backend"].get("replaceLibrary", {}).get("command", ())) or None,
+                body["backend"].get("replaceLibrary", {}).get("webhook"),
+            )
+            if "backend" in body
+            else None
+        ),
+        memory_per_version=(
+            _bytes(body["resources"]["memory"]) if "memory" in body.get("resources", {}) else None
+        ),
+        allow_interface_change=bool(body.get("allowInterfaceChange", False)),
+        when_no_headroom=body.get("rollout", {}).get("whenNoHeadroom", "refuse"),
         location=Location(doc.file, doc.start_line),
         analysis_location=(
             Location(doc.file, doc.line(("spec", "verify", "analysis")))
@@ -381,6 +443,7 @@ def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
         else:
             deployments.append((doc, _build_deployment(doc, data, problems)))
     problems.extend(_cross_check(servers, deployments))
+    problems.extend(_dependency_problems(deployments))
     if problems:
         raise ValidationError(problems)
     return DesiredState.build([s for _, s in servers], [d for _, d in deployments])
@@ -474,3 +537,57 @@ def analysis_source_problems(desired: DesiredState, *, prometheus: bool) -> list
                 )
             )
     return problems
+
+
+def dependency_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """A cycle in ``edges`` (node -> the nodes it depends on), as [a, b, ..., a], or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            found = visit(nxt)
+            if found:
+                return found
+        path.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(edges):
+        found = visit(node)
+        if found:
+            return found
+    return None
+
+
+def _dependency_problems(
+    deployments: list[tuple[_Document, ModelDeployment]],
+) -> Iterator[Problem]:
+    """dependsOn naming unknown ModelDeployments; cycles through dependsOn and ensembles."""
+    names = {d.name for _, d in deployments}
+    by_model: dict[str, set[str]] = {}
+    for _, d in deployments:
+        by_model.setdefault(d.model, set()).add(d.name)
+    edges: dict[str, set[str]] = {}
+    where: dict[str, _Document] = {}
+    for doc, d in deployments:
+        where[d.name] = doc
+        for index, other in enumerate(d.depends_on):
+            if other not in names:
+                yield doc.problem(
+                    ("spec", "dependsOn", index),
+                    f"ModelDeployment {d.name!r} depends on unknown ModelDeployment {other!r}",
+                )
+        edges[d.name] = {o for o in d.depends_on if o in names} | {
+            n for m in d.composing_models for n in by_model.get(m, ())
+        }
+    cycle = dependency_cycle(edges)
+    if cycle:
+        yield where[cycle[0]].problem(
+            ("spec",), f"dependency cycle: {' -> '.join(cycle)} (through dependsOn and ensembles)"
+        )

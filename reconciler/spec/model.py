@@ -52,6 +52,25 @@ class SmokeCase:
 
 
 @dataclass(frozen=True)
+class SequencePolicy:
+    """How to swap a sequence model: drain each server first, one server at a time."""
+
+    drain_timeout: float = 300.0
+    idle: float = 10.0
+    drain_webhook: str | None = None
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """The backend shared library a model runs on, and how a new revision reaches a host."""
+
+    name: str
+    revision: str
+    command: tuple[str, ...] | None = None
+    webhook: str | None = None
+
+
+@dataclass(frozen=True)
 class ModelDeployment:
     name: str
     model: str
@@ -63,10 +82,24 @@ class ModelDeployment:
     verify_timeout: float = 120.0
     analysis: AnalysisSpec | None = None
     suspend: bool = False
+    digests: Mapping[int, str] = field(default_factory=dict)  # version -> "sha256:..."
+    depends_on: tuple[str, ...] = ()  # ModelDeployment names
+    sequence: SequencePolicy | None = None  # declared; also detected from the config
+    backend: BackendSpec | None = None
+    memory_per_version: int | None = None  # bytes one loaded version needs
+    allow_interface_change: bool = False
+    when_no_headroom: str = "refuse"  # refuse | replace
     location: Location = Location("<memory>", 0)
     analysis_location: Location | None = None
     # A digest of the whole spec: a hold on a failed spec lasts until this changes.
     fingerprint: str = ""
+
+    @property
+    def composing_models(self) -> tuple[str, ...]:
+        """Models an ensemble's spec.config names in its steps (others come from the base
+        config, known only once a server's repository or loaded config is read)."""
+        steps = self.config.get("ensemble_scheduling", {}).get("step", [])
+        return tuple(sorted({str(step["model_name"]) for step in steps if "model_name" in step}))
 
     def selects(self, server: TritonServer) -> bool:
         if self.server_names is not None:

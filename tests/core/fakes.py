@@ -33,7 +33,14 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
 from reconciler.errors import LoadFailed, ServerUnavailable, VerifyFailed
-from reconciler.serving import READY, ModelState, ServerState, VersionState
+from reconciler.serving import (
+    READY,
+    ModelInterface,
+    ModelState,
+    ServerState,
+    TensorSignature,
+    VersionState,
+)
 from reconciler.spec.model import DesiredState, ModelDeployment, SmokeCase, Tensor, TritonServer
 
 LOADING = "LOADING"
@@ -92,6 +99,7 @@ class FakeTriton:
         failing: Iterable[tuple[str, int]] = (),
         loading_polls: Mapping[tuple[str, int], int | None] | None = None,
         wrong_answers: Iterable[tuple[str, int]] = (),
+        changed_interfaces: Iterable[tuple[str, int]] = (),
     ) -> None:
         self.name = name
         # model -> the version folders its repository holds
@@ -104,6 +112,7 @@ class FakeTriton:
         # (model, version) -> polls of model_state it stays LOADING after a load (None: forever)
         self.loading_polls = dict(loading_polls or {})
         self.wrong_answers = set(wrong_answers)
+        self.changed_interfaces = set(changed_interfaces)
         self.unreachable = False
         self.calls: list[str] = []
         self.timeline: list[Snapshot] = []
@@ -225,6 +234,16 @@ class FakeTriton:
             result = result + np.float32(1)
         answer = {OUTPUT: result.astype(np.float32)}
         return {name: answer[name] for name in outputs if name in answer}
+
+    def interface(self, model: str, version: int) -> ModelInterface:
+        """Every version of the fake takes INPUT0 and gives OUTPUT0, except those listed in
+        ``changed_interfaces``, which give OUTPUT1 instead."""
+        self._call(f"interface {model} {version}")
+        output = "OUTPUT1" if (model, version) in self.changed_interfaces else OUTPUT
+        return ModelInterface(
+            (TensorSignature("INPUT0", "FP32", (-1, 2)),),
+            (TensorSignature(output, "FP32", (-1, 2)),),
+        )
 
     # -- internals ---------------------------------------------------------------------------
 

@@ -175,8 +175,12 @@ def test_a_passing_analysis_converges_and_unloads_the_old_versions_only_after_it
     assert analyze.seconds == pytest.approx(20.0)
     assert clock.elapsed == pytest.approx(20.0)
     assert change.rollback_seconds is None
+    # Before the load, a server-wide memory read (versions ()) for the footprint; with no
+    # memory figure in it, no second read after the load.
+    assert source.calls[0].versions == () and source.calls[1].versions == (1,)
+    analysis_calls = [c for c in source.calls if c.versions]
     # One baseline read of the old versions, then the new ones at the start and every tick.
-    assert [(c.versions, c.at - clock.start) for c in source.calls] == [
+    assert [(c.versions, c.at - clock.start) for c in analysis_calls] == [
         ((1,), 0.0),
         ((2,), 0.0),
         ((2,), 5.0),
@@ -184,10 +188,10 @@ def test_a_passing_analysis_converges_and_unloads_the_old_versions_only_after_it
         ((2,), 15.0),
         ((2,), 20.0),
     ]
-    assert source.calls[0].queries == {}
-    assert all(c.queries == {"kpi": KPI.query} for c in source.calls[1:])
+    assert analysis_calls[0].queries == {}
+    assert all(c.queries == {"kpi": KPI.query} for c in analysis_calls[1:])
     # The old version served beside the new one through the whole analysis...
-    assert all(c.ready == {1, 2} for c in source.calls)
+    assert all(c.ready == {1, 2} for c in analysis_calls)
     # ...and was dropped by the one load that came after the last reading.
     later = fake.calls[source.calls[-1].calls_before :]
     assert [c for c in later if not c.startswith("model_state")] == ["load m"]
@@ -325,7 +329,9 @@ def test_a_first_deployment_is_watched_without_a_baseline_and_latency_is_skipped
     change = only(run(p, fake, clock, source))
 
     assert change.outcome is Outcome.CONVERGED
-    assert all(c.versions == (2,) for c in source.calls)  # no old versions to read
+    # No old versions to read; the one server-wide read (versions ()) is the load's footprint.
+    assert all(c.versions in ((2,), ()) for c in source.calls)
+    assert sum(c.versions == () for c in source.calls) == 1
     analyze = change.analysis
     assert analyze is not None
     assert {(r.check, r.verdict) for e in analyze.evaluations for r in e.results} == {

@@ -404,17 +404,17 @@ revision 9a8b7c6d5e4f30211203f4e5d6c7b8a990817263
 server edge-a
   model echo: 1 -> 2
     1. load         1, 2           serve new version(s) 2; config changed (instance_group); beside 1 which keep serving
-    2. verify       2              2 READY; 1 smoke case(s) against 2
+    2. verify       2              2 READY; 1 smoke case(s) against 2; inputs and outputs as the old versions'
     3. analyze      2              watch 2 for 60s, every 5s: success-rate; old versions stay loaded
     4. unload 1     keep 2         drop old version(s) 1 once the new ones are verified
   model ranker: 3 -> 4
     1. load         3, 4           serve new version(s) 4; config changed (dynamic_batching, input, max_batch_size); beside 3 which keep serving
-    2. verify       4              4 READY; 1 smoke case(s) against 4
+    2. verify       4              4 READY; 1 smoke case(s) against 4; inputs and outputs as the old versions'
     3. unload 3     keep 4         drop old version(s) 3 once the new ones are verified
 server edge-b
   model echo: 1 -> 2
     1. load         1, 2           serve new version(s) 2; config changed (instance_group); beside 1 which keep serving
-    2. verify       2              2 READY; 1 smoke case(s) against 2
+    2. verify       2              2 READY; 1 smoke case(s) against 2; inputs and outputs as the old versions'
     3. analyze      2              watch 2 for 60s, every 5s: success-rate; old versions stay loaded
     4. unload 1     keep 2         drop old version(s) 1 once the new ones are verified
   model tagger: 1, 2 -> removed

@@ -1,5 +1,9 @@
 """Test model: OUTPUT0 = INPUT0 * version, so every answer tells which version served it.
 
+The input and output names are the ones the model's config declares (INPUT0 and OUTPUT0 in
+config.pbtxt), so a load whose config renames the output serves a different interface, and the
+ensemble ``chain`` can feed one echo-like model into another.
+
 The fixture copies this file into every version folder. Some versions misbehave on purpose,
 each in a way the reconciler must catch:
   3  loads and answers, x3 (wrong for a smoke case that expects x2)
@@ -9,6 +13,8 @@ each in a way the reconciler must catch:
   7  takes 3 s to initialize (a slow load)
   9  fails in initialize: Triton refuses to load it
 """
+
+import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -20,6 +26,9 @@ FAILING, SLOW, LEAKING, SLOW_LOAD = 4, 5, 6, 7
 class TritonPythonModel:
     def initialize(self, args):
         self.version = int(args["model_version"])
+        config = json.loads(args["model_config"])
+        self.input_name = config["input"][0]["name"]
+        self.output_name = config["output"][0]["name"]
         if self.version == SLOW_LOAD:
             import time
 
@@ -33,7 +42,7 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             self.count += 1
-            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            data = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
             if self.version == FAILING and self.count % 5 in (1, 3):
                 # Raising counts in nv_inference_request_failure; an error response does not
                 # (Triton 2.51 counts a Python-backend response carrying an error a success).
@@ -44,6 +53,6 @@ class TritonPythonModel:
                 time.sleep(0.025)
             if self.version == LEAKING and len(self.kept) < 192:
                 self.kept.append(np.full(8 << 20, 1, dtype=np.uint8))  # touched, so resident
-            output = pb_utils.Tensor("OUTPUT0", (data * self.version).astype(np.float32))
+            output = pb_utils.Tensor(self.output_name, (data * self.version).astype(np.float32))
             responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
         return responses

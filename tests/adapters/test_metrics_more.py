@@ -1,0 +1,236 @@
+"""The drain and headroom figures (pending, inferences, memory total) from real sources.
+
+On a real tritonserver (CPU: ``nv_cpu_memory_*``), and for the GPU-else-CPU rule on a
+metrics endpoint served by the test with GPU series, both read directly and through a real
+Prometheus scraping it: used and total must always come from the same source.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from reconciler.adapters.metrics import MetricsReader, PrometheusQuery, TritonScrape
+from reconciler.adapters.triton import TritonServerClient
+from reconciler.analysis import Figures
+from reconciler.local_triton import LocalTriton
+from reconciler.model_config import parse_pbtxt, with_versions
+from reconciler.spec.model import Tensor
+
+if TYPE_CHECKING:
+    from tests.services import StartPrometheus
+
+pytest_plugins = ("tests.services",)
+
+ONES = Tensor("INPUT0", "FP32", (1, 4), (1.0, 1.0, 1.0, 1.0))
+SLOW = 5  # echo version 5 answers 25 ms late: requests queue behind its one instance
+
+
+def _serve(triton: LocalTriton, model_repository: Path, versions: list[int]) -> None:
+    with TritonServerClient("edge-a", triton.grpc_address) as client:
+        base = parse_pbtxt((model_repository / "echo" / "config.pbtxt").read_text())
+        client.load("echo", with_versions(base, "echo", versions))
+
+
+def _until(
+    reader: MetricsReader,
+    versions: tuple[int, ...],
+    done: Callable[[Figures], bool],
+    timeout: float = 20.0,
+) -> Figures:
+    deadline = time.monotonic() + timeout
+    while True:
+        figures = reader.figures("echo", versions)
+        if done(figures) or time.monotonic() > deadline:
+            return figures
+        time.sleep(0.05)
+
+
+def _load(triton: LocalTriton, version: int, threads: int, each: int) -> list[threading.Thread]:
+    """``threads`` clients sending ``each`` requests to ``version``, started."""
+
+    def send() -> None:
+        with TritonServerClient("edge-a", triton.grpc_address, call_timeout=30) as client:
+            for _ in range(each):
+                client.infer("echo", version, (ONES,), ("OUTPUT0",))
+
+    workers = [threading.Thread(target=send) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    return workers
+
+
+def test_pending_and_inferences_grow_then_settle(
+    triton: LocalTriton, model_repository: Path
+) -> None:
+    _serve(triton, model_repository, [1, SLOW])
+    scrape = TritonScrape(triton.metrics_url)
+    before = scrape.figures("echo", (SLOW,))
+    assert (before.pending, before.inferences) == (0, 0)
+
+    workers = _load(triton, SLOW, threads=8, each=5)
+    seen: list[Figures] = []
+    while any(w.is_alive() for w in workers):
+        seen.append(scrape.figures("echo", (SLOW,)))
+        time.sleep(0.02)
+    for worker in workers:
+        worker.join()
+
+    # While busy, requests queued behind the one instance; the count only ever grew.
+    assert max(f.pending or 0 for f in seen) > 0
+    counts = [f.inferences or 0 for f in seen]
+    assert counts == sorted(counts) and 0 < counts[-1] <= 40
+    # Idle: nothing queued, and the count stops at the number of requests.
+    idle = _until(scrape, (SLOW,), lambda f: f.inferences == 40)
+    assert (idle.pending, idle.inferences, idle.success) == (0, 40, 40)
+    assert scrape.figures("echo", (SLOW,)).inferences == 40  # settled
+    other = scrape.figures("echo", (1,))
+    assert (other.pending, other.inferences) == (0, 0)
+    both = scrape.figures("echo", (1, SLOW))
+    assert (both.pending, both.inferences) == (0, 40)
+
+
+def test_versions_not_loaded_have_no_drain_figures(
+    triton: LocalTriton, model_repository: Path
+) -> None:
+    _serve(triton, model_repository, [1])
+    figures = TritonScrape(triton.metrics_url).figures("echo", (2,))
+    assert figures.error is None
+    assert (figures.pending, figures.inferences) == (None, None)
+
+
+def test_memory_total_is_the_hosts_and_above_what_is_used(triton: LocalTriton) -> None:
+    scrape = TritonScrape(triton.metrics_url)
+    # Both read 0 until Triton's first memory poll, 2 s after start: absent, not zero.
+    figures = _until(
+        scrape, (1,), lambda f: f.memory_bytes is not None and f.memory_total_bytes is not None
+    )
+    assert figures.memory_bytes is not None and figures.memory_total_bytes is not None
+    assert 0 < figures.memory_bytes < figures.memory_total_bytes
+    with open("/proc/meminfo") as meminfo:
+        kib = int(meminfo.readline().split()[1])  # MemTotal
+    assert abs(figures.memory_total_bytes - kib * 1024) < 0.05 * kib * 1024
+
+
+def test_prometheus_agrees_on_drain_and_headroom_figures(
+    triton: LocalTriton, model_repository: Path, start_prometheus: StartPrometheus
+) -> None:
+    prometheus = start_prometheus([f"{triton.host}:{triton.metrics_port}"], scrape_interval="1s")
+    _serve(triton, model_repository, [1, SLOW])
+    for worker in _load(triton, SLOW, threads=2, each=5):
+        worker.join()
+    scrape = TritonScrape(triton.metrics_url)
+    reader = PrometheusQuery.for_metrics_url(prometheus.url, triton.metrics_url)
+    direct = _until(scrape, (1, SLOW), lambda f: f.inferences == 10)
+    through = _until(reader, (1, SLOW), lambda f: f.inferences == 10, timeout=30)
+    assert through.error is None, prometheus.log_tail()
+    assert (through.pending, through.inferences) == (direct.pending, direct.inferences) == (0, 10)
+    assert through.memory_total_bytes == direct.memory_total_bytes  # the host's: constant
+    assert reader.figures("echo", (2,)).inferences is None
+    queries = reader.standard_queries("echo", (1,))
+    assert {"memory", "memory_total", "nv_inference_pending_request_count"} <= queries.keys()
+
+
+# -- the GPU-else-CPU rule, on an endpoint that reports GPUs -------------------------------
+
+PER_MODEL = """\
+# TYPE nv_inference_pending_request_count gauge
+nv_inference_pending_request_count{model="echo",version="1"} 2
+nv_inference_pending_request_count{model="echo",version="2"} 3
+# TYPE nv_inference_count counter
+nv_inference_count{model="echo",version="1"} 10
+nv_inference_count{model="echo",version="2"} 20
+"""
+CPU = """\
+# TYPE nv_cpu_memory_used_bytes gauge
+nv_cpu_memory_used_bytes 3000
+# TYPE nv_cpu_memory_total_bytes gauge
+nv_cpu_memory_total_bytes 7000
+"""
+GPU_USED = """\
+# TYPE nv_gpu_memory_used_bytes gauge
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-a"} 1000
+nv_gpu_memory_used_bytes{gpu_uuid="GPU-b"} 500
+"""
+GPU_TOTAL = """\
+# TYPE nv_gpu_memory_total_bytes gauge
+nv_gpu_memory_total_bytes{gpu_uuid="GPU-a"} 8000
+nv_gpu_memory_total_bytes{gpu_uuid="GPU-b"} 8000
+"""
+ENDPOINTS = {
+    # name: (metrics text, expected (memory_bytes, memory_total_bytes))
+    "gpu": (PER_MODEL + GPU_USED + GPU_TOTAL + CPU, (1500.0, 16000.0)),
+    "cpu": (PER_MODEL + CPU, (3000.0, 7000.0)),
+    # A GPU total without a GPU figure in use: CPU for both, never a GPU total over CPU use.
+    "gpu-total-only": (PER_MODEL + GPU_TOTAL + CPU, (3000.0, 7000.0)),
+    # A GPU figure in use without its total: no total, never the CPU's.
+    "gpu-used-only": (PER_MODEL + GPU_USED + CPU, (1500.0, None)),
+}
+
+
+class _Endpoint(http.server.BaseHTTPRequestHandler):
+    text = ""
+
+    def do_GET(self) -> None:
+        body = self.text.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoints() -> Iterator[dict[str, str]]:
+    """One metrics endpoint per case of ENDPOINTS, by name: ``host:port``."""
+    servers = []
+    for name, (text, _) in ENDPOINTS.items():
+        handler = type(f"Endpoint_{name}", (_Endpoint,), {"text": text})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append((name, server))
+    try:
+        yield {name: f"127.0.0.1:{server.server_address[1]}" for name, server in servers}
+    finally:
+        for _, server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+@pytest.mark.parametrize("case", list(ENDPOINTS))
+def test_scrape_pairs_used_and_total_from_one_source(endpoints: dict[str, str], case: str) -> None:
+    figures = TritonScrape(f"http://{endpoints[case]}/metrics").figures("echo", (1, 2))
+    assert figures.error is None
+    assert (figures.memory_bytes, figures.memory_total_bytes) == ENDPOINTS[case][1]
+    assert (figures.pending, figures.inferences) == (5, 30)
+
+
+def test_prometheus_pairs_used_and_total_from_one_source(
+    endpoints: dict[str, str], start_prometheus: StartPrometheus
+) -> None:
+    prometheus = start_prometheus(list(endpoints.values()), scrape_interval="1s")
+    for case, address in endpoints.items():
+        reader = PrometheusQuery(prometheus.url, address)
+        figures = _until_scraped(reader)
+        assert figures.error is None, prometheus.log_tail()
+        assert (figures.memory_bytes, figures.memory_total_bytes) == ENDPOINTS[case][1], case
+        assert (figures.pending, figures.inferences) == (5, 30)
+        assert reader.figures("echo", (1,)).inferences == 10
+
+
+def _until_scraped(reader: PrometheusQuery, timeout: float = 30.0) -> Figures:
+    deadline = time.monotonic() + timeout
+    while True:
+        figures = reader.figures("echo", (1, 2))
+        if figures.inferences is not None or time.monotonic() > deadline:
+            return figures
+        time.sleep(0.2)

@@ -1,0 +1,409 @@
+"""Model-aware safety on real Triton: ensembles, sequence models, backend library swaps,
+memory headroom, interface changes and tampered artifacts."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
+
+from reconciler.local_triton import LocalTriton
+from tests.conftest import ManifestRepo, write_model_repository
+from tests.integration.flows import (
+    Reconciler,
+    cli,
+    deployment_doc,
+    ready_versions,
+    server_doc,
+)
+from tests.loadgen import LoadGenerator
+
+
+def _servers(manifests: ManifestRepo, *servers: tuple[str, LocalTriton, Path]) -> None:
+    manifests.write(
+        "servers.yaml",
+        "---\n".join(
+            server_doc(name, t.grpc_address, repo, "{pool: edge}", metrics=t.metrics_url)
+            for name, t, repo in servers
+        ),
+    )
+
+
+def alerted(caplog: pytest.LogCaptureFixture, kind: str) -> bool:
+    """Whether an alert of ``kind`` went out (the structured log line every alert has)."""
+    return any(f'"kind": "{kind}"' in record.getMessage() for record in caplog.records)
+
+
+# -- ensembles and dependencies ---------------------------------------------------------------
+
+
+def test_ensemble_loads_after_its_composing_models_and_survives_their_bump(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    _servers(manifests, ("edge-a", triton, model_repository))
+    manifests.write("chain.yaml", deployment_doc("chain", [1], ["edge-a"]))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.commit("an ensemble with one composing model missing")
+    missing = reconciler.plan()
+    assert missing.code == 1
+    assert "model chain: needs other, which no ModelDeployment places on this server" in (
+        missing.out
+    )
+
+    manifests.write("other.yaml", deployment_doc("other", [3], ["edge-a"]))
+    manifests.commit("and its other composing model")
+    planned = reconciler.plan("--output", "json")
+    order = [s["model"] for s in planned.json()["steps"] if s["action"] == "load"]
+    assert order.index("echo") < order.index("chain") and order.index("other") < order.index(
+        "chain"
+    )
+    assert reconciler.apply().code == 0
+    assert ready_versions(triton, "other") == {3}  # not Triton's default pick
+
+    with LoadGenerator(triton.grpc_address, "chain", threads=2) as load:
+        load.wait_for_samples(100)
+        manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
+        manifests.commit("bump a composing model")
+        assert reconciler.apply().code == 0
+        load.wait_for_samples(len(load.samples) + 100)
+    assert load.failures == []
+    assert {3, 6} <= load.versions_seen()  # 1*3 before, 2*3 after
+
+
+def test_removing_a_composing_model_under_a_staying_ensemble_is_refused(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    _servers(manifests, ("edge-a", triton, model_repository))
+    for name in ("chain", "echo", "other"):
+        manifests.write(f"{name}.yaml", deployment_doc(name, [1], ["edge-a"]))
+    manifests.commit("ensemble and its models")
+    assert reconciler.apply().code == 0
+
+    manifests.remove("echo.yaml")
+    manifests.commit("echo retired, but chain still uses it")
+    refused = reconciler.apply()
+    assert refused.code == 1
+    assert "model echo: not unloaded: chain still need(s) it here" in refused.out
+    assert ready_versions(triton, "chain") == {1} and ready_versions(triton, "echo") == {1}
+
+    manifests.remove("chain.yaml")
+    manifests.commit("chain retired too")
+    planned = reconciler.plan("--output", "json")
+    unloads = [(s["model"], s["reason"]) for s in planned.json()["steps"]]
+    assert [m for m, _ in unloads] == ["chain", "echo"]  # the ensemble goes first
+    assert "after chain, which need it" in unloads[1][1]
+    assert reconciler.apply().code == 0
+    assert ready_versions(triton, "chain") == set() and ready_versions(triton, "echo") == set()
+    assert ready_versions(triton, "other") == {1}
+
+
+def test_dependency_cycles_are_validation_errors(tmp_path: Path) -> None:
+    (tmp_path / "all.yaml").write_text(
+        server_doc("edge-a", "127.0.0.1:8001", tmp_path)
+        + "---\n"
+        + deployment_doc("a", [1], ["edge-a"], extra="  dependsOn: [b]\n")
+        + "---\n"
+        + deployment_doc("b", [1], ["edge-a"], extra="  dependsOn: [a, nope]\n")
+    )
+    result = cli("validate", str(tmp_path))
+    assert result.code == 1
+    assert "dependency cycle: a -> b -> a" in result.err
+    assert "ModelDeployment 'b' depends on unknown ModelDeployment 'nope'" in result.err
+
+
+# -- sequence models ------------------------------------------------------------------------
+
+
+class SequenceClient:
+    """Runs sequences of 6 requests (start ... end) and checks every running sum."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.broken: list[str] = []
+        self.completed = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        sequence = 1000
+        with triton_grpc.InferenceServerClient(self.address) as client:
+            while not self.stop.is_set():
+                sequence += 1
+                total, version = 0.0, None
+                for index in range(6):
+                    item = triton_grpc.InferInput("INPUT0", [1, 1], "FP32")
+                    item.set_data_from_numpy(np.array([[1.0]], dtype=np.float32))
+                    total += 1.0
+                    try:
+                        answer = float(
+                            client.infer(
+                                "counter",
+                                [item],
+                                sequence_id=sequence,
+                                sequence_start=index == 0,
+                                sequence_end=index == 5,
+                            )
+                            .as_numpy("OUTPUT0")
+                            .reshape(-1)[0]
+                        )
+                    except InferenceServerException as exc:
+                        self.broken.append(f"sequence {sequence}: {exc}")
+                        break
+                    seen = round(answer / total)
+                    if version is None:
+                        version = seen
+                    if answer != total * version:
+                        self.broken.append(f"sequence {sequence}: {answer} after {total}")
+                        break
+                    time.sleep(0.05)
+                else:
+                    self.completed += 1
+
+    def __enter__(self) -> SequenceClient:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
+def _counter(versions: list[int], drain: str) -> str:
+    return deployment_doc("counter", versions, ["edge-a"], extra=f"  sequence: {drain}\n")
+
+
+def test_sequence_model_is_swapped_only_once_idle(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    _servers(manifests, ("edge-a", triton, model_repository))
+    manifests.write("counter.yaml", _counter([1], "{idle: 1s, drainTimeout: 60s}"))
+    manifests.commit("counter 1")
+    assert reconciler.apply().code == 0
+
+    manifests.write("counter.yaml", _counter([2], "{idle: 1s, drainTimeout: 60s}"))
+    manifests.commit("counter 2")
+    planned = reconciler.plan("--output", "json")
+    assert [s["action"] for s in planned.json()["steps"]][:2] == ["drain", "load"]
+    client = SequenceClient(triton.grpc_address)
+    result: dict[str, int] = {}
+    with client:
+        time.sleep(1.0)
+        applying = threading.Thread(target=lambda: result.update(code=reconciler.apply().code))
+        applying.start()
+        time.sleep(3.0)
+        assert ready_versions(triton, "counter") == {1}  # still draining: sequences run
+    applying.join(90)  # the client stopped: the model goes idle, then the swap
+    assert result["code"] == 0
+    assert ready_versions(triton, "counter") == {2}
+    assert client.broken == [] and client.completed > 0
+    # The idle window is at least the config's max_sequence_idle_microseconds (5 s).
+    assert "no new inference for 5s" in planned.json()["steps"][0]["reason"]
+
+
+def test_a_drain_that_times_out_swaps_nothing(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    model_repository: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    _servers(manifests, ("edge-a", triton, model_repository))
+    manifests.write("counter.yaml", _counter([1], "{idle: 1s, drainTimeout: 3s}"))
+    manifests.commit("counter 1")
+    assert reconciler.apply().code == 0
+    manifests.write("counter.yaml", _counter([2], "{idle: 1s, drainTimeout: 3s}"))
+    manifests.commit("counter 2")
+    with SequenceClient(triton.grpc_address) as client:
+        result = reconciler.apply()
+    assert result.code == 1
+    assert "did not go idle within 3s" in result.out and "not swapped" in result.out
+    assert alerted(caplog, "drain-timeout")
+    assert ready_versions(triton, "counter") == {1}
+    assert client.broken == []
+
+
+# -- backend library swaps ------------------------------------------------------------------
+
+
+@pytest.fixture
+def two_servers(
+    model_repository: Path, tmp_path: Path
+) -> Iterator[tuple[LocalTriton, LocalTriton]]:
+    a = LocalTriton(model_repository, log_file=tmp_path / "a.log").start()
+    b = LocalTriton(model_repository, log_file=tmp_path / "b.log").start()
+    try:
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_backend_change_swaps_one_server_at_a_time(
+    manifests: ManifestRepo,
+    two_servers: tuple[LocalTriton, LocalTriton],
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    a, b = two_servers
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    _servers(manifests, ("edge-a", a, model_repository), ("edge-b", b, model_repository))
+    marker = tmp_path / "replaced.txt"
+    hook = tmp_path / "replace.py"
+    hook.write_text(
+        "import os, time\n"
+        f"with open({str(marker)!r}, 'a') as f:\n"
+        "    f.write(f\"{os.environ['TRITON_GITOPS_SERVER']} {os.environ['TRITON_GITOPS_BACKEND']}"
+        " {os.environ['TRITON_GITOPS_REVISION']}\\n\")\n"
+        "time.sleep(1)\n"
+    )
+
+    def echo(revision: str) -> str:
+        return deployment_doc("echo", [1], ["edge-a", "edge-b"]) + (
+            f"  backend:\n    name: python\n    revision: '{revision}'\n"
+            f"    replaceLibrary: {{command: ['{sys.executable}', '{hook}']}}\n"
+        )
+
+    manifests.write("echo.yaml", echo("2026.10"))
+    manifests.commit("echo on the python backend 2026.10")
+    assert reconciler.apply().code == 0
+    manifests.write("echo.yaml", echo("2026.11"))
+    manifests.commit("python backend 2026.11")
+    planned = reconciler.plan("--output", "json")
+    assert [s["action"] for s in planned.json()["steps"] if s["server"] == "edge-a"] == [
+        "drain", "unload", "replace-library", "load", "verify",
+    ]  # fmt: skip
+
+    down_together: list[float] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            if ready_versions(a, "echo") == set() and ready_versions(b, "echo") == set():
+                down_together.append(time.monotonic())
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        result = reconciler.apply()
+    finally:
+        stop.set()
+        watcher.join()
+    assert result.code == 0, result.out
+    assert down_together == []  # never both instances of the pool out at once
+    assert sorted(marker.read_text().splitlines()) == [
+        "edge-a python 2026.11",
+        "edge-b python 2026.11",
+    ]
+    assert ready_versions(a, "echo") == {1} and ready_versions(b, "echo") == {1}
+    assert reconciler.plan().code == 0  # the new revision is recorded as applied
+
+
+# -- memory headroom ------------------------------------------------------------------------
+
+
+def test_no_headroom_is_refused_or_replaced(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    model_repository: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    _servers(manifests, ("edge-a", triton, model_repository))
+    huge = "  resources: {memory: 64Ti}\n"
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=huge))
+    manifests.commit("echo 1")
+    assert reconciler.apply().code == 0  # nothing served before: nothing to fit beside
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], extra=huge))
+    manifests.commit("echo 2, far too big to sit beside 1")
+    # Triton's memory figures come from its own metrics endpoint.
+    refused = reconciler.apply()
+    assert refused.code == 1
+    assert "no memory headroom: 1 new version(s) need 67108864 MiB beside the old" in refused.out
+    assert alerted(caplog, "no-headroom")
+    assert ready_versions(triton, "echo") == {1}
+
+    replace = huge + "  rollout: {whenNoHeadroom: replace}\n"
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], extra=replace))
+    manifests.commit("echo 2, swapped in place")
+    planned = reconciler.plan("--output", "json")
+    assert [s["action"] for s in planned.json()["steps"]] == ["unload", "load", "verify"]
+    assert reconciler.apply().code == 0
+    assert ready_versions(triton, "echo") == {2}
+
+
+# -- interface changes ----------------------------------------------------------------------
+
+
+def test_a_renamed_output_is_caught_unless_allowed(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    _servers(manifests, ("edge-a", triton, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.commit("echo 1")
+    assert reconciler.apply().code == 0
+    renamed = "  config:\n    output: [{name: SCORES, data_type: TYPE_FP32, dims: [-1, 4]}]\n"
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]) + renamed)
+    manifests.commit("echo 2 names its output SCORES")
+    caught = reconciler.apply()
+    assert caught.code == 1
+    assert "version 2 changes the model's interface" in caught.out
+    assert "output OUTPUT0 removed" in caught.out and "output SCORES added" in caught.out
+    assert ready_versions(triton, "echo") == {1}
+
+    allowed = deployment_doc("echo", [2], ["edge-a"]) + renamed + "  allowInterfaceChange: true\n"
+    manifests.write("echo.yaml", allowed)
+    manifests.commit("echo 2, the new output name is intended")
+    assert reconciler.apply().code == 0
+    assert ready_versions(triton, "echo") == {2}
+
+
+# -- artifact digests -----------------------------------------------------------------------
+
+
+def test_a_tampered_artifact_is_refused(
+    manifests: ManifestRepo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    repository = write_model_repository(tmp_path / "models")
+    with LocalTriton(repository, log_file=tmp_path / "t.log") as triton:
+        reconciler = Reconciler(manifests.url, tmp_path / "r")
+        _servers(manifests, ("edge-a", triton, repository))
+        shown = cli("digest", str(repository / "echo" / "2"))
+        assert shown.code == 0
+        digest = shown.out.strip()
+        assert digest.startswith("sha256:") and len(digest) == 71
+        pinned = "  versions: [{version: 2, digest: '" + digest + "'}]\n"
+        echo_2 = deployment_doc("echo", [2], ["edge-a"]).replace("  versions: [2]\n", pinned)
+        manifests.write("echo.yaml", echo_2)
+        manifests.commit("echo 2, pinned")
+        assert reconciler.apply().code == 0
+        assert ready_versions(triton, "echo") == {2}
+
+        reconciler.apply()  # nothing to do
+        triton_model = repository / "echo" / "2" / "model.py"
+        triton_model.write_text(triton_model.read_text() + "\n# changed after release\n")
+        shutil.rmtree(repository / "echo" / "2" / "__pycache__", ignore_errors=True)
+        manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+        manifests.commit("back to 1")
+        assert reconciler.apply().code == 0
+        manifests.write("echo.yaml", echo_2)
+        manifests.commit("echo 2 again: its folder was changed meanwhile")
+        refused = reconciler.apply()
+        assert refused.code == 1
+        assert "artifact changed under a released version number" in refused.out
+        assert alerted(caplog, "artifact-mismatch")
+        assert ready_versions(triton, "echo") == {1}

@@ -1,0 +1,33 @@
+"""Test sequence model: OUTPUT0 = running sum of INPUT0 within the sequence * version.
+
+State is kept per sequence (Triton's CORRID control input) in this model instance, and reset
+by the sequence's first request (START). A request of a sequence this version never saw start
+(for instance one that moved to a newly loaded version mid-sequence) sums from zero, so the
+client sees a wrong running sum: a broken sequence is detectable. The fixture copies this file
+into versions 1 and 2.
+"""
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.version = int(args["model_version"])
+        self.sums = {}  # correlation ID -> running sum of INPUT0
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
+            corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()
+            sequence = int(corrid.reshape(-1)[0])
+            if float(start.reshape(-1)[0]):
+                self.sums[sequence] = 0.0
+            self.sums[sequence] = self.sums.get(sequence, 0.0) + float(data.reshape(-1).sum())
+            output = np.array([self.sums[sequence] * self.version], dtype=np.float32)
+            responses.append(
+                pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", output)])
+            )
+        return responses
