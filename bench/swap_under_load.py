@@ -1,0 +1,847 @@
+"""Swap under load: the reconciler's ``apply`` against Triton's own load calls done by hand.
+
+One real tritonserver (``LocalTriton``, from the nvidia-pytriton wheel) serves the test model
+``echo`` (OUTPUT0 = INPUT0 * version) while a ``LoadGenerator`` sends unversioned requests from
+several threads. Each round swaps echo between versions 1 and 2 twice:
+
+* reconciler: commit a manifest to a bare Git remote and run ``apply`` in-process (the CLI's
+  ``main``); the wall time of that call is measured.
+* hand floor: with tritonclient gRPC, exactly the calls the reconciler's plan makes: load with
+  the whole config and version policy [old, new], poll the repository index until the new
+  version is READY (the verify), load with policy [new] (the unload step).
+
+Rounds alternate which kind goes first and in which direction (ABBA), so both kinds do both
+directions equally often and machine noise falls on both alike. Before each swap the server is
+settled: no version LOADING or UNLOADING.
+
+Reported: requests, failures, p50/p99 latency in a baseline window before any swap and in the
+windows of each kind of swap (a request counts as "during" when it started inside a swap's
+wall-clock window); apply and floor wall times and their ratio. Targets: 0 failures, ratio
+(median apply / median floor) at most 1.1. Then a few more applies run instrumented (timing
+wrappers around the reconciler's phases, installed in this process only; the reconciler's code
+is not changed) and one under cProfile, to show where the reconciler's time beyond the floor
+goes.
+
+    python -m bench.swap_under_load [--swaps N] [--threads N] [--baseline-seconds S]
+
+Every process started here (one tritonserver and its backend stubs) is stopped in ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import functools
+import importlib.metadata
+import inspect
+import io
+import json
+import math
+import os
+import platform
+import pstats
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tritonclient.grpc as triton_grpc
+
+import reconciler.adapters.triton as triton_adapter
+import reconciler.apply as apply_module
+import reconciler.cli as cli_module
+import reconciler.loop as loop_module
+from reconciler.adapters.git import GitSource
+from reconciler.adapters.state import StateStore
+from reconciler.local_triton import LocalTriton
+from reconciler.model_config import with_versions
+from tests.conftest import ManifestRepo, write_model_repository
+from tests.integration.flows import Reconciler, deployment_doc, server_doc
+from tests.loadgen import LoadGenerator, Sample
+
+MODEL = "echo"
+SERVER = "edge-a"
+TARGET_RATIO = 1.1
+RESULTS = Path(__file__).parent / "results"
+
+
+class BenchError(RuntimeError):
+    """A swap did not end where it should have; the measurement is void."""
+
+
+# -- one swap of each kind ---------------------------------------------------------------------
+
+
+@dataclass
+class Swap:
+    kind: str  # "reconciler" or "hand"
+    round: int
+    source: int
+    target: int
+    started: float  # time.monotonic(), comparable with Sample.started
+    seconds: float
+    parts: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def window(self) -> tuple[float, float]:
+        return (self.started, self.started + self.seconds)
+
+
+class Triton:
+    """The benchmark's own gRPC client: settling between swaps, and the hand floor."""
+
+    def __init__(self, address: str, poll_interval: float) -> None:
+        self.client = triton_grpc.InferenceServerClient(address)
+        self.poll_interval = poll_interval
+        self.base_config: dict[str, Any] = {}
+
+    def close(self) -> None:
+        self.client.close()
+
+    def states(self) -> dict[int, str]:
+        index = self.client.get_model_repository_index(as_json=True).get("models", [])
+        return {
+            int(m["version"]): str(m.get("state", ""))
+            for m in index
+            if m.get("name") == MODEL and m.get("version")
+        }
+
+    def ready(self) -> set[int]:
+        return {v for v, state in self.states().items() if state == "READY"}
+
+    def settle(self, expected: int, timeout: float = 60.0) -> None:
+        """Wait until ``expected`` alone is READY and nothing is LOADING or UNLOADING."""
+        deadline = time.monotonic() + timeout
+        while True:
+            states = self.states()
+            ready = {v for v, s in states.items() if s == "READY"}
+            busy = {v for v, s in states.items() if s in ("LOADING", "UNLOADING")}
+            if ready == {expected} and not busy:
+                return
+            if time.monotonic() > deadline:
+                raise BenchError(f"server did not settle on {expected}: {states}")
+            time.sleep(0.02)
+
+    def remember_config(self) -> None:
+        """The config the model runs with: what the reconciler reads to build its loads."""
+        self.base_config = dict(self.client.get_model_config(MODEL, as_json=True)["config"])
+
+    def _load(self, versions: list[int]) -> None:
+        config = with_versions(self.base_config, MODEL, versions)
+        self.client.load_model(MODEL, config=json.dumps(config), client_timeout=600)
+
+    def hand_swap(self, old: int, new: int, timeout: float = 120.0) -> dict[str, float]:
+        """The floor: load [old, new]; wait until new is READY; load [new]. Timed per part."""
+        t0 = time.monotonic()
+        self._load([old, new])
+        t1 = time.monotonic()
+        while True:
+            states = self.states()
+            if states.get(new) == "READY":
+                break
+            if states.get(new) not in ("LOADING", None) or time.monotonic() - t1 > timeout:
+                raise BenchError(f"version {new} did not become READY: {states}")
+            time.sleep(self.poll_interval)
+        t2 = time.monotonic()
+        self._load([new])
+        t3 = time.monotonic()
+        return {"load_both": t1 - t0, "wait_ready": t2 - t1, "load_new": t3 - t2}
+
+
+class Manifests:
+    """The manifest remote and a reconciler (in-process CLI) pointed at it."""
+
+    def __init__(self, root: Path, triton: LocalTriton, repository: Path, smoke: bool) -> None:
+        self.repo = ManifestRepo(root / "git")
+        self.reconciler = Reconciler(self.repo.url, root / "reconciler")
+        self.smoke = smoke
+        self.repo.write("servers.yaml", server_doc(SERVER, triton.grpc_address, repository))
+
+    def commit(self, version: int) -> None:
+        factor = float(version) if self.smoke else None
+        self.repo.write(
+            "echo.yaml", deployment_doc(MODEL, [version], [SERVER], expect_factor=factor)
+        )
+        self.repo.commit(f"echo {version}")
+
+    def apply(self) -> float:
+        """Run ``apply`` in-process; its wall time in seconds."""
+        started = time.monotonic()
+        run = self.reconciler.apply()
+        seconds = time.monotonic() - started
+        if run.code != 0:
+            raise BenchError(f"apply exited {run.code}\n{run.out}\n{run.err}")
+        return seconds
+
+
+def reconciler_swap(manifests: Manifests, triton: Triton, round_: int, old: int, new: int) -> Swap:
+    manifests.commit(new)  # the user's push: not part of the reconciler's time
+    started = time.monotonic()
+    seconds = manifests.apply()
+    if triton.ready() != {new}:
+        raise BenchError(f"after apply to {new} the server serves {triton.ready()}")
+    return Swap("reconciler", round_, old, new, started, seconds)
+
+
+def hand_swap(triton: Triton, round_: int, old: int, new: int) -> Swap:
+    started = time.monotonic()
+    parts = triton.hand_swap(old, new)
+    seconds = time.monotonic() - started
+    if triton.ready() != {new}:
+        raise BenchError(f"after the hand swap to {new} the server serves {triton.ready()}")
+    return Swap("hand", round_, old, new, started, seconds, parts)
+
+
+# -- instrumentation of the reconciler (in this process only) ---------------------------------
+
+
+def _step_label(*args: Any, **kwargs: Any) -> str:
+    """``step <action>`` for a call of ``execute_step``, whatever its other parameters."""
+    step = kwargs.get("step") or next((a for a in args if hasattr(a, "action")), None)
+    action = getattr(step, "action", None)
+    return f"step {getattr(action, 'value', action)}"
+
+
+class Probe:
+    """Timing wrappers around the reconciler's functions, nested by call order.
+
+    Labels nest as "outer > inner" through a call stack shared by all threads: right for this
+    benchmark (one server, one model, so the reconciler's pools run one task at a time).
+    """
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self._stack: list[str] = []
+        self._lock = threading.Lock()
+        self._undo: list[tuple[Any, str, Any]] = []
+        self.missing: list[str] = []
+
+    def reset(self) -> None:
+        self.seconds.clear()
+        self.calls.clear()
+
+    def _record(self, label: str, elapsed: float) -> None:
+        with self._lock:
+            self.seconds[label] += elapsed
+            self.calls[label] += 1
+
+    def wrap(
+        self, owner: Any, name: str, label: str, label_of: Callable[..., str] | None = None
+    ) -> None:
+        original = getattr(owner, name, None)
+        if original is None:  # the reconciler changed under us: say so, measure the rest
+            self.missing.append(f"{getattr(owner, '__name__', owner)}.{name}")
+            return
+
+        @functools.wraps(original)
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            own = label_of(*args, **kwargs) if label_of else label
+            path = " > ".join([*self._stack, own])
+            with self._lock:
+                self.seconds.setdefault(path, 0.0)  # rows in call-start order
+            self._stack.append(own)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._record(path, time.perf_counter() - start)
+                self._stack.pop()
+
+        self._undo.append((owner, name, original))
+        setattr(owner, name, timed)
+
+    def sleep(self, seconds: float) -> None:
+        path = " > ".join([*self._stack, "poll sleep"])
+        start = time.perf_counter()
+        time.sleep(seconds)
+        self._record(path, time.perf_counter() - start)
+
+    def install(self) -> None:
+        wrap = self.wrap
+        wrap(loop_module, "fetch", "fetch (git)")
+        wrap(GitSource, "fetch", "git fetch + resolve ref")
+        wrap(GitSource, "read", "read manifest blobs")
+        wrap(loop_module, "load_desired_state", "parse + validate manifests")
+        wrap(StateStore, "__init__", "state store open")
+        wrap(StateStore, "history", "state store history")
+        wrap(triton_adapter.TritonServerClient, "__init__", "gRPC client create")
+        wrap(loop_module, "observe", "observe")
+        wrap(triton_adapter.TritonServerClient, "index", "triton index")
+        wrap(triton_adapter.TritonServerClient, "_loaded_config", "triton get_model_config")
+        wrap(triton_adapter, "read_model", "read config.pbtxt")
+        wrap(loop_module, "plan", "plan")
+        wrap(loop_module, "apply", "apply")
+        wrap(
+            apply_module,
+            "execute_step",
+            "",
+            label_of=_step_label,
+        )
+        wrap(triton_adapter.TritonServerClient, "load", "triton load")
+        wrap(triton_adapter.TritonServerClient, "unload", "triton unload")
+        wrap(triton_adapter.TritonServerClient, "infer", "triton infer (smoke)")
+        wrap(triton_adapter.TritonServerClient, "close", "gRPC client close")
+        wrap(StateStore, "record_pass", "state store record")
+        wrap(StateStore, "close", "state store close")
+        wrap(cli_module, "report_text", "render report")
+        wrap(cli_module, "build_parser", "CLI argument parser")
+        # Every other function of the reconcile loop, so that phases added later show up.
+        done = {name for owner, name, _ in self._undo if owner is loop_module}
+        for name, value in sorted(vars(loop_module).items()):
+            if (
+                inspect.isfunction(value)
+                and value.__module__ == loop_module.__name__
+                and name not in done
+            ):
+                wrap(loop_module, name, f"loop.{name}")
+        # apply() builds its Timing (poll interval, sleep) when none is given: count sleeps.
+        self._undo.append((apply_module, "Timing", apply_module.Timing))
+        apply_module.Timing = functools.partial(apply_module.Timing, sleep=self.sleep)  # type: ignore[misc,assignment]
+
+    def uninstall(self) -> None:
+        while self._undo:
+            owner, name, original = self._undo.pop()
+            setattr(owner, name, original)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[Probe]:
+        self.install()
+        try:
+            yield self
+        finally:
+            self.uninstall()
+
+
+def breakdown(
+    manifests: Manifests, triton: Triton, count: int, current: int, gap: float
+) -> tuple[list[dict[str, Any]], int]:
+    """``count`` instrumented applies; per apply: wall time and seconds/calls per label."""
+    probe = Probe()
+    runs: list[dict[str, Any]] = []
+    with probe.installed():
+        for _ in range(count):
+            new = 2 if current == 1 else 1
+            manifests.commit(new)
+            probe.reset()
+            wall = manifests.apply()
+            runs.append(
+                {
+                    "from": current,
+                    "to": new,
+                    "wall": wall,
+                    "seconds": dict(probe.seconds),
+                    "calls": dict(probe.calls),
+                    "not_instrumented": list(probe.missing),
+                }
+            )
+            current = new
+            triton.settle(current)
+            time.sleep(gap)
+    return runs, current
+
+
+def profile_one(
+    manifests: Manifests, triton: Triton, current: int, out: Path
+) -> tuple[dict[str, Any], int]:
+    """One apply under cProfile (its calling thread only: the pools' threads are not seen)."""
+    new = 2 if current == 1 else 1
+    manifests.commit(new)
+    profiler = cProfile.Profile()
+    started = time.monotonic()
+    profiler.enable()
+    try:
+        manifests.apply()
+    finally:
+        profiler.disable()
+    wall = time.monotonic() - started
+    profiler.dump_stats(out)
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("cumulative").print_stats(25)
+    triton.settle(new)
+    return {"from": current, "to": new, "wall": wall, "top_cumulative": text.getvalue()}, new
+
+
+# -- statistics ---------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], p: float) -> float | None:
+    """Nearest-rank percentile of ``values`` (None when empty)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+def window_stats(
+    samples: Sequence[Sample], windows: Sequence[tuple[float, float]]
+) -> dict[str, Any]:
+    inside = [s for s in samples if any(a <= s.started < b for a, b in windows)]
+    ok = [s.seconds * 1000 for s in inside if s.error is None]
+    span = sum(b - a for a, b in windows)
+    return {
+        "window_seconds": span,
+        "requests": len(inside),
+        "failures": sum(1 for s in inside if s.error is not None),
+        "requests_per_second": len(inside) / span if span else None,
+        "p50_ms": percentile(ok, 50),
+        "p99_ms": percentile(ok, 99),
+        "max_ms": max(ok) if ok else None,
+    }
+
+
+def time_stats(values: Sequence[float]) -> dict[str, float]:
+    return {
+        "median": statistics.median(values),
+        "mean": statistics.fmean(values),
+        "min": min(values),
+        "max": max(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+    }
+
+
+def bootstrap_ratio(
+    pairs: Sequence[tuple[float, float]], resamples: int = 5000, seed: int = 0
+) -> dict[str, float]:
+    """95% interval of median(apply) / median(floor), resampling whole rounds (paired)."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        pick = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        ratios.append(statistics.median(r for r, _ in pick) / statistics.median(h for _, h in pick))
+    ratios.sort()
+    return {"low": ratios[int(0.025 * resamples)], "high": ratios[int(0.975 * resamples) - 1]}
+
+
+def summarize_breakdown(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median seconds and mean calls per label over the instrumented applies."""
+    labels: list[str] = []
+    for run in runs:
+        labels += [label for label in run["seconds"] if label not in labels]
+    rows = {
+        label: {
+            "median_seconds": statistics.median(r["seconds"].get(label, 0.0) for r in runs),
+            "mean_calls": statistics.fmean(r["calls"].get(label, 0) for r in runs),
+        }
+        for label in labels
+    }
+    walls = [r["wall"] for r in runs]
+    top = [label for label in labels if " > " not in label]
+    accounted = statistics.median(sum(r["seconds"].get(t, 0.0) for t in top) for r in runs)
+    # The work the hand floor does too: both Triton loads and the wait for READY.
+    shared = ("apply > step load", "apply > step verify", "apply > step unload > triton load")
+
+    def floor_work(seconds: dict[str, float]) -> float:
+        return sum(v for k, v in seconds.items() if k.endswith(shared))
+
+    overhead = [r["wall"] - floor_work(r["seconds"]) for r in runs]
+    return {
+        "applies": len(runs),
+        "median_wall": statistics.median(walls),
+        "rows": rows,
+        "unaccounted_median_seconds": statistics.median(walls) - accounted,
+        "overhead_beyond_floor_work": time_stats(overhead),
+    }
+
+
+# -- machine ----------------------------------------------------------------------------------
+
+
+def provenance() -> dict[str, Any]:
+    """The reconciler code measured: commit, and files changed since (others edit it)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, check=True
+            )
+        except (OSError, subprocess.CalledProcessError):
+            return ""
+        return done.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "uncommitted_reconciler_files": git("status", "--porcelain", "reconciler").splitlines(),
+    }
+
+
+def other_tritonservers(own_pid: int | None = None) -> int:
+    """tritonserver processes on this machine not started by this run (read from /proc)."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == own_pid:
+            continue
+        with contextlib.suppress(OSError):
+            command = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+            count += command.endswith(b"/tritonserver")
+    return count
+
+
+def machine(server_version: str) -> dict[str, Any]:
+    cpu = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ram_gib = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu,
+        "ram_gib": ram_gib,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "triton_server": server_version,
+        "nvidia_pytriton": importlib.metadata.version("nvidia-pytriton"),
+        "tritonclient": importlib.metadata.version("tritonclient"),
+    }
+
+
+# -- the run ----------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    # Other work on the machine skews both kinds of swap; say how busy it was.
+    before = {"load_average": os.getloadavg(), "other_tritonservers": other_tritonservers()}
+    with tempfile.TemporaryDirectory(prefix="bench-swap-") as tmp:
+        root = Path(tmp)
+        repository = write_model_repository(root / "models")
+        server = LocalTriton(repository, log_file=root / "tritonserver.log")
+        triton: Triton | None = None
+        load: LoadGenerator | None = None
+        try:
+            server.start()
+            triton = Triton(server.grpc_address, args.poll_interval)
+            server_version = str(triton.client.get_server_metadata(as_json=True)["version"])
+            manifests = Manifests(root, server, repository, args.smoke)
+            manifests.commit(1)
+            manifests.apply()  # deploy echo 1; also warms the Git mirror and the imports
+            triton.settle(1)
+            triton.remember_config()
+
+            load = LoadGenerator(server.grpc_address, MODEL, threads=args.threads).start()
+            load.wait_for_samples(100)
+            time.sleep(0.5)
+            baseline = (time.monotonic(), time.monotonic() + args.baseline_seconds)
+            time.sleep(args.baseline_seconds)
+
+            swaps: list[Swap] = []
+            current = 1
+
+            def do(kind: str, round_: int, new: int) -> None:
+                nonlocal current
+                if kind == "reconciler":
+                    swap = reconciler_swap(manifests, triton, round_, current, new)
+                else:
+                    swap = hand_swap(triton, round_, current, new)
+                current = new
+                swaps.append(swap)
+                triton.settle(current)
+                time.sleep(args.gap)
+                print(
+                    f"  round {round_:>2} {kind:<10} {swap.source}->{swap.target} "
+                    f"{swap.seconds:7.3f} s",
+                    file=sys.stderr,
+                )
+
+            # Warm-up round (not counted): both kinds once, as round 0 is done below.
+            for kind, new in (("reconciler", 2), ("hand", 1)):
+                do(kind, -1, new)
+            swaps.clear()
+
+            for round_ in range(args.swaps):
+                # ABBA: even rounds R 1->2, H 2->1; odd rounds H 1->2, R 2->1.
+                order = ("reconciler", "hand") if round_ % 2 == 0 else ("hand", "reconciler")
+                do(order[0], round_, 2)
+                do(order[1], round_, 1)
+
+            measured_until = time.monotonic()
+            runs, current = breakdown(manifests, triton, args.breakdown_swaps, current, args.gap)
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+            profile, current = profile_one(
+                manifests, triton, current, args.output.with_suffix(".prof")
+            )
+            samples = load.stop()
+            own = server.process.pid if server.process else None
+            after = {
+                "load_average_with_this_run": os.getloadavg(),
+                "other_tritonservers": other_tritonservers(own),
+            }
+            load = None
+        except BenchError as exc:
+            raise BenchError(f"{exc}\ntritonserver log tail:\n{server.log_tail()}") from exc
+        finally:
+            if load is not None:
+                load.stop()
+            if triton is not None:
+                triton.close()
+            server.stop()
+
+    return report(
+        args,
+        machine(server_version) | {"before_run": before, "at_end": after},
+        samples,
+        baseline,
+        swaps,
+        measured_until,
+        runs,
+        profile,
+    )
+
+
+def report(
+    args: argparse.Namespace,
+    machine_info: dict[str, Any],
+    samples: list[Sample],
+    baseline: tuple[float, float],
+    swaps: list[Swap],
+    measured_until: float,
+    runs: list[dict[str, Any]],
+    profile: dict[str, Any],
+) -> dict[str, Any]:
+    rec = [s for s in swaps if s.kind == "reconciler"]
+    hand = [s for s in swaps if s.kind == "hand"]
+    rec_times = [s.seconds for s in rec]
+    hand_times = [s.seconds for s in hand]
+    by_round = {s.round: s for s in hand}
+    paired = [r.seconds / by_round[r.round].seconds for r in rec]
+    interval = bootstrap_ratio([(r.seconds, by_round[r.round].seconds) for r in rec])
+    measured = [s for s in samples if baseline[0] <= s.started < measured_until]
+    failures = [s for s in samples if s.error is not None]
+    ratio_median = statistics.median(rec_times) / statistics.median(hand_times)
+    ratio_mean = statistics.fmean(rec_times) / statistics.fmean(hand_times)
+    hand_parts = {
+        part: time_stats([s.parts[part] for s in hand])
+        for part in ("load_both", "wait_ready", "load_new")
+    }
+    return {
+        "benchmark": "swap_under_load",
+        "command": "python -m bench.swap_under_load " + " ".join(sys.argv[1:]),
+        "settings": {
+            "swaps": args.swaps,
+            "threads": args.threads,
+            "baseline_seconds": args.baseline_seconds,
+            "gap_seconds": args.gap,
+            "hand_poll_interval": args.poll_interval,
+            "smoke": args.smoke,
+            "breakdown_swaps": args.breakdown_swaps,
+        },
+        "machine": machine_info,
+        "code": provenance(),
+        "load": {
+            "baseline": window_stats(samples, [baseline]),
+            "during_reconciler_applies": window_stats(samples, [s.window for s in rec]),
+            "during_hand_swaps": window_stats(samples, [s.window for s in hand]),
+            "whole_measured_run": window_stats(measured, [(baseline[0], measured_until)]),
+            "failures_whole_run_including_breakdown": len(failures),
+            "failure_messages": sorted({s.error or "" for s in failures})[:5],
+            "versions_seen": sorted({s.version for s in samples if s.version is not None}),
+        },
+        "swap_seconds": {
+            "reconciler_apply": time_stats(rec_times),
+            "hand_floor": time_stats(hand_times),
+            "hand_floor_parts": hand_parts,
+        },
+        "ratio": {
+            "median": ratio_median,
+            "mean": ratio_mean,
+            "mean_of_paired_ratios": statistics.fmean(paired),
+            "median_95pct_interval_paired_bootstrap": interval,
+            "target": TARGET_RATIO,
+        },
+        "targets_met": {
+            "zero_failures": not failures,
+            "ratio_at_most_1.1": ratio_median <= TARGET_RATIO,
+        },
+        "swaps": [asdict(s) for s in swaps],
+        "breakdown": summarize_breakdown(runs) if runs else None,
+        "breakdown_runs": runs,
+        "profile": profile,
+    }
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def print_result(result: dict[str, Any]) -> None:
+    m = result["machine"]
+    settings = result["settings"]
+    print(
+        f"\nSwap under load: {MODEL} 1<->2, {settings['swaps']} reconciler applies and "
+        f"{settings['swaps']} hand swaps (interleaved ABBA), {settings['threads']} client threads"
+    )
+    print(
+        f"machine: {m['nproc']} CPU ({m['cpu_model']}), {m['ram_gib']} GiB, Python {m['python']}, "
+        f"Triton {m['triton_server']} (nvidia-pytriton {m['nvidia_pytriton']})"
+    )
+    before, after = m["before_run"], m["at_end"]
+    print(
+        f"before the run: load average {before['load_average'][0]:.2f}, other tritonservers "
+        f"{before['other_tritonservers']}; at the end: other tritonservers "
+        f"{after['other_tritonservers']}\n"
+    )
+    print(
+        f"{'client requests':<28}{'window s':>9}{'requests':>10}{'failures':>10}"
+        f"{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+    )
+    names = {
+        "baseline": "baseline (no swap)",
+        "during_reconciler_applies": "during reconciler applies",
+        "during_hand_swaps": "during hand-floor swaps",
+        "whole_measured_run": "whole measured run",
+    }
+    for key, name in names.items():
+        row = result["load"][key]
+        print(
+            f"{name:<28}{row['window_seconds']:>9.2f}{row['requests']:>10}{row['failures']:>10}"
+            f"{row['requests_per_second']:>9.0f}{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}"
+            f"{_ms(row['max_ms']):>9}"
+        )
+    load = result["load"]
+    print(
+        f"failures over the whole run (breakdown applies included): "
+        f"{load['failures_whole_run_including_breakdown']}; versions seen: "
+        f"{load['versions_seen']}\n"
+    )
+    print(f"{'swap wall time (s)':<28}{'median':>9}{'mean':>9}{'min':>9}{'max':>9}{'stdev':>9}")
+    rows = [
+        ("reconciler apply", result["swap_seconds"]["reconciler_apply"]),
+        ("hand floor", result["swap_seconds"]["hand_floor"]),
+        *(
+            (f"  floor: {part}", stats)
+            for part, stats in result["swap_seconds"]["hand_floor_parts"].items()
+        ),
+    ]
+    for name, stats in rows:
+        print(
+            f"{name:<28}{stats['median']:>9.3f}{stats['mean']:>9.3f}{stats['min']:>9.3f}"
+            f"{stats['max']:>9.3f}{stats['stdev']:>9.3f}"
+        )
+    ratio = result["ratio"]
+    met = result["targets_met"]
+    print(
+        f"\nratio median(apply)/median(floor): {ratio['median']:.3f}  "
+        f"(target <= {TARGET_RATIO}: {'met' if met['ratio_at_most_1.1'] else 'NOT met'})"
+    )
+    print(
+        f"ratio mean(apply)/mean(floor):     {ratio['mean']:.3f}  "
+        f"(mean of per-round ratios {ratio['mean_of_paired_ratios']:.3f})"
+    )
+    band = ratio["median_95pct_interval_paired_bootstrap"]
+    print(
+        f"95% interval of the median ratio (paired bootstrap over rounds): "
+        f"{band['low']:.3f} .. {band['high']:.3f}"
+    )
+    print(f"failures: {'0 (target met)' if met['zero_failures'] else 'NOT zero'}")
+
+    summary = result["breakdown"]
+    if summary:
+        print(
+            f"\nwhere one apply's time goes (median over {summary['applies']} instrumented "
+            f"applies, wall {summary['median_wall']:.3f} s):"
+        )
+        print(f"{'phase':<72}{'seconds':>9}{'calls':>7}")
+        hidden = 0
+        for label, row in summary["rows"].items():
+            if row["median_seconds"] < 0.0001:  # in the JSON; here they only clutter
+                hidden += 1
+                continue
+            depth = label.count(" > ")
+            name = "  " * depth + label.rsplit(" > ", 1)[-1]
+            print(f"{name:<72}{row['median_seconds']:>9.4f}{row['mean_calls']:>7.1f}")
+        print(
+            f"{'outside the phases above (CLI parsing, pools, output capture)':<72}"
+            f"{summary['unaccounted_median_seconds']:>9.4f}"
+        )
+        if hidden:
+            print(f"({hidden} phase(s) under 0.1 ms not shown; all are in the JSON)")
+        missing = sorted({m for r in result["breakdown_runs"] for m in r["not_instrumented"]})
+        if missing:
+            print(f"not instrumented (no longer in the reconciler): {', '.join(missing)}")
+        over = summary["overhead_beyond_floor_work"]
+        floor = result["swap_seconds"]["hand_floor"]["median"]
+        print(
+            f"reconciler time beyond the floor's own work (wall - loads - verify wait): "
+            f"median {over['median']:.4f} s (min {over['min']:.4f}, max {over['max']:.4f}); "
+            f"over the median floor {floor:.3f} s that is a ratio of "
+            f"{(floor + over['median']) / floor:.3f}"
+        )
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.swap_under_load",
+        description="Zero-downtime swaps under load: reconciler apply vs Triton's own load "
+        "calls done by hand, on one real tritonserver.",
+    )
+    parser.add_argument("--swaps", type=int, default=10, help="swaps of each kind (default 10)")
+    parser.add_argument("--threads", type=int, default=4, help="client threads (default 4)")
+    parser.add_argument(
+        "--baseline-seconds", type=float, default=3.0, help="baseline window (default 3)"
+    )
+    parser.add_argument(
+        "--gap", type=float, default=0.5, help="pause after each swap once settled (default 0.5)"
+    )
+    parser.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.05,
+        help="hand floor's index poll interval while waiting for READY (default 0.05, the "
+        "reconciler's own)",
+    )
+    parser.add_argument(
+        "--breakdown-swaps",
+        type=int,
+        default=6,
+        help="extra instrumented applies for the time breakdown (default 6; 0 to skip)",
+    )
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="give the deployment a smoke case (the reconciler then also infers once per swap; "
+        "the hand floor does not)",
+    )
+    parser.add_argument(
+        "--output", type=Path, default=RESULTS / "swap_under_load.json", help="JSON result"
+    )
+    args = parser.parse_args(argv)
+    if args.swaps < 1 or args.threads < 1 or args.baseline_seconds <= 0:
+        parser.error("--swaps and --threads must be at least 1, --baseline-seconds positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        result = run(args)
+    except BenchError as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    print_result(result)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nJSON result: {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
