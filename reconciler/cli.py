@@ -161,6 +161,13 @@ def _source_options(
         "--parallel", type=int, default=8, metavar="N", help="servers handled at once (default 8)"
     )
     run.add_argument(
+        "--hosts-file",
+        type=Path,
+        metavar="FILE",
+        help="resolve discovery names from this file first ('name address...' lines), then "
+        "from DNS: for local fleets and tests",
+    )
+    run.add_argument(
         "--load-timeout",
         type=float,
         default=600.0,
@@ -552,6 +559,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             SignaturePolicy(args.verify_signatures) if args.verify_signatures else None
         ),
         trusted_keys=args.trusted_keys,
+        hosts_file=args.hosts_file,
         require_trailer=args.require_trailer,
         min_approvals=args.min_approvals,
     )

@@ -59,7 +59,7 @@ from reconciler.errors import (
     UnsafeRevision,
     ValidationError,
 )
-from reconciler.loop import PassReport, Settings, Source, reconcile
+from reconciler.loop import PassReport, Settings, Source, reconcile, resolver
 
 log = logging.getLogger("triton_gitops")
 
@@ -188,6 +188,7 @@ class Daemon:
         self._server_retry_at: dict[str, float] = {}
         self._git_failures = 0
         self._last: PassReport | None = None
+        self._resolved_at: dict[str, float] = {}
         self._in_progress: str | None = None
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: ThreadingHTTPServer | None = None
@@ -355,10 +356,24 @@ class Daemon:
     # -- the watch between passes ---------------------------------------------------------
 
     def watch(self) -> None:
-        """Compare each server's index with what the last pass left serving."""
+        """Compare each server's index with what the last pass left serving, and each
+        discovered server's DNS name with the instances the last pass found."""
         report = self._last
         if report is None or self.stop_requested.is_set() or self._pass_lock.locked():
             return
+        now = time.monotonic()
+        names = resolver(self.settings)
+        for server, (dns, refresh, addresses) in report.discovered.items():
+            if now - self._resolved_at.get(server, 0.0) < refresh:
+                continue
+            self._resolved_at[server] = now
+            try:
+                found = tuple(names.resolve(dns))
+            except ReconcileError:
+                continue  # the pass reports it
+            if found != addresses:
+                self.trigger(f"instances of {server} changed: {len(found)} address(es)")
+                return
         for server, address in report.servers.items():
             expected = report.expected.get(server, {})
             retrying = server in self._server_retry_at

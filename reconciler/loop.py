@@ -20,7 +20,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -34,6 +34,7 @@ from reconciler.adapters.alerts import (
     WebhookAlerter,
 )
 from reconciler.adapters.credentials import redact
+from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
 from reconciler.adapters.git import GitCredentials, GitSource, GitWriter, RevertEdit, Revision
 from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.signatures import (
@@ -108,6 +109,7 @@ class Settings:
     git_credentials: GitCredentials = field(default_factory=GitCredentials)
     # Only approved commits: fast-forward only, signatures, approval trailers.
     accept_rewrite: str | None = None  # a rewritten head (sha or prefix) an operator accepted
+    hosts_file: Path | None = None  # names resolved from this file first (discovery)
     verify_signatures: SignaturePolicy | None = None
     trusted_keys: Path | None = None
     require_trailer: str | None = None
@@ -128,6 +130,8 @@ class PassReport:
     # checks these between passes, so a restarted server is seen within seconds)
     expected: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
     served: Mapping[str, str] = field(default_factory=dict)  # server -> digest of its state
+    # declared server -> (DNS name, refresh seconds, addresses found), for the service's watch
+    discovered: Mapping[str, tuple[str, float, tuple[str, ...]]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -240,8 +244,28 @@ def check_approved(
             )
 
 
-def guard(desired: DesiredState, history: History, allow_empty: bool) -> None:
-    emptied = emptied_servers(desired, history)
+def resolver(settings: Settings) -> Resolver:
+    return HostsFileResolver(settings.hosts_file) if settings.hosts_file else SystemResolver()
+
+
+def discover(
+    desired: DesiredState, settings: Settings
+) -> tuple[DesiredState, dict[str, tuple[str, float, tuple[str, ...]]]]:
+    """Replace each server found through DNS by its instances; a name that does not resolve
+    is an error naming it (nothing is applied: its instances would all look vanished)."""
+    names = resolver(settings)
+    found: dict[str, tuple[str, float, tuple[str, ...]]] = {}
+    for name, discovery in sorted(desired.discovered.items()):
+        addresses = tuple(names.resolve(discovery.dns))
+        found[name] = (discovery.dns, discovery.refresh, addresses)
+    expanded = desired.with_instances({n: f[2] for n, f in found.items()})
+    return expanded, found
+
+
+def guard(
+    desired: DesiredState, history: History, allow_empty: bool, discovered: Iterable[str] = ()
+) -> None:
+    emptied = emptied_servers(desired, history, discovered)
     if emptied and not allow_empty:
         raise UnsafeRevision(
             f"refusing revision: it leaves server(s) {', '.join(emptied)} with no declared "
@@ -512,10 +536,11 @@ def reconcile(
                 )
             )
         raise ValidationError(exc.problems, revision.sha) from None
+    desired, discovered = discover(desired, settings)
     state = StateStore(settings.state_path)
     try:
         history = state.history()
-        guard(desired, history, settings.allow_empty)
+        guard(desired, history, settings.allow_empty, discovered)
         clients = {
             name: TritonServerClient.for_server(
                 server, load_timeout=settings.load_timeout, call_timeout=settings.call_timeout
@@ -571,6 +596,7 @@ def reconcile(
             drift=drift_corrected(desired, result, applied),
             servers={name: server.grpc for name, server in desired.servers.items()},
             expected=expected_serving(desired, plan_, result),
+            discovered=discovered,
         )
         state.record_pass(
             revision.sha,
@@ -633,7 +659,7 @@ class StatusReport:
 def status(source: Source, settings: Settings) -> StatusReport:
     """Per server and model: what the manifests ask for, what is served, and why not."""
     revision = fetch(source, settings)
-    desired = load_desired_state(revision.files)
+    desired, _ = discover(load_desired_state(revision.files), settings)
     state = StateStore(settings.state_path)
     try:
         history = state.history()

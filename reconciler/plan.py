@@ -13,7 +13,7 @@ Nothing is planned where R == D and the loaded config already matches the manife
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -561,12 +561,23 @@ def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelC
     )
 
 
-def emptied_servers(desired: DesiredState, history: History) -> list[str]:
-    """Servers that served declared models at the last applied revision and would get none."""
+def emptied_servers(
+    desired: DesiredState, history: History, discovered: Iterable[str] = ()
+) -> list[str]:
+    """Servers that served declared models at the last applied revision and would get none.
+
+    A discovered instance that DNS no longer lists is gone, not emptied (``<server>/<addr>``
+    of a server that is still declared).
+    """
+    instances_of = set(discovered) | {
+        s.instance_of for s in desired.servers.values() if s.instance_of
+    }
     return sorted(
         server
         for server, models in history.managed.items()
-        if models and not desired.placements.get(server)
+        if models
+        and not desired.placements.get(server)
+        and server.partition("/")[0] not in instances_of
     )
 
 

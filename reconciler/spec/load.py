@@ -31,6 +31,7 @@ from reconciler.model_config import canonical
 from reconciler.spec.model import (
     BackendSpec,
     DesiredState,
+    Discovery,
     Expectation,
     Location,
     ModelDeployment,
@@ -191,6 +192,8 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
             "a check needs exactly one of successRate, latency, memory or promql "
             "(promql with min and/or max)"
         )
+    elif error.validator == "oneOf" and where == "spec" and "grpc" in str(error.validator_value):
+        message = "exactly one of grpc (with an optional metrics URL) or discovery is required"
     elif error.validator in ("minProperties", "maxProperties") and where.endswith("servers"):
         message = "exactly one of names or matchLabels is required"
     elif error.validator == "pattern" and isinstance(error.instance, str):
@@ -228,13 +231,24 @@ def _flat(data: list[Any]) -> list[Any]:
 
 def _build_server(doc: _Document, spec: dict[str, Any]) -> TritonServer:
     metadata, body = spec["metadata"], spec["spec"]
+    discovery = body.get("discovery")
     return TritonServer(
         name=metadata["name"],
         labels=dict(metadata.get("labels", {})),
-        grpc=body["grpc"],
+        grpc=body.get("grpc", ""),
         metrics=body.get("metrics"),
         model_repository=body.get("modelRepository"),
         location=Location(doc.file, doc.start_line),
+        discovery=(
+            Discovery(
+                discovery["dns"],
+                discovery["grpcPort"],
+                discovery.get("metricsPort"),
+                _seconds(discovery.get("refresh", "10s")),
+            )
+            if discovery
+            else None
+        ),
     )
 
 
@@ -525,7 +539,11 @@ def analysis_source_problems(desired: DesiredState, *, prometheus: bool) -> list
         # Metrics are located by each server's metrics URL, scraped directly or as the
         # Prometheus target's instance label.
         blind = sorted(
-            s.name for s in desired.servers.values() if deployment.selects(s) and s.metrics is None
+            s.name
+            for s in desired.servers.values()
+            if deployment.selects(s)
+            and s.metrics is None
+            and not (s.discovery and s.discovery.metrics_port)
         )
         if blind:
             problems.append(

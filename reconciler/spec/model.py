@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.analysis import AnalysisSpec
@@ -19,13 +19,25 @@ class Location:
 
 
 @dataclass(frozen=True)
+class Discovery:
+    """Instances of a server found through DNS: every A/AAAA record is one instance."""
+
+    dns: str
+    grpc_port: int
+    metrics_port: int | None = None
+    refresh: float = 10.0
+
+
+@dataclass(frozen=True)
 class TritonServer:
     name: str
-    grpc: str
+    grpc: str  # "" for a server found through discovery (its instances have one each)
     labels: Mapping[str, str] = field(default_factory=dict)
     metrics: str | None = None
     model_repository: str | None = None
     location: Location = Location("<memory>", 0)
+    discovery: Discovery | None = None
+    instance_of: str | None = None  # for a discovered instance: the declared server's name
 
 
 @dataclass(frozen=True)
@@ -141,3 +153,36 @@ class DesiredState:
             deployments={d.name: d for d in deployments},
             placements=placements,
         )
+
+    @property
+    def discovered(self) -> dict[str, Discovery]:
+        """Declared servers whose instances come from DNS."""
+        return {n: s.discovery for n, s in self.servers.items() if s.discovery is not None}
+
+    def with_instances(self, addresses: Mapping[str, Sequence[str]]) -> DesiredState:
+        """Each discovered server replaced by one server per address, named
+        ``<server>/<address>``, placed with what the declared server is placed with."""
+        servers: dict[str, TritonServer] = {}
+        placements: dict[str, Mapping[str, Placement]] = {}
+        for name, server in self.servers.items():
+            if server.discovery is None:
+                servers[name] = server
+                placements[name] = self.placements[name]
+                continue
+            for address in addresses.get(name, ()):
+                host = f"[{address}]" if ":" in address else address
+                instance = f"{name}/{address}"
+                port = server.discovery.metrics_port
+                servers[instance] = replace(
+                    server,
+                    name=instance,
+                    grpc=f"{host}:{server.discovery.grpc_port}",
+                    metrics=f"http://{host}:{port}/metrics" if port else None,
+                    discovery=None,
+                    instance_of=name,
+                )
+                placements[instance] = {
+                    model: Placement(instance, p.deployment)
+                    for model, p in self.placements[name].items()
+                }
+        return DesiredState(servers, self.deployments, placements)
