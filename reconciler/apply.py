@@ -46,7 +46,7 @@ from reconciler.errors import (
     StepFailed,
     VerifyFailed,
 )
-from reconciler.plan import Action, ModelChange, Plan, Step
+from reconciler.plan import Action, ModelChange, Plan, RolloutPlan, Step
 from reconciler.serving import ModelInterface, ModelState, interface_difference
 from reconciler.smoke import mismatches
 from reconciler.spec.model import Tensor
@@ -532,8 +532,12 @@ def apply(
     ``progress`` is called with each step's result as it finishes (from worker threads).
     """
     timing = timing or Timing()
+    staged: dict[str, dict[str, ModelChange]] = {r.deployment: {} for r in plan.rollouts}
     by_server: dict[str, list[ModelChange]] = {}
     for change in plan.changes:
+        if change.deployment in staged and any(s.action is Action.LOAD for s in change.steps):
+            staged[change.deployment][change.server] = change
+            continue
         by_server.setdefault(change.server, []).append(change)
     # One server of a pool at a time for changes that take a model out of service there
     # (drains, library swaps, swaps without headroom).
@@ -556,7 +560,152 @@ def apply(
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
         per_server = list(pool.map(run_server, sorted(by_server)))
-    return ApplyResult(plan.revision, tuple(r for results in per_server for r in results))
+    results = [r for server_results in per_server for r in server_results]
+    for rollout in plan.rollouts:
+        results.extend(
+            _staged(rollout, staged[rollout.deployment], controls, timing, progress, metrics)
+        )
+    order = {(c.server, c.model): i for i, c in enumerate(plan.changes)}
+    results.sort(key=lambda r: order[(r.change.server, r.change.model)])
+    return ApplyResult(plan.revision, tuple(results))
+
+
+def _finishing(change: ModelChange) -> int:
+    """Where the trailing unload of old versions starts: it waits for the whole rollout."""
+    index = len(change.steps)
+    while (
+        index > 0
+        and change.steps[index - 1].action is Action.UNLOAD
+        and change.steps[index - 1].versions
+    ):
+        index -= 1
+    return index
+
+
+def _staged(
+    rollout: RolloutPlan,
+    changes: Mapping[str, ModelChange],
+    controls: Mapping[str, ModelControl],
+    timing: Timing,
+    progress: Progress,
+    metrics: Mapping[str, FiguresSource] | None,
+) -> list[ChangeResult]:
+    """Run one ModelDeployment's change stage by stage (preview, then each step): a stage's
+    servers swap (at most max_parallel at once), verify and analyse; any failure, or a step
+    webhook that says no, puts back every server touched so far. Old versions go only after
+    the last stage passed."""
+    done: dict[str, list[StepResult]] = {}
+    contexts: dict[str, _ChangeContext] = {}
+    failure: StepResult | None = None
+    for index, (stage, parallel) in enumerate(
+        zip(rollout.stages, rollout.max_parallel, strict=True)
+    ):
+        if timing.stopping():
+            failure = StepResult(_hook_step(rollout, stage, "shutdown"), False, 0.0, "shutdown")
+            break
+        hook = _call_hook(rollout, index, stage, "preStep", changes)
+        if hook is not None:
+            failure = hook
+            break
+
+        def forward(server: str) -> list[StepResult]:
+            change = changes[server]
+            context = contexts.setdefault(server, _ChangeContext((metrics or {}).get(server)))
+            if change.interface_baseline is not None:
+                try:
+                    context.interface = controls[server].interface(
+                        change.model, change.interface_baseline
+                    )
+                except ReconcileError as exc:
+                    return [
+                        StepResult(
+                            change.steps[0],
+                            False,
+                            0.0,
+                            f"reading the old interface: {exc}",
+                            unreachable=isinstance(exc, ServerUnavailable),
+                        )
+                    ]
+            forward_steps = change.steps[: _finishing(change)]
+            return _run(controls[server], forward_steps, timing, progress, context)
+
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            for server, results in zip(stage, pool.map(forward, stage), strict=True):
+                done[server] = results
+                if not all(r.ok for r in results) and failure is None:
+                    failure = results[-1]
+        if failure is not None:
+            break
+        hook = _call_hook(rollout, index, stage, "postStep", changes)
+        if hook is not None:
+            failure = hook
+            break
+    outcome: list[ChangeResult] = []
+    if failure is not None:
+        # Every server touched so far goes back; the others were never touched.
+        where = failure.step.server
+        cause = StepResult(
+            Step("", rollout.model, Action.ROLLOUT, (), "the rollout failed"),
+            False,
+            0.0,
+            f"rollout of {rollout.deployment} stopped ({where}): {failure.error}",
+        )
+        for server, change in sorted(changes.items()):
+            mine = replace(cause, step=replace(cause.step, server=server))
+            if server not in done:
+                outcome.append(ChangeResult(change, Outcome.SKIPPED, (mine,)))
+                continue
+            steps = list(done[server])
+            if all(r.ok for r in steps):
+                steps.append(mine)
+            reverted = _run(
+                controls[server], change.revert, timing, progress, _ChangeContext(), True
+            )
+            result = Outcome.REVERTED if all(r.ok for r in reverted) else Outcome.FAILED
+            outcome.append(ChangeResult(change, result, tuple(steps), tuple(reverted)))
+        return outcome
+    for server, change in sorted(changes.items()):
+        finish = change.steps[_finishing(change) :]
+        finished = _run(controls[server], finish, timing, progress, contexts[server])
+        every = (*done[server], *finished)
+        ok = all(r.ok for r in every)
+        outcome.append(ChangeResult(change, Outcome.CONVERGED if ok else Outcome.FAILED, every))
+    return outcome
+
+
+def _hook_step(rollout: RolloutPlan, stage: tuple[str, ...], what: str) -> Step:
+    return Step(stage[0], rollout.model, Action.ROLLOUT, (), what)
+
+
+def _call_hook(
+    rollout: RolloutPlan,
+    index: int,
+    stage: tuple[str, ...],
+    which: str,
+    changes: Mapping[str, ModelChange],
+) -> StepResult | None:
+    """Call a step webhook; a StepResult describing the refusal, or None when it agreed."""
+    url = rollout.pre_step if which == "preStep" else rollout.post_step
+    if url is None:
+        return None
+    change = changes[stage[0]]
+    try:
+        _post_json(
+            url,
+            {
+                "deployment": rollout.deployment,
+                "model": rollout.model,
+                "stage": rollout.stage_names[index],
+                "servers": list(stage),
+                "from_versions": list(change.serving),
+                "to_versions": list(change.desired),
+                "hook": which,
+            },
+        )
+    except StepFailed as exc:
+        step = _hook_step(rollout, stage, f"{rollout.stage_names[index]} webhook")
+        return StepResult(step, False, 0.0, f"step webhook refused: {exc}")
+    return None
 
 
 def _server_lost(result: ChangeResult) -> bool:

@@ -38,6 +38,9 @@ class Action(StrEnum):
     LOAD = "load"
     VERIFY = "verify"
     ANALYZE = "analyze"
+    # In results only, never planned: the staged rollout failed elsewhere (another server's
+    # step, a step webhook, shutdown) and took this server back with it.
+    ROLLOUT = "rollout"
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,20 @@ class Held:
 
 
 @dataclass(frozen=True)
+class RolloutPlan:
+    """One ModelDeployment's change moving through its servers in stages: preview servers
+    first, then production steps. Old versions are unloaded only after the last stage."""
+
+    deployment: str
+    model: str
+    stages: tuple[tuple[str, ...], ...]  # server names, stage by stage
+    stage_names: tuple[str, ...]  # "preview", "step 1 of 3", ...
+    max_parallel: tuple[int, ...]  # per stage
+    pre_step: str | None = None
+    post_step: str | None = None
+
+
+@dataclass(frozen=True)
 class Plan:
     revision: str
     changes: tuple[ModelChange, ...] = ()
@@ -140,6 +157,7 @@ class Plan:
     in_sync: tuple[tuple[str, str], ...] = ()  # (server, model) pairs that already match
     held: tuple[Held, ...] = ()
     suspended: tuple[tuple[str, str], ...] = ()  # (server, model) left alone: spec.suspend
+    rollouts: tuple[RolloutPlan, ...] = ()  # staged changes, coordinated across servers
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -740,8 +758,68 @@ def plan(
         changes.extend(ordered)
         problems.extend(dependency_problems)
     return Plan(
-        revision, tuple(changes), tuple(problems), tuple(in_sync), tuple(held), tuple(suspended)
+        revision,
+        tuple(changes),
+        tuple(problems),
+        tuple(in_sync),
+        tuple(held),
+        tuple(suspended),
+        _rollouts(desired, changes),
     )
+
+
+def _count(value: int | str, total: int) -> int:
+    """A count, or a percentage of ``total`` rounded up; at least 1, at most ``total``."""
+    number = -(-total * int(value.rstrip("%")) // 100) if isinstance(value, str) else value
+    return max(1, min(total, number))
+
+
+def _rollouts(desired: DesiredState, changes: list[ModelChange]) -> tuple[RolloutPlan, ...]:
+    by_deployment: dict[str, list[ModelChange]] = {}
+    for change in changes:
+        if change.deployment is not None and any(s.action is Action.LOAD for s in change.steps):
+            by_deployment.setdefault(change.deployment, []).append(change)
+    plans = []
+    for name, staged in sorted(by_deployment.items()):
+        deployment = desired.deployments[name]
+        spec = deployment.rollout
+        if not spec.staged:
+            continue
+        servers = sorted(c.server for c in staged)
+        preview = tuple(s for s in servers if spec.previews(desired.servers[s]))
+        production = [s for s in servers if s not in preview]
+        stages: list[tuple[str, ...]] = []
+        names: list[str] = []
+        if preview:
+            stages.append(preview)
+            names.append("preview")
+        done = 0
+        steps = list(spec.steps) or ["100%"]
+        for index, step in enumerate(steps):
+            target = _count(step, len(production)) if production else 0
+            if index == len(steps) - 1:
+                target = len(production)  # the last step takes every server that is left
+            if target > done:
+                stages.append(tuple(production[done:target]))
+                names.append(f"step {len(names) + 1 - (1 if preview else 0)}")
+                done = target
+        total = len(names) - (1 if preview else 0)
+        names = [n if n == "preview" else f"{n} of {total}" for n in names]
+        plans.append(
+            RolloutPlan(
+                name,
+                deployment.model,
+                tuple(stages),
+                tuple(names),
+                tuple(
+                    _count(spec.max_parallel, len(stage)) if spec.max_parallel else len(stage)
+                    for stage in stages
+                ),
+                spec.pre_step,
+                spec.post_step,
+            )
+        )
+    return tuple(plans)
 
 
 def step_json(step: Step) -> dict[str, Any]:

@@ -38,6 +38,19 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             {"server": p.server, "model": p.model, "message": p.message} for p in plan.problems
         ],
         "in_sync": [{"server": s, "model": m} for s, m in plan.in_sync],
+        "rollouts": [
+            {
+                "deployment": r.deployment,
+                "model": r.model,
+                "stages": [
+                    {"name": name, "servers": list(stage), "max_parallel": parallel}
+                    for name, stage, parallel in zip(
+                        r.stage_names, r.stages, r.max_parallel, strict=True
+                    )
+                ],
+            }
+            for r in plan.rollouts
+        ],
         "suspended": [{"server": s, "model": m} for s, m in plan.suspended],
         "held": [
             {
@@ -76,6 +89,12 @@ def plan_text(plan: Plan) -> str:
             lines.append(f"server {server}")
         lines.append(_change_header(change))
         lines.extend(f"    {i}. {_step_line(step)}" for i, step in enumerate(change.steps, 1))
+    for rollout in plan.rollouts:
+        lines.append(f"rollout of {rollout.deployment} in stages (old versions go after the last):")
+        for name, stage, parallel in zip(
+            rollout.stage_names, rollout.stages, rollout.max_parallel, strict=True
+        ):
+            lines.append(f"  {name}: {', '.join(stage)} ({parallel} at once)")
     if plan.held:
         lines.append("held (a rollout of this spec failed; kept at what served before):")
         for h in plan.held:

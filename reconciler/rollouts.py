@@ -228,7 +228,9 @@ def alerts_from(result: ApplyResult, revert_action: str) -> tuple[AlertEvent, ..
             )
             continue
         analysis = change.analysis
-        failed_analysis = analysis is not None and not analysis.ok
+        failed_analysis = (analysis is not None and not analysis.ok) or any(
+            r.step.action is Action.ROLLOUT for r in change.steps
+        )
         last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
         details: dict[str, Any] = {
             "revision": result.revision,

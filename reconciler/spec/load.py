@@ -35,6 +35,7 @@ from reconciler.spec.model import (
     Expectation,
     Location,
     ModelDeployment,
+    RolloutSpec,
     SequencePolicy,
     SmokeCase,
     Tensor,
@@ -367,6 +368,7 @@ def _build_deployment(
         ),
         allow_interface_change=bool(body.get("allowInterfaceChange", False)),
         when_no_headroom=body.get("rollout", {}).get("whenNoHeadroom", "refuse"),
+        rollout=_rollout(body.get("rollout", {})),
         location=Location(doc.file, doc.start_line),
         analysis_location=(
             Location(doc.file, doc.line(("spec", "verify", "analysis")))
@@ -381,6 +383,19 @@ def fingerprint_of(spec: Mapping[str, Any]) -> str:
     """A short digest of a ModelDeployment's spec, stable across key order and layout."""
     text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _rollout(spec: dict[str, Any]) -> RolloutSpec:
+    preview = spec.get("preview", {}).get("servers", {})
+    webhooks = spec.get("webhooks", {})
+    return RolloutSpec(
+        steps=tuple(step["servers"] for step in spec.get("steps", ())),
+        max_parallel=spec.get("maxParallel"),
+        preview_names=tuple(preview["names"]) if "names" in preview else None,
+        preview_labels=dict(preview["matchLabels"]) if "matchLabels" in preview else None,
+        pre_step=webhooks.get("preStep"),
+        post_step=webhooks.get("postStep"),
+    )
 
 
 def _analysis(spec: dict[str, Any]) -> AnalysisSpec:

@@ -83,6 +83,37 @@ class BackendSpec:
 
 
 @dataclass(frozen=True)
+class RolloutSpec:
+    """How a change moves through the servers: preview servers first, then production in
+    steps (counts, or percentages as "50%"), at most ``max_parallel`` at once per step."""
+
+    steps: tuple[int | str, ...] = ()
+    max_parallel: int | str | None = None
+    preview_names: tuple[str, ...] | None = None
+    preview_labels: Mapping[str, str] | None = None
+    pre_step: str | None = None
+    post_step: str | None = None
+
+    def previews(self, server: TritonServer) -> bool:
+        if self.preview_names is not None:
+            return (server.instance_of or server.name) in self.preview_names
+        if self.preview_labels is not None:
+            return all(server.labels.get(k) == v for k, v in self.preview_labels.items())
+        return False
+
+    @property
+    def staged(self) -> bool:
+        return bool(
+            self.steps
+            or self.max_parallel is not None
+            or self.preview_names is not None
+            or self.preview_labels is not None
+            or self.pre_step
+            or self.post_step
+        )
+
+
+@dataclass(frozen=True)
 class ModelDeployment:
     name: str
     model: str
@@ -101,6 +132,7 @@ class ModelDeployment:
     memory_per_version: int | None = None  # bytes one loaded version needs
     allow_interface_change: bool = False
     when_no_headroom: str = "refuse"  # refuse | replace
+    rollout: RolloutSpec = field(default_factory=RolloutSpec)
     location: Location = Location("<memory>", 0)
     analysis_location: Location | None = None
     # A digest of the whole spec: a hold on a failed spec lasts until this changes.

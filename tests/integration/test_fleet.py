@@ -3,8 +3,12 @@ controls standing in for the DNS of a headless Service."""
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -133,3 +137,146 @@ def test_exactly_one_of_grpc_or_discovery(spec: str, tmp_path: Path) -> None:
     assert "s.yaml:5: spec: exactly one of grpc (with an optional metrics URL) or discovery" in (
         result.err
     )
+
+
+class _Hooks(BaseHTTPRequestHandler):
+    calls: ClassVar[list[dict[str, object]]] = []
+    refuse: ClassVar[str | None] = None  # a stage name to answer 409 for
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body["ready_at_call"] = {
+            a: sorted(ready_versions(self.server.fleet[a], "echo"))  # type: ignore[attr-defined]
+            for a in ADDRESSES
+        }
+        type(self).calls.append(body)
+        self.send_response(409 if body["stage"] == type(self).refuse else 200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def hooks(fleet: dict[str, LocalTriton]) -> Iterator[str]:
+    _Hooks.calls, _Hooks.refuse = [], None
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hooks)
+    server.fleet = fleet  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/hook"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _staged(versions: list[int], hook: str, analysis: str = "") -> str:
+    return (
+        deployment_doc("echo", versions, ["pool"])
+        + (
+            "  rollout:\n"
+            "    steps: [{servers: 1}, {servers: 50%}, {servers: 100%}]\n"
+            "    maxParallel: 50%\n"
+            f"    webhooks: {{preStep: {hook}, postStep: {hook}}}\n"
+        )
+        + analysis
+    )
+
+
+def test_a_good_rollout_goes_step_by_step(
+    manifests: ManifestRepo,
+    fleet: dict[str, LocalTriton],
+    model_repository: Path,
+    tmp_path: Path,
+    hooks: str,
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"triton-headless.models.test {' '.join(ADDRESSES)}\n")
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    options = ("--hosts-file", str(hosts))
+    _manifests(manifests, fleet, model_repository)
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["pool"]))
+    manifests.commit("echo 1")
+    assert reconciler.apply(*options).code == 0
+
+    manifests.write("echo.yaml", _staged([2], hooks))
+    manifests.commit("echo 2 in three steps")
+    planned = reconciler.plan(*options, "--output", "json")
+    stages = planned.json()["rollouts"][0]["stages"]
+    assert [(s["name"], len(s["servers"]), s["max_parallel"]) for s in stages] == [
+        ("step 1 of 3", 1, 1),
+        ("step 2 of 3", 1, 1),
+        ("step 3 of 3", 2, 1),
+    ]
+    loads = [LoadGenerator(fleet[a].grpc_address, "echo", threads=1).start() for a in ADDRESSES]
+    try:
+        assert reconciler.apply(*options).code == 0
+    finally:
+        samples = [load.stop() for load in loads]
+    assert all(s.error is None for sample in samples for s in sample)
+    assert all(ready_versions(fleet[a], "echo") == {2} for a in ADDRESSES)
+    stage_calls = [(c["hook"], c["stage"]) for c in _Hooks.calls]
+    assert stage_calls == [
+        (hook, f"step {n} of 3") for n in (1, 2, 3) for hook in ("preStep", "postStep")
+    ]
+    # Old versions stay loaded everywhere until the last step passed.
+    last = _Hooks.calls[-1]["ready_at_call"]
+    assert all(v == [1, 2] for v in last.values())  # type: ignore[union-attr]
+
+
+def test_a_failing_step_puts_back_every_server_touched(
+    manifests: ManifestRepo,
+    fleet: dict[str, LocalTriton],
+    model_repository: Path,
+    tmp_path: Path,
+    hooks: str,
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"triton-headless.models.test {' '.join(ADDRESSES)}\n")
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    options = ("--hosts-file", str(hosts))
+    _manifests(manifests, fleet, model_repository)
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["pool"]))
+    manifests.commit("echo 1")
+    assert reconciler.apply(*options).code == 0
+
+    # Version 4 fails 40% of its requests. Only the step-2 instance has clients, so step 1
+    # passes (noTraffic: pass) and step 2 fails; the step-3 instances have clients that must
+    # never meet version 4.
+    analysis = (
+        "  verify:\n    analysis:\n      interval: 1s\n      duration: 3s\n"
+        "      noTraffic: pass\n"
+        "      checks: [{name: success-rate, successRate: {min: 0.95}}]\n"
+    )
+    manifests.write("echo.yaml", _staged([4], hooks, analysis))
+    manifests.commit("echo 4 in three steps")
+    watched = [
+        LoadGenerator(fleet[a].grpc_address, "echo", threads=1).start() for a in ADDRESSES[1:]
+    ]
+    try:
+        result = reconciler.apply(*options, "--output", "json")
+    finally:
+        seen = [load.stop() for load in watched]
+    assert result.code == 1
+    assert all(ready_versions(fleet[a], "echo") == {1} for a in ADDRESSES)
+    step2, *step3 = seen
+    assert any(s.version == 4 for s in step2)  # step 2 really served it
+    assert all(s.version == 1 for sample in step3 for s in sample)  # step 3 never did
+    outcomes = {c["server"]: c["outcome"] for c in result.json()["result"]["changes"]}
+    assert outcomes == {
+        f"pool/{ADDRESSES[0]}": "reverted",
+        f"pool/{ADDRESSES[1]}": "reverted",
+        f"pool/{ADDRESSES[2]}": "skipped",
+        f"pool/{ADDRESSES[3]}": "skipped",
+    }
+
+    # A webhook that says no fails its step the same way.
+    _Hooks.refuse = "step 1 of 3"
+    manifests.write("echo.yaml", _staged([2], hooks))
+    manifests.commit("echo 2, but the load balancer refuses")
+    refused = reconciler.apply(*options)
+    assert refused.code == 1
+    assert "step webhook refused" in refused.out
+    assert all(ready_versions(fleet[a], "echo") == {1} for a in ADDRESSES)
