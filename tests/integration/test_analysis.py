@@ -25,7 +25,7 @@ CHECKS = """\
         - name: success-rate
           successRate: {min: 0.95}
         - name: latency
-          latency: {maxIncrease: 10.0}  # version 5 is ~60x slower; a busy machine can double the rest
+          latency: {maxIncrease: 10.0}  # version 5 is ~60x slower; a busy machine doubles others
         - name: memory
           memory: {maxIncreaseBytes: 536870912}
 """
