@@ -205,6 +205,8 @@ def _verify(
             wrong = mismatches(case, answer)
             if wrong:
                 raise VerifyFailed(f"smoke {case.name} on version {version}: {'; '.join(wrong)}")
+    if step.shadow is not None and step.shadow_against is not None:
+        _shadow(control, step, timing, context)
     if step.interface_check and context is not None and context.interface is not None:
         for version in step.smoke_versions:
             changed = interface_difference(
@@ -233,6 +235,55 @@ def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
 
     # Dropped versions leave READY at once (UNLOADING while in-flight requests finish).
     _wait_for(control, step, gone, lambda _: None, timing.unload_wait, timing)
+
+
+def _shadow(
+    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext | None
+) -> None:
+    """Replay the recorded requests, version-pinned, on the old version and each new one;
+    compare outputs (within the tolerance) and mean latencies."""
+    shadow, old = step.shadow, step.shadow_against
+    assert shadow is not None and old is not None
+    if not shadow.requests:
+        return
+    outputs = tuple(t.name for t in control.interface(step.model, old).outputs)
+    for version in step.smoke_versions:
+        agree, old_seconds, new_seconds = 0, 0.0, 0.0
+        for inputs in shadow.requests:
+            started = timing.clock()
+            want = control.infer(step.model, old, inputs, outputs)
+            middle = timing.clock()
+            got = control.infer(step.model, version, inputs, outputs)
+            ended = timing.clock()
+            old_seconds += middle - started
+            new_seconds += ended - middle
+            if set(got) == set(want) and all(
+                got[name].shape == want[name].shape
+                and bool(
+                    np.all(
+                        np.abs(got[name].astype(np.float64) - want[name].astype(np.float64))
+                        <= shadow.tolerance
+                    )
+                )
+                if want[name].dtype != np.object_
+                else got[name].tolist() == want[name].tolist()
+                for name in want
+            ):
+                agree += 1
+        share = agree / len(shadow.requests)
+        if share < shadow.min_agreement:
+            raise VerifyFailed(
+                f"shadow replay of {len(shadow.requests)} request(s): version {version} agrees "
+                f"with version {old} on {share:.1%} (at least {shadow.min_agreement:.1%} "
+                f"required, tolerance {shadow.tolerance:g})"
+            )
+        if shadow.max_latency_increase is not None and old_seconds > 0:
+            increase = new_seconds / old_seconds - 1
+            if increase > shadow.max_latency_increase:
+                raise VerifyFailed(
+                    f"shadow replay: version {version} is {increase:.0%} slower than version "
+                    f"{old} (at most {shadow.max_latency_increase:.0%})"
+                )
 
 
 def _post_json(url: str, payload: Mapping[str, Any], timeout: float = 10.0) -> None:

@@ -55,7 +55,7 @@ from reconciler.review import (
     problems_json,
 )
 from reconciler.spec import load_desired_state, manifest_files_in
-from reconciler.spec.load import analysis_source_problems
+from reconciler.spec.load import analysis_source_problems, attach_shadow_requests
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -483,7 +483,10 @@ def external_defaults(
 def _validate(args: argparse.Namespace) -> int:
     counts = ""
     try:
-        desired = load_desired_state(manifest_files_in(args.dir))
+        desired = attach_shadow_requests(
+            load_desired_state(manifest_files_in(args.dir)),
+            lambda name: (args.dir / name).read_bytes() if (args.dir / name).is_file() else None,
+        )
         problems = analysis_source_problems(desired, prometheus=args.prometheus_url is not None)
         if problems:
             raise ValidationError(problems)

@@ -75,7 +75,7 @@ from reconciler.rollouts import (
 )
 from reconciler.serving import ServerState
 from reconciler.spec import DesiredState, load_desired_state
-from reconciler.spec.load import analysis_source_problems
+from reconciler.spec.load import analysis_source_problems, attach_shadow_requests
 
 
 @dataclass(frozen=True)
@@ -522,7 +522,10 @@ def reconcile(
         )
     revision = repository.read(commit, source.path)
     try:
-        desired = load_desired_state(revision.files)
+        desired = attach_shadow_requests(
+            load_desired_state(revision.files),
+            lambda name: repository.read_file(commit, f"{source.path.strip('/')}/{name}"),
+        )
         check_analysis_sources(desired, settings)
     except ValidationError as exc:
         if apply_changes:

@@ -27,6 +27,7 @@ from reconciler.spec.model import (
     ModelDeployment,
     Placement,
     SequencePolicy,
+    ShadowSpec,
     SmokeCase,
 )
 
@@ -62,6 +63,8 @@ class Step:
     drain: SequencePolicy | None = None  # drain: webhook, idle window, timeout
     backend: BackendSpec | None = None  # replace-library: what to put in place
     interface_check: bool = False  # verify: new versions must keep the old interface
+    shadow: ShadowSpec | None = None  # verify: replay recorded requests on old and new
+    shadow_against: int | None = None  # verify: the old version the replay compares with
     until_unavailable: bool = False  # unload: wait until the model is fully gone
     dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
 
@@ -363,8 +366,16 @@ def _plan_model(
                 config=with_versions(target, deployment.model, loading),
             )
         )
+        old_serving = ready - desired
         steps.append(
-            _verify_step(server, deployment, desired, desired if drift else new, bool(ready))
+            _verify_step(
+                server,
+                deployment,
+                desired,
+                desired if drift else new,
+                bool(ready),
+                max(old_serving) if old_serving and new else None,
+            )
         )
     if deployment.analysis is not None and (new or drift):
         watched = desired if drift else new
@@ -438,6 +449,7 @@ def _verify_step(
     desired: frozenset[int],
     smoke_versions: frozenset[int],
     check_interface: bool,
+    old_version: int | None = None,
 ) -> Step:
     notes = [f"{', '.join(map(str, sorted(desired)))} READY"]
     if deployment.smoke:
@@ -448,6 +460,12 @@ def _verify_step(
     interface = check_interface and not deployment.allow_interface_change
     if interface:
         notes.append("inputs and outputs as the old versions'")
+    shadow = deployment.shadow if old_version is not None else None
+    if shadow is not None:
+        notes.append(
+            f"replay {len(shadow.requests)} recorded request(s) on {old_version} and the new "
+            f"version(s): agreement >= {shadow.min_agreement:g}"
+        )
     return Step(
         server,
         deployment.model,
@@ -458,6 +476,8 @@ def _verify_step(
         smoke_versions=_versions(smoke_versions),
         timeout=deployment.verify_timeout,
         interface_check=interface,
+        shadow=shadow,
+        shadow_against=old_version if shadow is not None else None,
     )
 
 

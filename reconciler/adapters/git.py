@@ -173,6 +173,16 @@ class GitSource:
             files[name] = item.data_stream.read()
         return Revision(commit.hexsha, files, tuple(skipped))
 
+    def read_file(self, commit: git.Commit, path: str, limit: int = 64 << 20) -> bytes | None:
+        """One regular file of ``commit`` (None when it is absent, a link or too large)."""
+        try:
+            blob = commit.tree / path.strip("/")
+        except KeyError:
+            return None
+        if not isinstance(blob, git.Blob) or blob.mode == _SYMLINK_MODE or blob.size > limit:
+            return None
+        return bytes(blob.data_stream.read())
+
     def revision(self, ref: str = "HEAD", path: str = "") -> Revision:
         return self.read(self.fetch(ref), path)
 

@@ -223,7 +223,8 @@ class TritonServerClient:
                 client_timeout=self.call_timeout,
             )
         except InferenceServerException as exc:
-            if _unreachable(exc):
+            # "not at ready state" comes with the unreachable code too; the server answered.
+            if _unreachable(exc) and not _not_ready(exc):
                 raise self._error(exc, f"inferring {model} version {version}") from exc
             raise VerifyFailed(
                 f"server {self.name}: inference on {model} version {version}: {exc.message()}"

@@ -13,7 +13,8 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -37,6 +38,7 @@ from reconciler.spec.model import (
     ModelDeployment,
     RolloutSpec,
     SequencePolicy,
+    ShadowSpec,
     SmokeCase,
     Tensor,
     TritonServer,
@@ -62,14 +64,21 @@ def schema_dir() -> Path:
 
 
 @cache
-def _validators() -> dict[str, jsonschema.protocols.Validator]:
-    folder = schema_dir()
-    schemas = {p.name: json.loads(p.read_text()) for p in folder.glob("*.schema.json")}
-    registry: referencing.Registry[Any] = referencing.Registry().with_resources(
-        (s["$id"], referencing.Resource.from_contents(s)) for s in schemas.values()
+def _schemas() -> dict[str, Any]:
+    return {p.name: json.loads(p.read_text()) for p in schema_dir().glob("*.schema.json")}
+
+
+@cache
+def _registry() -> referencing.Registry[Any]:
+    return referencing.Registry().with_resources(
+        (s["$id"], referencing.Resource.from_contents(s)) for s in _schemas().values()
     )
+
+
+@cache
+def _validators() -> dict[str, jsonschema.protocols.Validator]:
     return {
-        kind: jsonschema.Draft202012Validator(schemas[name], registry=registry)
+        kind: jsonschema.Draft202012Validator(_schemas()[name], registry=_registry())
         for kind, name in KIND_SCHEMAS.items()
     }
 
@@ -369,6 +378,17 @@ def _build_deployment(
         allow_interface_change=bool(body.get("allowInterfaceChange", False)),
         when_no_headroom=body.get("rollout", {}).get("whenNoHeadroom", "refuse"),
         rollout=_rollout(body.get("rollout", {})),
+        shadow=(
+            ShadowSpec(
+                verify["shadow"]["requests"],
+                float(verify["shadow"].get("compare", {}).get("tolerance", 0.0)),
+                float(verify["shadow"].get("compare", {}).get("minAgreement", 1.0)),
+                verify["shadow"].get("compare", {}).get("maxLatencyIncrease"),
+                location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
+            )
+            if "shadow" in verify
+            else None
+        ),
         location=Location(doc.file, doc.start_line),
         analysis_location=(
             Location(doc.file, doc.line(("spec", "verify", "analysis")))
@@ -624,3 +644,66 @@ def _dependency_problems(
         yield where[cycle[0]].problem(
             ("spec",), f"dependency cycle: {' -> '.join(cycle)} (through dependsOn and ensembles)"
         )
+
+
+MAX_SHADOW_REQUESTS = 10_000
+
+
+def attach_shadow_requests(
+    desired: DesiredState, read: Callable[[str], bytes | None]
+) -> DesiredState:
+    """Read every ModelDeployment's shadow requests file (``read`` gives a file of the
+    revision, or None) into its spec; every problem as FILE:LINE."""
+    problems: list[Problem] = []
+    tensor = {"$ref": _schemas()["common.schema.json"]["$id"] + "#/$defs/tensor"}
+    validator = jsonschema.Draft202012Validator(
+        {"type": "object", "required": ["inputs"],
+         "properties": {"inputs": {"type": "object", "minProperties": 1,
+                                   "additionalProperties": tensor}}},
+        registry=_validators()["ModelDeployment"]._registry,
+    )  # fmt: skip
+    deployments = []
+    for deployment in desired.deployments.values():
+        shadow = deployment.shadow
+        if shadow is None:
+            deployments.append(deployment)
+            continue
+        content = read(shadow.requests_file)
+        if content is None:
+            problems.append(
+                Problem(
+                    shadow.location.file,
+                    shadow.location.line,
+                    f"shadow requests file {shadow.requests_file!r} is not in the repository",
+                )
+            )
+            continue
+        requests = []
+        for number, line in enumerate(content.decode("utf-8", "replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                request = json.loads(line)
+            except ValueError as exc:
+                problems.append(Problem(shadow.requests_file, number, f"not JSON: {exc}"))
+                continue
+            errors = list(validator.iter_errors(request))
+            if errors:
+                problems.extend(
+                    Problem(shadow.requests_file, number, _schema_message(e)) for e in errors
+                )
+                continue
+            requests.append(
+                tuple(
+                    Tensor(name, t["datatype"], tuple(t["shape"]), tuple(_flat(t["data"])))
+                    for name, t in request["inputs"].items()
+                )
+            )
+        if len(requests) > MAX_SHADOW_REQUESTS:
+            problems.append(
+                Problem(shadow.requests_file, 1, f"more than {MAX_SHADOW_REQUESTS} requests")
+            )
+        deployments.append(replace(deployment, shadow=replace(shadow, requests=tuple(requests))))
+    if problems:
+        raise ValidationError(problems)
+    return DesiredState.build(list(desired.servers.values()), deployments)

@@ -64,6 +64,18 @@ class SmokeCase:
 
 
 @dataclass(frozen=True)
+class ShadowSpec:
+    """Recorded requests replayed against old and new versions, and how close they must be."""
+
+    requests_file: str  # in the manifest repository, relative to the manifests' folder
+    tolerance: float = 0.0
+    min_agreement: float = 1.0
+    max_latency_increase: float | None = None
+    requests: tuple[tuple[Tensor, ...], ...] = ()  # read from the file at the revision
+    location: Location = Location("<memory>", 0)
+
+
+@dataclass(frozen=True)
 class SequencePolicy:
     """How to swap a sequence model: drain each server first, one server at a time."""
 
@@ -133,6 +145,7 @@ class ModelDeployment:
     allow_interface_change: bool = False
     when_no_headroom: str = "refuse"  # refuse | replace
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
+    shadow: ShadowSpec | None = None
     location: Location = Location("<memory>", 0)
     analysis_location: Location | None = None
     # A digest of the whole spec: a hold on a failed spec lasts until this changes.

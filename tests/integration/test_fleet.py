@@ -14,7 +14,7 @@ import pytest
 
 from reconciler.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
-from tests.integration.flows import Reconciler, cli, deployment_doc, ready_versions
+from tests.integration.flows import Reconciler, cli, deployment_doc, ready_versions, server_doc
 from tests.loadgen import LoadGenerator
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
@@ -280,3 +280,73 @@ def test_a_failing_step_puts_back_every_server_touched(
     assert refused.code == 1
     assert "step webhook refused" in refused.out
     assert all(ready_versions(fleet[a], "echo") == {1} for a in ADDRESSES)
+
+
+def test_a_preview_pool_catches_differing_outputs_before_production(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    triton_b: LocalTriton,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    manifests.write(
+        "servers.yaml",
+        server_doc("preview-a", triton.grpc_address, model_repository, "{pool: preview}")
+        + "---\n"
+        + server_doc("prod-a", triton_b.grpc_address, model_repository, "{pool: prod}"),
+    )
+    request = {"inputs": {"INPUT0": {"datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}}}
+    manifests.write("shadow/echo.jsonl", "\n".join(json.dumps(request) for _ in range(3)) + "\n")
+
+    def echo(version: int, tolerance: float) -> str:
+        return deployment_doc("echo", [version], ["preview-a", "prod-a"]) + (
+            "  rollout:\n    preview: {servers: {names: [preview-a]}}\n"
+            "  verify:\n    shadow:\n      requests: shadow/echo.jsonl\n"
+            f"      compare: {{tolerance: {tolerance}, minAgreement: 0.99}}\n"
+        )
+
+    manifests.write("echo.yaml", echo(1, 0.001))
+    manifests.commit("echo 1 with a preview pool")
+    assert reconciler.apply().code == 0
+
+    manifests.write("echo.yaml", echo(3, 0.001))  # version 3 answers x3: outputs differ
+    manifests.commit("echo 3")
+    with LoadGenerator(triton_b.grpc_address, "echo", threads=1) as production:
+        result = reconciler.apply("--output", "json")
+    assert result.code == 1
+    changes = {c["server"]: c for c in result.json()["result"]["changes"]}
+    assert changes["preview-a"]["outcome"] == "reverted"
+    assert (
+        "shadow replay of 3 request(s): version 3 agrees with version 1 on 0.0%"
+        in (changes["preview-a"]["error"])
+    )
+    assert changes["prod-a"]["outcome"] == "skipped"  # never touched
+    assert production.versions_seen() == {1} and production.failures == []
+    assert ready_versions(triton, "echo") == {1} and ready_versions(triton_b, "echo") == {1}
+
+    manifests.write("echo.yaml", echo(2, 100.0))  # a tolerance the outputs meet
+    manifests.commit("echo 2, close enough")
+    assert reconciler.apply().code == 0
+    assert ready_versions(triton, "echo") == {2} and ready_versions(triton_b, "echo") == {2}
+
+
+def test_a_missing_shadow_file_is_a_validation_error(tmp_path: Path) -> None:
+    (tmp_path / "all.yaml").write_text(
+        server_doc("edge-a", "127.0.0.1:8001", tmp_path)
+        + "---\n"
+        + deployment_doc("echo", [1], ["edge-a"])
+        + "  verify:\n    shadow: {requests: shadow/missing.jsonl}\n"
+    )
+    (tmp_path / "bad.jsonl").write_text('{"inputs": {"INPUT0": {"datatype": "FP32"}}}\n')
+    result = cli("validate", str(tmp_path))
+    assert result.code == 1
+    assert "all.yaml:18: shadow requests file 'shadow/missing.jsonl' is not in the repository" in (
+        result.err
+    )
+    (tmp_path / "all.yaml").write_text(
+        (tmp_path / "all.yaml").read_text().replace("shadow/missing.jsonl", "bad.jsonl")
+    )
+    malformed = cli("validate", str(tmp_path))
+    assert malformed.code == 1
+    assert "bad.jsonl:1: inputs.INPUT0: 'shape' is a required property" in malformed.err
