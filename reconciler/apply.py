@@ -468,6 +468,13 @@ def execute_step(
 
 
 Progress = Callable[[StepResult], None]
+# Called as a staged rollout starts each stage: the servers whose stages passed, and the
+# servers this stage is about to touch with the versions they served before.
+StagedProgress = Callable[[RolloutPlan, tuple[str, ...], Mapping[str, tuple[int, ...]]], None]
+
+
+def _ignore_stage(_: RolloutPlan, __: tuple[str, ...], ___: Mapping[str, tuple[int, ...]]) -> None:
+    pass
 
 
 def _ignore(_: StepResult) -> None:
@@ -577,6 +584,7 @@ def apply(
     timing: Timing | None = None,
     progress: Progress = _ignore,
     metrics: Mapping[str, FiguresSource] | None = None,
+    staged_progress: StagedProgress | None = None,
 ) -> ApplyResult:
     """Execute every change of ``plan``; servers concurrently, each server's changes in order.
 
@@ -584,9 +592,12 @@ def apply(
     """
     timing = timing or Timing()
     staged: dict[str, dict[str, ModelChange]] = {r.deployment: {} for r in plan.rollouts}
+    members = {
+        (r.deployment, server) for r in plan.rollouts for stage in r.stages for server in stage
+    }
     by_server: dict[str, list[ModelChange]] = {}
     for change in plan.changes:
-        if change.deployment in staged and any(s.action is Action.LOAD for s in change.steps):
+        if change.deployment is not None and (change.deployment, change.server) in members:
             staged[change.deployment][change.server] = change
             continue
         by_server.setdefault(change.server, []).append(change)
@@ -614,7 +625,15 @@ def apply(
     results = [r for server_results in per_server for r in server_results]
     for rollout in plan.rollouts:
         results.extend(
-            _staged(rollout, staged[rollout.deployment], controls, timing, progress, metrics)
+            _staged(
+                rollout,
+                staged[rollout.deployment],
+                controls,
+                timing,
+                progress,
+                metrics,
+                staged_progress or _ignore_stage,
+            )
         )
     order = {(c.server, c.model): i for i, c in enumerate(plan.changes)}
     results.sort(key=lambda r: order[(r.change.server, r.change.model)])
@@ -640,6 +659,7 @@ def _staged(
     timing: Timing,
     progress: Progress,
     metrics: Mapping[str, FiguresSource] | None,
+    staged_progress: StagedProgress,
 ) -> list[ChangeResult]:
     """Run one ModelDeployment's change stage by stage (preview, then each step): a stage's
     servers swap (at most max_parallel at once), verify and analyse; any failure, or a step
@@ -658,6 +678,12 @@ def _staged(
         if hook is not None:
             failure = hook
             break
+        # Recorded before the stage's servers are touched: if the reconciler stops now, the
+        # next pass knows which servers may hold new versions beside old ones, and which of
+        # them had passed their stage.
+        completed = tuple(sorted(done))
+        started = {server: changes[server].serving for server in stage}
+        staged_progress(rollout, completed, started)
 
         def forward(server: str) -> list[StepResult]:
             change = changes[server]

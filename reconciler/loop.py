@@ -578,6 +578,9 @@ def reconcile(
                 timing=Timing(
                     poll_interval=settings.poll_interval, stopping=stopping or _not_stopping
                 ),
+                staged_progress=lambda rollout, completed, started: state.record_stage(
+                    rollout.deployment, rollout.fingerprint, revision.sha, completed, started
+                ),
             )
         finally:
             for client in clients.values():
@@ -623,6 +626,15 @@ def reconcile(
             footprints=footprints_from(result),
             alerts_opened=opened,
             alerts_resolved=[(e.model or "", e.server or "") for e in resolved],
+            # Every staged rollout this pass ran has ended, one way or the other; a record
+            # left over from a spec that changed since is dropped too.
+            stages_ended=[r.deployment for r in plan_.rollouts]
+            + [
+                name
+                for name, record in history.staged.items()
+                if name not in desired.deployments
+                or desired.deployments[name].fingerprint != record.fingerprint
+            ],
         )
         for event in [e for e in events if not e.resolved] + resolved:
             alerts.send(event)

@@ -116,6 +116,15 @@ class Hold:
 
 
 @dataclass(frozen=True)
+class StagedRecord:
+    """How far a staged rollout got before the reconciler stopped."""
+
+    fingerprint: str
+    completed: frozenset[str]  # servers whose stage passed: new versions verified, analysed
+    started: Mapping[str, tuple[int, ...]]  # servers of the stage in progress: what served
+
+
+@dataclass(frozen=True)
 class History:
     """What the state store remembers: the last applied revision, the models it placed, holds."""
 
@@ -123,6 +132,8 @@ class History:
     managed: Mapping[str, frozenset[str]] = field(default_factory=dict)
     holds: Mapping[str, Hold] = field(default_factory=dict)
     backends: Mapping[str, str] = field(default_factory=dict)  # deployment -> applied revision
+    # Staged rollouts a previous pass began and did not finish (the reconciler stopped).
+    staged: Mapping[str, StagedRecord] = field(default_factory=dict)
     footprints: Mapping[tuple[str, str], float] = field(default_factory=dict)  # bytes/version
 
 
@@ -145,6 +156,7 @@ class RolloutPlan:
 
     deployment: str
     model: str
+    fingerprint: str
     stages: tuple[tuple[str, ...], ...]  # server names, stage by stage
     stage_names: tuple[str, ...]  # "preview", "step 1 of 3", ...
     max_parallel: tuple[int, ...]  # per stage
@@ -619,6 +631,25 @@ def emptied_servers(
     )
 
 
+def _as_before(observed: ServerState, deployment: ModelDeployment, history: History) -> ServerState:
+    """A server a stopped staged rollout was in the middle of: seen as it served before,
+    so its verify and analysis run again (loading what is already loaded is no reload)."""
+    record = history.staged.get(deployment.name)
+    if record is None or record.fingerprint != deployment.fingerprint:
+        return observed
+    before = record.started.get(observed.server)
+    if before is None or observed.server in record.completed:
+        return observed
+    model = observed.model(deployment.model)
+    versions = tuple(
+        v if v.version in before or v.state != "READY" else replace(v, state="LOADING")
+        for v in model.versions
+    )
+    return replace(
+        observed, models={**observed.models, model.name: replace(model, versions=versions)}
+    )
+
+
 def _order(
     server: str,
     changes: list[ModelChange],
@@ -763,7 +794,9 @@ def plan(
                     )
                 outcome = _plan_held(server, deployment, hold, observed)
             else:
-                outcome = _plan_model(server, deployment, observed, history)
+                outcome = _plan_model(
+                    server, deployment, _as_before(observed, deployment, history), history
+                )
             if outcome is None:
                 in_sync.append((server, model_name))
             elif isinstance(outcome, PlanProblem):
@@ -784,7 +817,7 @@ def plan(
         tuple(in_sync),
         tuple(held),
         tuple(suspended),
-        _rollouts(desired, changes),
+        _rollouts(desired, changes, history),
     )
 
 
@@ -794,41 +827,66 @@ def _count(value: int | str, total: int) -> int:
     return max(1, min(total, number))
 
 
-def _rollouts(desired: DesiredState, changes: list[ModelChange]) -> tuple[RolloutPlan, ...]:
+def _rollouts(
+    desired: DesiredState, changes: list[ModelChange], history: History
+) -> tuple[RolloutPlan, ...]:
     by_deployment: dict[str, list[ModelChange]] = {}
+    resumed: dict[str, list[str]] = {}
     for change in changes:
-        if change.deployment is not None and any(s.action is Action.LOAD for s in change.steps):
+        if change.deployment is None:
+            continue
+        loads = any(s.action is Action.LOAD for s in change.steps)
+        record = history.staged.get(change.deployment)
+        fingerprint = desired.deployments[change.deployment].fingerprint
+        if loads:
             by_deployment.setdefault(change.deployment, []).append(change)
+        elif record and record.fingerprint == fingerprint and change.server in record.completed:
+            # Touched before the reconciler stopped: new versions loaded and verified, old
+            # ones still loaded. It waits for the rest of the rollout, as it would have.
+            by_deployment.setdefault(change.deployment, []).append(change)
+            resumed.setdefault(change.deployment, []).append(change.server)
     plans = []
     for name, staged in sorted(by_deployment.items()):
         deployment = desired.deployments[name]
         spec = deployment.rollout
         if not spec.staged:
             continue
-        servers = sorted(c.server for c in staged)
+        already = sorted(resumed.get(name, ()))
+        servers = sorted(c.server for c in staged if c.server not in already)
         preview = tuple(s for s in servers if spec.previews(desired.servers[s]))
         production = [s for s in servers if s not in preview]
         stages: list[tuple[str, ...]] = []
         names: list[str] = []
+        if already:
+            stages.append(tuple(already))
+            names.append("resumed")
         if preview:
             stages.append(preview)
             names.append("preview")
-        done = 0
+        # Step targets count every production server, those a stopped pass already took
+        # included, so a resumed rollout goes on from the step it had reached.
+        total = len(production) + len([s for s in already if not spec.previews(desired.servers[s])])
+        done = total - len(production)
         steps = list(spec.steps) or ["100%"]
         for index, step in enumerate(steps):
-            target = _count(step, len(production)) if production else 0
+            target = _count(step, total) if total else 0
             if index == len(steps) - 1:
-                target = len(production)  # the last step takes every server that is left
+                target = total  # the last step takes every server that is left
             if target > done:
-                stages.append(tuple(production[done:target]))
-                names.append(f"step {len(names) + 1 - (1 if preview else 0)}")
+                stages.append(
+                    tuple(
+                        production[
+                            done - (total - len(production)) : target - (total - len(production))
+                        ]
+                    )
+                )
+                names.append(f"step {index + 1} of {len(steps)}")
                 done = target
-        total = len(names) - (1 if preview else 0)
-        names = [n if n == "preview" else f"{n} of {total}" for n in names]
         plans.append(
             RolloutPlan(
                 name,
                 deployment.model,
+                deployment.fingerprint,
                 tuple(stages),
                 tuple(names),
                 tuple(

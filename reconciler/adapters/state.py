@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from reconciler.plan import History, Hold
+from reconciler.plan import History, Hold, StagedRecord
 from reconciler.rollouts import AppliedSpec, Rollout
 
 _SCHEMA = """
@@ -69,6 +69,13 @@ CREATE TABLE IF NOT EXISTS footprints (
     model TEXT NOT NULL,
     bytes_per_version REAL NOT NULL,
     PRIMARY KEY (server, model)
+);
+CREATE TABLE IF NOT EXISTS staged_rollouts (
+    deployment TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    revision TEXT NOT NULL,
+    progress TEXT NOT NULL,
+    updated_at REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS open_alerts (
     model TEXT NOT NULL,
@@ -126,13 +133,44 @@ class StateStore:
                 "SELECT server, model, bytes_per_version FROM footprints"
             )
         }
+        staged = {}
+        for name, fingerprint, progress in self._db.execute(
+            "SELECT deployment, fingerprint, progress FROM staged_rollouts"
+        ):
+            data = json.loads(progress)
+            staged[name] = StagedRecord(
+                fingerprint,
+                frozenset(data["completed"]),
+                {server: tuple(versions) for server, versions in data["started"].items()},
+            )
         return History(
+            staged=staged,
             revision=row[0] if row else None,
             managed={server: frozenset(models) for server, models in managed.items()},
             holds=holds,
             backends=backends,
             footprints=footprints,
         )
+
+    def record_stage(
+        self,
+        deployment: str,
+        fingerprint: str,
+        revision: str,
+        completed: Iterable[str],
+        started: Mapping[str, tuple[int, ...]],
+    ) -> None:
+        """A staged rollout is about to start a stage: written at once, in its own
+        transaction, so a reconciler that stops mid-rollout leaves it behind."""
+        progress = {
+            "completed": sorted(completed),
+            "started": {server: list(versions) for server, versions in started.items()},
+        }
+        with self._db:
+            self._db.execute(
+                "INSERT OR REPLACE INTO staged_rollouts VALUES (?, ?, ?, ?, ?)",
+                (deployment, fingerprint, revision, json.dumps(progress), time.time()),
+            )
 
     def applied_spec(self, deployment: str) -> AppliedSpec | None:
         row = self._db.execute(
@@ -183,6 +221,7 @@ class StateStore:
         footprints: Mapping[tuple[str, str], float] | None = None,
         alerts_opened: Iterable[tuple[str, str, str]] = (),
         alerts_resolved: Iterable[tuple[str, str]] = (),
+        stages_ended: Iterable[str] = (),
     ) -> None:
         """Everything one pass learned, in one transaction."""
         with self._db:
@@ -259,6 +298,10 @@ class StateStore:
             )
             self._db.executemany(
                 "DELETE FROM open_alerts WHERE model = ? AND server = ?", list(alerts_resolved)
+            )
+            self._db.executemany(
+                "DELETE FROM staged_rollouts WHERE deployment = ?",
+                [(name,) for name in stages_ended],
             )
             self._db.execute(
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",

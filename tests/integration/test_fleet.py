@@ -4,7 +4,10 @@ controls standing in for the DNS of a headless Service."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -350,3 +353,58 @@ def test_a_missing_shadow_file_is_a_validation_error(tmp_path: Path) -> None:
     malformed = cli("validate", str(tmp_path))
     assert malformed.code == 1
     assert "bad.jsonl:1: inputs.INPUT0: 'shape' is a required property" in malformed.err
+
+
+def test_a_rollout_cut_short_by_a_killed_reconciler_resumes_where_it_was(
+    manifests: ManifestRepo,
+    fleet: dict[str, LocalTriton],
+    model_repository: Path,
+    tmp_path: Path,
+    hooks: str,
+) -> None:
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"triton-headless.models.test {' '.join(ADDRESSES)}\n")
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    options = ("--hosts-file", str(hosts))
+    _manifests(manifests, fleet, model_repository)
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["pool"]))
+    manifests.commit("echo 1")
+    assert reconciler.apply(*options).code == 0
+
+    slow = (
+        "  verify:\n    analysis:\n      interval: 1s\n      duration: 8s\n"
+        "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
+    )
+    manifests.write("echo.yaml", _staged([2], hooks, slow))
+    manifests.commit("echo 2 in three steps, each watched for 8 s")
+    command = [sys.executable, "-m", "reconciler", "apply", *reconciler.options, *options]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(
+            c["hook"] == "preStep" and c["stage"] == "step 2 of 3" for c in _Hooks.calls
+        ):
+            time.sleep(0.1)
+        time.sleep(2)  # step 2's server is loading or being watched
+    finally:
+        process.kill()  # the reconciler dies mid-rollout, SIGKILL: nothing runs after it
+        process.wait()
+    first = f"pool/{ADDRESSES[0]}"
+    assert ready_versions(fleet[ADDRESSES[0]], "echo") == {1, 2}  # step 1 done, old kept
+
+    # The next pass resumes: step 1's server (its stage passed) waits for the end; step 2's
+    # server, cut short in its analysis, is verified and analysed again; then step 3.
+    planned = reconciler.plan(*options, "--output", "json")
+    stages = {s["name"]: s["servers"] for s in planned.json()["rollouts"][0]["stages"]}
+    assert stages == {
+        "resumed": [first],
+        "step 2 of 3": [f"pool/{ADDRESSES[1]}"],
+        "step 3 of 3": [f"pool/{a}" for a in ADDRESSES[2:]],
+    }
+    second = [s for s in planned.json()["steps"] if s["server"] == f"pool/{ADDRESSES[1]}"]
+    assert [s["action"] for s in second] == ["load", "verify", "analyze", "unload"]
+    _Hooks.calls.clear()
+    result = reconciler.apply(*options)
+    assert result.code == 0, result.out
+    assert _Hooks.calls[0]["ready_at_call"][ADDRESSES[0]] == [1, 2]  # type: ignore[index]
+    assert all(ready_versions(fleet[a], "echo") == {2} for a in ADDRESSES)
