@@ -1,0 +1,1622 @@
+"""Continuous operation: ``triton-gitops run`` as a real service, measured from outside.
+
+One real tritonserver (``LocalTriton``, from the nvidia-pytriton wheel, EXPLICIT mode) and a
+bare Git remote (``ManifestRepo``, reached over file://). The service is ``python -m reconciler
+run`` in its own process, with a long ``--interval`` (so only webhooks, the watch and our own
+``POST /reconcile`` trigger passes) and a short ``--watch-interval``. Three measurements:
+
+1. Webhook-to-serving. ``echo`` is deployed at version 1; each change commits the other version
+   (1 <-> 2), posts a signed GitHub push webhook, and times from the POST until the repository
+   index shows exactly the new version READY (tritonclient gRPC, polled every 10 ms). Triton's
+   own time for the same change is measured interleaved, on the same server, on ``echo-floor``
+   (the same model under another name, which no manifest declares): load with the whole config
+   and versions [old, new], poll until new is READY, load with [new], poll until exactly new is
+   READY. Our overhead = webhook-to-serving minus that floor, pair by pair. The service's own
+   log lines split the rest: webhook to pass start, pass start to the first step, the steps.
+2. Restart-to-restored. ``tritonserver`` is killed with SIGKILL and started again on the same
+   ports; from ``/v2/health/live`` answering 200 (polled every 10 ms) until the index shows
+   echo READY at the desired version again (HTTP index, every 10 ms); ``/v2/health/ready`` is
+   polled too and reported, but is no fair reference: with strict readiness (Triton's
+   default) it stays 503 while the restoring load runs. The service notices the restart
+   through its watch. The floor, afterwards with the service stopped: the same restart, then
+   a hand load of echo at the same version as soon as the server is live, until READY.
+3. Idle passes. A fresh server and a fresh service; the manifests declare ``--models`` copies of
+   the test model (each a Python-backend model, so one backend stub process per model), all
+   deployed by the service's first pass. Then ``--passes`` passes with nothing to change,
+   triggered back to back with ``POST /reconcile`` (bearer token from
+   $TRITON_GITOPS_RECONCILE_TOKEN), each awaited on the ``triton_gitops_passes_total`` counter
+   of ``/metrics``. Every ``--sample-every`` passes: the service's RSS (``VmRSS``), CPU time
+   (utime+stime of the process; its children, ``git fetch``, separately), threads, open files
+   and child processes. The cost of our own ``/metrics`` scrapes is measured first and
+   reported so it can be taken off the CPU per pass. Stops after ``--idle-max-seconds`` (the
+   number actually run is reported; nothing is extrapolated).
+
+Then, for explanations, a few idle passes run in this process (``reconciler.loop.reconcile``
+against the same server, its own cache and state) under cProfile and tracemalloc, and the RSS
+of a bare interpreter importing the service's dependencies one after another.
+
+Targets (issue "continuous reconciliation"): under 1 s of our own overhead per change; under
+80 MB RSS, flat over the idle passes.
+
+    python -m bench.daemon [--changes N] [--restarts N] [--models N] [--passes N]
+
+Every process started here (tritonserver and its backend stubs, each service) is stopped in
+``finally``, by its process id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import contextlib
+import cProfile
+import gc
+import hashlib
+import hmac
+import itertools
+import json
+import logging
+import os
+import pstats
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import tracemalloc
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import tritonclient.grpc as triton_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from bench.rollback_latency import machine, provenance, summary
+from bench.swap_under_load import other_tritonservers
+from reconciler.local_triton import LocalTriton, free_port
+from reconciler.loop import Settings, Source, reconcile
+from reconciler.model_config import parse_pbtxt, with_versions
+from tests.conftest import MODELS, ManifestRepo, write_model_repository
+from tests.integration.flows import deployment_doc, server_doc
+
+MODEL = "echo"
+FLOOR_MODEL = "echo-floor"  # echo under another name, loaded by hand only
+SERVER = "edge-a"
+SECRET = "bench-webhook-secret"
+TOKEN = "bench-reconcile-token"
+POLL_S = 0.01
+OVERHEAD_TARGET_S = 1.0
+RSS_TARGET_MB = 80.0
+FLAT_KB_PER_1000 = 1024.0  # "flat": under 1 MB per 1,000 passes once warmed up
+WARM_PASSES = 100  # samples before this pass are left out of the "after warm-up" slope
+RESULTS = Path(__file__).parent / "results"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """Something did not end where it should have; the measurement is void."""
+
+
+def wait_for(
+    condition: Callable[[], bool], timeout: float, what: str, poll: float = POLL_S
+) -> float:
+    """time.monotonic() when ``condition`` first held; BenchError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            if condition():
+                return time.monotonic()
+        if time.monotonic() > deadline:
+            raise BenchError(f"not within {timeout:g} s: {what}")
+        time.sleep(poll)
+
+
+# -- the model repository and the manifests --------------------------------------------------
+
+
+def idle_name(index: int) -> str:
+    return f"idle-{index:03d}"
+
+
+def model_repository(root: Path, idle_models: int) -> Path:
+    """The test models (echo, other), echo-floor (versions 1 and 2) and ``idle_models`` copies
+    of echo with version 1 only; every copy's config.pbtxt carries its own name."""
+    repository = write_model_repository(root)
+    source = MODELS / "echo"
+    for name, versions in [(FLOOR_MODEL, (1, 2))] + [
+        (idle_name(i), (1,)) for i in range(idle_models)
+    ]:
+        folder = repository / name
+        folder.mkdir()
+        config = (source / "config.pbtxt").read_text().replace('"echo"', f'"{name}"')
+        (folder / "config.pbtxt").write_text(config)
+        for version in versions:
+            (folder / str(version)).mkdir()
+            shutil.copy(source / "model.py", folder / str(version) / "model.py")
+    compileall.compile_dir(repository, quiet=1)  # no __pycache__ written at load time
+    return repository
+
+
+# -- the service -----------------------------------------------------------------------------
+
+
+def _event_time(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(str(event["time"])).timestamp()
+
+
+@dataclass
+class Service:
+    """``python -m reconciler run`` in its own process group, ended by its pid."""
+
+    repo: str
+    workdir: Path
+    watch_interval: float
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+    scrapes: int = 0  # GET /metrics made by this benchmark
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "reconciler.log"
+
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise BenchError("the service is not running")
+        return self.process.pid
+
+    def start(self) -> Service:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "github-secret").write_text(SECRET)
+        env = dict(os.environ, TRITON_GITOPS_RECONCILE_TOKEN=TOKEN)
+        command = [
+            sys.executable, "-m", "reconciler", "run",
+            "--repo", self.repo,
+            "--state", str(self.workdir / "state.db"),
+            "--cache-dir", str(self.workdir / "cache"),
+            "--listen", f"127.0.0.1:{self.port}",
+            "--interval", "3600", "--jitter", "0",  # only the first pass comes from the timer
+            "--watch-interval", f"{self.watch_interval:g}",
+            "--github-secret-file", str(self.workdir / "github-secret"),
+        ]  # fmt: skip
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        wait_for(lambda: self.get("/healthz")[0] == 200, 60, "the service answers", poll=0.05)
+        return self
+
+    def stop(self) -> int | None:
+        process, self.process = self.process, None
+        if process is None:
+            return None
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                return process.wait(90)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        return process.returncode
+
+    def get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=10) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> int:
+        request = urllib.request.Request(self.url + path, body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            return int(exc.code)
+
+    def github_push(self, sha: str) -> int:
+        body = json.dumps({"ref": "refs/heads/main", "after": sha}).encode()
+        signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        headers = {
+            "X-Hub-Signature-256": signature,
+            "X-GitHub-Event": "push",
+            "Content-Type": "application/json",
+        }
+        return self.post("/webhook/github", body, headers)
+
+    def reconcile_now(self) -> int:
+        return self.post("/reconcile", b"{}", {"Authorization": f"Bearer {TOKEN}"})
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of /metrics, keyed ``name{label="value",...}``."""
+        status, body = self.get("/metrics")
+        self.scrapes += 1
+        if status != 200:
+            raise BenchError(f"/metrics answered {status}")
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(body.decode()):
+            for sample in family.samples:
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+        return values
+
+    def passes(self, metrics: dict[str, float] | None = None) -> dict[str, float]:
+        """Finished passes by result."""
+        metrics = self.metrics() if metrics is None else metrics
+        prefix = 'triton_gitops_passes_total{result="'
+        return {k[len(prefix) : -2]: v for k, v in metrics.items() if k.startswith(prefix)}
+
+    def pass_count(self) -> int:
+        return int(sum(self.passes().values()))
+
+    def wait_passes(self, more_than: int, timeout: float, what: str) -> int:
+        count = 0
+
+        def done() -> bool:
+            nonlocal count
+            count = self.pass_count()
+            return count > more_than
+
+        wait_for(done, timeout, what, poll=0.02)
+        return count
+
+    def events(self) -> list[dict[str, Any]]:
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        events = []
+        for line in lines:
+            if line.startswith("{"):
+                with contextlib.suppress(ValueError):
+                    events.append(json.loads(line))
+        return events
+
+
+# -- the process, as /proc sees it -------------------------------------------------------------
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def _status_kb(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """(utime+stime, cutime+cstime) of ``pid`` in seconds: itself, and its waited-for children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state): utime, stime, cutime, cstime are fields 14 to 17.
+    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
+    return (utime + stime) / CLK_TCK, (cutime + cstime) / CLK_TCK
+
+
+def sample_process(pid: int, passes: int, started: float) -> dict[str, Any]:
+    own, kids = cpu_seconds(pid)
+    living = children(pid)
+    child_rss = 0
+    for child in living:
+        with contextlib.suppress(OSError):
+            child_rss += _status_kb(child, "VmRSS")
+    return {
+        "pass": passes,
+        "seconds": time.monotonic() - started,
+        "rss_kb": _status_kb(pid, "VmRSS"),
+        "hwm_kb": _status_kb(pid, "VmHWM"),
+        "rss_anon_kb": _status_kb(pid, "RssAnon"),
+        "rss_file_kb": _status_kb(pid, "RssFile"),
+        "cpu_s": own,
+        "children_cpu_s": kids,
+        "threads": int(_status_kb(pid, "Threads")),
+        "open_files": len(os.listdir(f"/proc/{pid}/fd")),
+        "child_processes": len(living),
+        "child_rss_kb": child_rss,
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def slope_kb_per_100(samples: Sequence[dict[str, Any]]) -> float | None:
+    if len(samples) < 3:
+        return None
+    fit = statistics.linear_regression(
+        [float(s["pass"]) for s in samples], [float(s["rss_kb"]) for s in samples]
+    )
+    return fit.slope * 100
+
+
+# -- Triton, as the benchmark sees it -----------------------------------------------------------
+
+
+class Index:
+    """The benchmark's own gRPC client (a subchannel of its own: never one left in backoff)."""
+
+    def __init__(self, address: str) -> None:
+        self.client = triton_grpc.InferenceServerClient(
+            address, channel_args=[("grpc.use_local_subchannel_pool", 1)]
+        )
+
+    def close(self) -> None:
+        self.client.close()
+
+    def states(self, model: str) -> dict[int, str]:
+        index = self.client.get_model_repository_index(as_json=True).get("models", [])
+        return {
+            int(m["version"]): str(m.get("state", ""))
+            for m in index
+            if m.get("name") == model and m.get("version")
+        }
+
+    def ready(self, model: str) -> set[int]:
+        return {v for v, s in self.states(model).items() if s == "READY"}
+
+    def ready_models(self) -> set[str]:
+        index = self.client.get_model_repository_index(as_json=True).get("models", [])
+        return {str(m["name"]) for m in index if m.get("state") == "READY"}
+
+    def settle(self, model: str, version: int, timeout: float = 60.0) -> None:
+        """Exactly ``version`` READY and nothing LOADING or UNLOADING."""
+
+        def settled() -> bool:
+            states = self.states(model)
+            ready = {v for v, s in states.items() if s == "READY"}
+            busy = any(s in ("LOADING", "UNLOADING") for s in states.values())
+            return ready == {version} and not busy
+
+        wait_for(settled, timeout, f"{model} settles on {version}", poll=0.02)
+
+    def config(self, model: str) -> dict[str, Any]:
+        return dict(self.client.get_model_config(model, as_json=True)["config"])
+
+    def load(self, model: str, config: dict[str, Any], versions: list[int]) -> None:
+        body = json.dumps(with_versions(config, model, versions))
+        self.client.load_model(model, config=body, client_timeout=600)
+
+
+def serves_alone(index: Index, model: str, version: int) -> Callable[[], bool]:
+    return lambda: index.ready(model) == {version}
+
+
+def http_ok(server: LocalTriton, path: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{server.http_address}{path}", timeout=0.5) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return False
+
+
+def http_ready_versions(server: LocalTriton, model: str) -> set[int]:
+    request = urllib.request.Request(
+        f"http://{server.http_address}/v2/repository/index", b"{}", method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=2) as response:
+        index = json.load(response)
+    return {
+        int(m["version"])
+        for m in index
+        if m.get("name") == model and m.get("state") == "READY" and m.get("version")
+    }
+
+
+class Restart:
+    """SIGKILL the server (and its backend stubs), start it again on the same ports.
+
+    ``LocalTriton.start`` runs on a thread (it polls readiness every 100 ms and returns once
+    ready) while ``begin`` polls ``/v2/health/live`` every 10 ms. Liveness, not readiness, is
+    the reference: with Triton's default strict readiness, ``/v2/health/ready`` stays 503
+    while any model is LOADING, so a reconciler that starts the restoring load before the
+    first readiness poll holds readiness back until its own load is done."""
+
+    def __init__(self, server: LocalTriton) -> None:
+        self.server = server
+        self.failure: list[BaseException] = []
+        self.thread: threading.Thread | None = None
+
+    def _start(self) -> None:
+        try:
+            self.server.start()
+        except BaseException as exc:  # reported by end()
+            self.failure.append(exc)
+
+    def begin(self) -> float:
+        """The monotonic time at which the restarted server first answered /v2/health/live."""
+        self.server.kill()
+        self.thread = threading.Thread(target=self._start, name="tritonserver-start", daemon=True)
+        self.thread.start()
+        return wait_for(lambda: http_ok(self.server, "/v2/health/live"), 120, "server live")
+
+    def end(self) -> None:
+        if self.thread is not None:
+            self.thread.join(180)
+        if self.failure:
+            raise BenchError(f"tritonserver did not start again: {self.failure[0]}")
+
+
+# -- 1. webhook to serving --------------------------------------------------------------------
+
+
+def hand_change(index: Index, old: int, new: int) -> dict[str, float]:
+    """Triton's own time for the change the reconciler makes, on echo-floor."""
+    config = index.config(FLOOR_MODEL)  # read before timing, as the reconciler's observe does
+    t0 = time.monotonic()
+    index.load(FLOOR_MODEL, config, [old, new])
+    t1 = time.monotonic()
+    t2 = wait_for(lambda: new in index.ready(FLOOR_MODEL), 120, "echo-floor new version READY")
+    index.load(FLOOR_MODEL, config, [new])
+    t3 = time.monotonic()
+    t4 = wait_for(serves_alone(index, FLOOR_MODEL, new), 120, "echo-floor new version alone")
+    return {
+        "total": t4 - t0,
+        "load_call": t1 - t0,
+        "verify_poll": t2 - t1,
+        "unload_call": t3 - t2,
+        "unload_poll": t4 - t3,
+    }
+
+
+def pass_breakdown(
+    events: list[dict[str, Any]], posted_wall: float, served_wall: float, until_wall: float
+) -> dict[str, Any]:
+    """The service's own account of the pass a webhook triggered (from its log lines)."""
+    window = [e for e in events if posted_wall - 0.005 <= _event_time(e) <= until_wall + 0.005]
+    finished = next((e for e in window if e.get("message") == "pass finished"), None)
+    steps = {
+        str(e["step"]): e
+        for e in window
+        if e.get("message") == "step" and e.get("model") == MODEL and not e.get("revert")
+    }
+    if finished is None or not {"load", "verify", "unload"} <= set(steps):
+        return {"complete": False}
+    pass_end = _event_time(finished)
+    pass_start = pass_end - float(finished["seconds"])
+    load_end = _event_time(steps["load"])
+    load_start = load_end - float(steps["load"]["seconds"])
+    unload_end = _event_time(steps["unload"])
+    return {
+        "complete": True,
+        "result": finished.get("result"),
+        "webhook_to_pass_start": pass_start - posted_wall,
+        "pass_start_to_first_step": load_start - pass_start,
+        "load_step": float(steps["load"]["seconds"]),
+        "verify_step": float(steps["verify"]["seconds"]),
+        "unload_step": float(steps["unload"]["seconds"]),
+        "unload_end_to_observed": served_wall - unload_end,
+        "after_serving_in_pass": pass_end - unload_end,
+        "pass_seconds": float(finished["seconds"]),
+    }
+
+
+def webhook_changes(
+    service: Service,
+    manifests: ManifestRepo,
+    index: Index,
+    count: int,
+    warmup: int,
+    gap: float,
+) -> list[dict[str, Any]]:
+    current = 1
+    runs = []
+    for number in range(-warmup, count):
+        new = 2 if current == 1 else 1
+        manifests.write("echo.yaml", deployment_doc(MODEL, [new], [SERVER]))
+        sha = manifests.commit(f"echo {new}")
+        before = service.pass_count()
+        posted_wall = time.time()
+        t0 = time.monotonic()
+        status = service.github_push(sha)
+        if status != 202:
+            raise BenchError(f"signed webhook answered {status}")
+        served = wait_for(serves_alone(index, MODEL, new), 120, f"echo {new} alone READY")
+        served_wall = posted_wall + (served - t0)
+        service.wait_passes(before, 120, "the webhook's pass is counted")
+        until_wall = time.time()
+        index.settle(MODEL, new)
+        time.sleep(gap)
+        floor = hand_change(index, current, new)
+        index.settle(FLOOR_MODEL, new)
+        time.sleep(gap)
+        run: dict[str, Any] = {
+            "change": number,
+            "from": current,
+            "to": new,
+            "revision": sha,
+            "webhook_to_serving": served - t0,
+            "floor": floor,
+            "overhead": served - t0 - floor["total"],
+            "service": pass_breakdown(service.events(), posted_wall, served_wall, until_wall),
+        }
+        if number >= 0:
+            runs.append(run)
+        print(
+            f"  change {number:>3} {current}->{new}  webhook-to-serving "
+            f"{run['webhook_to_serving']:6.3f} s  floor {floor['total']:6.3f} s  overhead "
+            f"{run['overhead'] * 1000:7.1f} ms" + ("  (warm-up)" if number < 0 else ""),
+            file=sys.stderr,
+        )
+        current = new
+    return runs
+
+
+# -- 2. restart to restored ---------------------------------------------------------------------
+
+
+def restarts(
+    service: Service, server: LocalTriton, count: int, version: int, gap: float
+) -> list[dict[str, Any]]:
+    runs = []
+    for number in range(count):
+        before = service.pass_count()
+        killed_wall = time.time()
+        restart = Restart(server)
+        try:
+            live = restart.begin()
+            live_wall = time.time() - (time.monotonic() - live)
+            ready: float | None = None
+            restored: float | None = None
+
+            def both() -> bool:
+                nonlocal ready, restored
+                if ready is None and http_ok(server, "/v2/health/ready"):
+                    ready = time.monotonic()
+                if restored is None and http_ready_versions(server, MODEL) == {version}:
+                    restored = time.monotonic()
+                return ready is not None and restored is not None
+
+            wait_for(both, 120, "echo restored and the server ready")
+        finally:
+            restart.end()
+        assert ready is not None and restored is not None
+        service.wait_passes(before, 120, "the restoring pass is counted")
+        until_wall = time.time()
+        events = [e for e in service.events() if killed_wall <= _event_time(e) <= until_wall]
+        requested = next(
+            (
+                e
+                for e in events
+                if e.get("message") == "pass requested" and "drifted" in str(e.get("trigger"))
+            ),
+            None,
+        )
+        finished = next((e for e in events if e.get("message") == "pass finished"), None)
+        load = next(
+            (e for e in events if e.get("message") == "step" and e.get("step") == "load"), None
+        )
+        run = {
+            "restart": number,
+            "live_to_restored": restored - live,
+            "live_to_ready": ready - live,
+            "ready_to_restored": restored - ready,
+            "watch_triggered_after_live": _event_time(requested) - live_wall if requested else None,
+            "watch_trigger": requested.get("trigger") if requested else None,
+            "pass_seconds": float(finished["seconds"]) if finished else None,
+            "load_step": float(load["seconds"]) if load else None,
+            "drift_corrections": service.metrics().get(
+                f'triton_gitops_drift_corrections_total{{model="{MODEL}",server="{SERVER}"}}'
+            ),
+        }
+        runs.append(run)
+        print(
+            f"  restart {number:>2}  live-to-restored {run['live_to_restored']:6.3f} s  "
+            f"(ready after {run['live_to_ready']:5.3f} s; watch triggered after "
+            f"{run['watch_triggered_after_live'] or 0:5.3f} s, pass "
+            f"{run['pass_seconds'] or 0:5.3f} s, load {run['load_step'] or 0:5.3f} s)",
+            file=sys.stderr,
+        )
+        time.sleep(gap)
+    return runs
+
+
+def restart_floors(
+    server: LocalTriton, repository: Path, count: int, version: int
+) -> list[dict[str, float]]:
+    """With the service stopped: restart, then load echo by hand as soon as the server is
+    live, until it is READY."""
+    config = parse_pbtxt((repository / MODEL / "config.pbtxt").read_text())
+    floors = []
+    for _ in range(count):
+        restart = Restart(server)
+        try:
+            live = restart.begin()
+            index = Index(server.grpc_address)
+            try:
+                index.load(MODEL, config, [version])
+                loaded = time.monotonic()
+                done = wait_for(serves_alone(index, MODEL, version), 120, "echo READY by hand")
+            finally:
+                index.close()
+        finally:
+            restart.end()
+        floors.append({"total": done - live, "until_load_returned": loaded - live})
+        print(f"  floor restart  live-to-READY by hand {done - live:6.3f} s", file=sys.stderr)
+    return floors
+
+
+# -- 3. idle passes -----------------------------------------------------------------------------
+
+
+def scrape_cost(service: Service, scrapes: int) -> dict[str, float]:
+    """The service's CPU for one GET /metrics (the benchmark's own way of waiting)."""
+    before, _ = cpu_seconds(service.pid)
+    started = time.monotonic()
+    for _ in range(scrapes):
+        service.metrics()
+    seconds = time.monotonic() - started
+    after, _ = cpu_seconds(service.pid)
+    return {"scrapes": scrapes, "cpu_s_per_scrape": (after - before) / scrapes, "wall_s": seconds}
+
+
+def idle_passes(
+    service: Service,
+    server_pid: int,
+    passes: int,
+    sample_every: int,
+    max_seconds: float,
+) -> dict[str, Any]:
+    metrics = service.metrics()
+    count = int(sum(service.passes(metrics).values()))
+    results_before = service.passes(metrics)
+    histogram_before = (
+        metrics["triton_gitops_pass_duration_seconds_sum"],
+        metrics["triton_gitops_pass_duration_seconds_count"],
+    )
+    scrapes_before = service.scrapes
+    triton_cpu_before = sum(cpu_seconds(server_pid))
+    started = time.monotonic()
+    started_wall = time.time()
+    samples = [sample_process(service.pid, 0, started)]
+    walls: list[float] = []
+    extra = 0
+    last = 0.2
+    done = 0
+    for number in range(1, passes + 1):
+        t0 = time.monotonic()
+        status = service.reconcile_now()
+        if status != 202:
+            raise BenchError(f"POST /reconcile answered {status}")
+        # Poll the counter from a little before the pass is expected to end: few scrapes.
+        time.sleep(max(0.0, 0.8 * last - (time.monotonic() - t0)))
+        now = service.wait_passes(count, 120, f"idle pass {number} is counted")
+        last = time.monotonic() - t0
+        walls.append(last)
+        extra += now - count - 1
+        count = now
+        done = number
+        if number % sample_every == 0:
+            samples.append(sample_process(service.pid, number, started))
+            rss = samples[-1]["rss_kb"] / 1024
+            print(
+                f"  pass {number:>5}  RSS {rss:6.1f} MB  CPU {samples[-1]['cpu_s']:7.2f} s  "
+                f"last pass {last * 1000:6.1f} ms",
+                file=sys.stderr,
+            )
+        if time.monotonic() - started > max_seconds:
+            print(f"  stopped after {number} passes: --idle-max-seconds", file=sys.stderr)
+            break
+    if samples[-1]["pass"] != done:
+        samples.append(sample_process(service.pid, done, started))
+    elapsed = time.monotonic() - started
+    metrics = service.metrics()
+    histogram = (
+        metrics["triton_gitops_pass_duration_seconds_sum"] - histogram_before[0],
+        metrics["triton_gitops_pass_duration_seconds_count"] - histogram_before[1],
+    )
+    results = {
+        k: v - results_before.get(k, 0.0)
+        for k, v in service.passes(metrics).items()
+        if v - results_before.get(k, 0.0)
+    }
+    events = [e for e in service.events() if _event_time(e) >= started_wall]
+    logged = [float(e["seconds"]) for e in events if e.get("message") == "pass finished"]
+    changed = [e for e in events if e.get("message") in ("step", "change", "drift corrected")]
+    return {
+        "requested": passes,
+        "run": done,
+        "extra_passes": extra,  # passes the watch (or anything else) started meanwhile
+        "seconds": elapsed,
+        "results": results,
+        "steps_or_changes_logged": len(changed),
+        "scrapes": service.scrapes - scrapes_before,
+        "histogram_mean_s": histogram[0] / histogram[1] if histogram[1] else None,
+        "histogram_count": histogram[1],
+        "logged_pass_s": summary(logged),
+        "request_to_counted_s": summary(walls),
+        "triton_cpu_s_per_pass": (sum(cpu_seconds(server_pid)) - triton_cpu_before) / done,
+        "samples": samples,
+    }
+
+
+# -- diagnosis, in this process -----------------------------------------------------------------
+
+
+def _where(key: tuple[str, int, str]) -> str:
+    file, line, function = key
+    for marker in ("/site-packages/", "/work/main/", "/lib/python3"):
+        if marker in file:
+            file = file.split(marker, 1)[1]
+            break
+    return f"{file}:{line}({function})" if line else function
+
+
+def profile_passes(source: Source, settings: Settings, passes: int) -> dict[str, Any]:
+    reconcile(source, settings, apply_changes=True)  # first pass: a fresh state store, clone
+    walls = []
+    profiler = cProfile.Profile()
+    for _ in range(passes):
+        t0 = time.monotonic()
+        profiler.enable()
+        report = reconcile(source, settings, apply_changes=True)
+        profiler.disable()
+        walls.append(time.monotonic() - t0)
+        if report.plan.has_changes or not report.ok:
+            raise BenchError(f"an in-process idle pass was not idle: {report.plan}")
+    stats = pstats.Stats(profiler)
+    table: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
+
+    def top(index: int, n: int) -> list[dict[str, Any]]:
+        rows = sorted(table.items(), key=lambda kv: kv[1][index], reverse=True)[:n]
+        return [
+            {
+                "function": _where(key),
+                "calls_per_pass": value[1] / passes,
+                "own_ms_per_pass": value[2] / passes * 1000,
+                "cumulative_ms_per_pass": value[3] / passes * 1000,
+            }
+            for key, value in rows
+        ]
+
+    # (file suffix, function, label): whichever of them the current code has
+    phases = (
+        ("adapters/git.py", "fetch", "git fetch (GitSource.fetch)"),
+        ("adapters/git.py", "read", "read manifests at the commit"),
+        ("adapters/git.py", "revision", "fetch + read (GitSource.revision)"),
+        ("reconciler/spec/load.py", "load_desired_state", "parse + validate manifests"),
+        ("reconciler/loop.py", "check_approved", "check_approved"),
+        ("reconciler/loop.py", "observe", "observe (waits for the gRPC pool)"),
+        ("reconciler/plan.py", "plan", "plan"),
+        ("reconciler/apply.py", "apply", "apply (nothing to do)"),
+        ("adapters/state.py", "record_pass", "StateStore.record_pass"),
+        ("adapters/state.py", "history", "StateStore.history"),
+        ("adapters/state.py", "last_pass", "StateStore.last_pass"),
+        ("adapters/state.py", "close", "StateStore.close"),
+    )
+    named = {}
+    for key, value in table.items():
+        file, _, function = key
+        for suffix, name, label in phases:
+            if file.endswith(suffix) and function == name:
+                named[label] = value[3] / passes * 1000
+    return {
+        "passes": passes,
+        "wall_s": summary(walls),
+        "note": "cProfile sees the calling thread only: observe's gRPC calls run in a pool, "
+        "so 'observe' is the wait for them",
+        "phases_cumulative_ms_per_pass": dict(sorted(named.items(), key=lambda kv: -kv[1])),
+        "top_cumulative": top(3, 15),
+        "top_own": top(2, 15),
+    }
+
+
+def direct_timings(
+    source: Source, settings: Settings, repository: Path, address: str, repeats: int
+) -> dict[str, Any]:
+    """The big parts of an idle pass timed one by one, without a profiler: fetch (and read),
+    parse + validate the manifests, observe the server (index, configs, config.pbtxt)."""
+    from reconciler.adapters.triton import TritonServerClient
+    from reconciler.loop import fetch
+    from reconciler.spec import load_desired_state
+
+    times: dict[str, list[float]] = {"fetch": [], "parse_validate": [], "observe": []}
+    try:
+        for _ in range(repeats):
+            t0 = time.monotonic()
+            revision = fetch(source, settings)
+            t1 = time.monotonic()
+            desired = load_desired_state(revision.files)
+            t2 = time.monotonic()
+            models = sorted(desired.placements[SERVER])
+            with TritonServerClient(SERVER, address, model_repository=str(repository)) as client:
+                client.observe(models)
+            t3 = time.monotonic()
+            times["fetch"].append(t1 - t0)
+            times["parse_validate"].append(t2 - t1)
+            times["observe"].append(t3 - t2)
+    except Exception as exc:  # the reconciler's API moved: say so, keep the rest
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    return {"repeats": repeats} | {k: summary(v, 1000) for k, v in times.items()}
+
+
+def tracemalloc_passes(source: Source, settings: Settings, passes: int) -> dict[str, Any]:
+    """The Python heap over idle passes: traced memory after 10 warm-up passes, after half
+    the passes and after all of them (garbage collected before each reading); a leak grows
+    in both halves."""
+
+    def reading() -> tuple[tracemalloc.Snapshot, int]:
+        gc.collect()
+        snapshot = tracemalloc.take_snapshot().filter_traces(
+            (tracemalloc.Filter(False, tracemalloc.__file__),)
+        )
+        return snapshot, tracemalloc.get_traced_memory()[0]
+
+    def top(
+        new: tracemalloc.Snapshot, old: tracemalloc.Snapshot, n: int = 5
+    ) -> list[dict[str, Any]]:
+        return [
+            {
+                "where": str(d.traceback[0]),
+                "size_diff_kb": d.size_diff / 1024,
+                "count": d.count_diff,
+            }
+            for d in new.compare_to(old, "lineno")[:n]
+        ]
+
+    half = max(1, passes // 2)
+    tracemalloc.start(12)
+    try:
+        for _ in range(10):  # warm up caches first
+            reconcile(source, settings, apply_changes=True)
+        first, at_first = reading()
+        for _ in range(half):
+            reconcile(source, settings, apply_changes=True)
+        middle, at_half = reading()
+        for _ in range(passes - half):
+            reconcile(source, settings, apply_changes=True)
+        last, at_last = reading()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    biggest = middle.compare_to(first, "traceback")[:1]
+    return {
+        "passes": passes,
+        "traced_kb": [at_first / 1024, at_half / 1024, at_last / 1024],
+        "growth_kb_per_100_passes": {
+            "first_half": (at_half - at_first) / 1024 / half * 100,
+            "second_half": (at_last - at_half) / 1024 / max(1, passes - half) * 100,
+        },
+        "peak_kb": peak / 1024,
+        "top_growth_first_half": top(middle, first),
+        "top_growth_second_half": top(last, middle),
+        "biggest_first_half_traceback": [str(f) for f in biggest[0].traceback] if biggest else [],
+    }
+
+
+def tree_digest() -> str:
+    """A digest of the reconciler's code and schemas as they are on disk now (other sessions
+    edit them while benchmarks run)."""
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted([*root.glob("reconciler/**/*.py"), *root.glob("schemas/*.json")]):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+IMPORT_STEPS = (
+    ("python (bare)", ""),
+    ("+ numpy", "numpy"),
+    ("+ grpc", "grpc"),
+    ("+ tritonclient.grpc", "tritonclient.grpc"),
+    ("+ git (GitPython)", "git"),
+    ("+ apscheduler", "apscheduler.schedulers.background"),
+    ("+ prometheus_client", "prometheus_client"),
+    ("+ ruamel.yaml", "ruamel.yaml"),
+    ("+ jsonschema", "jsonschema"),
+    ("+ requests, prometheus_api_client", "prometheus_api_client.prometheus_connect"),
+    ("+ reconciler.cli (everything)", "reconciler.cli"),
+)
+
+
+def import_rss() -> list[dict[str, Any]]:
+    """RSS of a fresh interpreter as it imports the service's dependencies, one after another."""
+    script = (
+        "import importlib, json, sys\n"
+        "def rss():\n"
+        "    found = {}\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith(('VmRSS:', 'RssAnon:')):\n"
+        "            found[line.split(':')[0]] = int(line.split()[1])\n"
+        "    return found['VmRSS'], found['RssAnon']\n"
+        "out = []\n"
+        f"for label, module in {list(IMPORT_STEPS)!r}:\n"
+        "    if module:\n"
+        "        importlib.import_module(module)\n"
+        "    total, anon = rss()\n"
+        "    out.append({'step': label, 'rss_kb': total, 'rss_anon_kb': anon})\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    return list(json.loads(done.stdout))
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    busy_before = {"load_average": os.getloadavg(), "other_tritonservers": other_tritonservers()}
+    code: dict[str, Any] = {"at_start": provenance() | {"tree": tree_digest()}}
+    with tempfile.TemporaryDirectory(prefix="bench-daemon-") as tmp:
+        root = Path(tmp)
+        repository = model_repository(root / "models", args.models)
+        server = LocalTriton(repository, log_file=root / "tritonserver.log")
+        manifests = ManifestRepo(root / "git")
+        services: list[Service] = []
+        index: Index | None = None
+        result: dict[str, Any] = {}
+        try:
+            server.start()
+            index = Index(server.grpc_address)
+            version = str(index.client.get_server_metadata(as_json=True)["version"])
+            result["machine"] = machine(version) | {"busy_at_start": busy_before}
+
+            # 1. webhook to serving
+            print("1. webhook to serving", file=sys.stderr)
+            manifests.write("servers.yaml", server_doc(SERVER, server.grpc_address, repository))
+            manifests.write("echo.yaml", deployment_doc(MODEL, [1], [SERVER]))
+            manifests.commit("deploy echo 1")
+            service = Service(manifests.url, root / "service-a", args.watch_interval)
+            code["service_a_tree"] = tree_digest()
+            services.append(service.start())
+            wait_for(lambda: index is not None and index.ready(MODEL) == {1}, 120, "echo 1")
+            service.wait_passes(0, 120, "the first pass")
+            index.settle(MODEL, 1)
+            floor_config = parse_pbtxt((repository / FLOOR_MODEL / "config.pbtxt").read_text())
+            index.load(FLOOR_MODEL, floor_config, [1])
+            index.settle(FLOOR_MODEL, 1)
+            changes = webhook_changes(
+                service, manifests, index, args.changes, args.warmup, args.gap
+            )
+            final = changes[-1]["to"] if changes else 1
+            index.close()
+            index = None
+
+            # 2. restart to restored
+            print("2. restart to restored", file=sys.stderr)
+            restored = restarts(service, server, args.restarts, final, args.gap)
+            service_a_exit = service.stop()
+            floors = restart_floors(server, repository, args.restarts, final)
+
+            # 3. idle passes
+            print(f"3. idle passes over {args.models} models", file=sys.stderr)
+            server.kill()
+            server.start()  # nothing loaded
+            manifests.remove("echo.yaml")
+            manifests.write(
+                "idle/models.yaml",
+                "---\n".join(
+                    deployment_doc(idle_name(i), [1], [SERVER]) for i in range(args.models)
+                ),
+            )
+            manifests.commit(f"{args.models} idle models")
+            service = Service(manifests.url, root / "service-b", args.watch_interval)
+            code["service_b_tree"] = tree_digest()
+            services.append(service.start())
+            at_start = sample_process(service.pid, 0, time.monotonic())
+            t0 = time.monotonic()
+            service.wait_passes(0, 60 + 30 * args.models, "the deploying pass")
+            deploy_seconds = time.monotonic() - t0
+            index = Index(server.grpc_address)
+            expected = {idle_name(i) for i in range(args.models)}
+            if not expected <= index.ready_models():
+                missing = sorted(expected - index.ready_models())
+                raise BenchError(f"not deployed: {', '.join(missing[:5])} ({len(missing)})")
+            assert server.process is not None
+            stubs = len(children(server.process.pid))
+            after_deploy = sample_process(service.pid, 0, time.monotonic())
+            cost = scrape_cost(service, args.scrapes)
+            idle = idle_passes(
+                service, server.process.pid, args.passes, args.sample_every, args.idle_max_seconds
+            )
+            service_b_exit = service.stop()
+
+            # Diagnosis in this process: where a pass goes, and whether its Python heap grows.
+            print("diagnosis: in-process passes under cProfile and tracemalloc", file=sys.stderr)
+            source = Source(manifests.url)
+            settings = Settings(cache_dir=root / "inproc" / "cache", state_path=root / "inproc.db")
+            profile = profile_passes(source, settings, args.profile_passes)
+            traced = tracemalloc_passes(source, settings, args.tracemalloc_passes)
+            direct = direct_timings(
+                source, settings, repository, server.grpc_address, args.profile_passes
+            )
+            imports = import_rss()
+
+            result |= {
+                "webhook": changes,
+                "restart": {"runs": restored, "floors": floors},
+                "idle": idle
+                | {
+                    "models": args.models,
+                    "backend_stub_processes": stubs,
+                    "deploy_pass_s": deploy_seconds,
+                    "service_at_start": at_start,
+                    "service_after_deploy": after_deploy,
+                    "scrape_cost": cost,
+                },
+                "diagnosis": {
+                    "direct_ms": direct,
+                    "profile": profile,
+                    "tracemalloc": traced,
+                    "import_rss": imports,
+                },
+                "code": code,
+                "service_exit_codes": [service_a_exit, service_b_exit],
+            }
+        except BenchError as exc:
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            kept = []
+            for name, path in [("tritonserver", server.log_file)] + [
+                (f"service-{i}", s.log) for i, s in enumerate(services)
+            ]:
+                if path is not None and path.exists():
+                    target = RESULTS / f"daemon-{name}.log"
+                    shutil.copyfile(path, target)
+                    kept.append(str(target))
+            raise BenchError(f"{exc}\nlogs kept: {', '.join(kept)}") from exc
+        finally:
+            if index is not None:
+                index.close()
+            for service in services:
+                service.stop()
+            server.stop()
+    return report(args, result, time.monotonic() - started)
+
+
+def report(args: argparse.Namespace, raw: dict[str, Any], seconds: float) -> dict[str, Any]:
+    changes = raw["webhook"]
+    complete = [c["service"] for c in changes if c["service"].get("complete")]
+
+    def part(name: str) -> dict[str, float] | None:
+        return summary([c[name] for c in complete], 1000)
+
+    overhead = summary([c["overhead"] for c in changes], 1000)
+    e2e = summary([c["webhook_to_serving"] for c in changes], 1000)
+    floor = summary([c["floor"]["total"] for c in changes], 1000)
+    assert overhead is not None and e2e is not None and floor is not None
+    restart_runs = raw["restart"]["runs"]
+    idle = raw["idle"]
+    samples = idle["samples"]
+    run_passes = idle["run"]
+    second_half = [s for s in samples if s["pass"] >= run_passes / 2]
+    slope_all = slope_kb_per_100(samples)
+    slope_warm = slope_kb_per_100([s for s in samples if s["pass"] >= WARM_PASSES])
+    slope_second = slope_kb_per_100(second_half)
+    rss = [s["rss_kb"] for s in samples]
+    grew = [b["pass"] for a, b in itertools.pairwise(samples) if b["rss_kb"] - a["rss_kb"] > 64]
+    cpu = samples[-1]["cpu_s"] - samples[0]["cpu_s"]
+    children_cpu = samples[-1]["children_cpu_s"] - samples[0]["children_cpu_s"]
+    scrape_cpu = idle["scrape_cost"]["cpu_s_per_scrape"] * idle["scrapes"]
+    max_rss_mb = max(rss) / 1024
+    flat = None if slope_second is None else slope_second * 10 < FLAT_KB_PER_1000
+    code = raw["code"] | {"at_end": provenance() | {"tree": tree_digest()}}
+    trees = {code["at_start"]["tree"], code["at_end"]["tree"]}
+    trees |= {code[k] for k in ("service_a_tree", "service_b_tree") if k in code}
+    code["changed_during_run"] = len(trees) > 1
+    return {
+        "benchmark": "daemon",
+        "command": " ".join(["python -m bench.daemon", *sys.argv[1:]]),
+        "date": datetime.now().astimezone().isoformat(timespec="seconds"),
+        "settings": {k: v for k, v in vars(args).items() if k != "output"}
+        | {"service": "--interval 3600 --jitter 0, --watch-interval as given"},
+        "machine": raw["machine"]
+        | {
+            "load_average_at_end": os.getloadavg(),
+            "other_tritonservers_at_end": other_tritonservers(),
+        },
+        "code": code,
+        "run_seconds": seconds,
+        "webhook_to_serving_ms": {
+            "changes": len(changes),
+            "webhook_to_serving": e2e,
+            "floor": floor,
+            "floor_parts": {
+                k: summary([c["floor"][k] for c in changes], 1000)
+                for k in ("load_call", "verify_poll", "unload_call", "unload_poll")
+            },
+            "overhead": overhead,
+            "overhead_of_medians": e2e["median"] - floor["median"],
+            "service_parts": {
+                "complete": len(complete),
+                "webhook_to_pass_start": part("webhook_to_pass_start"),
+                "pass_start_to_first_step": part("pass_start_to_first_step"),
+                "load_step": part("load_step"),
+                "verify_step": part("verify_step"),
+                "unload_step": part("unload_step"),
+                "unload_end_to_observed": part("unload_end_to_observed"),
+                "after_serving_in_pass": part("after_serving_in_pass"),
+                "pass": part("pass_seconds"),
+            },
+        },
+        "restart_ms": {
+            "restarts": len(restart_runs),
+            "live_to_restored": summary([r["live_to_restored"] for r in restart_runs], 1000),
+            "live_to_ready": summary([r["live_to_ready"] for r in restart_runs], 1000),
+            "ready_to_restored": summary([r["ready_to_restored"] for r in restart_runs], 1000),
+            "watch_triggered_after_live": summary(
+                [r["watch_triggered_after_live"] for r in restart_runs], 1000
+            ),
+            "restoring_pass": summary([r["pass_seconds"] for r in restart_runs], 1000),
+            "load_step": summary([r["load_step"] for r in restart_runs], 1000),
+            "floor_live_to_ready_by_hand": summary(
+                [f["total"] for f in raw["restart"]["floors"]], 1000
+            ),
+            "drift_corrections_counted": restart_runs[-1]["drift_corrections"]
+            if restart_runs
+            else None,
+        },
+        "idle": {
+            "models": idle["models"],
+            "backend_stub_processes": idle["backend_stub_processes"],
+            "deploy_pass_s": idle["deploy_pass_s"],
+            "passes_requested": idle["requested"],
+            "passes_run": run_passes,
+            "extra_passes": idle["extra_passes"],
+            "results": idle["results"],
+            "steps_or_changes_logged": idle["steps_or_changes_logged"],
+            "seconds": idle["seconds"],
+            "rss_mb": {
+                "service_start": idle["service_at_start"]["rss_kb"] / 1024,
+                "after_deploy": idle["service_after_deploy"]["rss_kb"] / 1024,
+                "start": rss[0] / 1024,
+                "end": rss[-1] / 1024,
+                "max": max_rss_mb,
+                "min": min(rss) / 1024,
+                "peak_hwm": samples[-1]["hwm_kb"] / 1024,
+                "anon_start_end": [
+                    samples[0]["rss_anon_kb"] / 1024,
+                    samples[-1]["rss_anon_kb"] / 1024,
+                ],
+                "file_start_end": [
+                    samples[0]["rss_file_kb"] / 1024,
+                    samples[-1]["rss_file_kb"] / 1024,
+                ],
+            },
+            "rss_last_grew_by_over_64_kb_at_pass": grew[-1] if grew else None,
+            "rss_slope_kb_per_100_passes": {
+                "all": slope_all,
+                f"from_pass_{WARM_PASSES}": slope_warm,
+                "second_half": slope_second,
+            },
+            "cpu_s_per_pass": cpu / run_passes,
+            "cpu_s_per_pass_without_scrapes": (cpu - scrape_cpu) / run_passes,
+            "children_cpu_s_per_pass": children_cpu / run_passes,
+            "scrape_cost": idle["scrape_cost"] | {"scrapes_during_passes": idle["scrapes"]},
+            "triton_cpu_s_per_pass": idle["triton_cpu_s_per_pass"],
+            "pass_s_histogram_mean": idle["histogram_mean_s"],
+            "pass_s_logged": idle["logged_pass_s"],
+            "request_to_counted_s": idle["request_to_counted_s"],
+            "threads": [samples[0]["threads"], samples[-1]["threads"]],
+            "open_files": [samples[0]["open_files"], samples[-1]["open_files"]],
+            "child_processes": [samples[0]["child_processes"], samples[-1]["child_processes"]],
+            "child_rss_mb": [samples[0]["child_rss_kb"] / 1024, samples[-1]["child_rss_kb"] / 1024],
+            "samples": samples,
+        },
+        "diagnosis": raw["diagnosis"],
+        "service_exit_codes": raw["service_exit_codes"],
+        "targets_met": {
+            "overhead_per_change_under_1_s": overhead["max"] < OVERHEAD_TARGET_S * 1000,
+            "rss_under_80_mb": max_rss_mb < RSS_TARGET_MB,
+            "rss_flat": flat,
+        },
+        "webhook_changes": changes,
+        "restart_runs": restart_runs,
+        "restart_floors": raw["restart"]["floors"],
+    }
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def _f(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _row(name: str, stats: dict[str, float] | None) -> str:
+    if stats is None:
+        return f"| {name} | - | - | - | - |"
+    return (
+        f"| {name} | {_f(stats['median'])} | {_f(stats['p90'])} | {_f(stats['max'])} | "
+        f"{_f(stats['min'])} |"
+    )
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    s = result["settings"]
+    w = result["webhook_to_serving_ms"]
+    r = result["restart_ms"]
+    i = result["idle"]
+    met = result["targets_met"]
+    d = result["diagnosis"]
+    code = result["code"]
+    verdict = {True: "**met**", False: "**missed**", None: "not measured (too few passes)"}
+    busy = m["busy_at_start"]
+    rss = i["rss_mb"]
+    slope = i["rss_slope_kb_per_100_passes"]
+    sp = w["service_parts"]
+    restore_gap = r["live_to_restored"]["median"] - r["floor_live_to_ready_by_hand"]["median"]
+    lines = [
+        "## Continuous operation (issue: continuous reconciliation)",
+        "",
+        "**Question:** run as a service (`triton-gitops run`), how much time does the reconciler "
+        "add between a signed webhook and the new version serving, beyond Triton's own load "
+        "time; how long until a killed and restarted Triton serves again; and what do RSS and "
+        "CPU do over many idle passes against a server with many models? Targets: **under 1 s "
+        "of our own overhead per change**, **under 80 MB RSS**, RSS flat.",
+        "",
+        "### Command",
+        "",
+        "```sh",
+        result["command"].replace("python ", "/tmp/venv/bin/python ", 1),
+        "```",
+        "",
+        f"Options (this run's values): `--changes {s['changes']}` `--warmup {s['warmup']}` "
+        f"`--restarts {s['restarts']}` `--models {s['models']}` `--passes {s['passes']}` "
+        f"`--sample-every {s['sample_every']}` `--idle-max-seconds {s['idle_max_seconds']:g}` "
+        f"`--watch-interval {s['watch_interval']:g}` `--gap {s['gap']:g}` "
+        f"`--scrapes {s['scrapes']}` `--profile-passes {s['profile_passes']}` "
+        f"`--tracemalloc-passes {s['tracemalloc_passes']}` `--output PATH`. The result goes to "
+        "`bench/results/daemon.json`.",
+        "",
+        "### What it does",
+        "",
+        "One `tritonserver` (`LocalTriton`, EXPLICIT mode) over the test model repository plus "
+        f"`echo-floor` (echo under another name) and {s['models']} copies of echo "
+        "(`idle-000`...); a bare Git remote (`ManifestRepo`, `file://`). The service is "
+        "`python -m reconciler run` in its own process group with `--interval 3600 --jitter 0 "
+        f"--watch-interval {s['watch_interval']:g}`, the GitHub secret from a file and "
+        "`TRITON_GITOPS_RECONCILE_TOKEN` in its environment; it is stopped with SIGTERM by pid.",
+        "",
+        "1. **Webhook to serving.** echo is deployed at 1. Each change commits the other version "
+        "(1 <-> 2) and pushes (not timed), then POSTs a signed GitHub push webhook; timed until "
+        "the repository index shows exactly the new version READY (tritonclient gRPC, every "
+        "10 ms). Interleaved, the same change by hand on `echo-floor` (no manifest declares it, "
+        "so the service leaves it alone): `load_model` with the whole config and versions "
+        "[old, new], poll until new is READY, `load_model` with [new], poll until new is READY "
+        "alone. Overhead = webhook-to-serving minus that floor, change by change. The service's "
+        "own JSON log lines split its side (pass start = `pass finished` time minus its "
+        "seconds; steps from the `step` lines).",
+        "2. **Restart to restored.** `LocalTriton.kill()` (SIGKILL to the server's process "
+        "group) and `start()` on the same ports; timed from `/v2/health/live` first answering "
+        "200 (polled every 10 ms) until the HTTP repository index shows echo READY at the "
+        "desired version (every 10 ms); `/v2/health/ready` is polled as well. The service "
+        "finds out with its watch. Floor, afterwards with the service stopped: the same "
+        "restart, then a hand `load_model` of echo as soon as the server is live, until READY.",
+        f"3. **Idle passes.** A fresh server and a fresh service; the manifests declare "
+        f"{s['models']} ModelDeployments, deployed by the service's first pass. Then passes "
+        "with nothing to change, back to back: `POST /reconcile` (bearer token), then wait for "
+        "`triton_gitops_passes_total` on `/metrics` to move (polling from 80% of the last "
+        f"pass's duration, every 20 ms). Every {s['sample_every']} passes `/proc/PID` of the "
+        "service: `VmRSS` (and `RssAnon`, `RssFile`, `VmHWM`), utime+stime, "
+        "cutime+cstime (the `git` children), threads, open files, children. The service's CPU "
+        "for one `/metrics` scrape is measured first and taken off in the second CPU figure.",
+        "4. **Diagnosis**, in the benchmark's own process against the same server and "
+        "manifests (own cache and state): the big parts of an idle pass timed one by one, "
+        "passes under cProfile and under tracemalloc, and the RSS of a fresh interpreter "
+        "importing the service's dependencies one after another.",
+        "",
+        "### Machine",
+        "",
+        f'- {m["nproc"]} vCPU, `/proc/cpuinfo` model name "{m["cpu_model"]}", {m["ram_gib"]} '
+        f"GiB RAM; {m['platform']}.",
+        f"- Python {m['python']}; Triton Inference Server {m['triton_server']} from "
+        f"nvidia-pytriton {m['nvidia_pytriton']} (CPU only, Python backend); tritonclient "
+        f"{m['tritonclient']}.",
+        f"- Shared with other sessions' test suites and benchmarks: 1-minute load average "
+        f"{busy['load_average'][0]:.2f} at the start, up to "
+        f"{max(x['load_average'] for x in i['samples']):.2f} during the idle passes, "
+        f"{m['load_average_at_end'][0]:.2f} at the end; other tritonservers running: "
+        f"{busy['other_tritonservers']} at the start, {m['other_tritonservers_at_end']} at "
+        "the end.",
+        f"- Reconciler code measured: commit `{code['at_start']['commit'][:7]}`"
+        + (
+            f" plus uncommitted work in {len(code['at_start']['uncommitted_reconciler_files'])} "
+            "files of `reconciler/`"
+            if code["at_start"]["uncommitted_reconciler_files"]
+            else ""
+        )
+        + (
+            "; **the code on disk changed during the run** (other sessions edit it; digests in "
+            "the JSON under `code`)"
+            if code["changed_during_run"]
+            else "; unchanged during the run"
+        )
+        + (
+            ". Both services started from the tree as it was at the start"
+            if code.get("service_a_tree") == code.get("service_b_tree") == code["at_start"]["tree"]
+            else ". The services did not start from the same tree"
+        )
+        + (
+            f"; at the end it was commit `{code['at_end']['commit'][:7]}`, which the import "
+            "measurement (run last) used"
+            if code["changed_during_run"]
+            else ""
+        )
+        + ".",
+        "",
+        f"### Results (one run, {result['date'][:10]}, {result['run_seconds'] / 60:.1f} min)",
+        "",
+        f"**Webhook to serving**, {w['changes']} changes after {s['warmup']} warm-up (ms):",
+        "",
+        "| ms | median | p90 | max | min |",
+        "|---|---:|---:|---:|---:|",
+        _row("webhook to serving", w["webhook_to_serving"]),
+        _row("floor: the same change by hand", w["floor"]),
+        _row("**our overhead** (change by change)", w["overhead"]),
+        _row("service: webhook to pass start", sp["webhook_to_pass_start"]),
+        _row(
+            "service: pass start to load step (fetch, parse, observe, plan)",
+            sp["pass_start_to_first_step"],
+        ),
+        _row("service: load step", sp["load_step"]),
+        _row("floor: load call", w["floor_parts"]["load_call"]),
+        _row("service: verify step", sp["verify_step"]),
+        _row("service: unload step", sp["unload_step"]),
+        _row(
+            "floor: unload call + poll", _sum_stats(w["floor_parts"], "unload_call", "unload_poll")
+        ),
+        _row("service: after serving, rest of the pass", sp["after_serving_in_pass"]),
+        "",
+        f"- Under 1 s of our own overhead per change: "
+        f"{verdict[met['overhead_per_change_under_1_s']]}: median {_f(w['overhead']['median'])} "
+        f"ms, max {_f(w['overhead']['max'])} ms (difference of the medians "
+        f"{_f(w['overhead_of_medians'])} ms). Triton's load of a Python model is "
+        f"{w['floor']['median'] / w['webhook_to_serving']['median'] * 100:.0f}% of the "
+        "webhook-to-serving time.",
+        "",
+        f"**Restart to restored**, {r['restarts']} kill -9 restarts (ms):",
+        "",
+        "| ms | median | p90 | max | min |",
+        "|---|---:|---:|---:|---:|",
+        _row("**live to echo restored**", r["live_to_restored"]),
+        _row("live to `/v2/health/ready` 200", r["live_to_ready"]),
+        _row("ready to echo restored (see below)", r["ready_to_restored"]),
+        _row("service: watch triggered the pass, after live", r["watch_triggered_after_live"]),
+        _row("service: the restoring pass", r["restoring_pass"]),
+        _row("service: its load step", r["load_step"]),
+        _row("floor: live to READY by hand", r["floor_live_to_ready_by_hand"]),
+        "",
+        f"- Restored {_f(restore_gap)} ms (median) later than a hand load on the freshly "
+        f"started server; the watch looks every {s['watch_interval']:g} s, so up to that "
+        "much is waiting for its next look. The reference is liveness, not readiness: "
+        "Triton's gRPC endpoint answers some 40 ms before the HTTP one (a negative 'watch "
+        "triggered' is the watch's gRPC call getting there first), and with Triton's default "
+        "strict readiness `/v2/health/ready` stays 503 while a model is LOADING, so when the "
+        "restoring load starts before the HTTP endpoint is up, readiness only comes with the "
+        "restored model ('ready to restored' near 0 or negative). Drift corrections counted "
+        f"by the service: {_f(r['drift_corrections_counted'])}.",
+        "",
+        f"**Idle passes**: {i['models']} models on the one server ({i['backend_stub_processes']} "
+        f"backend stub processes), deployed by the first pass in {i['deploy_pass_s']:.0f} s. "
+        f"{i['passes_run']:,} idle passes run (of {i['passes_requested']:,} requested) in "
+        f"{i['seconds']:.0f} s; results {_results(i['results'])}; {i['steps_or_changes_logged']} "
+        f"steps or changes logged; {i['extra_passes']} passes started by anything else.",
+        "",
+        "| | value |",
+        "|---|---:|",
+        f"| RSS when the service first answered / after the deploying pass | "
+        f"{rss['service_start']:.1f} / {rss['after_deploy']:.1f} MB |",
+        f"| RSS at idle pass 0 / at the end / max / min | {rss['start']:.1f} / {rss['end']:.1f} "
+        f"/ {rss['max']:.1f} / {rss['min']:.1f} MB |",
+        f"| of which anonymous (start / end) | {rss['anon_start_end'][0]:.1f} / "
+        f"{rss['anon_start_end'][1]:.1f} MB |",
+        f"| of which file-backed: shared libraries (start / end) | {rss['file_start_end'][0]:.1f} "
+        f"/ {rss['file_start_end'][1]:.1f} MB |",
+        f"| peak RSS of the process's life (VmHWM) | {rss['peak_hwm']:.1f} MB |",
+        f"| RSS slope, least squares: all samples / from pass {WARM_PASSES} / second half | "
+        f"{_f(slope['all'], 1)} / {_f(slope[f'from_pass_{WARM_PASSES}'], 1)} / "
+        f"{_f(slope['second_half'], 1)} KB per 100 passes |",
+        f"| last sample-to-sample RSS growth over 64 KB | "
+        f"{_pass(i['rss_last_grew_by_over_64_kb_at_pass'])} |",
+        f"| CPU per pass, service process (without our `/metrics` scrapes) | "
+        f"{i['cpu_s_per_pass'] * 1000:.1f} ({i['cpu_s_per_pass_without_scrapes'] * 1000:.1f}) ms |",
+        f"| CPU per pass, its `git` children | {i['children_cpu_s_per_pass'] * 1000:.1f} ms |",
+        f"| CPU per pass, tritonserver (answering the observe) | "
+        f"{i['triton_cpu_s_per_pass'] * 1000:.1f} ms |",
+        f"| pass duration: histogram mean; logged median / p90 / max | "
+        f"{_f((i['pass_s_histogram_mean'] or 0) * 1000)}; {_f(_get(i['pass_s_logged'], 'median'))} "
+        f"/ {_f(_get(i['pass_s_logged'], 'p90'))} / {_f(_get(i['pass_s_logged'], 'max'))} ms |",
+        f"| `POST /reconcile` to the pass counted, median | "
+        f"{_f(i['request_to_counted_s']['median'] * 1000)} ms |",
+        f"| threads, open files, child processes: first / last sample | {i['threads'][0]} / "
+        f"{i['threads'][1]}, {i['open_files'][0]} / {i['open_files'][1]}, "
+        f"{i['child_processes'][0]} / {i['child_processes'][1]} |",
+        "",
+        f"- Under 80 MB RSS: {verdict[met['rss_under_80_mb']]}: max {rss['max']:.1f} MB over the "
+        f"idle passes, peak {rss['peak_hwm']:.1f} MB.",
+        f"- RSS flat (second-half slope under 1 MB per 1,000 passes): "
+        f"{verdict[met['rss_flat']]}: {_f(slope['second_half'], 1)} KB per 100 passes; in all "
+        f"{rss['end'] - rss['start']:+.1f} MB from idle pass 0 to the last.",
+        "",
+    ]
+    lines += diagnosis_lines(d, rss["max"], i["models"])
+    return "\n".join(lines)
+
+
+def _results(results: dict[str, float]) -> str:
+    return ", ".join(f"{v:,.0f} {k}" for k, v in results.items()) or "none"
+
+
+def _pass(value: int | None) -> str:
+    return "none" if value is None else f"at pass {value:,}"
+
+
+def _get(stats: dict[str, float] | None, key: str) -> float | None:
+    return None if stats is None else stats[key] * 1000
+
+
+def diagnosis_lines(d: dict[str, Any], max_rss_mb: float, models: int) -> list[str]:
+    imports = d["import_rss"]
+    floor_mb = imports[-1]["rss_kb"] / 1024
+    steps = []
+    previous = 0
+    for item in imports:
+        added = (item["rss_kb"] - previous) / 1024
+        steps.append(f"{item['step']} {item['rss_kb'] / 1024:.1f} (+{added:.1f})")
+        previous = item["rss_kb"]
+    profile = d["profile"]
+    traced = d["tracemalloc"]
+    direct = d["direct_ms"]
+    frames = traced["biggest_first_half_traceback"]
+    ours = [f for f in frames if "/reconciler/" in f][-3:]
+    origin = " <- ".join(f"`{_short(f)}`" for f in reversed(ours + frames[-1:]))
+    phases = "; ".join(
+        f"{k} {v:.0f}" for k, v in profile["phases_cumulative_ms_per_pass"].items() if v >= 0.5
+    )
+    top_own = "; ".join(
+        f"`{t['function']}` {t['own_ms_per_pass']:.1f}" for t in profile["top_own"][:6]
+    )
+    lines = [
+        "### Where the memory and the CPU go",
+        "",
+        f"- **Imports alone are {floor_mb:.1f} MB** of the {max_rss_mb:.1f} MB: a fresh "
+        "interpreter importing the service's dependencies in turn reaches (MB, cumulative): "
+        + "; ".join(steps)
+        + f". That leaves {RSS_TARGET_MB - floor_mb:.1f} MB of the 80 MB for everything the "
+        "service holds and allocates while it runs.",
+        f"- **Python heap**, tracemalloc over {traced['passes']} in-process idle "
+        f"passes after 10 warm-up passes (collected before each reading): traced "
+        + " -> ".join(f"{x:.0f}" for x in traced["traced_kb"])
+        + f" KB, i.e. {traced['growth_kb_per_100_passes']['first_half']:.1f} KB then "
+        f"{traced['growth_kb_per_100_passes']['second_half']:.1f} KB per 100 passes in the two "
+        "halves. Largest differences, first half: "
+        + "; ".join(
+            f"`{_short(t['where'])}` {t['size_diff_kb']:+.1f} KB ({t['count']:+d} blocks)"
+            for t in traced["top_growth_first_half"][:3]
+        )
+        + "; second half: "
+        + "; ".join(
+            f"`{_short(t['where'])}` {t['size_diff_kb']:+.1f} KB ({t['count']:+d} blocks)"
+            for t in traced["top_growth_second_half"][:3]
+        )
+        + f". The largest first-half block was allocated at {origin} (tracemalloc does not "
+        "see blocks freed that were allocated before it started, so "
+        "a table that was replaced counts at its full new size).",
+    ]
+    if "error" in direct:
+        lines.append(f"- Direct timings not taken: {direct['error']}.")
+    else:
+        lines.append(
+            "- **Parts of an idle pass**, timed one by one without a profiler "
+            f"({direct['repeats']} times, median / max ms): fetch "
+            f"{_f(direct['fetch']['median'])} / {_f(direct['fetch']['max'])}; "
+            "parse + validate the manifests "
+            f"{_f(direct['parse_validate']['median'])} / {_f(direct['parse_validate']['max'])}; "
+            f"observe (index, {models} configs, {models} config.pbtxt files) "
+            f"{_f(direct['observe']['median'])} / {_f(direct['observe']['max'])}."
+        )
+    lines += [
+        f"- cProfile over {profile['passes']} in-process idle passes (median "
+        f"{profile['wall_s']['median'] * 1000:.0f} ms each under the profiler), cumulative ms per "
+        f"pass: {phases}. Most own time (ms per pass): {top_own}. ({profile['note']}.)",
+        "",
+    ]
+    return lines
+
+
+def _short(where: str) -> str:
+    for marker in ("/site-packages/", "/work/main/", "/lib/python3.11/"):
+        if marker in where:
+            return where.split(marker, 1)[1]
+    return where
+
+
+def _sum_stats(parts: dict[str, Any], a: str, b: str) -> dict[str, float] | None:
+    if parts.get(a) is None or parts.get(b) is None:
+        return None
+    return {k: parts[a][k] + parts[b][k] for k in ("median", "p90", "max", "min")}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.daemon",
+        description="triton-gitops run as a service: webhook-to-serving latency against "
+        "Triton's own load time, restart-to-restored time, and RSS and CPU over idle passes.",
+    )
+    parser.add_argument("--changes", type=int, default=10, help="webhook changes (default 10)")
+    parser.add_argument("--warmup", type=int, default=1, help="warm-up changes (default 1)")
+    parser.add_argument("--restarts", type=int, default=5, help="kill -9 restarts (default 5)")
+    parser.add_argument("--models", type=int, default=100, help="idle models (default 100)")
+    parser.add_argument("--passes", type=int, default=1000, help="idle passes (default 1000)")
+    parser.add_argument(
+        "--sample-every", type=int, default=50, help="passes between samples (default 50)"
+    )
+    parser.add_argument(
+        "--idle-max-seconds",
+        type=float,
+        default=600,
+        help="stop the idle passes after this long; the number run is reported (default 600)",
+    )
+    parser.add_argument(
+        "--watch-interval", type=float, default=0.5, help="the service's (default 0.5)"
+    )
+    parser.add_argument(
+        "--gap", type=float, default=0.5, help="pause between changes and restarts (default 0.5)"
+    )
+    parser.add_argument(
+        "--scrapes", type=int, default=200, help="/metrics scrapes to cost first (default 200)"
+    )
+    parser.add_argument(
+        "--profile-passes", type=int, default=20, help="in-process passes under cProfile (20)"
+    )
+    parser.add_argument(
+        "--tracemalloc-passes",
+        type=int,
+        default=50,
+        help="in-process passes under tracemalloc (default 50)",
+    )
+    parser.add_argument("--output", type=Path, default=RESULTS / "daemon.json", help="JSON result")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="JSON",
+        help="print the Markdown section from a saved result and run nothing",
+    )
+    args = parser.parse_args(argv)
+    if min(args.changes, args.restarts, args.models, args.passes, args.sample_every) < 1:
+        parser.error("--changes, --restarts, --models, --passes and --sample-every must be >= 1")
+    if min(args.profile_passes, args.tracemalloc_passes, args.scrapes) < 1 or args.warmup < 0:
+        parser.error("--profile-passes, --tracemalloc-passes and --scrapes must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report is not None:  # the section again from a saved result
+        print(markdown(json.loads(args.report.read_text())))
+        return 0
+    logging.getLogger("triton_gitops").addHandler(logging.NullHandler())
+    logging.getLogger("triton_gitops").propagate = False
+    try:
+        result = run(args)
+    except BenchError as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(markdown(result))
+    print(f"JSON result: {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
