@@ -220,6 +220,7 @@ def check_approved(
     accepted = settings.accept_rewrite is not None and revision.startswith(settings.accept_rewrite)
     if (
         last_applied is not None
+        and last_applied != revision  # the same commit again: no git process needed
         and not accepted
         and not is_fast_forward(mirror, last_applied, revision)
     ):
@@ -489,14 +490,27 @@ def reconcile(
     """One pass. ``skip``: servers to leave alone this time (name -> why); ``stopping``:
     turns true at shutdown (the change in progress finishes, no other starts); ``saved``: a
     plan made earlier (``plan --out``) that this pass must match exactly, or refuse."""
+    state = StateStore(settings.state_path)  # once per pass: opening costs milliseconds
+    try:
+        return _reconcile(source, settings, state, apply_changes, progress, skip, stopping, saved)
+    finally:
+        state.close()
+
+
+def _reconcile(
+    source: Source,
+    settings: Settings,
+    state: StateStore,
+    apply_changes: bool,
+    progress: Progress | None,
+    skip: Mapping[str, str] | None,
+    stopping: Callable[[], bool] | None,
+    saved: SavedPlan | None,
+) -> PassReport:
     alerts = alerter(settings)
     repository = git_source(source, settings)
     commit = repository.fetch(source.ref)
-    state = StateStore(settings.state_path)
-    try:
-        last = state.last_pass()
-    finally:
-        state.close()
+    last = state.last_pass()
     try:
         check_approved(
             repository.cache, str(last["revision"]) if last else None, commit.hexsha, settings
@@ -540,7 +554,6 @@ def reconcile(
             )
         raise ValidationError(exc.problems, revision.sha) from None
     desired, discovered = discover(desired, settings)
-    state = StateStore(settings.state_path)
     try:
         history = state.history()
         guard(desired, history, settings.allow_empty, discovered)
@@ -646,7 +659,6 @@ def reconcile(
             notes = (f"revert write-back failed: {exc}",)
         return replace(report, reverts=notes)
     finally:
-        state.close()
         alerts.flush()
 
 
