@@ -68,6 +68,22 @@ def _server_copy(cache_dir: Path | None = None) -> Path:
     return target
 
 
+def end_process_group(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """End a process started with start_new_session=True, and everything in its group, by
+    its pid: SIGTERM, then SIGKILL if it has not exited within ``timeout``."""
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that is free on ``host`` right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -164,19 +180,9 @@ class LocalTriton:
     def stop(self, timeout: float = 20.0) -> None:
         """End the server by its pid: SIGTERM, then SIGKILL if it has not exited in time."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
         # The server starts one backend stub process per model instance in its session;
         # signalling the process group ends them together with the server.
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        end_process_group(process, timeout)
 
     def kill(self) -> None:
         """End the server at once (SIGKILL), as a crash would."""

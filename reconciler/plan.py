@@ -300,24 +300,15 @@ def _plan_model(
     revert = _revert_steps(server, deployment.model, model, ready)
     if backend_change:
         assert deployment.backend is not None
-        return ModelChange(
+        return _swap_in_place(
             server,
-            deployment.model,
-            deployment.name,
-            _versions(ready),
-            _versions(desired),
-            _replace_steps(
-                server,
-                deployment,
-                target,
-                desired,
-                sequence or SequencePolicy(idle=2.0),
-                f"backend {deployment.backend.name} {applied_backend} -> "
-                f"{deployment.backend.revision}",
-                deployment.backend,
-            ),
-            exclusive=deployment.name,
-            revert=revert,
+            deployment,
+            target,
+            ready,
+            sequence or SequencePolicy(idle=2.0),
+            f"backend {deployment.backend.name} {applied_backend} -> {deployment.backend.revision}",
+            deployment.backend,
+            revert,
         )
     if new and ready:
         needed_each = deployment.memory_per_version or history.footprints.get(
@@ -338,23 +329,15 @@ def _plan_model(
                         "(rollout.whenNoHeadroom: replace swaps instead, one server at a time)",
                         "no-headroom",
                     )
-                return ModelChange(
+                return _swap_in_place(
                     server,
-                    deployment.model,
-                    deployment.name,
-                    _versions(ready),
-                    _versions(desired),
-                    _replace_steps(
-                        server,
-                        deployment,
-                        target,
-                        desired,
-                        sequence,
-                        f"no room beside the old ({room})",
-                        None,
-                    ),
-                    exclusive=deployment.name,
-                    revert=revert,
+                    deployment,
+                    target,
+                    ready,
+                    sequence,
+                    f"no room beside the old ({room})",
+                    None,
+                    revert,
                 )
     steps: list[Step] = []
     if (new or drift) and ready and sequence is not None:
@@ -493,18 +476,20 @@ def _verify_step(
     )
 
 
-def _replace_steps(
+def _swap_in_place(
     server: str,
     deployment: ModelDeployment,
     target: Mapping[str, Any],
-    desired: frozenset[int],
+    ready: frozenset[int],
     drain: SequencePolicy | None,
     why: str,
     backend: BackendSpec | None,
-) -> tuple[Step, ...]:
+    revert: tuple[Step, ...],
+) -> ModelChange:
     """Swap in place on this server (old out, then new in): a backend library change, or no
     memory for both. The model does not serve here in between: one server at a time."""
     model = deployment.model
+    desired = frozenset(deployment.versions)
     steps = []
     if drain is not None:
         steps.append(_drain_step(server, model, frozenset(deployment.versions), drain))
@@ -540,7 +525,16 @@ def _replace_steps(
         )
     )
     steps.append(_verify_step(server, deployment, desired, desired, False))
-    return tuple(steps)
+    return ModelChange(
+        server,
+        model,
+        deployment.name,
+        _versions(ready),
+        _versions(desired),
+        tuple(steps),
+        revert=revert,
+        exclusive=deployment.name,
+    )
 
 
 def _revert_steps(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.error
@@ -26,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.local_triton import free_port
+from reconciler.local_triton import end_process_group, free_port
 
 PROMETHEUS_BINARIES = ("prometheus",)
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")
@@ -120,17 +119,7 @@ class _Service:
     def stop(self, timeout: float = 10.0) -> None:
         """End the process by its pid: SIGTERM, then SIGKILL if it has not exited in time."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        end_process_group(process, timeout)
 
 
 @dataclass
