@@ -734,6 +734,21 @@ def status(source: Source, settings: Settings) -> StatusReport:
                 kind, detail = "pending", steps
             else:
                 kind, detail = "in-sync", ""
+            record = history.staged.get(deployment.name)
+            if record is not None and record.fingerprint == deployment.fingerprint:
+                # A staged rollout that stopped before its end: say how far it got.
+                where = (
+                    "its stage passed"
+                    if server in record.completed
+                    else "its stage was cut short"
+                    if server in record.started
+                    else "not reached yet"
+                )
+                midway = (
+                    f"staged rollout stopped midway ({len(record.completed)} server(s) "
+                    f"passed); this server: {where}; the next pass resumes it"
+                )
+                detail = f"{detail}; {midway}" if detail else midway
             models.append(
                 ModelStatus(
                     server,

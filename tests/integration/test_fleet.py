@@ -392,6 +392,13 @@ def test_a_rollout_cut_short_by_a_killed_reconciler_resumes_where_it_was(
     first = f"pool/{ADDRESSES[0]}"
     assert ready_versions(fleet[ADDRESSES[0]], "echo") == {1, 2}  # step 1 done, old kept
 
+    shown = cli("status", *reconciler.options, *options, "--output", "json")
+    details = {m["server"]: m["detail"] for m in shown.json()["models"]}
+    assert "staged rollout stopped midway (1 server(s) passed)" in details[first]
+    assert "this server: its stage passed" in details[first]
+    assert "this server: its stage was cut short" in details[f"pool/{ADDRESSES[1]}"]
+    assert "this server: not reached yet" in details[f"pool/{ADDRESSES[2]}"]
+
     # The next pass resumes: step 1's server (its stage passed) waits for the end; step 2's
     # server, cut short in its analysis, is verified and analysed again; then step 3.
     planned = reconciler.plan(*options, "--output", "json")
