@@ -196,46 +196,30 @@ def _config_edits(text: str, spec: CommentedMap, config: dict[str, Any]) -> list
     edits: list[_Edit] = []
 
     def walk(node: Any, wanted: Any, flow: bool) -> bool:
+        # (value, wanted value, where the value starts) for a mapping or a sequence alike.
         if isinstance(node, CommentedMap) and isinstance(wanted, dict):
-            if list(node) != list(wanted) and set(node) != set(wanted):
+            if set(node) != set(wanted):
                 return False
-            inner = flow or bool(node.fa.flow_style())
-            for key in node:
-                value = node[key]
-                if plain(value) == wanted[key]:
-                    continue
-                if isinstance(value, CommentedMap | CommentedSeq):
-                    if not walk(value, wanted[key], inner):
-                        return False
-                elif isinstance(wanted[key], dict | list):
-                    return False
-                else:
-                    line, column = node.lc.value(key)
-                    start = _offset(text, line, column)
-                    edits.append(
-                        (start, _scalar_end(text, start, inner), _scalar_text(wanted[key]))
-                    )
-            return True
-        if isinstance(node, CommentedSeq) and isinstance(wanted, list):
+            pairs = [(v, wanted[k], node.lc.value(k)) for k, v in node.items()]
+        elif isinstance(node, CommentedSeq) and isinstance(wanted, list):
             if len(node) != len(wanted):
                 return False
-            inner = flow or bool(node.fa.flow_style())
-            for index, value in enumerate(node):
-                if plain(value) == wanted[index]:
-                    continue
-                if isinstance(value, CommentedMap | CommentedSeq):
-                    if not walk(value, wanted[index], inner):
-                        return False
-                elif isinstance(wanted[index], dict | list):
+            pairs = [(v, wanted[i], node.lc.item(i)) for i, v in enumerate(node)]
+        else:
+            return False
+        inner = flow or bool(node.fa.flow_style())
+        for value, want, (line, column) in pairs:
+            if plain(value) == want:
+                continue
+            if isinstance(value, CommentedMap | CommentedSeq):
+                if not walk(value, want, inner):
                     return False
-                else:
-                    line, column = node.lc.item(index)
-                    start = _offset(text, line, column)
-                    edits.append(
-                        (start, _scalar_end(text, start, inner), _scalar_text(wanted[index]))
-                    )
-            return True
-        return False
+            elif isinstance(want, dict | list):
+                return False
+            else:
+                at = _offset(text, line, column)
+                edits.append((at, _scalar_end(text, at, inner), _scalar_text(want)))
+        return True
 
     return edits if walk(current, config, False) else None
 

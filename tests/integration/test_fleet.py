@@ -56,6 +56,24 @@ def _manifests(manifests: ManifestRepo, fleet: dict[str, LocalTriton], repositor
     )
 
 
+def _echo_1_on_the_pool(
+    manifests: ManifestRepo,
+    fleet: dict[str, LocalTriton],
+    model_repository: Path,
+    tmp_path: Path,
+) -> tuple[Reconciler, tuple[str, ...]]:
+    """All four instances behind the name, echo 1 deployed on them; the apply options."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(f"triton-headless.models.test {' '.join(ADDRESSES)}\n")
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    options = ("--hosts-file", str(hosts))
+    _manifests(manifests, fleet, model_repository)
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["pool"]))
+    manifests.commit("echo 1")
+    assert reconciler.apply(*options).code == 0
+    return reconciler, options
+
+
 def test_instances_are_discovered_added_and_dropped(
     manifests: ManifestRepo,
     fleet: dict[str, LocalTriton],
@@ -195,14 +213,7 @@ def test_a_good_rollout_goes_step_by_step(
     tmp_path: Path,
     hooks: str,
 ) -> None:
-    hosts = tmp_path / "hosts"
-    hosts.write_text(f"triton-headless.models.test {' '.join(ADDRESSES)}\n")
-    reconciler = Reconciler(manifests.url, tmp_path / "r")
-    options = ("--hosts-file", str(hosts))
-    _manifests(manifests, fleet, model_repository)
-    manifests.write("echo.yaml", deployment_doc("echo", [1], ["pool"]))
-    manifests.commit("echo 1")
-    assert reconciler.apply(*options).code == 0
+    reconciler, options = _echo_1_on_the_pool(manifests, fleet, model_repository, tmp_path)
 
     manifests.write("echo.yaml", _staged([2], hooks))
     manifests.commit("echo 2 in three steps")
@@ -236,14 +247,7 @@ def test_a_failing_step_puts_back_every_server_touched(
     tmp_path: Path,
     hooks: str,
 ) -> None:
-    hosts = tmp_path / "hosts"
-    hosts.write_text(f"triton-headless.models.test {' '.join(ADDRESSES)}\n")
-    reconciler = Reconciler(manifests.url, tmp_path / "r")
-    options = ("--hosts-file", str(hosts))
-    _manifests(manifests, fleet, model_repository)
-    manifests.write("echo.yaml", deployment_doc("echo", [1], ["pool"]))
-    manifests.commit("echo 1")
-    assert reconciler.apply(*options).code == 0
+    reconciler, options = _echo_1_on_the_pool(manifests, fleet, model_repository, tmp_path)
 
     # Version 4 fails 40% of its requests. Only the step-2 instance has clients, so step 1
     # passes (noTraffic: pass) and step 2 fails; the step-3 instances have clients that must
@@ -362,14 +366,7 @@ def test_a_rollout_cut_short_by_a_killed_reconciler_resumes_where_it_was(
     tmp_path: Path,
     hooks: str,
 ) -> None:
-    hosts = tmp_path / "hosts"
-    hosts.write_text(f"triton-headless.models.test {' '.join(ADDRESSES)}\n")
-    reconciler = Reconciler(manifests.url, tmp_path / "r")
-    options = ("--hosts-file", str(hosts))
-    _manifests(manifests, fleet, model_repository)
-    manifests.write("echo.yaml", deployment_doc("echo", [1], ["pool"]))
-    manifests.commit("echo 1")
-    assert reconciler.apply(*options).code == 0
+    reconciler, options = _echo_1_on_the_pool(manifests, fleet, model_repository, tmp_path)
 
     slow = (
         "  verify:\n    analysis:\n      interval: 1s\n      duration: 8s\n"
