@@ -78,7 +78,6 @@ import itertools
 import json
 import logging
 import os
-import platform
 import pstats
 import resource
 import selectors
@@ -102,6 +101,7 @@ from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 import reconciler.loop as loop
+from bench.machine import host
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.errors import ReconcileError
 from reconciler.local_triton import LocalTriton, free_port
@@ -1013,23 +1013,8 @@ def deploy(target: Target) -> float:
 
 
 def machine() -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    ram_gib = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
     return {
-        "nproc": os.cpu_count(),
-        "cpu_model": cpu,
-        "ram_gib": ram_gib,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        **host(),
         "grpcio": importlib.metadata.version("grpcio"),
         "tritonclient": importlib.metadata.version("tritonclient"),
         "protobuf": importlib.metadata.version("protobuf"),

@@ -43,7 +43,6 @@ import json
 import logging
 import math
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -58,6 +57,7 @@ from typing import Any
 
 import tritonclient.grpc as triton_grpc
 
+from bench.machine import host
 from reconciler.analysis import RolloutVerdict
 from reconciler.apply import ChangeResult, Outcome
 from reconciler.errors import ReconcileError
@@ -391,23 +391,8 @@ def provenance() -> dict[str, Any]:
 
 
 def machine(server_version: str) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    ram_gib = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
     return {
-        "nproc": os.cpu_count(),
-        "cpu_model": cpu,
-        "ram_gib": ram_gib,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        **host(),
         "triton_server": server_version,
         "nvidia_pytriton": importlib.metadata.version("nvidia-pytriton"),
         "tritonclient": importlib.metadata.version("tritonclient"),

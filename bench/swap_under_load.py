@@ -39,7 +39,6 @@ import io
 import json
 import math
 import os
-import platform
 import pstats
 import random
 import statistics
@@ -60,6 +59,7 @@ import reconciler.adapters.triton as triton_adapter
 import reconciler.apply as apply_module
 import reconciler.cli as cli_module
 import reconciler.loop as loop_module
+from bench.machine import host
 from reconciler.adapters.git import GitSource
 from reconciler.adapters.state import StateStore
 from reconciler.local_triton import LocalTriton
@@ -496,23 +496,8 @@ def other_tritonservers(own_pid: int | None = None) -> int:
 
 
 def machine(server_version: str) -> dict[str, Any]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    ram_gib = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                ram_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
     return {
-        "nproc": os.cpu_count(),
-        "cpu_model": cpu,
-        "ram_gib": ram_gib,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
+        **host(),
         "triton_server": server_version,
         "nvidia_pytriton": importlib.metadata.version("nvidia-pytriton"),
         "tritonclient": importlib.metadata.version("tritonclient"),
