@@ -102,14 +102,12 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 import reconciler.loop as loop
 from bench.machine import host
-from reconciler.adapters.triton import TritonServerClient
 from reconciler.errors import ReconcileError
 from reconciler.local_triton import LocalTriton, free_port
-from reconciler.loop import PassReport, Settings, Source, reconcile
+from reconciler.loop import PassMemory, PassReport, Settings, Source, reconcile
 from reconciler.model_config import canonical, config_drift, merge, with_versions
 from reconciler.plan import plan as plan_fn
 from reconciler.plan import target_config
-from reconciler.spec.model import DesiredState, ModelDeployment, TritonServer
 from tests.conftest import MODELS as TEST_MODELS_DIR
 from tests.conftest import ManifestRepo, write_model_repository
 
@@ -379,6 +377,8 @@ PHASES = (
     "history",
     "clients",
     "observe",
+    "settle",
+    "memory",
     "plan",
     "digest",
     "apply",
@@ -467,7 +467,8 @@ class Probe:
         original_plan = loop.plan
 
         def capturing_plan(*args: Any, **kwargs: Any) -> Any:
-            probe.plan_args = args
+            # Without ``settled``: plan() alone measures planning every pair.
+            probe.plan_args = args[:5]
             return original_plan(*args, **kwargs)
 
         patches: dict[str, Any] = {
@@ -485,6 +486,9 @@ class Probe:
             ("discover", "discover"),
             ("metrics_reader", "clients"),
             ("serving_digest", "digest"),
+            ("read_desired", "parse"),
+            ("settle_key", "settle"),
+            ("with_free_memory", "memory"),
             ("apply", "apply"),
             ("write_back", "write_back"),
         ):
@@ -609,7 +613,9 @@ class GcTimer:
         gc.callbacks.remove(self)
 
 
-def one_pass(target: Target, settings: Settings, probe: Probe) -> PassSample:
+def one_pass(
+    target: Target, settings: Settings, probe: Probe, memory: PassMemory | None = None
+) -> PassSample:
     source = Source(target.repo.url)
     probe.reset()
     load = os.getloadavg()[0]
@@ -617,7 +623,7 @@ def one_pass(target: Target, settings: Settings, probe: Probe) -> PassSample:
     started = time.perf_counter()
     try:
         with GcTimer() as collector:
-            report = reconcile(source, settings, apply_changes=True)
+            report = reconcile(source, settings, apply_changes=True, memory=memory)
     except ReconcileError as exc:
         raise BenchError(f"{target.label}: reconcile raised {type(exc).__name__}: {exc}") from exc
     wall = time.perf_counter() - started
@@ -725,6 +731,23 @@ def measure(
             ]
             by_parallel[str(parallel)] = pass_summary(extra)
             log(f"  max_parallel {parallel}: {[round(s.wall, 3) for s in extra]} s")
+        # The service (``triton-gitops run``) keeps a PassMemory from pass to pass: one
+        # warm-up pass fills it, then the measured passes.
+        memory = PassMemory()
+        try:
+            service_warm = one_pass(target, settings, probe, memory)
+            log(f"  service warm-up pass {service_warm.wall:.3f} s")
+            service = []
+            for _ in range(passes):
+                service.append(one_pass(target, settings, probe, memory))
+                top = sorted(service[-1].phases.items(), key=lambda kv: -kv[1])[:5]
+                log(
+                    f"  service pass {service[-1].wall:.3f} s ("
+                    + ", ".join(f"{k} {v:.3f}" for k, v in top)
+                    + ")"
+                )
+        finally:
+            memory.close()
         args = probe.plan_args
     assert args is not None
     planned = time_plan(args, target.pairs, plan_runs, plan_budget_s)
@@ -741,6 +764,8 @@ def measure(
         "pairs": target.pairs,
         "warm_up_pass_s": warm.wall,
         "no_op_pass": by_parallel,
+        "service_warm_up_pass_s": service_warm.wall,
+        "service_pass": pass_summary(service),
         "plan_alone": planned,
     }, args
 
@@ -749,8 +774,12 @@ def measure(
 
 
 def profile_pass(target: Target, output: Path) -> dict[str, Any]:
-    """One pass under cProfile: the main thread and every thread started during it."""
+    """One service pass (a PassMemory filled by two passes before) under cProfile: the main
+    thread and every thread started during it."""
     settings = target.settings()
+    memory = PassMemory()
+    for _ in range(2):
+        reconcile(Source(target.repo.url), settings, apply_changes=True, memory=memory)
     workers: list[cProfile.Profile] = []
     lock = threading.Lock()
 
@@ -765,10 +794,11 @@ def profile_pass(target: Target, output: Path) -> dict[str, Any]:
     started = time.perf_counter()
     main.enable()
     try:
-        report = reconcile(Source(target.repo.url), settings, apply_changes=True)
+        report = reconcile(Source(target.repo.url), settings, apply_changes=True, memory=memory)
     finally:
         main.disable()
         threading.setprofile(None)  # type: ignore[arg-type]
+        memory.close()
     wall = time.perf_counter() - started
     check_no_op(target, report)
     main_stats = pstats.Stats(main)
@@ -938,46 +968,6 @@ def plan_breakdown(args: tuple[Any, ...], repeats: int = 3) -> dict[str, float]:
     bulk("merge(loaded, spec.config)", lambda d, m: merge(m.loaded_config, d.config))
     bulk("target_config (again, in _order)", lambda d, m: target_config(m, d))
     bulk("ModelState.ready", lambda d, m: m.ready)
-    return out
-
-
-def _states_loop(entries: list[dict[str, str]], names: Sequence[str]) -> None:
-    for name in names:
-        TritonServerClient._states(entries, name)
-
-
-def _depends_on_loop(placements: Mapping[str, Any]) -> None:
-    for placement in placements.values():
-        deployment = placement.deployment
-        {p for p, other in placements.items() if other.deployment.name in deployment.depends_on}
-
-
-def quadratic_terms(counts: Sequence[int] = (100, 1000), repeats: int = 3) -> dict[str, Any]:
-    """Two loops that run once per model and walk all the models of the instance, timed per
-    pair at 100 and 1,000 models on one server (CPU, least of ``repeats``):
-    ``TritonServerClient._states`` (the reconciler's own, over an index as observe reads it)
-    and a copy of ``_order``'s dependsOn set (``{p for p, other in placements.items() if
-    other.deployment.name in deployment.depends_on}``, on the reconciler's DesiredState)."""
-    out: dict[str, Any] = {}
-    for count in counts:
-        names = model_names(count)
-        deployments = [
-            ModelDeployment(name=n, model=n, versions=(1,), server_names=("s",)) for n in names
-        ]
-        placements = DesiredState.build([TritonServer("s", "x:1")], deployments).placements["s"]
-        entries = [{"name": n, "version": "1", "state": "READY"} for n in names]
-        row = {}
-        for label, action in (
-            ("_states", lambda: _states_loop(entries, names)),  # noqa: B023 (called at once)
-            ("_order dependsOn set", lambda: _depends_on_loop(placements)),  # noqa: B023
-        ):
-            runs = []
-            for _ in range(repeats):
-                started = time.thread_time()
-                action()
-                runs.append(time.thread_time() - started)
-            row[label] = min(runs) / count * 1e6
-        out[str(count)] = row
     return out
 
 
@@ -1156,7 +1146,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["call_costs"] = call_costs(
             f"{groups[0].addresses[0]}:{fleet.port}", names[0], args.call_samples
         )
-        result["quadratic_terms_us_per_pair"] = quadratic_terms()
         if args.models_axis:
             wide_repo = write_manifests(workdir / "git-wide", model_names(1000), fleet.port)
             wide = Target(
@@ -1277,12 +1266,15 @@ def targets(result: Mapping[str, Any]) -> dict[str, Any]:
     # judged on this thread's CPU per pair (median): wall also counts the time the other
     # sessions on this shared machine took the cores
     per_pair = [s["plan_alone"]["per_pair_cpu_us"] for s in result["sizes"]]
+    service = largest["service_pass"]["wall_s"]["median"]
     return {
+        # judged on the service's pass: a no-op pass is what `triton-gitops run` repeats
         "no_op_pass_1000_under_2s": {
-            "met": passes[str(DEFAULT_PARALLEL)]["wall_s"]["median"] < TARGET_S,
-            "median_s_default_parallel": passes[str(DEFAULT_PARALLEL)]["wall_s"]["median"],
-            "best_median_s": best["wall_s"]["median"],
-            "best_max_parallel": best["max_parallel"],
+            "met": service < TARGET_S,
+            "service_median_s": service,
+            "one_shot_median_s_default_parallel": passes[str(DEFAULT_PARALLEL)]["wall_s"]["median"],
+            "one_shot_best_median_s": best["wall_s"]["median"],
+            "one_shot_best_max_parallel": best["max_parallel"],
         },
         "plan_linear": {
             "per_pair_us": per_pair,
@@ -1411,7 +1403,10 @@ def markdown(result: Mapping[str, Any]) -> str:
     w(
         "No-op pass, `reconcile(..., apply_changes=True)`, wall time (median, min-max); CPU "
         "per pass (median) of the reconciler's process and of the simulator's helpers; the "
-        "machine's 1-minute load average at the start of the passes:\n"
+        "machine's 1-minute load average at the start of the passes. A one-shot pass (as "
+        "`triton-gitops apply`: nothing kept from the pass before) at each `max_parallel`, "
+        "and the service's pass (`triton-gitops run`: a `PassMemory` kept from pass to pass, "
+        "filled by one warm-up pass; max_parallel " + default + "):\n"
     )
     variants = [k for k in sizes[0]["no_op_pass"] if k != default]
     header = (
@@ -1419,7 +1414,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         + default
         + " | per instance | "
         + " | ".join(f"max_parallel {v}" for v in variants)
-        + " | reconciler CPU | simulator CPU | load average |"
+        + " | reconciler CPU | simulator CPU | load average | service pass | service CPU |"
     )
     w(header)
     w("|" + "---|" * (header.count("|") - 1))
@@ -1441,6 +1436,16 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"{_s(p['cpu_servers_mean_s'])} s",
             f"{load['min']:.1f}-{load['max']:.1f}" if load else "-",
         ]
+        sp = s.get("service_pass")
+        cells += (
+            [
+                f"**{_s(sp['wall_s']['median'])} s** ({_s(sp['wall_s']['min'])}-"
+                f"{_s(sp['wall_s']['max'])}, n={sp['wall_s']['n']})",
+                f"{_s(sp['cpu_reconciler_s']['median'])} s",
+            ]
+            if sp
+            else ["-", "-"]
+        )
         w("| " + " | ".join(cells) + " |")
     w("")
     w(
@@ -1473,6 +1478,18 @@ def markdown(result: Mapping[str, Any]) -> str:
         )
         + " |"
     )
+    w("")
+    w(
+        "Phases of the service's no-op pass (median seconds; observe reads each instance's "
+        "index and nothing else while it is unchanged; settle compares each instance's "
+        "settle key with the last pass's):\n"
+    )
+    w("| phase | " + " | ".join(f"{s['instances']:,} x {s['models']:,}" for s in columns) + " |")
+    w("|---|" + "---:|" * len(columns))
+    for phase in (*PHASES, "other"):
+        values = [s.get("service_pass", {}).get("phases_median_s", {}).get(phase) for s in columns]
+        if any(v is not None and v >= 0.0005 for v in values):
+            w(f"| {phase} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values) + " |")
     w("")
     w(
         "`plan()` alone, repeated on the state a real pass built (each run after a full "
@@ -1616,10 +1633,11 @@ def markdown(result: Mapping[str, Any]) -> str:
     w(findings(result))
     w("### Verdict\n")
     w(
-        f"- No-op pass over {largest['instances']:,} x {largest['models']}: "
-        f"{_s(met['median_s_default_parallel'])} s at the default `max_parallel` "
-        f"(best {_s(met['best_median_s'])} s at {met['best_max_parallel']}): target "
-        f"< {TARGET_S:g} s **{'met' if met['met'] else 'NOT met'}**.\n"
+        f"- No-op pass over {largest['instances']:,} x {largest['models']}, the service's "
+        f"(`triton-gitops run`): {_s(met['service_median_s'])} s: target < {TARGET_S:g} s "
+        f"**{'met' if met['met'] else 'NOT met'}**. A one-shot pass (`apply`): "
+        f"{_s(met['one_shot_median_s_default_parallel'])} s at the default `max_parallel` "
+        f"(best {_s(met['one_shot_best_median_s'])} s at {met['one_shot_best_max_parallel']}).\n"
         f"- Planning per pair (CPU): "
         + ", ".join(f"{v:.1f} us" for v in lin["per_pair_us"])
         + f" for {', '.join(format(s['pairs'], ',') for s in sizes)} pairs (max/min "
@@ -1633,11 +1651,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"- Same {axis['pairs']:,} pairs, models axis: {a[0]} {a[1]:.1f} us per pair "
             "(CPU), "
             f"{b[0]} {b[1]:.1f} us ({axis['ratio']:.2f}x): linear in instances x models "
-            + (
-                "**yes**."
-                if axis["met"]
-                else "**no**: a quadratic term in the models of one instance (see Findings)."
-            )
+            + ("**yes**." if axis["met"] else "**no** (see Findings).")
         )
     return "\n".join(out)
 
@@ -1652,140 +1666,70 @@ def variants_text(result: Mapping[str, Any]) -> str:
     )
 
 
-def quadratic_text(result: Mapping[str, Any]) -> str:
-    q = result.get("quadratic_terms_us_per_pair")
-    if not q or len(q) < 2:
-        return ""
-    (low, a), (high, b) = sorted(q.items(), key=lambda kv: int(kv[0]))
-    return (
-        f" Timed alone per pair: `_states` {a['_states']:.1f} us at {low} models, "
-        f"{b['_states']:.1f} us at {high}; the dependsOn set {a['_order dependsOn set']:.1f} "
-        f"and {b['_order dependsOn set']:.1f} us."
-        + (
-            f" At {high} models the dependsOn set alone is "
-            f"{b['_order dependsOn set'] / wide['plan_alone']['per_pair_cpu_us']:.0%} of the "
-            "planning cost per pair."
-            if (wide := result.get("models_axis")) and int(high) == wide["models"]
-            else ""
-        )
-    )
-
-
 def findings(result: Mapping[str, Any]) -> str:
-    """What the numbers say: where the time goes at the largest size, and why."""
+    """What the numbers say: the service's pass against a one-shot pass, at the largest size."""
     default = str(DEFAULT_PARALLEL)
     sizes = result["sizes"]
     big = max(sizes, key=lambda s: s["pairs"])
-    p = big["no_op_pass"][default]
-    wall, ph, pc = p["wall_s"]["median"], p["phases_median_s"], p["phases_cpu_median_s"]
-    cpu, sim = p["cpu_reconciler_s"]["median"], p["cpu_servers_mean_s"]
-    n, m, pairs = big["instances"], big["models"], big["pairs"]
-    rpcs = n * (m + 1)
+    one = big["no_op_pass"][default]
+    svc = big["service_pass"]
+    n, m = big["instances"], big["models"]
     out: list[str] = [f"### Findings ({n:,} x {m})\n"]
     w = out.append
-    ordered = sorted(big["no_op_pass"].items(), key=lambda kv: int(kv[0]))
-    variants = ", ".join(f"{k}: {_s(v['wall_s']['median'])} s" for k, v in ordered)
+    sw, sc = svc["wall_s"]["median"], svc["cpu_reconciler_s"]["median"]
+    sph = svc["phases_median_s"]
+    top = sorted(((k, v) for k, v in sph.items() if k != "other"), key=lambda kv: -kv[1])[:4]
     w(
-        f"- **The pass is CPU-bound in the reconciler's own process.** It used {_s(cpu)} s of "
-        f"CPU in {_s(wall)} s of wall, {cpu / wall:.2f} cores on average: Python code holds "
-        "the GIL, so `observe`'s threads take turns on about one core. The simulated "
-        f"instances used {_s(sim)} s; together {(cpu + sim) / (2 * wall):.0%} of the 2 "
-        f"cores. More threads do not help (max_parallel {variants}). With the instances on "
-        "other machines the reconciler's own CPU would still be the floor: "
-        f"{cpu / TARGET_S:.0f}x the {TARGET_S:g} s budget."
+        f"- **The service's no-op pass: {_s(sw)} s** ({_s(sc)} s of reconciler CPU, "
+        f"{_s(svc['cpu_servers_mean_s'])} s in the simulated instances; load average "
+        f"{svc['load_average']['median']:.1f} on 2 cores). It makes {n:,} RPCs, one "
+        "`RepositoryIndex` per instance: an instance whose index bytes are those of the last "
+        "pass, with no config recheck due, is the same observation (same token), so its "
+        "configs are not read and its settle key equals the last one, and the planner "
+        "reports its pairs in sync without planning them. Largest phases: "
+        + ", ".join(f"{k} {_s(v)} s" for k, v in top)
+        + "."
     )
-    c = result.get("call_costs", {})
-    if c:
-        as_json = c["get_model_config_as_json"]["cpu_us"]
-        proto = c["get_model_config_protobuf"]["cpu_us"]
-        to_json = c["protobuf_to_json_dict"]["cpu_us"]
-        to_dict = c["protobuf_MessageToDict"]["cpu_us"]
-        index_json = c["get_model_repository_index_as_json"]["cpu_us"]
-        index_proto = c["get_model_repository_index_protobuf"]["cpu_us"]
-        w(
-            f"- **observe: {_s(ph['observe'])} s ({ph['observe'] / wall:.0%} of the pass), "
-            f"{_s(pc['observe'])} s of CPU.** Every pass makes {rpcs:,} RPCs: per instance one "
-            f"`RepositoryIndex` and one `ModelConfig` per loaded model ({n * m:,} of them), "
-            f"though nothing changed: {pc['observe'] / rpcs * 1e6:.0f} us of reconciler CPU "
-            f"per RPC. Single calls: `get_model_config(as_json=True)` {as_json:.0f} us of "
-            f"CPU; as protobuf {proto:.0f} us (tritonclient's JSON path is MessageToJson to "
-            f"text, then rapidjson back to a dict: {to_json:.0f} us, against "
-            f"{to_dict:.0f} us for MessageToDict); the rest is the gRPC call itself "
-            "(grpcio's Python layer and C core, and the wait for the answer). Even "
-            f"the cheapest form, {n * m:,} x {proto:.0f} us = {n * m * proto / 1e6:.1f} s, "
-            f"is {n * m * proto / 1e6 / TARGET_S:.0f}x the budget: the per-model config reads "
-            "have to go, not get faster. The index costs "
-            f"{index_json:.0f} us of CPU per instance as JSON, {index_proto:.0f} us as "
-            f"protobuf ({n * index_json / 1e6:.2f} s and {n * index_proto / 1e6:.2f} s for "
-            f"the fleet)."
-        )
+    ow, oc = one["wall_s"]["median"], one["cpu_reconciler_s"]["median"]
+    oph = one["phases_median_s"]
+    w(
+        f"- **A one-shot pass** (`triton-gitops apply`, nothing kept): {_s(ow)} s, "
+        f"{_s(oc)} s of CPU; observe {_s(oph['observe'])} s for {n * (m + 1):,} RPCs (every "
+        "loaded model's config is read: a new client knows none), plan "
+        f"{_s(oph['plan'])} s. It is {ow / sw:.0f}x the service's pass; it is what the "
+        "first pass of the service costs too, and what a pass costs for an instance whose "
+        "index changed (a restart, a rollout)."
+    )
     pa = big["plan_alone"]
-    text = (
-        f"- **plan: {_s(ph['plan'])} s in the pass; {_s(pa['seconds']['median'])} s alone = "
-        f"{pa['per_pair_us']:.0f} us per pair**, every pair in sync."
-    )
-    bd = next((s["plan_breakdown_s"] for s in sizes if "plan_breakdown_s" in s), None)
-    per: dict[str, float] = {}
-    if bd:
-        per = {k: v / bd["pairs"] * 1e6 for k, v in bd.items() if k != "pairs"}
-        text += (
-            f" Per pair (timed alone on {int(bd['pairs']):,} pairs): `config_drift` "
-            f"{per['config_drift']:.0f} us, of which `canonical(spec.config)` "
-            f"{per['canonical(spec.config)']:.0f} us: the manifest's config goes through "
-            "protobuf ParseDict and MessageToDict again for every instance, though it is the "
-            f"same for all; `merge(loaded, spec.config)` {per['merge(loaded, spec.config)']:.0f}"
-            " us of deep copies for the target config, which a pair in sync never uses; and "
-            f"`_order` computes `target_config` again for every model ("
-            f"{per['target_config (again, in _order)']:.0f} us), though it only orders "
-            "changes and there are none."
-        )
-    prof = big.get("profile", {}).get("functions", {})
-    if prof.get("plan") and prof.get("copy.deepcopy"):
-        total = prof["plan"]["cumulative_s"]
-        text += (
-            f" Under cProfile, `merge` is {prof['merge']['cumulative_s'] / total:.0%} of "
-            f"`plan` ({prof['copy.deepcopy']['calls']:,} `deepcopy` calls), `config_drift` "
-            f"{prof['config_drift']['cumulative_s'] / total:.0%}, `_order` "
-            f"{prof['_order']['cumulative_s'] / total:.0%} (including its own `merge` calls)."
-        )
-    w(text)
     w(
-        f"- **The rest:** `serving_digest` {_s(ph['digest'])} s (json.dumps of every loaded "
-        "config of every instance, on every pass, for comparison with a saved plan); parse "
-        f"{_s(ph['parse'])} s (YAML and schema for {m} manifests, the same at every size); "
-        f"client creation {_s(ph['clients'])} s and close {_s(ph['close'])} s; record "
-        f"{_s(ph['record'])} s and history {_s(ph['history'])} s ({pairs:,} managed rows "
-        f"written and read); other {_s(ph['other'])} s."
+        f"- **Planning every pair** (plan() alone, no short-cut): "
+        f"{pa['per_pair_cpu_us']:.1f} us of CPU per pair, {_s(pa['cpu_seconds']['median'])} s "
+        f"for {big['pairs']:,} pairs. The per-pair work an in-sync pair does: the "
+        "manifest's spec.config is canonicalised once per ModelDeployment (cached by its "
+        "JSON), the merged target config is built only for a change, and `_order` runs only "
+        "on a server with changes."
     )
-    if "gc_s" in p:
-        per_size = ", ".join(
-            f"{_s(x['no_op_pass'][default]['gc_s']['median'])} s at {x['instances']:,}"
-            for x in sizes
-        )
-        w(
-            f"- **Garbage collection: {_s(p['gc_s']['median'])} s of the pass** "
-            f"({p['gc_s']['median'] / wall:.0%}), counted inside whichever phase above was "
-            f"allocating when a collection started: {per_size} instances, in step with the "
-            "pairs. Each pass builds a JSON dict per loaded config, a ModelState per pair and "
-            "the plan's deep copies, and the collector walks what is alive while they pile "
-            "up."
-        )
+    recheck = 600.0
+    w(
+        f"- **What the short-cut costs in freshness:** Triton's index does not change when "
+        "someone reloads a version by hand with another config, so a kept client reads each "
+        f"loaded config again every `--config-recheck` seconds (default {recheck:g}, spread "
+        "over 0.5-1.5x per model so the reads do not come in one pass). Those reads are the "
+        f"one-shot pass's observe: {_s(oph['observe'])} s per {recheck:g} s, about "
+        f"{oph['observe'] / recheck:.1%} of a core on average at this size. A restart, a "
+        "hand unload or load, and every change the reconciler makes show in the index and "
+        "are seen at the next pass."
+    )
     wide = result.get("models_axis")
     same = next((s for s in sizes if wide and s["pairs"] == wide["pairs"]), None)
     if wide and same:
-        wp, sp = wide["no_op_pass"][default], same["no_op_pass"][default]
         w(
             f"- **Models axis:** {wide['instances']} x {wide['models']:,} has the pairs of "
-            f"{same['instances']} x {same['models']} but its pass takes "
-            f"{_s(wp['wall_s']['median'])} s against {_s(sp['wall_s']['median'])} s "
-            f"(observe {_s(wp['phases_median_s']['observe'])} against "
-            f"{_s(sp['phases_median_s']['observe'])} s, plan alone "
-            f"{wide['plan_alone']['per_pair_us']:.0f} against "
-            f"{same['plan_alone']['per_pair_us']:.0f} us per pair, parse "
-            f"{_s(wp['phases_median_s']['parse'])} s for {wide['models']:,} manifests). Two "
-            "loops are quadratic in the models of one instance: observe's `_states` scans "
-            "the whole index once per model, and `_order` builds, for every model, a set over "
-            "all the server's placements (the dependsOn lookup)." + quadratic_text(result)
+            f"{same['instances']} x {same['models']}: plan alone "
+            f"{wide['plan_alone']['per_pair_cpu_us']:.1f} against "
+            f"{same['plan_alone']['per_pair_cpu_us']:.1f} us of CPU per pair; service pass "
+            f"{_s(wide['service_pass']['wall_s']['median'])} against "
+            f"{_s(same['service_pass']['wall_s']['median'])} s."
         )
     real = result.get("real")
     if real:
@@ -1795,72 +1739,14 @@ def findings(result: Mapping[str, Any]) -> str:
             rows.append(
                 f"{r['instances']} x {r['models']}: real "
                 f"{r['no_op_pass'][default]['wall_s']['median'] * 1000:.0f} ms, simulated "
-                f"{s_['no_op_pass'][default]['wall_s']['median'] * 1000:.0f} ms (observe "
-                f"{r['no_op_pass'][default]['phases_median_s']['observe'] * 1000:.1f} and "
-                f"{s_['no_op_pass'][default]['phases_median_s']['observe'] * 1000:.1f} ms)"
+                f"{s_['no_op_pass'][default]['wall_s']['median'] * 1000:.0f} ms"
             )
         w(
-            "- **Simulated against real Triton:** "
+            "- **Simulated against real Triton** (one-shot passes): "
             + "; ".join(rows)
-            + ". The reconciler's side of each call is the same code against either. Server "
-            "CPU per pass at these sizes is at the resolution of /proc's 10 ms ticks and "
-            f"says only that both are small. At {n:,} instances the simulator's helpers spent "
-            f"{_s(sim)} s per pass (about {sim / rpcs * 1e6:.0f} us per RPC, Python gRPC) on "
-            "the same 2 cores as the reconciler; tritonserver's C++ front end was not "
-            "measured at that scale. The reconciler's own CPU, the floor above, does not "
-            "depend on the simulator."
+            + ". The reconciler's side of each call is the same code against either."
         )
-    w(
-        "\n**What would bring a no-op pass under the budget** (not done here: the reconciler "
-        "is not changed by this benchmark):\n"
-    )
-    w(
-        "1. Observe from the index alone when nothing moved: keep each instance's loaded "
-        "configs from the last pass and call `ModelConfig` only for a model whose index "
-        "entry (versions, states) changed, whose ModelDeployment changed, or in a slow "
-        "rotation (a slice of the fleet per pass, so a config reloaded out of band with the "
-        f"same versions is still found within a bounded number of passes). That removes "
-        f"{n * m:,} of the {rpcs:,} RPCs. Read the index as protobuf, not JSON, and group "
-        "its entries by name once."
-    )
-    w(
-        "2. Planner: `canonical(spec.config)` once per ModelDeployment (by fingerprint), not "
-        "per pair; compute the merged target config only when a change is planned; skip "
-        "`_order` on a server with no change, and resolve dependsOn once per deployment. "
-        "Or, per instance: when its index and the desired fingerprints are those of the last "
-        "pass that found it in sync, it is in sync without planning its pairs again (work "
-        "in instances, not instances x models)."
-    )
-    w(
-        "3. `serving_digest` only when a saved plan is involved (or from the raw index "
-        "bytes); reuse the parsed DesiredState while the commit has not moved; write the "
-        "managed rows only when they change."
-    )
-    if c and per:
-        left = pa["per_pair_cpu_us"] - sum(
-            per[k]
-            for k in (
-                "canonical(spec.config)",
-                "merge(loaded, spec.config)",
-                "target_config (again, in _order)",
-            )
-        )
-        fixed = ph["fetch"] + ph["read"] + ph["parse"] + ph["history"] + ph["record"]
-        w(
-            f"\nAn estimate from the costs above, not a measurement: with 1, observe is "
-            f"{n:,} index calls, about {n * index_proto / 1e6:.2f} s of CPU as protobuf. "
-            + (
-                f"The per-pair fixes of 2 leave about {left:.0f} us per pair, "
-                f"{left * pairs / 1e6:.1f} s for {pairs:,} pairs, so only the per-instance "
-                "short-cut makes planning small next to the budget. "
-                if left > 0
-                else ""
-            )
-            + f"The fixed part (Git, parse, state store) is about {_s(fixed)} s today, less "
-            "with 3; and far fewer objects per pass would shrink the garbage collector's "
-            "share.\n"
-        )
-    return "\n".join(out)
+    return "\n".join(out) + "\n"
 
 
 def print_summary(result: Mapping[str, Any]) -> None:

@@ -182,6 +182,14 @@ def _source_options(
         metavar="SECONDS",
         help="longest wait for any other Triton call (default 10)",
     )
+    run.add_argument(
+        "--config-recheck",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="run: how often a loaded model's config is read again although Triton's index "
+        "shows no change (a hand reload with another config); spread over 0.5x-1.5x (600)",
+    )
     analysis = parser.add_argument_group("analysis, revert and alerts")
     analysis.add_argument(
         "--prometheus-url",
@@ -550,6 +558,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         max_parallel=args.parallel,
         load_timeout=args.load_timeout,
         call_timeout=args.call_timeout,
+        config_recheck=args.config_recheck,
         prometheus_url=args.prometheus_url,
         revert_mode=RevertMode(args.revert_mode),
         revert_author=args.revert_author,

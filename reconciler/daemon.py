@@ -59,7 +59,7 @@ from reconciler.errors import (
     UnsafeRevision,
     ValidationError,
 )
-from reconciler.loop import PassReport, Settings, Source, reconcile, resolver
+from reconciler.loop import PassMemory, PassReport, Settings, Source, reconcile, resolver
 
 log = logging.getLogger("triton_gitops")
 
@@ -181,6 +181,7 @@ class Daemon:
         self.rng = rng or random.Random()
         self.stop_requested = threading.Event()
         self._pass_lock = threading.Lock()
+        self.memory = PassMemory()  # what passes keep for the next: clients, manifests
         self._pending = threading.Event()
         self._fetched_once = False
         self._passed_once = False
@@ -246,6 +247,7 @@ class Daemon:
                 progress=self._log_step,
                 skip=self._skip_list(),
                 stopping=self.stop_requested.is_set,
+                memory=self.memory,
             )
             self._fetched_once = True
             self._git_failures = 0
@@ -556,6 +558,7 @@ class Daemon:
             self.http.shutdown()
             self.http.server_close()
         if finished:
+            self.memory.close()
             self._pass_lock.release()
             _event("stopped")
             return 0

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
+import git
+
 from reconciler.adapters.alerts import (
     Alerter,
     AlertmanagerAlerter,
@@ -61,7 +63,15 @@ from reconciler.apply import (
 from reconciler.artifacts import version_digests
 from reconciler.diff import DesiredDiff, diff
 from reconciler.errors import ReconcileError, UnsafeRevision, ValidationError
-from reconciler.plan import History, Hold, Plan, emptied_servers, plan, plan_steps_json
+from reconciler.plan import (
+    History,
+    Hold,
+    Plan,
+    emptied_servers,
+    plan,
+    plan_steps_json,
+    settle_key,
+)
 from reconciler.rollouts import (
     AlertEvent,
     Rollout,
@@ -76,6 +86,7 @@ from reconciler.rollouts import (
 from reconciler.serving import ServerState
 from reconciler.spec import DesiredState, load_desired_state
 from reconciler.spec.load import analysis_source_problems, attach_shadow_requests
+from reconciler.spec.model import TritonServer
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,7 @@ class Settings:
     max_parallel: int = 8
     load_timeout: float = 600.0
     call_timeout: float = 10.0
+    config_recheck: float = 600.0  # see TritonServerClient.observe
     prometheus_url: str | None = None
     revert_mode: RevertMode = RevertMode.HOLD
     revert_author: str = "triton-gitops <triton-gitops@localhost>"
@@ -149,6 +161,86 @@ class SavedPlan:
     revision: str
     served: Mapping[str, str]
     steps: tuple[Mapping[str, object], ...]
+
+
+class PassMemory:
+    """What a long-running reconciler carries from one pass to the next.
+
+    A pass over a large fleet that changes nothing should cost little. The service keeps:
+    the manifests of the last revision it read (a pass at the same commit does not parse
+    them again), one Triton client per server (a gRPC connection, and the configs it read:
+    see ``TritonServerClient.observe``), and the settle keys of the servers whose last plan
+    had nothing to do (``plan``'s ``settled``). One-shot commands keep nothing.
+
+    Passes never overlap (the scheduler runs one at a time), so no lock.
+    """
+
+    def __init__(self) -> None:
+        self._desired: tuple[str, str, DesiredState] | None = None
+        self._clients: dict[str, tuple[tuple[object, ...], TritonServerClient]] = {}
+        self._settled: dict[str, tuple[object, ...]] = {}
+
+    def desired(self, revision: str, path: str) -> DesiredState | None:
+        if self._desired is not None and self._desired[:2] == (revision, path):
+            return self._desired[2]
+        return None
+
+    def remember_desired(self, revision: str, path: str, desired: DesiredState) -> None:
+        self._desired = (revision, path, desired)
+
+    def clients(
+        self, servers: Mapping[str, TritonServer], settings: Settings
+    ) -> dict[str, TritonServerClient]:
+        """A client per server: the one kept from earlier passes while the server's address
+        and repository are the same, else a new one; clients of servers gone are closed."""
+        kept: dict[str, tuple[tuple[object, ...], TritonServerClient]] = {}
+        for name, server in servers.items():
+            identity = (server.grpc, server.model_repository)
+            previous = self._clients.pop(name, None)
+            if previous is not None and previous[0] == identity:
+                kept[name] = previous
+                continue
+            if previous is not None:
+                previous[1].close()
+            kept[name] = (identity, new_client(server, settings))
+        self.close()
+        self._clients = kept
+        return {name: client for name, (_, client) in kept.items()}
+
+    def settled(
+        self, desired: DesiredState, serving: Mapping[str, ServerState], history: History
+    ) -> tuple[frozenset[str], dict[str, tuple[object, ...]]]:
+        """Servers whose settle key is the one of their last plan with nothing to do; and
+        this pass's keys, for ``remember_plan``."""
+        keys = {
+            server: key
+            for server in serving
+            if (key := settle_key(server, desired, serving.get(server), history)) is not None
+        }
+        return frozenset(s for s, k in keys.items() if self._settled.get(s) == k), keys
+
+    @property
+    def settled_servers(self) -> frozenset[str]:
+        """Servers whose last plan had nothing to do (the next pass may skip them)."""
+        return frozenset(self._settled)
+
+    def remember_plan(self, keys: Mapping[str, tuple[object, ...]], plan_: Plan) -> None:
+        busy = {c.server for c in plan_.changes} | {p.server for p in plan_.problems}
+        self._settled = {s: k for s, k in keys.items() if s not in busy}
+
+    def close(self) -> None:
+        for _, client in self._clients.values():
+            client.close()
+        self._clients = {}
+
+
+def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
+    return TritonServerClient.for_server(
+        server,
+        load_timeout=settings.load_timeout,
+        call_timeout=settings.call_timeout,
+        config_recheck=settings.config_recheck,
+    )
 
 
 def serving_digest(serving: Mapping[str, ServerState]) -> dict[str, str]:
@@ -280,10 +372,9 @@ def observe(
     desired: DesiredState,
     history: History,
     max_parallel: int,
-    readers: Mapping[str, FiguresSource] | None = None,
 ) -> dict[str, ServerState]:
     """Each server's state: Triton's index and configs; the digests of pinned version folders
-    (when the model repository is readable); its free memory (when it has metrics)."""
+    (when the model repository is readable)."""
 
     def one(server: str) -> ServerState:
         models = set(desired.placements[server]) | set(history.managed.get(server, ()))
@@ -293,25 +384,41 @@ def observe(
         repository = desired.servers[server].model_repository
         if repository:
             enriched = dict(state.models)
+            digests = []
             for model, placement in desired.placements[server].items():
                 pinned = placement.deployment.digests
                 if pinned and model in enriched:
-                    enriched[model] = replace(
-                        enriched[model],
-                        repository_digests=version_digests(repository, model, pinned),
-                    )
-            state = replace(state, models=enriched)
-        reader = (readers or {}).get(server)
-        if reader is not None:
-            figures = reader.figures("", ())
-            if figures.memory_total_bytes is not None and figures.memory_bytes is not None:
-                state = replace(
-                    state, memory_free=figures.memory_total_bytes - figures.memory_bytes
-                )
+                    found = version_digests(repository, model, pinned)
+                    enriched[model] = replace(enriched[model], repository_digests=found)
+                    digests.append((model, tuple(sorted(found.items()))))
+            token = None if state.token is None else (*state.token, tuple(digests))
+            state = replace(state, models=enriched, token=token)
         return state
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
         return dict(zip(clients, pool.map(one, clients), strict=True))
+
+
+def with_free_memory(
+    serving: Mapping[str, ServerState],
+    readers: Mapping[str, FiguresSource],
+    max_parallel: int,
+) -> dict[str, ServerState]:
+    """``serving`` with the free memory of each server in ``readers`` (from its metrics),
+    which the planner weighs before loading new versions beside the old."""
+
+    def one(server: str) -> ServerState:
+        state = serving[server]
+        reader = readers.get(server)
+        if reader is None or not state.reachable:
+            return state
+        figures = reader.figures("", ())
+        if figures.memory_total_bytes is None or figures.memory_bytes is None:
+            return state
+        return replace(state, memory_free=figures.memory_total_bytes - figures.memory_bytes)
+
+    with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
+        return dict(zip(serving, pool.map(one, serving), strict=True))
 
 
 def next_managed(
@@ -360,6 +467,38 @@ def check_analysis_sources(desired: DesiredState, settings: Settings) -> None:
     problems = analysis_source_problems(desired, prometheus=settings.prometheus_url is not None)
     if problems:
         raise ValidationError(problems)
+
+
+def read_desired(
+    repository: GitSource,
+    commit: git.Commit,
+    source: Source,
+    settings: Settings,
+    alerts: Alerter,
+    apply_changes: bool,
+) -> DesiredState:
+    """The manifests at ``commit``, validated, with the shadow request files they name;
+    invalid manifests raise (and, when applying, alert): nothing is applied."""
+    revision = repository.read(commit, source.path)
+    try:
+        desired = attach_shadow_requests(
+            load_desired_state(revision.files),
+            lambda name: repository.read_file(commit, f"{source.path.strip('/')}/{name}"),
+        )
+        check_analysis_sources(desired, settings)
+    except ValidationError as exc:
+        if apply_changes:
+            alerts.send(
+                AlertEvent(
+                    "validation-failed",
+                    "warning",
+                    f"the manifests at {revision.sha[:12]} are invalid; nothing applied",
+                    revision.sha,
+                    details={"problems": "\n".join(str(p) for p in exc.problems)},
+                )
+            )
+        raise ValidationError(exc.problems, revision.sha) from None
+    return desired
 
 
 def revert_message(settings: Settings, result: ApplyResult, holds: tuple[Hold, ...]) -> str:
@@ -486,13 +625,17 @@ def reconcile(
     skip: Mapping[str, str] | None = None,
     stopping: Callable[[], bool] | None = None,
     saved: SavedPlan | None = None,
+    memory: PassMemory | None = None,
 ) -> PassReport:
     """One pass. ``skip``: servers to leave alone this time (name -> why); ``stopping``:
     turns true at shutdown (the change in progress finishes, no other starts); ``saved``: a
-    plan made earlier (``plan --out``) that this pass must match exactly, or refuse."""
+    plan made earlier (``plan --out``) that this pass must match exactly, or refuse;
+    ``memory``: what the service keeps between passes (none: a one-shot pass)."""
     state = StateStore(settings.state_path)  # once per pass: opening costs milliseconds
     try:
-        return _reconcile(source, settings, state, apply_changes, progress, skip, stopping, saved)
+        return _reconcile(
+            source, settings, state, apply_changes, progress, skip, stopping, saved, memory
+        )
     finally:
         state.close()
 
@@ -506,6 +649,7 @@ def _reconcile(
     skip: Mapping[str, str] | None,
     stopping: Callable[[], bool] | None,
     saved: SavedPlan | None,
+    memory: PassMemory | None,
 ) -> PassReport:
     alerts = alerter(settings)
     repository = git_source(source, settings)
@@ -534,49 +678,44 @@ def _reconcile(
             f"stale plan: {source.ref} is at {commit.hexsha} now, the plan was made at "
             f"{saved.revision}; make a new plan"
         )
-    revision = repository.read(commit, source.path)
-    try:
-        desired = attach_shadow_requests(
-            load_desired_state(revision.files),
-            lambda name: repository.read_file(commit, f"{source.path.strip('/')}/{name}"),
-        )
-        check_analysis_sources(desired, settings)
-    except ValidationError as exc:
-        if apply_changes:
-            alerts.send(
-                AlertEvent(
-                    "validation-failed",
-                    "warning",
-                    f"the manifests at {revision.sha[:12]} are invalid; nothing applied",
-                    revision.sha,
-                    details={"problems": "\n".join(str(p) for p in exc.problems)},
-                )
-            )
-        raise ValidationError(exc.problems, revision.sha) from None
+    desired = memory.desired(commit.hexsha, source.path) if memory else None
+    if desired is None:
+        desired = read_desired(repository, commit, source, settings, alerts, apply_changes)
+        if memory:
+            memory.remember_desired(commit.hexsha, source.path, desired)
+    revision_sha = commit.hexsha
     desired, discovered = discover(desired, settings)
     try:
         history = state.history()
         guard(desired, history, settings.allow_empty, discovered)
-        clients = {
-            name: TritonServerClient.for_server(
-                server, load_timeout=settings.load_timeout, call_timeout=settings.call_timeout
-            )
-            for name, server in desired.servers.items()
-            if not skip or name not in skip
-        }
-        readers = {
-            name: reader
-            for name, server in desired.servers.items()
-            if (reader := metrics_reader(settings.prometheus_url, server.metrics)) is not None
-        }
+        servers = {n: s for n, s in desired.servers.items() if not skip or n not in skip}
+        clients = (
+            memory.clients(servers, settings)
+            if memory
+            else {name: new_client(server, settings) for name, server in servers.items()}
+        )
         try:
-            serving = observe(clients, desired, history, settings.max_parallel, readers)
-            plan_ = plan(desired, serving, history, revision.sha, skip)
-            served = serving_digest(serving)
+            serving = observe(clients, desired, history, settings.max_parallel)
+            settled, keys = (
+                memory.settled(desired, serving, history) if memory else (frozenset(), {})
+            )
+            readers = {
+                name: reader
+                for name, server in desired.servers.items()
+                if name not in settled
+                and (reader := metrics_reader(settings.prometheus_url, server.metrics)) is not None
+            }
+            serving = with_free_memory(serving, readers, settings.max_parallel)
+            plan_ = plan(desired, serving, history, revision_sha, skip, settled)
+            if memory:
+                memory.remember_plan(keys, plan_)
+            # What a saved plan must find unchanged: only the plan command and an apply of a
+            # saved plan need it (it costs a JSON dump of every loaded config).
+            served = serving_digest(serving) if saved is not None or not apply_changes else {}
             if saved is not None:
                 check_saved_plan(saved, served, plan_)
             if not apply_changes:
-                return PassReport(revision.sha, plan_, served=served)
+                return PassReport(revision_sha, plan_, served=served)
             applied = {
                 name: spec.fingerprint
                 for name in desired.deployments
@@ -592,12 +731,13 @@ def _reconcile(
                     poll_interval=settings.poll_interval, stopping=stopping or _not_stopping
                 ),
                 staged_progress=lambda rollout, completed, started: state.record_stage(
-                    rollout.deployment, rollout.fingerprint, revision.sha, completed, started
+                    rollout.deployment, rollout.fingerprint, revision_sha, completed, started
                 ),
             )
         finally:
-            for client in clients.values():
-                client.close()
+            if not memory:
+                for client in clients.values():
+                    client.close()
         holds = holds_from(result, desired, history)
         events = alerts_from(result, str(settings.revert_mode))
         open_alerts = state.open_alerts()
@@ -608,7 +748,7 @@ def _reconcile(
             if e.resolved and any((e.model, e.server) == (m, s) for m, s, _ in open_alerts)
         ]
         report = PassReport(
-            revision.sha,
+            revision_sha,
             plan_,
             result,
             served=served,
@@ -617,9 +757,11 @@ def _reconcile(
             expected=expected_serving(desired, plan_, result),
             discovered=discovered,
         )
+        managed = next_managed(desired, history, plan_, result)
         state.record_pass(
-            revision.sha,
-            next_managed(desired, history, plan_, result),
+            revision_sha,
+            # Only what changed: a fleet's managed rows are instances x models.
+            {s: m for s, m in managed.items() if history.managed.get(s, frozenset()) != m},
             report.ok,
             {
                 "changes": [

@@ -8,6 +8,8 @@ manifest's ``spec.config`` merged over it and the version policy set. Pure funct
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -30,6 +32,13 @@ def canonical(config: Mapping[str, Any]) -> dict[str, Any]:
     except json_format.ParseError as exc:
         raise ValueError(str(exc).splitlines()[0]) from exc
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def _canonical_of(text: str) -> dict[str, Any]:
+    # Every server a ModelDeployment is placed on compares the same spec.config: canonicalise
+    # it once. Callers only read the result.
+    return canonical(json.loads(text))
 
 
 def parse_pbtxt(text: str) -> dict[str, Any]:
@@ -85,7 +94,7 @@ def config_drift(wanted: Mapping[str, Any], loaded: Mapping[str, Any]) -> list[s
     as matching when the loaded config leaves it out too.
     """
     try:
-        normal = canonical(wanted)
+        normal = _canonical_of(json.dumps(wanted, sort_keys=True))
     except ValueError:
         return sorted(k for k in wanted if k not in _SERVER_FILLED)  # validation reports it
     drift = []

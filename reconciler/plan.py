@@ -279,7 +279,6 @@ def _plan_model(
     base, why_not = _base_config(model, deployment)
     if base is None:
         return PlanProblem(server, deployment.model, why_not or "no base config")
-    target = merge(base, deployment.config)
     drift = (
         config_drift(deployment.config, model.loaded_config)
         if ready and model.loaded_config is not None
@@ -296,6 +295,7 @@ def _plan_model(
     old = ready - desired
     if not new and not old and not drift and not backend_change:
         return None
+    target = merge(base, deployment.config)
     sequence = _sequence_policy(deployment, target)
     revert = _revert_steps(server, deployment.model, model, ready)
     if backend_change:
@@ -661,14 +661,19 @@ def _order(
     composing model's unload).
     """
     problems: list[PlanProblem] = []
+    if not changes:
+        return [], problems
     placed = set(placements)
+    placed_by_deployment: dict[str, set[str]] = {}
+    for model, placement in placements.items():
+        placed_by_deployment.setdefault(placement.deployment.name, set()).add(model)
     needs: dict[str, set[str]] = {}
     for model, placement in placements.items():
         deployment = placement.deployment
         target = target_config(observed.model(model), deployment)
-        needs[model] = set(composing_models(target)) | {
-            p for p, other in placements.items() if other.deployment.name in deployment.depends_on
-        }
+        needs[model] = set(composing_models(target)).union(
+            *(placed_by_deployment.get(name, ()) for name in deployment.depends_on)
+        )
     removed = {c.model for c in changes if c.deployment is None}
     for model in removed:
         needs[model] = set(composing_models(observed.model(model).loaded_config))
@@ -739,17 +744,56 @@ def _order(
     return ordered, problems
 
 
+def settle_key(
+    server: str, desired: DesiredState, observed: ServerState | None, history: History
+) -> tuple[Any, ...] | None:
+    """Everything ``plan`` reads to plan ``server``, as one comparable value; None when that
+    cannot be told (an observation without a token, a deployment without a fingerprint).
+
+    Two passes with equal keys plan the server alike: a server that had nothing to do in the
+    first has nothing to do in the second (see ``plan``'s ``settled``).
+    """
+    if observed is None or observed.token is None or not observed.reachable:
+        return None
+    placements = desired.placements.get(server, {})
+    deployments = [p.deployment for _, p in sorted(placements.items())]
+    if any(not d.fingerprint for d in deployments):
+        return None
+    names = {d.name for d in deployments}
+    return (
+        observed.token,
+        repr(desired.servers.get(server)),
+        tuple((d.model, d.name, d.fingerprint) for d in deployments),
+        history.managed.get(server, frozenset()),
+        tuple(
+            (n, h.fingerprint, h.previous.get(server), repr(h.configs.get(server)))
+            for n, h in sorted(history.holds.items())
+            if n in names
+        ),
+        tuple(sorted((n, r) for n, r in history.backends.items() if n in names)),
+        tuple(
+            (n, r.fingerprint, server in r.completed, r.started.get(server))
+            for n, r in sorted(history.staged.items())
+            if n in names
+        ),
+    )
+
+
 def plan(
     desired: DesiredState,
     serving: ServingState,
     history: History,
     revision: str,
     skip: Mapping[str, str] | None = None,
+    settled: frozenset[str] = frozenset(),
 ) -> Plan:
     """Diff what the manifests ask for against what the servers serve.
 
     Servers in ``skip`` (name -> why, e.g. backing off after failures) are reported as
-    problems and left alone.
+    problems and left alone. Servers in ``settled`` are known to plan nothing: an earlier
+    plan of the same ``settle_key`` had no change and no problem for them. They are reported
+    in sync (or held, or suspended) without planning each model again, which is what keeps a
+    no-op pass over a large fleet cheap.
     """
     changes: list[ModelChange] = []
     problems: list[PlanProblem] = []
@@ -773,19 +817,16 @@ def plan(
                 suspended.append((server, model_name))
                 continue
             hold = history.holds.get(deployment.name)
-            if hold is not None and hold.fingerprint == deployment.fingerprint:
-                previous = hold.previous.get(server)
-                if previous is not None:
-                    held.append(
-                        Held(
-                            server,
-                            model_name,
-                            deployment.name,
-                            hold.revision,
-                            hold.reason,
-                            previous,
-                        )
-                    )
+            if hold is not None and hold.fingerprint != deployment.fingerprint:
+                hold = None  # a commit changed the failed spec: the hold is over
+            if hold is not None and (previous := hold.previous.get(server)) is not None:
+                held.append(
+                    Held(server, model_name, deployment.name, hold.revision, hold.reason, previous)
+                )
+            if server in settled:
+                in_sync.append((server, model_name))
+                continue
+            if hold is not None:
                 outcome = _plan_held(server, deployment, hold, observed)
             else:
                 outcome = _plan_model(
@@ -797,6 +838,8 @@ def plan(
                 problems.append(outcome)
             else:
                 server_changes.append(outcome)
+        if server in settled:
+            continue
         for model_name in sorted(history.managed.get(server, frozenset()) - set(placements)):
             removal = _plan_removal(server, model_name, observed)
             if removal is not None:

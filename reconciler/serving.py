@@ -55,6 +55,10 @@ class ServerState:
     in_repository: frozenset[str] = frozenset()  # model names Triton's repository index lists
     error: str | None = None  # set when the server could not be observed
     memory_free: float | None = None  # bytes, from the server's metrics when it has them
+    # Equal for two observations exactly when the server reads the same in both (see
+    # TritonServerClient.observe); None when the observer cannot tell. Free memory is left
+    # out: it only matters to loads, and a server with nothing to load plans the same.
+    token: tuple[Any, ...] | None = field(default=None, compare=False)
 
     @property
     def reachable(self) -> bool:

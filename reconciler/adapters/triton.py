@@ -10,18 +10,24 @@ own message as ``LoadFailed``.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterable, Mapping
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import tritonclient.grpc as triton_grpc
+from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.model_repository import read_model
 from reconciler.errors import LoadFailed, ServerUnavailable, StepFailed, UnloadFailed, VerifyFailed
 from reconciler.serving import (
+    READY,
     ModelInterface,
     ModelState,
     ServerState,
@@ -53,8 +59,31 @@ def _signature(tensor: Mapping[str, Any]) -> TensorSignature:
     )
 
 
+@dataclass(frozen=True)
+class _CachedConfig:
+    versions: tuple[VersionState, ...]  # the model's index entries when it was read
+    config: dict[str, Any] | None
+    generation: int  # changes when a re-read finds another config
+    due: float  # when to read it again anyway
+
+
+@dataclass(frozen=True)
+class _LastObservation:
+    raw: bytes  # the repository index as the server sent it
+    models: tuple[str, ...]  # the models asked about
+    state: ServerState
+    due: float  # the earliest config recheck among them
+
+
+_EPOCHS = itertools.count()
+
+
 class TritonServerClient:
-    """One Triton server, as the planner observes it and as apply drives it."""
+    """One Triton server, as the planner observes it and as apply drives it.
+
+    A client kept from pass to pass (the service does) remembers the configs it read; a new
+    client reads them all.
+    """
 
     def __init__(
         self,
@@ -64,12 +93,21 @@ class TritonServerClient:
         load_timeout: float = 600.0,
         call_timeout: float = 10.0,
         model_repository: str | None = None,
+        config_recheck: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
         self.address = address
         self.load_timeout = load_timeout
         self.call_timeout = call_timeout
         self.model_repository = model_repository
+        self.config_recheck = config_recheck
+        self._clock = clock
+        self._configs: dict[str, _CachedConfig] = {}
+        self._last: _LastObservation | None = None
+        self._generations = itertools.count()
+        # Tokens of two clients never compare equal, even for one server.
+        self._epoch = next(_EPOCHS)
         self._client = triton_grpc.InferenceServerClient(url=address)
 
     @classmethod
@@ -92,74 +130,123 @@ class TritonServerClient:
 
     # -- observation -------------------------------------------------------------------------
 
-    def index(self) -> list[dict[str, Any]]:
+    def _index_answer(self) -> Any:
+        # Protobuf, not as_json: the JSON round trip costs three times the call itself.
         try:
-            answer = self._client.get_model_repository_index(
-                as_json=True, client_timeout=self.call_timeout
-            )
+            return self._client.get_model_repository_index(client_timeout=self.call_timeout)
         except InferenceServerException as exc:
             raise self._error(exc, "reading the repository index") from exc
-        return list(answer.get("models", []))
+
+    def _index(self) -> list[Any]:
+        return list(self._index_answer().models)
+
+    def index(self) -> list[dict[str, Any]]:
+        return [
+            {"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}
+            for e in self._index()
+        ]
 
     def _loaded_config(self, model: str) -> dict[str, Any] | None:
         try:
-            answer = self._client.get_model_config(
-                model, as_json=True, client_timeout=self.call_timeout
-            )
+            answer = self._client.get_model_config(model, client_timeout=self.call_timeout)
         except InferenceServerException as exc:
             if _unreachable(exc):
                 raise self._error(exc, f"reading the config of {model}") from exc
             return None  # unloaded between the index and this call
-        return dict(answer.get("config", {}))
+        return json_format.MessageToDict(answer.config, preserving_proto_field_name=True)
 
     @staticmethod
-    def _states(entries: Iterable[dict[str, Any]], model: str) -> tuple[VersionState, ...]:
-        return tuple(
-            sorted(
-                (
-                    VersionState(int(e["version"]), e.get("state", ""), e.get("reason", ""))
-                    for e in entries
-                    if e.get("name") == model and e.get("version")
-                ),
-                key=lambda v: v.version,
-            )
-        )
+    def _by_model(entries: Iterable[Any]) -> dict[str, tuple[VersionState, ...]]:
+        grouped: dict[str, list[VersionState]] = {}
+        for e in entries:
+            if e.name and e.version:
+                grouped.setdefault(e.name, []).append(
+                    VersionState(int(e.version), e.state, e.reason)
+                )
+        return {
+            name: tuple(sorted(versions, key=lambda v: v.version))
+            for name, versions in grouped.items()
+        }
 
     def model_state(self, model: str) -> ModelState:
-        return ModelState(model, self._states(self.index(), model))
+        return ModelState(model, self._by_model(self._index()).get(model, ()))
+
+    def _config(self, model: str, versions: tuple[VersionState, ...]) -> Any:
+        """The config ``model`` runs with, from the cache while its index entries are the
+        ones it was read with and its recheck is not due; and the config's generation."""
+        now = self._clock()
+        cached = self._configs.get(model)
+        if cached is not None and cached.versions == versions and now < cached.due:
+            return cached
+        config = self._loaded_config(model)
+        generation = (
+            cached.generation
+            if cached is not None and cached.config == config
+            else next(self._generations)
+        )
+        # Spread the rechecks over half to one and a half intervals, so the configs read in
+        # one pass are not all read again in one later pass.
+        due = now + self.config_recheck * (0.5 + random.random())
+        entry = _CachedConfig(versions, config, generation, due)
+        self._configs[model] = entry
+        return entry
 
     def observe(self, models: Iterable[str]) -> ServerState:
-        """What the server serves of ``models``, and what its model repository holds."""
+        """What the server serves of ``models``, and what its model repository holds.
+
+        The state's ``token`` is equal across two observations by this client exactly when
+        the index, the loaded configs and the repository's content read the same (a config
+        is re-read when its model's index entries change, after this client's own load or
+        unload, and every ``config_recheck`` seconds otherwise: Triton's index does not say
+        when a version was reloaded by hand with another config).
+        """
         try:
-            entries = self.index()
-        except ServerUnavailable as exc:
+            answer = self._index_answer()
+        except (ServerUnavailable, StepFailed) as exc:
             return ServerState(self.name, error=str(exc))
-        except StepFailed as exc:
-            return ServerState(self.name, error=str(exc))
+        models = tuple(models)
+        raw = answer.SerializeToString(deterministic=True)
+        last = self._last
+        if (
+            last is not None
+            and not self.model_repository  # its files may change without the index
+            and (last.raw, last.models) == (raw, models)
+            and self._clock() < last.due
+        ):
+            return last.state  # the same index, no config due: the same observation
+        entries = list(answer.models)
+        by_model = self._by_model(entries)
         states: dict[str, ModelState] = {}
+        token: list[Any] = [self._epoch]
+        due = float("inf")
         try:
             for model in models:
-                versions = self._states(entries, model)
-                loaded = (
-                    self._loaded_config(model)
-                    if any(v.state == "READY" for v in versions)
-                    else None
-                )
+                versions = by_model.get(model, ())
+                loaded = None
+                if any(v.state == READY for v in versions):
+                    cached = self._config(model, versions)
+                    loaded = cached.config
+                    due = min(due, cached.due)
+                    token.append((model, versions, cached.generation))
+                else:
+                    token.append((model, versions))
                 repository_config, repository_versions = (
                     read_model(self.model_repository, model)
                     if self.model_repository
                     else (None, None)
                 )
+                if self.model_repository:
+                    token.append((repr(repository_config), repository_versions))
                 states[model] = ModelState(
                     model, versions, loaded, repository_config, repository_versions
                 )
         except ServerUnavailable as exc:
             return ServerState(self.name, error=str(exc))
-        return ServerState(
-            self.name,
-            states,
-            frozenset(str(e["name"]) for e in entries if e.get("name")),
-        )
+        listed = frozenset(e.name for e in entries if e.name)
+        token.append(listed)
+        state = ServerState(self.name, states, listed, token=tuple(token))
+        self._last = _LastObservation(raw, models, state, due)
+        return state
 
     def interface(self, model: str, version: int) -> ModelInterface:
         """The inputs and outputs ``version`` of ``model`` serves; the version must be loaded.
@@ -187,7 +274,13 @@ class TritonServerClient:
 
     # -- control -----------------------------------------------------------------------------
 
+    def _forget(self, model: str) -> None:
+        # A load may change the config with the same versions: read it again.
+        self._configs.pop(model, None)
+        self._last = None
+
     def load(self, model: str, config: Mapping[str, Any]) -> None:
+        self._forget(model)
         try:
             self._client.load_model(
                 model, config=json.dumps(config), client_timeout=self.load_timeout
@@ -198,6 +291,7 @@ class TritonServerClient:
             raise LoadFailed(f"server {self.name}: {exc.message()}") from exc
 
     def unload(self, model: str) -> None:
+        self._forget(model)
         try:
             self._client.unload_model(model, client_timeout=self.call_timeout)
         except InferenceServerException as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,3 +82,56 @@ def test_unreachable_server_is_data_for_observe_and_an_error_for_control() -> No
             client.load("echo", {"backend": "python"})
         with pytest.raises(ServerUnavailable, match="edge-z"):
             client.model_state("echo")
+
+
+def test_a_kept_client_reads_configs_again_only_when_they_may_have_changed(
+    triton: LocalTriton, model_repository: Path
+) -> None:
+    now = [0.0]
+    ours = TritonServerClient(
+        "edge-a", triton.grpc_address, config_recheck=60.0, clock=lambda: now[0]
+    )
+    by_hand = TritonServerClient("someone", triton.grpc_address)
+    reads: list[str] = []
+    get_model_config = ours._client.get_model_config
+
+    def counting(model: str, **options: object) -> object:
+        reads.append(model)
+        return get_model_config(model, **options)
+
+    ours._client.get_model_config = counting  # type: ignore[method-assign]
+    try:
+        ours.load("echo", _config(model_repository, [1]))
+        first = ours.observe(["echo"])
+        assert reads == ["echo"]
+        again = ours.observe(["echo"])
+        assert reads == ["echo"] and again.token == first.token  # index unchanged: no read
+
+        # A reload by hand with another config leaves the index as it was: seen once the
+        # recheck is due (at most 1.5 intervals), not before.
+        changed = _config(model_repository, [1]) | {"max_batch_size": 4}
+        by_hand.load("echo", changed)
+        assert ours.observe(["echo"]).token == first.token
+        now[0] = 91.0
+        rechecked = ours.observe(["echo"])
+        assert reads == ["echo", "echo"]
+        assert rechecked.token != first.token
+        assert rechecked.model("echo").loaded_config["max_batch_size"] == 4  # type: ignore[index]
+
+        # An unload by hand changes the index: a new token at once.
+        by_hand.unload("echo")
+        deadline = time.monotonic() + 30
+        while ours.observe(["echo"]).token == rechecked.token:
+            assert time.monotonic() < deadline, "the unload never showed in the token"
+            time.sleep(0.05)
+        assert reads == ["echo", "echo"]
+
+        # Our own load forgets what we read: the next observation reads the config.
+        ours.load("echo", _config(model_repository, [1]))
+        ours.observe(["echo"])
+        assert reads == ["echo", "echo", "echo"]
+        # Another client never shares a token, even for the same state.
+        assert by_hand.observe(["echo"]).token != ours.observe(["echo"]).token
+    finally:
+        ours.close()
+        by_hand.close()

@@ -307,7 +307,9 @@ def observe(fake: FakeTriton, *, readable_repository: bool = True) -> ServerStat
             else None,
             repository_versions=fake.repository.get(model) if readable_repository else None,
         )
-    return ServerState(fake.name, models, frozenset(fake.repository))
+    # Exact, as the adapter's token is: equal exactly when everything observed is.
+    token = (repr(models), tuple(sorted(fake.repository)))
+    return ServerState(fake.name, models, frozenset(fake.repository), token=token)
 
 
 class FakeClock:
