@@ -99,6 +99,7 @@ class Settings:
     max_parallel: int = 8
     load_timeout: float = 600.0
     call_timeout: float = 10.0
+    fetch_timeout: float = 120.0  # a Git remote that stalls longer fails the pass's fetch
     prometheus_url: str | None = None
     revert_mode: RevertMode = RevertMode.HOLD
     revert_author: str = "triton-gitops <triton-gitops@localhost>"
@@ -200,7 +201,9 @@ def fetch(source: Source, settings: Settings) -> Revision:
 
 
 def git_source(source: Source, settings: Settings) -> GitSource:
-    return GitSource(source.repo, settings.cache_dir, credentials=settings.git_credentials)
+    return GitSource(
+        source.repo, settings.cache_dir, settings.fetch_timeout, settings.git_credentials
+    )
 
 
 class NotApproved(UnsafeRevision):
@@ -491,9 +494,16 @@ def reconcile(
     turns true at shutdown (the change in progress finishes, no other starts); ``saved``: a
     plan made earlier (``plan --out``) that this pass must match exactly, or refuse."""
     state = StateStore(settings.state_path)  # once per pass: opening costs milliseconds
+    alerts = alerter(settings)
+    # What a receiver that was down did not take, from earlier passes (or processes).
+    alerts.restore(state.undelivered_alerts())
     try:
-        return _reconcile(source, settings, state, apply_changes, progress, skip, stopping, saved)
+        return _reconcile(
+            source, settings, state, alerts, apply_changes, progress, skip, stopping, saved
+        )
     finally:
+        alerts.flush()
+        state.save_undelivered_alerts(alerts.backlog())
         state.close()
 
 
@@ -501,13 +511,13 @@ def _reconcile(
     source: Source,
     settings: Settings,
     state: StateStore,
+    alerts: FanOut,
     apply_changes: bool,
     progress: Progress | None,
     skip: Mapping[str, str] | None,
     stopping: Callable[[], bool] | None,
     saved: SavedPlan | None,
 ) -> PassReport:
-    alerts = alerter(settings)
     repository = git_source(source, settings)
     commit = repository.fetch(source.ref)
     last = state.last_pass()
