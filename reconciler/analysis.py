@@ -36,6 +36,9 @@ class RolloutVerdict(StrEnum):
     PASSED = "passed"
     FAILED = "failed"
     INCONCLUSIVE = "inconclusive"
+    # Inconclusive because the metrics source could not be read (Prometheus down): the old
+    # versions serve again but the spec is not held. Set by apply, never by ``judge``.
+    METRICS_UNAVAILABLE = "metrics-unavailable"
 
 
 class NoTraffic(StrEnum):

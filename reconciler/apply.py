@@ -388,6 +388,7 @@ def _analyze(
     baseline = baseline_from(old, previous)
     started = timing.clock()
     evaluations: list[Evaluation] = []
+    unreadable = previous.error is not None
     while True:
         # Ticks are measured from the start, so slow scrapes do not stretch the analysis.
         next_tick = started + spec.interval * (len(evaluations) + 1)
@@ -400,6 +401,7 @@ def _analyze(
                 "interrupted",
             )
         current = source.figures(step.model, step.versions, queries)
+        unreadable = unreadable or current.error is not None
         if baseline.memory_bytes is None and current.memory_bytes is not None:
             # The first reading had no memory figure (a failed scrape, or Triton not yet
             # sampling): measure growth from the first reading that has one.
@@ -410,6 +412,15 @@ def _analyze(
         verdict = judge(spec, tuple(evaluations), elapsed)
         if verdict is RolloutVerdict.PASSED:
             return tuple(evaluations), verdict
+        if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
+            raise AnalysisFailed(
+                f"server {step.server}: analysis of {step.model} version(s) "
+                f"{', '.join(map(str, step.versions))} inconclusive: metrics unavailable "
+                f"({current.error or previous.error or 'a reading failed'}); the old versions "
+                "serve again, not held: the next pass analyses again",
+                tuple(evaluations),
+                RolloutVerdict.METRICS_UNAVAILABLE,
+            )
         if verdict is not RolloutVerdict.RUNNING:
             last = evaluations[-1]
             why = (
@@ -566,6 +577,8 @@ def apply_change(
         # New versions are verified and serving (or the server is gone): nothing to put back;
         # the next pass retries what is left.
         return ChangeResult(change, Outcome.FAILED, tuple(results))
+    if failed.step.action in (Action.VERIFY, Action.ANALYZE):
+        results[-1] = _blame_restart(control, change.model, failed)
     reverted = _run(control, change.revert, timing, progress, _ChangeContext(source), True)
     if not all(r.ok for r in reverted):
         outcome = Outcome.FAILED
@@ -574,6 +587,24 @@ def apply_change(
     else:
         outcome = Outcome.REVERTED
     return ChangeResult(change, outcome, tuple(results), tuple(reverted))
+
+
+def _blame_restart(control: ModelControl, model: str, failed: StepResult) -> StepResult:
+    """A verify or analysis that failed because the server lost the model meanwhile: no
+    version at all in its index (a version that failed or was unloaded stays listed), which
+    is a restarted server (EXPLICIT mode starts empty). Marked like an unreachable server so
+    the spec is not held; the revert still puts the old versions back."""
+    try:
+        if control.model_state(model).versions:
+            return failed
+    except ReconcileError:
+        return replace(failed, unreachable=True)
+    return replace(
+        failed,
+        unreachable=True,
+        error=f"{failed.error}; server {failed.step.server} lost every version of {model} "
+        "meanwhile (restarted?): not held, the next pass rolls out again",
+    )
 
 
 def apply(

@@ -176,6 +176,14 @@ def _source_options(
         "load timeout: a load cut off here keeps running on the server.",
     )
     run.add_argument(
+        "--fetch-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="longest wait for one fetch of the manifest repository (default 120); a remote "
+        "that stalls longer fails the pass, and everything keeps serving",
+    )
+    run.add_argument(
         "--call-timeout",
         type=float,
         default=10.0,
@@ -559,6 +567,7 @@ def _settings(args: argparse.Namespace) -> Settings:
         load_timeout=args.load_timeout,
         call_timeout=args.call_timeout,
         config_recheck=args.config_recheck,
+        fetch_timeout=args.fetch_timeout,
         prometheus_url=args.prometheus_url,
         revert_mode=RevertMode(args.revert_mode),
         revert_author=args.revert_author,

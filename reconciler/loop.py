@@ -111,6 +111,7 @@ class Settings:
     load_timeout: float = 600.0
     call_timeout: float = 10.0
     config_recheck: float = 600.0  # see TritonServerClient.observe
+    fetch_timeout: float = 120.0  # a Git remote that stalls longer fails the pass's fetch
     prometheus_url: str | None = None
     revert_mode: RevertMode = RevertMode.HOLD
     revert_author: str = "triton-gitops <triton-gitops@localhost>"
@@ -292,7 +293,9 @@ def fetch(source: Source, settings: Settings) -> Revision:
 
 
 def git_source(source: Source, settings: Settings) -> GitSource:
-    return GitSource(source.repo, settings.cache_dir, credentials=settings.git_credentials)
+    return GitSource(
+        source.repo, settings.cache_dir, settings.fetch_timeout, settings.git_credentials
+    )
 
 
 class NotApproved(UnsafeRevision):
@@ -632,11 +635,25 @@ def reconcile(
     plan made earlier (``plan --out``) that this pass must match exactly, or refuse;
     ``memory``: what the service keeps between passes (none: a one-shot pass)."""
     state = StateStore(settings.state_path)  # once per pass: opening costs milliseconds
+    alerts = alerter(settings)
+    # What a receiver that was down did not take, from earlier passes (or processes).
+    alerts.restore(state.undelivered_alerts())
     try:
         return _reconcile(
-            source, settings, state, apply_changes, progress, skip, stopping, saved, memory
+            source,
+            settings,
+            state,
+            alerts,
+            apply_changes,
+            progress,
+            skip,
+            stopping,
+            saved,
+            memory,
         )
     finally:
+        alerts.flush()
+        state.save_undelivered_alerts(alerts.backlog())
         state.close()
 
 
@@ -644,6 +661,7 @@ def _reconcile(
     source: Source,
     settings: Settings,
     state: StateStore,
+    alerts: FanOut,
     apply_changes: bool,
     progress: Progress | None,
     skip: Mapping[str, str] | None,
@@ -651,7 +669,6 @@ def _reconcile(
     saved: SavedPlan | None,
     memory: PassMemory | None,
 ) -> PassReport:
-    alerts = alerter(settings)
     repository = git_source(source, settings)
     commit = repository.fetch(source.ref)
     last = state.last_pass()

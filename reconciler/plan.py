@@ -644,6 +644,34 @@ def _as_before(observed: ServerState, deployment: ModelDeployment, history: Hist
     )
 
 
+def _await_load_in_progress(
+    outcome: ModelChange | PlanProblem | None, model: ModelState
+) -> ModelChange | PlanProblem | None:
+    """Never start a second load of a model Triton is still loading (an earlier pass's load,
+    cut off by its load timeout, goes on on the server): a second one would queue behind it
+    and hold this pass as long. The verify step waits for it instead."""
+    loading = frozenset(v.version for v in model.versions if v.state == "LOADING")
+    if not loading or not isinstance(outcome, ModelChange):
+        return outcome
+    loads = [s for s in outcome.steps if s.action is Action.LOAD]
+    if any(not set(s.versions) <= model.ready | loading for s in loads):
+        return PlanProblem(
+            outcome.server,
+            outcome.model,
+            f"version(s) {', '.join(map(str, sorted(loading)))} still LOADING on the server "
+            "(a load started earlier goes on); no other load of this model starts until it ends",
+        )
+    note = f"; the load already running on the server ({', '.join(map(str, sorted(loading)))} "
+    steps = tuple(
+        replace(s, reason=s.reason + note + "LOADING) is waited for, not started again")
+        if s.action is Action.VERIFY
+        else s
+        for s in outcome.steps
+        if s.action is not Action.LOAD
+    )
+    return replace(outcome, steps=steps)
+
+
 def _order(
     server: str,
     changes: list[ModelChange],
@@ -832,6 +860,7 @@ def plan(
                 outcome = _plan_model(
                     server, deployment, _as_before(observed, deployment, history), history
                 )
+                outcome = _await_load_in_progress(outcome, observed.model(model_name))
             if outcome is None:
                 in_sync.append((server, model_name))
             elif isinstance(outcome, PlanProblem):

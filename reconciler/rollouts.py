@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.analysis import Evaluation
+from reconciler.analysis import Evaluation, RolloutVerdict
 from reconciler.apply import ApplyResult, ChangeResult, Outcome
 from reconciler.plan import Action, History, Hold, Plan
 from reconciler.spec.model import DesiredState
@@ -137,6 +137,8 @@ def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> 
                 continue  # new versions verified and serving; only the unload is left
             if any(r.unreachable for r in (*change.steps, *change.revert)):
                 continue  # the server went away: transient, the next pass tries again
+            if any(r.verdict == RolloutVerdict.METRICS_UNAVAILABLE for r in change.steps):
+                continue  # the metrics source was down: nothing known against the versions
             reverted.setdefault(change.change.deployment or "", []).append(change)
     holds = []
     for name, changes in sorted(reverted.items()):

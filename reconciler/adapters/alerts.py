@@ -13,13 +13,16 @@ to an ``Alerter``:
 Alerting must never stop a reconcile: an alerter never raises to its caller and never blocks
 longer than its timeout. A delivery that fails for a reason that may pass (the receiver is
 down, slow or answers 5xx) stays queued in memory, bounded, and is retried before the next
-event and on ``flush()``; one the receiver refuses (4xx) is logged and dropped. Credentials in
+event and on ``flush()``; one the receiver refuses (4xx) is logged and dropped. What is still
+queued at the end of a pass goes to the state store (``backlog``) and is queued again by the
+next pass, in this process or the next (``restore``), ahead of new events. Credentials in
 URLs (user:password@) travel only in an Authorization header, and never appear in logs,
-errors or payloads.
+errors, payloads or the state store.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -185,6 +188,39 @@ class _QueuedAlerter(ABC, Generic[Delivery]):
         """Deliveries still queued."""
         return len(self._queue)
 
+    @property
+    def key(self) -> str:
+        """Names this receiver in the state store without its URL (it may hold credentials)."""
+        return f"{type(self).__name__}:{hashlib.sha256(self.url.encode()).hexdigest()[:16]}"
+
+    def backlog(self) -> list[Any]:
+        """The deliveries still queued, as JSON values, oldest first."""
+        with self._queue_lock:
+            return [self._to_json(d) for d in self._queue]
+
+    def restore(self, backlog: Iterable[Any]) -> None:
+        """Queue deliveries an earlier pass could not make, ahead of any queued since."""
+        restored = []
+        for item in backlog:
+            try:
+                restored.append(self._from_json(item))
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.error("a stored alert for %s is unreadable, dropped: %s", self, exc)
+                self.dropped += 1
+        with self._queue_lock:
+            self._queue.extendleft(reversed(restored))
+            while len(self._queue) > self.queue_limit:
+                self._queue.popleft()
+                self.dropped += 1
+
+    @abstractmethod
+    def _to_json(self, delivery: Delivery) -> Any:
+        """One delivery as a JSON value, for the state store."""
+
+    @abstractmethod
+    def _from_json(self, value: Any) -> Delivery:
+        """A delivery back from ``_to_json``'s value."""
+
     @abstractmethod
     def _deliveries(self, event: AlertEvent) -> list[Delivery]:
         """What to deliver for ``event``."""
@@ -336,6 +372,27 @@ class AlertmanagerAlerter(_QueuedAlerter[_Fire | _Resolve]):
             alert["endsAt"] = _rfc3339(at + timedelta(seconds=self.ttl))
         return [_Fire((alert,))]
 
+    def _to_json(self, delivery: _Fire | _Resolve) -> Any:
+        if isinstance(delivery, _Fire):
+            return {"fire": list(delivery.alerts)}
+        return {
+            "resolve": {
+                "matchers": [list(m) for m in delivery.matchers],
+                "at": delivery.at,
+                "annotations": delivery.annotations,
+            }
+        }
+
+    def _from_json(self, value: Any) -> _Fire | _Resolve:
+        if "fire" in value:
+            return _Fire(tuple(dict(a) for a in value["fire"]))
+        resolve = value["resolve"]
+        return _Resolve(
+            tuple((str(n), str(v)) for n, v in resolve["matchers"]),
+            str(resolve["at"]),
+            {str(k): str(v) for k, v in resolve["annotations"].items()},
+        )
+
     def _deliver(self, delivery: _Fire | _Resolve, deadline: float) -> None:
         if isinstance(delivery, _Fire):
             _exchange("POST", self.alerts_url, list(delivery.alerts), deadline)
@@ -366,6 +423,12 @@ class WebhookAlerter(_QueuedAlerter[dict[str, Any]]):
     def _deliveries(self, event: AlertEvent) -> list[dict[str, Any]]:
         return [{**event_json(event), "at": _rfc3339(self.clock())}]
 
+    def _to_json(self, delivery: dict[str, Any]) -> Any:
+        return delivery
+
+    def _from_json(self, value: Any) -> dict[str, Any]:
+        return dict(value)
+
     def _deliver(self, delivery: dict[str, Any], deadline: float) -> None:
         _exchange("POST", self.url, delivery, deadline)
 
@@ -394,6 +457,19 @@ class FanOut:
                 alerter.send(event)
             except Exception as exc:  # an alerter must not stop a reconcile
                 log.error("alerter %r failed: %s", alerter, redact(str(exc)))
+
+    def backlog(self) -> dict[str, list[Any]]:
+        """Per receiver (``key``), what it has not taken yet."""
+        return {
+            a.key: a.backlog() for a in self.alerters if isinstance(a, _QueuedAlerter) and a.pending
+        }
+
+    def restore(self, backlogs: Mapping[str, list[Any]]) -> None:
+        """Queue again what earlier passes could not deliver; a receiver no longer
+        configured gets nothing (its backlog is dropped with the next ``backlog``)."""
+        for alerter in self.alerters:
+            if isinstance(alerter, _QueuedAlerter) and alerter.key in backlogs:
+                alerter.restore(backlogs[alerter.key])
 
     def flush(self) -> bool:
         """Retry every queued delivery; True when none is left anywhere."""

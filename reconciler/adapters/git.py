@@ -66,6 +66,9 @@ class GitCredentials:
 def git_error(exc: git.GitCommandError) -> str:
     """git's own complaint (its fatal:/error: lines), with credentials hidden."""
     text = str(exc.stderr or "").strip().removeprefix("stderr:").strip().strip("'")
+    stopped = re.search(r"did not complete in (\S+) secs", text)
+    if stopped:  # GitPython's kill_after_timeout: a remote that accepts and then stalls
+        return f"no answer within {stopped.group(1)}s, the fetch was stopped (--fetch-timeout)"
     lines = [line for line in text.splitlines() if line.startswith(("fatal:", "error:"))]
     return redact(" ".join(lines or [text or "git failed"]))
 

@@ -3,8 +3,8 @@
 Per server, the models the last applied revision placed there (so that a ModelDeployment
 removed from Git unloads its model); holds on ModelDeployments whose rollout failed; every
 rollout with its verdict and check values (for ``history``); the failure alerts still open;
-and each pass's outcome. WAL mode and one transaction per pass, so a kill mid-write leaves the
-previous record intact.
+alerts a receiver has not taken yet (retried by the next pass); and each pass's outcome.
+WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
 """
 
 from __future__ import annotations
@@ -76,6 +76,10 @@ CREATE TABLE IF NOT EXISTS staged_rollouts (
     revision TEXT NOT NULL,
     progress TEXT NOT NULL,
     updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS undelivered_alerts (
+    receiver TEXT PRIMARY KEY,
+    deliveries TEXT NOT NULL
 );
 CREATE TABLE IF NOT EXISTS open_alerts (
     model TEXT NOT NULL,
@@ -200,6 +204,25 @@ class StateStore:
             "ok": bool(row[2]),
             "summary": json.loads(row[3]),
         }
+
+    def undelivered_alerts(self) -> dict[str, list[Any]]:
+        """Per alert receiver (its key, never its URL), the deliveries still to make."""
+        return {
+            receiver: list(json.loads(deliveries))
+            for receiver, deliveries in self._db.execute(
+                "SELECT receiver, deliveries FROM undelivered_alerts"
+            )
+        }
+
+    def save_undelivered_alerts(self, backlogs: Mapping[str, list[Any]]) -> None:
+        """Replace the stored backlog with ``backlogs`` (empty: everything was delivered)."""
+        with self._db:
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM undelivered_alerts")
+            self._db.executemany(
+                "INSERT INTO undelivered_alerts (receiver, deliveries) VALUES (?, ?)",
+                [(k, json.dumps(v, default=str)) for k, v in backlogs.items() if v],
+            )
 
     def open_alerts(self) -> set[tuple[str, str, str]]:
         """(model, server, kind) of the failure alerts raised and not yet resolved."""

@@ -286,6 +286,15 @@ class TritonServerClient:
                 model, config=json.dumps(config), client_timeout=self.load_timeout
             )
         except InferenceServerException as exc:
+            if str(exc.status()) == "StatusCode.DEADLINE_EXCEEDED":
+                # Triton has no server-side load timeout: the load goes on there. Transient,
+                # like an unreachable server: nothing is put back or held, and the next pass
+                # waits for this load (its versions show LOADING) instead of starting another.
+                raise ServerUnavailable(
+                    self.name,
+                    f"load of {model} not finished after {self.load_timeout:g}s "
+                    "(--load-timeout); Triton goes on loading it, the next pass waits for it",
+                ) from exc
             if _unreachable(exc):
                 raise self._error(exc, f"loading {model}") from exc
             raise LoadFailed(f"server {self.name}: {exc.message()}") from exc

@@ -23,6 +23,7 @@ from reconciler.analysis import (
 )
 from reconciler.apply import ApplyResult, ChangeResult, Outcome, Timing, apply
 from reconciler.plan import Action, Held, History, Hold, Plan, plan
+from reconciler.rollouts import holds_from
 from reconciler.spec.model import DesiredState, ModelDeployment
 from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
 
@@ -275,27 +276,32 @@ def test_failures_within_the_limit_are_tolerated_and_the_next_one_reverts() -> N
     assert fake.ready("m") == {1}
 
 
-def test_metrics_that_cannot_be_read_end_inconclusive_and_revert() -> None:
+def test_metrics_that_cannot_be_read_end_inconclusive_and_revert_without_a_hold() -> None:
     fake, clock = serving_one(), FakeClock()
     down = Figures(error="metrics at http://s1:8002/metrics: connection refused")
     source = ScriptedFigures(fake, clock, [down], old=down)
-    p = plan_for(desired_state(watched([2])), fake)
+    desired = desired_state(watched([2]))
+    p = plan_for(desired, fake)
 
-    change = only(run(p, fake, clock, source))
+    result = run(p, fake, clock, source)
+    change = only(result)
+    assert holds_from(result, desired, History()) == ()
 
     assert change.outcome is Outcome.REVERTED
     analyze = change.analysis
     assert analyze is not None and not analyze.ok
-    assert analyze.verdict is RolloutVerdict.INCONCLUSIVE
+    # Inconclusive because the source was down: put back, but nothing is known against the
+    # new versions, so they are not held (the next pass analyses again).
+    assert analyze.verdict is RolloutVerdict.METRICS_UNAVAILABLE
     assert len(analyze.evaluations) == 4
     assert {(r.verdict, r.detail) for e in analyze.evaluations for r in e.results} == {
         (Verdict.NO_DATA, down.error)
     }
     assert clock.elapsed == pytest.approx(20.0)  # the whole duration: nothing ever failed
     assert change.error is not None
-    assert change.error.startswith(
-        "server s1: analysis of m version(s) 2 inconclusive after 4 evaluation(s): "
-        "no evaluation counted in 20s (last: success-rate=n/a"
+    assert change.error == (
+        "server s1: analysis of m version(s) 2 inconclusive: metrics unavailable "
+        f"({down.error}); the old versions serve again, not held: the next pass analyses again"
     )
     assert fake.ready("m") == {1}
 

@@ -10,7 +10,8 @@ each in a way the reconciler must catch:
   4  fails 40% of its requests
   5  answers correctly but 25 ms late (several times slower)
   6  keeps 8 MB of memory per request, up to 1.5 GB (a leak)
-  7  takes 3 s to initialize (a slow load)
+  7  takes 3 s to initialize (a slow load), or as many seconds as the config's parameter
+     ``init_seconds`` says (a load that outlasts the reconciler's load timeout)
   9  fails in initialize: Triton refuses to load it
 """
 
@@ -32,7 +33,8 @@ class TritonPythonModel:
         if self.version == SLOW_LOAD:
             import time
 
-            time.sleep(3)
+            seconds = config.get("parameters", {}).get("init_seconds", {}).get("string_value")
+            time.sleep(float(seconds or 3))
         if self.version in BROKEN_VERSIONS:
             raise RuntimeError(f"version {self.version} is broken on purpose")
         self.count = 0
