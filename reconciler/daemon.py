@@ -55,7 +55,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from reconciler.adapters.credentials import redact
+from reconciler.adapters.credentials import conceal, redact
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.apply import Outcome, StepResult
 from reconciler.errors import (
@@ -72,6 +72,10 @@ log = logging.getLogger("triton_gitops")
 
 # Seconds to wait before the n-th retry of a failing server or Git remote (then the last).
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 120.0, 300.0)
+
+
+# Webhook endpoints and the source each is counted and verified as.
+WEBHOOK_ROUTES = {"/webhook/github": "github", "/webhook/gitlab": "gitlab", "/reconcile": "token"}
 
 
 def backoff_delay(failures: int, rng: random.Random) -> float:
@@ -363,6 +367,8 @@ class Daemon:
         self.source = source
         self.settings = settings
         self.run_settings = run
+        token = settings.git_credentials.token
+        conceal(run.github_secret, run.gitlab_token, run.reconcile_token, token)
         self.metrics = ReconcilerMetrics()
         self.rng = rng or random.Random()
         self.stop_requested = threading.Event()
@@ -629,6 +635,9 @@ class Daemon:
         class Handler(BaseHTTPRequestHandler):
             timeout = run.read_timeout
             server_version = "triton-gitops"
+            # http.server's own error page quotes the request line back; ours says less.
+            error_message_format = '{"error": %(code)d, "explain": "%(explain)s"}'
+            error_content_type = "application/json"
             deadline = 0.0
 
             def setup(self) -> None:
@@ -637,16 +646,25 @@ class Daemon:
                 self.rfile.close()  # the plain socket file: replaced by one with the deadline
                 self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.deadline))
 
+            def send_error(
+                self, code: int, message: str | None = None, explain: str | None = None
+            ) -> None:
+                # http.server's messages quote the client's request line, which may hold
+                # anything (a token pasted in the wrong place): answer with the plain reason.
+                super().send_error(code, None, explain)
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # requests are reported by our own log lines
 
             def log_error(self, format: str, *args: Any) -> None:
                 # The only errors http.server reports itself: a request line or headers not
-                # received in time, or malformed (answered 400 and the like).
+                # received in time, or malformed (answered 400 and the like). Its message
+                # quotes the client's request line, which may hold anything, a token
+                # included: only the status is logged.
                 if format.startswith("Request timed out"):
                     daemon._refused("timeout")
-                else:
-                    _event("bad request", logging.WARNING, error=format % args)
+                elif format.startswith("code %d") and args:
+                    _event("bad request", logging.WARNING, status=args[0])
 
             def _send(self, status: int, body: bytes, content_type: str) -> None:
                 # Reads may have left a short timeout on the socket; a reply gets its own.
@@ -664,7 +682,7 @@ class Daemon:
 
             def _refuse(self, source: str, result: str, status: int, error: str) -> None:
                 daemon.metrics.webhooks.labels(source, result).inc()
-                _event("webhook refused", logging.WARNING, path=self.path, reason=result)
+                _event("webhook refused", logging.WARNING, source=source, reason=result)
                 self._json(status, {"error": error})
                 self.close_connection = True
 
@@ -716,7 +734,7 @@ class Daemon:
                     self._refuse(source, "malformed", 400, str(exc))
                 except TimeoutError:
                     daemon.metrics.webhooks.labels(source, "timeout").inc()
-                    _event("webhook body not received in time", logging.WARNING, path=self.path)
+                    _event("webhook body not received in time", logging.WARNING, source=source)
                     self.close_connection = True
                 finally:
                     daemon.metrics.webhook_reads.dec()
@@ -724,11 +742,10 @@ class Daemon:
                 return None
 
             def do_POST(self) -> None:
-                source = (
-                    self.path.rsplit("/", 1)[-1]
-                    if self.path.startswith("/webhook/")
-                    else ("token" if self.path == "/reconcile" else None)
-                )
+                # Only known routes, matched exactly: a path is the client's to choose, and
+                # a label or log field made from it could grow without bound or carry a
+                # token someone put in a query string.
+                source = WEBHOOK_ROUTES.get(self.path)
                 if source is None:
                     self._json(404, {"error": "not found"})
                     return

@@ -200,6 +200,10 @@ def test_wrongly_signed_webhooks_are_refused(hostile: Service) -> None:
         assert post(port, "/webhook/github", body, headers) == 401
     assert post(port, "/webhook/gitlab", body, {"X-Gitlab-Token": "wrong"}) == 401
     assert post(port, "/reconcile", body, {"Authorization": "Bearer wrong"}) == 401
+    # Unknown routes are not counted: a label per path would grow without bound.
+    assert post(port, "/webhook/made-up", body, {}) == 404
+    assert post(port, "/reconcile?token=x", body, {}) == 404
+    assert b"made-up" not in hostile.get("/metrics")[1]
     assert webhook_requests(hostile, "github") + webhook_requests(hostile, "gitlab") == 0
     assert metric(hostile, "triton_gitops_webhooks_total", source="github", result="unauthorized")
     log = hostile.log.read_text()
