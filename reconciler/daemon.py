@@ -3,7 +3,11 @@
     scheduler (APScheduler)   a pass every --interval (with jitter); never two at once
                               (max_instances=1, coalesced); an overrun is counted, not stacked
     webhooks                  GitHub (X-Hub-Signature-256), GitLab (X-Gitlab-Token) and a
-                              token-authenticated POST /reconcile trigger a pass at once
+                              token-authenticated POST /reconcile trigger a pass at once;
+                              replays (a delivery id or signature seen within the window),
+                              bodies over the cap (declared or chunked) and requests not
+                              received within one whole-request deadline are refused, and
+                              bounded connection counts keep a flood from starving the rest
     watch                     every few seconds, each server's repository index against what
                               the last pass left serving: a restarted server or a hand-unloaded
                               model triggers a pass without waiting for the interval
@@ -22,13 +26,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
 import json
 import logging
 import random
 import signal
+import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -48,7 +55,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from reconciler.adapters.credentials import redact
+from reconciler.adapters.credentials import conceal, redact
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.apply import Outcome, StepResult
 from reconciler.errors import (
@@ -65,6 +72,10 @@ log = logging.getLogger("triton_gitops")
 
 # Seconds to wait before the n-th retry of a failing server or Git remote (then the last).
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 120.0, 300.0)
+
+
+# Webhook endpoints and the source each is counted and verified as.
+WEBHOOK_ROUTES = {"/webhook/github": "github", "/webhook/gitlab": "gitlab", "/reconcile": "token"}
 
 
 def backoff_delay(failures: int, rng: random.Random) -> float:
@@ -85,7 +96,13 @@ class RunSettings:
     shutdown_deadline: float = 60.0
     dry_run: bool = False
     max_body_bytes: int = 1 << 20
+    # One deadline for the whole request (headers, waiting for a webhook slot, body), from
+    # the moment the connection is accepted: a client dribbling a byte a second is cut off.
     read_timeout: float = 5.0
+    max_connections: int = 128  # connections served at once; more are answered 503 at once
+    max_webhook_reads: int = 16  # webhook bodies read at once; more wait within their deadline
+    replay_window: float = 3600.0  # seconds a delivery is remembered
+    replay_memory: int = 10_000  # deliveries remembered at most (the oldest are forgotten)
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -107,6 +124,167 @@ class JsonLogFormatter(logging.Formatter):
 
 def _event(message: str, level: int = logging.INFO, **fields: Any) -> None:
     log.log(level, message, extra={"fields": fields})
+
+
+class DeliveryMemory:
+    """Webhook deliveries seen in the last ``window`` seconds, at most ``capacity`` of them.
+
+    A delivery is known by keys (its delivery id, its signature); one whose key was seen
+    within the window is a replay. Time is injected so that expiry is tested without sleeping.
+    """
+
+    def __init__(
+        self, window: float, capacity: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.window = window
+        self.capacity = capacity
+        self.clock = clock
+        self._seen: OrderedDict[str, float] = OrderedDict()  # oldest first
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first_sighting(self, keys: Iterable[str]) -> bool:
+        """Remember ``keys``; False (and nothing remembered) when one was seen in the window."""
+        keys = list(keys)
+        now = self.clock()
+        with self._lock:
+            while self._seen and next(iter(self._seen.values())) <= now - self.window:
+                self._seen.popitem(last=False)
+            if any(key in self._seen for key in keys):
+                return False
+            for key in keys:
+                self._seen[key] = now
+            while len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+            return True
+
+
+def delivery_keys(source: str, headers: Mapping[str, str]) -> list[str]:
+    """What identifies one verified delivery, for replay detection.
+
+    GitHub signs the body but not its X-GitHub-Delivery header, so a replayer could change
+    the id: the signature (one per body, and every push body differs) is a key too. GitLab's
+    token is not bound to the body, so its event UUID is all there is. POST /reconcile means
+    "reconcile now" and is safe to repeat: it has no keys.
+    """
+    if source == "github":
+        keys = [f"github-signature:{headers.get('x-hub-signature-256', '')}"]
+        if headers.get("x-github-delivery"):
+            keys.append(f"github-delivery:{headers['x-github-delivery']}")
+        return keys
+    if source == "gitlab" and headers.get("x-gitlab-event-uuid"):
+        return [f"gitlab-event:{headers['x-gitlab-event-uuid']}"]
+    return []
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A socket's bytes, refused once ``deadline`` (time.monotonic) has passed.
+
+    A per-recv timeout alone lets a client that sends a byte just before each timeout hold
+    the connection forever; every recv here waits at most until the one deadline.
+    """
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self.sock = sock
+        self.deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("request not received within the deadline")
+        self.sock.settimeout(remaining)
+        return self.sock.recv_into(buffer)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def read_chunked(rfile: io.BufferedIOBase, limit: int) -> bytes:
+    """A chunked request body, refused (``BodyTooLarge``) as soon as a chunk's declared size
+    would take it over ``limit``: before that chunk is read. ``ValueError`` when malformed."""
+    body = bytearray()
+    while True:
+        line = rfile.readline(1024)
+        if not line.endswith(b"\n"):
+            raise ValueError("chunk size line missing or too long")
+        size = int(line.split(b";", 1)[0].strip(), 16)
+        if size < 0:
+            raise ValueError("negative chunk size")
+        if len(body) + size > limit:
+            raise BodyTooLarge
+        if size == 0:
+            break
+        chunk = rfile.read(size)
+        if len(chunk) != size or rfile.read(2) != b"\r\n":
+            raise ValueError("chunk shorter than declared")
+        body += chunk
+    for _ in range(100):  # trailer fields, up to the blank line
+        line = rfile.readline(1024)
+        if line in (b"\r\n", b"\n", b""):
+            return bytes(body)
+    raise ValueError("too many trailer lines")
+
+
+class _Listener(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` of them; one over is answered
+    503 at once and closed, so a flood costs a bounded number of threads."""
+
+    daemon_threads = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        max_connections: int,
+        on_refused: Callable[[str], None],
+    ) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self._on_refused = on_refused
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                # Read what the client already sent, so that closing does not reset the
+                # connection and lose the answer; never wait for more.
+                request.setblocking(False)
+                request.recv(65536)
+            except OSError:
+                pass
+            try:
+                request.settimeout(1.0)
+                request.sendall(
+                    b"HTTP/1.0 503 Service Unavailable\r\nRetry-After: 5\r\n"
+                    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            self._on_refused("busy")
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # The default prints a traceback to stderr, outside the JSON log; a client that
+        # resets its connection is not worth one.
+        self._on_refused("error")
 
 
 class ReconcilerMetrics:
@@ -163,6 +341,18 @@ class ReconcilerMetrics:
             ["source", "result"],
             registry=r,
         )
+        self.connections_refused = Counter(
+            "triton_gitops_http_connections_refused",
+            "Connections closed unanswered or answered 503: busy (too many at once), timeout "
+            "(request not received within the deadline), error",
+            ["reason"],
+            registry=r,
+        )
+        self.webhook_reads = Gauge(
+            "triton_gitops_webhook_reads_in_progress",
+            "Webhook bodies being read now (bounded by the webhook read cap)",
+            registry=r,
+        )
 
 
 class Daemon:
@@ -177,6 +367,8 @@ class Daemon:
         self.source = source
         self.settings = settings
         self.run_settings = run
+        token = settings.git_credentials.token
+        conceal(run.github_secret, run.gitlab_token, run.reconcile_token, token)
         self.metrics = ReconcilerMetrics()
         self.rng = rng or random.Random()
         self.stop_requested = threading.Event()
@@ -193,6 +385,8 @@ class Daemon:
         self._in_progress: str | None = None
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: ThreadingHTTPServer | None = None
+        self.deliveries = DeliveryMemory(run.replay_window, run.replay_memory)
+        self._webhook_reads = threading.BoundedSemaphore(run.max_webhook_reads)
 
     # -- passes --------------------------------------------------------------------------
 
@@ -431,25 +625,68 @@ class Daemon:
             "revision": self._last.revision if self._last else None,
         }
 
+    def _refused(self, reason: str) -> None:
+        self.metrics.connections_refused.labels(reason).inc()
+        if reason != "error":
+            _event("connection refused", logging.WARNING, reason=reason)
+
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         daemon = self
+        run = self.run_settings
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = daemon.run_settings.read_timeout  # a slow client cannot hold a thread
+            timeout = run.read_timeout
             server_version = "triton-gitops"
+            # http.server's own error page quotes the request line back; ours says less.
+            error_message_format = '{"error": %(code)d, "explain": "%(explain)s"}'
+            error_content_type = "application/json"
+            deadline = 0.0
+
+            def setup(self) -> None:
+                super().setup()
+                self.deadline = time.monotonic() + run.read_timeout
+                self.rfile.close()  # the plain socket file: replaced by one with the deadline
+                self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.deadline))
+
+            def send_error(
+                self, code: int, message: str | None = None, explain: str | None = None
+            ) -> None:
+                # http.server's messages quote the client's request line, which may hold
+                # anything (a token pasted in the wrong place): answer with the plain reason.
+                super().send_error(code, None, explain)
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass  # requests are reported by our own log lines
 
+            def log_error(self, format: str, *args: Any) -> None:
+                # The only errors http.server reports itself: a request line or headers not
+                # received in time, or malformed (answered 400 and the like). Its message
+                # quotes the client's request line, which may hold anything, a token
+                # included: only the status is logged.
+                if format.startswith("Request timed out"):
+                    daemon._refused("timeout")
+                elif format.startswith("code %d") and args:
+                    _event("bad request", logging.WARNING, status=args[0])
+
             def _send(self, status: int, body: bytes, content_type: str) -> None:
+                # Reads may have left a short timeout on the socket; a reply gets its own.
+                self.connection.settimeout(run.read_timeout)
                 self.send_response(status)
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
+                if status == 503:
+                    self.send_header("Retry-After", "5")
                 self.end_headers()
                 self.wfile.write(body)
 
             def _json(self, status: int, data: Mapping[str, Any]) -> None:
                 self._send(status, json.dumps(data).encode(), "application/json")
+
+            def _refuse(self, source: str, result: str, status: int, error: str) -> None:
+                daemon.metrics.webhooks.labels(source, result).inc()
+                _event("webhook refused", logging.WARNING, source=source, reason=result)
+                self._json(status, {"error": error})
+                self.close_connection = True
 
             def do_GET(self) -> None:
                 if self.path == "/metrics":
@@ -461,40 +698,71 @@ class Daemon:
                 else:
                     self._json(404, {"error": "not found"})
 
+            def _body(self, source: str) -> bytes | None:
+                """The request body within the size cap and the deadline; None when it was
+                refused (the reply, if any, is sent)."""
+                limit = run.max_body_bytes
+                chunked = self.headers.get("Transfer-Encoding")
+                length = self.headers.get("Content-Length")
+                if chunked is not None and (
+                    length is not None or chunked.strip().lower() != "chunked"
+                ):
+                    # Both framings at once is how requests are smuggled past proxies.
+                    self._refuse(source, "bad-framing", 400, "unsupported body framing")
+                    return None
+                if chunked is None and (length is None or not length.isdigit()):
+                    self._refuse(source, "no-length", 411, "Content-Length required")
+                    return None
+                if length is not None and int(length) > limit:
+                    self._refuse(source, "too-large", 413, "body too large")
+                    return None
+                # Waiting for a slot counts against the same deadline as reading.
+                if not daemon._webhook_reads.acquire(
+                    timeout=max(0.0, self.deadline - time.monotonic())
+                ):
+                    self._refuse(source, "busy", 503, "too many webhooks at once")
+                    return None
+                daemon.metrics.webhook_reads.inc()
+                try:
+                    if length is not None:
+                        body = self.rfile.read(int(length))
+                        if len(body) != int(length):
+                            raise ValueError("body shorter than Content-Length")
+                        return body
+                    return read_chunked(self.rfile, limit)
+                except BodyTooLarge:
+                    self._refuse(source, "too-large", 413, "body too large")
+                except ValueError as exc:
+                    self._refuse(source, "malformed", 400, str(exc))
+                except TimeoutError:
+                    daemon.metrics.webhooks.labels(source, "timeout").inc()
+                    _event("webhook body not received in time", logging.WARNING, source=source)
+                    self.close_connection = True
+                finally:
+                    daemon.metrics.webhook_reads.dec()
+                    daemon._webhook_reads.release()
+                return None
+
             def do_POST(self) -> None:
-                source = (
-                    self.path.rsplit("/", 1)[-1]
-                    if self.path.startswith("/webhook/")
-                    else ("token" if self.path == "/reconcile" else None)
-                )
+                # Only known routes, matched exactly: a path is the client's to choose, and
+                # a label or log field made from it could grow without bound or carry a
+                # token someone put in a query string.
+                source = WEBHOOK_ROUTES.get(self.path)
                 if source is None:
                     self._json(404, {"error": "not found"})
                     return
-                length = self.headers.get("Content-Length")
-                if length is None or not length.isdigit():
-                    daemon.metrics.webhooks.labels(source, "no-length").inc()
-                    self._json(411, {"error": "Content-Length required"})
+                body = self._body(source)
+                if body is None:
                     return
-                if int(length) > daemon.run_settings.max_body_bytes:
-                    daemon.metrics.webhooks.labels(source, "too-large").inc()
-                    self._json(413, {"error": "body too large"})
-                    self.close_connection = True
-                    return
-                try:
-                    body = self.rfile.read(int(length))
-                except TimeoutError:
-                    daemon.metrics.webhooks.labels(source, "timeout").inc()
-                    self.close_connection = True
-                    return
-                verified = daemon.verify_webhook(
-                    self.path, {k.lower(): v for k, v in self.headers.items()}, body
-                )
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                verified = daemon.verify_webhook(self.path, headers, body)
                 if verified is None:
-                    daemon.metrics.webhooks.labels(source, "unauthorized").inc()
-                    _event("webhook refused", logging.WARNING, path=self.path)
-                    self._json(401, {"error": "signature or token missing or wrong"})
+                    self._refuse(source, "unauthorized", 401, "signature or token missing or wrong")
                     return
-                if verified == "github" and self.headers.get("X-GitHub-Event") == "ping":
+                if not daemon.deliveries.first_sighting(delivery_keys(verified, headers)):
+                    self._refuse(source, "replayed", 409, "delivery already received")
+                    return
+                if verified == "github" and headers.get("x-github-event") == "ping":
                     daemon.metrics.webhooks.labels(source, "ping").inc()
                     self._json(200, {"status": "pong"})
                     return
@@ -506,11 +774,19 @@ class Daemon:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start_http(self) -> None:
+        """Serve webhooks, /metrics and the health checks (without the scheduler: tests)."""
         host, _, port = self.run_settings.listen.rpartition(":")
-        self.http = ThreadingHTTPServer((host or "127.0.0.1", int(port)), self._handler())
-        self.http.daemon_threads = True
+        self.http = _Listener(
+            (host or "127.0.0.1", int(port)),
+            self._handler(),
+            self.run_settings.max_connections,
+            self._refused,
+        )
         threading.Thread(target=self.http.serve_forever, name="http", daemon=True).start()
+
+    def start(self) -> None:
+        self.start_http()
         self.scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
         self.scheduler.add_job(
             self.run_pass,

@@ -1,16 +1,35 @@
 """Credentials in URLs: hidden from every message (``redact``), sent only in a header
-(``basic_auth``). Shared by the Git, metrics and alert adapters; imports nothing heavy."""
+(``basic_auth``). Shared by the Git, metrics and alert adapters; imports nothing heavy.
+
+The service also registers the secrets it was given (``conceal``): should one ever reach a
+message by a path nobody foresaw, ``redact`` hides it there too.
+"""
 
 from __future__ import annotations
 
 import base64
 import re
+import threading
 import urllib.parse
+
+_concealed: set[str] = set()
+_concealed_lock = threading.Lock()
+# Shorter values would hide ordinary words; no real token or secret is this short.
+_SHORTEST_CONCEALED = 6
+
+
+def conceal(*secrets: str | None) -> None:
+    """Hide these values from every later ``redact`` in this process."""
+    with _concealed_lock:
+        _concealed.update(s for s in secrets if s and len(s) >= _SHORTEST_CONCEALED)
 
 
 def redact(text: str) -> str:
-    """``text`` with the user:password@ part of any URL in it hidden."""
-    return re.sub(r"(?<=://)[^/@\s]+@", "***@", text)
+    """``text`` with the user:password@ part of any URL in it and every concealed value hidden."""
+    text = re.sub(r"(?<=://)[^/@\s]+@", "***@", text)
+    for secret in sorted(_concealed, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def basic_auth(url: str) -> tuple[str, dict[str, str]]:

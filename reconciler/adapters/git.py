@@ -245,12 +245,15 @@ class GitWriter:
         else:
             self.workdir.mkdir(parents=True, exist_ok=True)
             repo = git.Repo.init(self.workdir)
-            repo.git.remote("add", "origin", self.url)
+        # The URL is given to each fetch and push, never saved as a remote: a remote would
+        # write any user:password@ in it to .git/config on disk.
+        if any(remote.name == "origin" for remote in repo.remotes):
+            repo.delete_remote(repo.remote("origin"))  # left by an older version
         try:
             refspec = f"+refs/heads/{branch}:refs/remotes/origin/{branch}"
             repo.git.fetch(
                 "--quiet",
-                "origin",
+                self.url,
                 refspec,
                 env=self.source.env,
                 kill_after_timeout=self.source.fetch_timeout,
@@ -294,7 +297,7 @@ class GitWriter:
             try:
                 repo.git.push(
                     "--quiet",
-                    "origin",
+                    self.url,
                     f"HEAD:refs/heads/{target}",
                     env=self.source.env,
                     kill_after_timeout=self.source.fetch_timeout,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -132,19 +133,32 @@ def github_push(service: Service, secret: str = SECRET) -> int:
     )  # fmt: skip
 
 
-@pytest.fixture
-def service(
-    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+@contextlib.contextmanager
+def echo_service(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    model_repository: Path,
+    workdir: Path,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[Service]:
+    """The service over one server serving echo 1, after its first pass."""
     manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
     manifests.commit("deploy echo 1")
-    running = Service(manifests.url, tmp_path / "service").start()
+    running = Service(manifests.url, workdir, extra).start()
     try:
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "the first pass")
         yield running
     finally:
         running.stop()
+
+
+@pytest.fixture
+def service(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> Iterator[Service]:
+    with echo_service(manifests, triton, model_repository, tmp_path / "service") as running:
+        yield running
 
 
 def test_signed_webhook_is_served_and_unsigned_refused(

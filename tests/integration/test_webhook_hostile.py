@@ -1,0 +1,346 @@
+"""Hostile webhook traffic against the real ``triton-gitops run``: replays, oversized bodies
+(declared and chunked), wrong signatures and slowloris connections are refused, and passes,
+/healthz and honest webhooks keep working meanwhile.
+
+The connection caps are checked in-process (``Daemon.start_http``), where they can be set low;
+the replay memory is checked with an injected clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import io
+import json
+import re
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reconciler.daemon import (
+    BodyTooLarge,
+    Daemon,
+    DeliveryMemory,
+    RunSettings,
+    read_chunked,
+)
+from reconciler.local_triton import LocalTriton, free_port
+from reconciler.loop import Settings, Source
+from tests.conftest import ManifestRepo
+from tests.integration.flows import deployment_doc, ready_versions
+from tests.integration.test_daemon import SECRET, Service, echo_service, wait_until
+
+GITLAB_TOKEN = "gitlab-t0ken-value"
+LIMIT = 1 << 20  # RunSettings.max_body_bytes, the default the service runs with
+HEAD = b"POST /webhook/github HTTP/1.1\r\nHost: x\r\n"
+
+
+def signed(body: bytes, secret: str = SECRET) -> str:
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def exchange(port: int, request: bytes, timeout: float = 30.0) -> bytes:
+    """Send ``request`` whole and read the answer until the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(request)
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> int:
+    """The status of a POST; waits as long as the server takes (it may queue a webhook)."""
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    answer = exchange(
+        port,
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{head}\r\n".encode()
+        + body,
+    )
+    return int(answer.split(b" ", 2)[1])
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else 0
+
+
+def metric(service: Service, name: str, **labels: str) -> float:
+    """One sample of the service's /metrics (0 when absent)."""
+    _, text = service.get("/metrics")
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    pattern = "(?m)^" + re.escape(name + (f"{{{wanted}}}" if labels else "")) + r" (\S+)$"
+    found = re.search(pattern.encode(), text)
+    return float(found.group(1)) if found else 0.0
+
+
+def webhook_requests(service: Service, source: str) -> int:
+    """Passes a webhook of ``source`` asked for (logged before the webhook is answered)."""
+    return sum(
+        e.get("message") == "pass requested" and e.get("trigger") == f"webhook {source}"
+        for e in service.events()
+    )
+
+
+@pytest.fixture
+def hostile(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> Iterator[Service]:
+    workdir = tmp_path / "service"
+    workdir.mkdir()
+    (workdir / "gitlab-token").write_text(GITLAB_TOKEN)
+    extra = ("--gitlab-token-file", str(workdir / "gitlab-token"))
+    with echo_service(manifests, triton, model_repository, workdir, extra) as running:
+        wait_until(lambda: running.passes() >= 1, 30, "the first pass is logged")
+        yield running
+
+
+# -- the replay memory, with an injected clock ------------------------------------------------
+
+
+def test_delivery_memory_refuses_within_the_window_and_forgets_after() -> None:
+    now = [0.0]
+    memory = DeliveryMemory(window=60, capacity=100, clock=lambda: now[0])
+    assert memory.first_sighting(["sig:a", "id:1"])
+    now[0] = 59
+    assert not memory.first_sighting(["sig:a", "id:2"])  # same body, new id: a replay
+    assert not memory.first_sighting(["sig:b", "id:1"])  # same id, new body: a replay
+    assert memory.first_sighting(["sig:b", "id:2"])  # the refused ones were not remembered
+    now[0] = 60.5
+    assert memory.first_sighting(["sig:a", "id:1"])  # past the window: forgotten
+
+
+def test_delivery_memory_is_bounded() -> None:
+    memory = DeliveryMemory(window=3600, capacity=50, clock=lambda: 0.0)
+    for n in range(1000):
+        assert memory.first_sighting([f"id:{n}"])
+    assert len(memory) == 50
+    assert not memory.first_sighting(["id:999"])
+    assert memory.first_sighting(["id:0"])  # the oldest were forgotten first
+
+
+def test_chunked_bodies_are_decoded_and_capped_before_the_chunk_is_read() -> None:
+    assert read_chunked(io.BytesIO(b"3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\n"), 5) == b"abcde"
+    stream = io.BytesIO(b"4\r\nabcd\r\n400000\r\n" + b"z" * 100)
+    with pytest.raises(BodyTooLarge):
+        read_chunked(stream, 1000)
+    assert stream.read() == b"z" * 100  # the oversized chunk itself was never read
+    with pytest.raises(ValueError):
+        read_chunked(io.BytesIO(b"5\r\nab"), 1000)
+
+
+# -- against the real service ------------------------------------------------------------
+
+
+def test_replayed_deliveries_are_refused_and_trigger_one_pass(hostile: Service) -> None:
+    port = hostile.port
+    body = json.dumps({"ref": "refs/heads/main", "after": "1" * 40}).encode()
+    headers = {"X-Hub-Signature-256": signed(body), "X-GitHub-Event": "push"}
+    first = {**headers, "X-GitHub-Delivery": "d-1"}
+    assert post(port, "/webhook/github", body, first) == 202
+    assert post(port, "/webhook/github", body, first) == 409  # the same delivery again
+    # A replayer can change the unsigned delivery id, not the signed body.
+    assert post(port, "/webhook/github", body, {**headers, "X-GitHub-Delivery": "d-2"}) == 409
+    # "pass requested" is logged before the answer: no later line can come from these.
+    assert webhook_requests(hostile, "github") == 1
+    assert metric(hostile, "triton_gitops_webhooks_total", source="github", result="replayed") == 2
+
+    gitlab = {"X-Gitlab-Token": GITLAB_TOKEN, "X-Gitlab-Event-UUID": "u-1"}
+    assert post(port, "/webhook/gitlab", b"{}", gitlab) == 202
+    assert post(port, "/webhook/gitlab", b"{}", gitlab) == 409
+    assert post(port, "/webhook/gitlab", b"{}", {**gitlab, "X-Gitlab-Event-UUID": "u-2"}) == 202
+    assert webhook_requests(hostile, "gitlab") == 2
+    refusals = [e for e in hostile.events() if e.get("reason") == "replayed"]
+    assert len(refusals) == 3 and all(e["message"] == "webhook refused" for e in refusals)
+
+
+def test_oversized_bodies_are_refused_with_and_without_content_length(
+    hostile: Service,
+) -> None:
+    port = hostile.port
+    # Declared too large: refused from the header, the body is never sent nor read.
+    answer = exchange(port, HEAD + f"Content-Length: {LIMIT + 1}\r\n\r\n".encode())
+    assert status_of(answer) == 413
+    # Chunked: the server reads up to the cap (16 x 64 KiB), then refuses the next chunk
+    # from its size line alone.
+    chunks = b"".join(b"10000\r\n" + b"a" * 0x10000 + b"\r\n" for _ in range(16))
+    answer = exchange(port, HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"10000\r\n")
+    assert status_of(answer) == 413
+    # One chunk declaring 16 MiB.
+    answer = exchange(port, HEAD + b"Transfer-Encoding: chunked\r\n\r\n1000000\r\n")
+    assert status_of(answer) == 413
+    # No length at all, and both framings at once (a smuggling shape).
+    assert status_of(exchange(port, HEAD + b"\r\n")) == 411
+    both = HEAD + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
+    assert status_of(exchange(port, both)) == 400
+    too_large = metric(hostile, "triton_gitops_webhooks_total", source="github", result="too-large")
+    assert too_large == 3
+    assert webhook_requests(hostile, "github") == 0
+    # A chunked body within the cap is read and verified like any other.
+    body = b'{"ref": "refs/heads/main"}'
+    framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    signature = f"X-Hub-Signature-256: {signed(body)}\r\n".encode()
+    answer = exchange(port, HEAD + signature + b"Transfer-Encoding: chunked\r\n\r\n" + framed)
+    assert status_of(answer) == 202
+    assert webhook_requests(hostile, "github") == 1
+
+
+def test_wrongly_signed_webhooks_are_refused(hostile: Service) -> None:
+    port = hostile.port
+    body = b'{"ref": "refs/heads/main"}'
+    for headers in (
+        {"X-Hub-Signature-256": signed(body, "not-the-secret")},
+        {"X-Hub-Signature-256": signed(body + b" ")},  # signed another body
+        {"X-Hub-Signature-256": "sha1=" + hashlib.sha1(body).hexdigest()},
+        {},
+    ):
+        assert post(port, "/webhook/github", body, headers) == 401
+    assert post(port, "/webhook/gitlab", body, {"X-Gitlab-Token": "wrong"}) == 401
+    assert post(port, "/reconcile", body, {"Authorization": "Bearer wrong"}) == 401
+    # Unknown routes are not counted: a label per path would grow without bound.
+    assert post(port, "/webhook/made-up", body, {}) == 404
+    assert post(port, "/reconcile?token=x", body, {}) == 404
+    assert b"made-up" not in hostile.get("/metrics")[1]
+    assert webhook_requests(hostile, "github") + webhook_requests(hostile, "gitlab") == 0
+    assert metric(hostile, "triton_gitops_webhooks_total", source="github", result="unauthorized")
+    log = hostile.log.read_text()
+    assert SECRET not in log and GITLAB_TOKEN not in log
+
+
+class Dribbler:
+    """Slow clients: each sends its start, then one byte every ``pause`` seconds, forever;
+    records which ones the server has closed."""
+
+    def __init__(self, port: int, starts: list[bytes], pause: float = 0.5) -> None:
+        self.conns = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in starts]
+        for conn, start in zip(self.conns, starts, strict=True):
+            conn.sendall(start)
+        self.closed: set[int] = set()
+        self.pause = pause
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.pause):
+            for n, conn in enumerate(self.conns):
+                if n in self.closed:
+                    continue
+                try:
+                    readable, _, _ = select.select([conn], [], [], 0)
+                    if readable and not conn.recv(65536):
+                        self.closed.add(n)  # the server closed it
+                        continue
+                    conn.sendall(b"x")
+                except OSError:
+                    self.closed.add(n)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        for conn in self.conns:
+            conn.close()
+
+
+def test_slowloris_connections_are_cut_off_while_passes_and_health_go_on(
+    hostile: Service, manifests: ManifestRepo, triton: LocalTriton
+) -> None:
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
+    manifests.commit("echo 2")
+    # 20 slow bodies (more than the 16 webhook reads allowed at once) and 4 slow headers;
+    # each sends a byte every half second, so no per-recv timeout would ever fire.
+    slow = Dribbler(
+        hostile.port,
+        [HEAD + b"Content-Length: 100000\r\n\r\n"] * 20 + [HEAD + b"X-Slow: "] * 4,
+    )
+    try:
+        assert hostile.get("/healthz")[0] == 200
+        reads = metric(hostile, "triton_gitops_webhook_reads_in_progress")
+        assert 0 < reads <= 16
+        body = json.dumps({"ref": "refs/heads/main", "after": "2" * 40}).encode()
+        # Queued behind the slow bodies until one is cut off, within its own deadline.
+        assert post(hostile.port, "/webhook/github", body, {"X-Hub-Signature-256": signed(body)})
+        wait_until(lambda: ready_versions(triton, "echo") == {2}, 60, "the pushed commit serves")
+        wait_until(lambda: len(slow.closed) == 24, 60, "the server closes every slow client")
+    finally:
+        slow.close()
+    assert webhook_requests(hostile, "github") == 1
+    assert metric(hostile, "triton_gitops_http_connections_refused_total", reason="timeout") >= 4
+    timeouts = metric(hostile, "triton_gitops_webhooks_total", source="github", result="timeout")
+    busy = metric(hostile, "triton_gitops_webhooks_total", source="github", result="busy")
+    assert timeouts + busy == 20
+    assert hostile.get("/healthz")[0] == 200
+
+
+# -- the caps, set low in-process -----------------------------------------------------------
+
+
+@pytest.fixture
+def capped(manifests: ManifestRepo, tmp_path: Path) -> Iterator[Daemon]:
+    daemon = Daemon(
+        Source(manifests.url),
+        Settings(cache_dir=tmp_path / "cache", state_path=tmp_path / "state.db"),
+        RunSettings(
+            listen=f"127.0.0.1:{free_port()}",
+            github_secret=SECRET,
+            read_timeout=8.0,
+            max_connections=6,
+            max_webhook_reads=2,
+        ),
+    )
+    daemon.start_http()
+    try:
+        yield daemon
+    finally:
+        assert daemon.http is not None
+        daemon.http.shutdown()
+        daemon.http.server_close()
+
+
+def answer_unasked(port: int) -> bytes:
+    """What the server says to a connection that sends nothing (it never reads one over
+    the cap: it answers and closes)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_webhook_reads_and_connections_are_capped(capped: Daemon) -> None:
+    assert capped.http is not None
+    port = int(capped.http.server_address[1])
+    registry = capped.metrics.registry
+
+    def sample(name: str, **labels: str) -> float:
+        return registry.get_sample_value(name, labels) or 0.0
+
+    def reading() -> float:
+        return sample("triton_gitops_webhook_reads_in_progress")
+
+    slow = Dribbler(port, [HEAD + b"Content-Length: 1000\r\n\r\n"] * 4)
+    try:
+        # Two bodies are read; the other two wait for a slot within their own deadline.
+        wait_until(lambda: reading() == 2, 30, "two slow bodies are being read")
+        # Six connections at once: the four slow ones and this one leave one free.
+        assert status_of(exchange(port, b"GET /healthz HTTP/1.0\r\n\r\n")) == 200
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+        try:
+            # All six taken: the next connection is answered 503 at once, its request unread.
+            assert status_of(answer_unasked(port)) == 503
+            assert reading() == 2
+        finally:
+            for conn in idle:
+                conn.close()
+        wait_until(lambda: len(slow.closed) == 4, 60, "every slow client is cut off")
+    finally:
+        slow.close()
+    assert reading() == 0
+    assert sample("triton_gitops_http_connections_refused_total", reason="busy") >= 1
+    timeouts = sample("triton_gitops_webhooks_total", source="github", result="timeout")
+    busy = sample("triton_gitops_webhooks_total", source="github", result="busy")
+    assert timeouts + busy == 4
+    assert status_of(exchange(port, b"GET /healthz HTTP/1.0\r\n\r\n")) == 200
