@@ -27,11 +27,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-import requests
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from prometheus_api_client.prometheus_connect import PrometheusConnect
 from prometheus_client.parser import text_string_to_metric_families
-from urllib3.util.retry import Retry
 
 from reconciler.adapters.credentials import basic_auth, redact
 from reconciler.analysis import Figures
@@ -50,6 +46,21 @@ CPU_MEMORY_TOTAL = "nv_cpu_memory_total_bytes"
 _PER_MODEL = (SUCCESS, FAILURE, DURATION, PENDING, INFERENCES)
 _MEMORY = (GPU_MEMORY, CPU_MEMORY, GPU_MEMORY_TOTAL, CPU_MEMORY_TOTAL)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _unanswered() -> type[Exception]:
+    """What a query raises when Prometheus does not answer (imported on first use, as
+    PrometheusQuery's client is)."""
+    import requests
+
+    return requests.RequestException
+
+
+def _refused() -> type[Exception]:
+    """What a query raises when Prometheus refuses it (a bad query, an error status)."""
+    from prometheus_api_client.exceptions import PrometheusApiClientException
+
+    return PrometheusApiClientException
 
 
 class MetricsReader(Protocol):
@@ -175,6 +186,11 @@ class PrometheusQuery:
         self.instance = instance
         self.timeout = timeout
         self.clock = clock
+        # Imported here, not with the module: requests and prometheus-api-client cost the
+        # service ~5 MB of RSS, and one without --prometheus-url never needs them.
+        from prometheus_api_client.prometheus_connect import PrometheusConnect
+        from urllib3.util.retry import Retry
+
         plain, headers = basic_auth(self.url)
         # No retries here: the analysis asks again at its next interval, and one call must
         # not outlast its timeout several times over.
@@ -239,12 +255,7 @@ class PrometheusQuery:
             for name, query in self.standard_queries(model, versions).items():
                 standard[name] = self._value(query, at)
             values = {name: self._query(name, query, at) for name, query in queries.items()}
-        except (
-            requests.RequestException,
-            PrometheusApiClientException,
-            LookupError,
-            TypeError,
-        ) as exc:
+        except (_unanswered(), _refused(), LookupError, TypeError) as exc:
             return Figures(
                 queries=dict.fromkeys(queries),
                 error=redact(f"cannot query Prometheus at {self.url}: {exc}"),
@@ -264,7 +275,7 @@ class PrometheusQuery:
         """One of the deployment's own queries; a query Prometheus refuses reads as None."""
         try:
             return self._value(query, at)
-        except PrometheusApiClientException as exc:
+        except _refused() as exc:
             log.warning("query %s (%s) failed on %s: %s", name, query, redact(self.url), exc)
             return None
 
