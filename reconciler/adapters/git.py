@@ -20,6 +20,7 @@ import git
 
 from reconciler.adapters.credentials import redact
 from reconciler.errors import SourceUnavailable
+from reconciler.faults import fault_point
 from reconciler.spec.edit import restore_deployment
 from reconciler.spec.load import MANIFEST_SUFFIXES
 
@@ -258,6 +259,34 @@ class GitWriter:
         repo.git.clean("-fdq")
         return repo
 
+    def _pushed_before(
+        self, repo: git.Repo, branch: str, target: str, reverted: str | None
+    ) -> str | None:
+        """The commit on ``target`` (since ``reverted``) whose trailer reverts ``reverted``."""
+        if reverted is None:
+            return None
+        if target != branch:
+            try:
+                repo.git.fetch(
+                    "--quiet",
+                    "origin",
+                    f"+refs/heads/{target}:refs/remotes/origin/{target}",
+                    env=self.source.env,
+                    kill_after_timeout=self.source.fetch_timeout,
+                )
+            except git.GitCommandError:
+                return None  # no such branch yet: nothing was pushed to it
+        try:
+            found = repo.git.log(
+                "--format=%H",
+                "--fixed-strings",
+                f"--grep=Reverted-revision: {reverted}",
+                f"{reverted}..origin/{target}",
+            )
+        except git.GitCommandError:
+            return None  # the reverted revision is not in the branch's history
+        return found.split()[0] if found.strip() else None
+
     def push_revert(
         self,
         branch: str,
@@ -265,13 +294,21 @@ class GitWriter:
         message: str,
         target_branch: str | None = None,
         attempts: int = 5,
+        reverted: str | None = None,
     ) -> PushedRevert | None:
         """Commit ``edits`` on top of ``branch`` and push to ``target_branch`` (default: the
         same branch). If the branch moved meanwhile, fetch, re-check and retry. None when every
-        edit was overtaken by someone else's change (nothing to revert any more)."""
+        edit was overtaken by someone else's change (nothing to revert any more).
+
+        ``reverted``: the revision the commit reverts. When ``target_branch`` already holds a
+        commit with its ``Reverted-revision:`` trailer (a reconciler killed after its push, before
+        recording it), that commit is the answer and nothing is pushed again."""
         target = target_branch or branch
         for _ in range(attempts):
             repo = self._checkout(branch)
+            earlier = self._pushed_before(repo, branch, target, reverted)
+            if earlier is not None:
+                return PushedRevert(target, earlier, tuple(e.deployment for e in edits), ())
             done, skipped = [], []
             for edit in edits:
                 path = self.workdir / edit.file
@@ -288,6 +325,7 @@ class GitWriter:
             if not done:
                 return None
             commit = repo.index.commit(message, author=self.author, committer=self.author)
+            fault_point("git.push.before")
             try:
                 repo.git.push(
                     "--quiet",
@@ -302,6 +340,7 @@ class GitWriter:
                 raise SourceUnavailable(
                     f"cannot push to {redact(self.url)}: {git_error(exc)}"
                 ) from exc
+            fault_point("git.push.after")
             return PushedRevert(target, commit.hexsha, tuple(done), tuple(skipped))
         raise SourceUnavailable(
             f"{redact(self.url)} branch {target} kept moving; gave up after {attempts} attempts"
