@@ -237,6 +237,15 @@ class GitWriter:
             raise SourceUnavailable(f"{redact(self.url)} has no default branch")
         return match.group(1)
 
+    def _fetch(self, repo: git.Repo, branch: str) -> None:
+        repo.git.fetch(
+            "--quiet",
+            "origin",
+            f"+refs/heads/{branch}:refs/remotes/origin/{branch}",
+            env=self.source.env,
+            kill_after_timeout=self.source.fetch_timeout,
+        )
+
     def _checkout(self, branch: str) -> git.Repo:
         if (self.workdir / ".git").exists():
             repo = git.Repo(self.workdir)
@@ -245,14 +254,7 @@ class GitWriter:
             repo = git.Repo.init(self.workdir)
             repo.git.remote("add", "origin", self.url)
         try:
-            refspec = f"+refs/heads/{branch}:refs/remotes/origin/{branch}"
-            repo.git.fetch(
-                "--quiet",
-                "origin",
-                refspec,
-                env=self.source.env,
-                kill_after_timeout=self.source.fetch_timeout,
-            )
+            self._fetch(repo, branch)
         except git.GitCommandError as exc:
             raise SourceUnavailable(f"cannot fetch {redact(self.url)}: {git_error(exc)}") from exc
         repo.git.checkout("--quiet", "--force", "-B", "triton-gitops-writeback", f"origin/{branch}")
@@ -267,13 +269,7 @@ class GitWriter:
             return None
         if target != branch:
             try:
-                repo.git.fetch(
-                    "--quiet",
-                    "origin",
-                    f"+refs/heads/{target}:refs/remotes/origin/{target}",
-                    env=self.source.env,
-                    kill_after_timeout=self.source.fetch_timeout,
-                )
+                self._fetch(repo, target)
             except git.GitCommandError:
                 return None  # no such branch yet: nothing was pushed to it
         try:

@@ -1,0 +1,258 @@
+"""Crash consistency: the reconciler killed with SIGKILL at every fault point, then restarted.
+
+One real Triton for the whole module (each test puts the echo model back to version 1), a
+bare Git remote and a state file per test, and clients sending unversioned requests all along.
+Each test runs ``triton-gitops apply`` as a subprocess with ``TRITON_GITOPS_FAULT`` naming the
+point, checks that it died there (SIGKILL), then runs it again without the fault until it has
+nothing left to do. After that: Triton serves what Git asks for (or, for a bad version, what
+served before), a failed rollout's hold was never lost, the revert commit is in the remote
+exactly once, no two rollouts of echo interleaved, and a good swap cost clients nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from reconciler.adapters.state import StateStore
+from reconciler.local_triton import LocalTriton
+from tests.conftest import ManifestRepo, git
+from tests.integration.flows import ready_versions, served_factor, server_doc
+from tests.loadgen import LoadGenerator
+
+
+@pytest.fixture(scope="module")
+def triton(
+    model_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalTriton]:
+    log = tmp_path_factory.mktemp("crash-triton") / "triton.log"
+    server = LocalTriton(model_repository, log_file=log).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def echo(version: int) -> str:
+    # Short analysis so that each kill and restart costs seconds; v4 fails 40% of requests,
+    # which the success rate sees at the first evaluation.
+    return (
+        "apiVersion: triton-gitops/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        "metadata:\n"
+        "  name: echo\n"
+        "spec:\n"
+        "  servers:\n"
+        "    names: [edge-a]\n"
+        f"  versions: [{version}]\n"
+        "  verify:\n"
+        "    analysis:\n"
+        "      interval: 500ms\n"
+        "      duration: 1500ms\n"
+        "      noTraffic: pass\n"
+        "      checks:\n"
+        "        - name: success-rate\n"
+        "          successRate: {min: 0.95}\n"
+    )
+
+
+@dataclass
+class Run:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass
+class Crashable:
+    """The CLI as a process of its own, against one remote, state file and cache."""
+
+    repo: str
+    workdir: Path
+    extra: tuple[str, ...] = ()
+
+    @property
+    def state_path(self) -> Path:
+        return self.workdir / "state.db"
+
+    def run(self, command: str = "apply", fault: str | None = None) -> Run:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_GITOPS_FAULT"}
+        if fault:
+            env["TRITON_GITOPS_FAULT"] = fault
+        done = subprocess.run(
+            [sys.executable, "-m", "reconciler", command, "--repo", self.repo,
+             "--state", str(self.state_path), "--cache-dir", str(self.workdir / "cache"),
+             *self.extra],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        return Run(done.returncode, done.stdout, done.stderr)
+
+    def holds(self) -> dict[str, str]:
+        """Held ModelDeployment -> the revision that failed."""
+        store = StateStore(self.state_path)
+        try:
+            return {n: h.revision for n, h in store.history().holds.items()}
+        finally:
+            store.close()
+
+    def rollouts(self) -> list[tuple[tuple[int, ...], tuple[int, ...], str, str]]:
+        store = StateStore(self.state_path)
+        try:
+            return [
+                (r.from_versions, r.to_versions, r.outcome, r.revision)
+                for r in store.rollouts("echo")
+            ]
+        finally:
+            store.close()
+
+
+def unload_echo(triton: LocalTriton) -> None:
+    with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+        client.unload_model("echo")
+        deadline = time.monotonic() + 60
+        while ready_versions(triton, "echo") and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert ready_versions(triton, "echo") == set()
+
+
+def start(
+    tmp_path: Path, triton: LocalTriton, model_repository: Path, *extra: str
+) -> tuple[ManifestRepo, Crashable]:
+    """A fresh remote and state; echo 1 deployed from nothing (no clients yet)."""
+    unload_echo(triton)
+    manifests = ManifestRepo(tmp_path / "git")
+    manifests.write(
+        "servers.yaml",
+        server_doc("edge-a", triton.grpc_address, model_repository, metrics=triton.metrics_url),
+    )
+    manifests.write("echo.yaml", echo(1))
+    manifests.commit("echo 1")
+    reconciler = Crashable(manifests.url, tmp_path / "reconciler", extra)
+    first = reconciler.run()
+    assert first.code == 0, first.err
+    assert ready_versions(triton, "echo") == {1}
+    return manifests, reconciler
+
+
+def settle(reconciler: Crashable, runs: int = 3) -> list[Run]:
+    """Apply again, without a fault, until a pass finds nothing to do (at most ``runs``)."""
+    done = []
+    for _ in range(runs):
+        done.append(reconciler.run())
+        assert "Traceback" not in done[-1].err, done[-1].err
+        if reconciler.run("plan").code == 0:  # 0: in sync; 2: changes left
+            return done
+    raise AssertionError(f"not converged after {runs} passes: {done[-1].err}")
+
+
+def not_interleaved(reconciler: Crashable, old: int, new: int) -> None:
+    """Every rollout of echo went from the old version alone to the new one alone: a pass
+    after a kill never took the half-done swap (both loaded) as its starting point."""
+    rollouts = reconciler.rollouts()
+    assert rollouts[-1][:2] == ((), (old,))  # the first deployment
+    for from_versions, to_versions, _, _ in rollouts[:-1]:
+        assert (from_versions, to_versions) == ((old,), (new,))
+
+
+GOOD_POINTS = [
+    "apply.load.requested",
+    "apply.load.accepted",
+    "apply.verify",
+    "apply.analysis",
+    "apply.unload",
+    "loop.record",
+    "state.write",
+    "loop.alerts",
+]
+
+
+@pytest.mark.parametrize("point", GOOD_POINTS)
+def test_good_swap_killed_at(
+    point: str, tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    manifests, reconciler = start(tmp_path, triton, model_repository)
+    manifests.write("echo.yaml", echo(2))
+    manifests.commit("echo 2")
+    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+        load.wait_for_samples(50)
+        killed = reconciler.run(fault=point)
+        assert killed.code == -9, (killed.code, killed.err)  # it died at the point
+        settle(reconciler)
+        load.wait_for_samples(len(load.samples) + 50)
+    assert ready_versions(triton, "echo") == {2}
+    assert served_factor(triton, "echo") == 2.0
+    assert load.failures == []
+    assert load.versions_seen() <= {1, 2}
+    assert reconciler.holds() == {}
+    not_interleaved(reconciler, 1, 2)
+
+
+@dataclass(frozen=True)
+class BadCase:
+    point: str
+    mode: str = "commit"
+    held_at_kill: bool = False  # the kill comes after the failure: the hold must be there
+
+
+BAD_CASES = [
+    BadCase("apply.load.accepted"),
+    BadCase("apply.analysis"),
+    BadCase("apply.revert", held_at_kill=True),
+    BadCase("apply.load.requested:2", held_at_kill=True),  # the revert's load
+    BadCase("apply.verify:2", held_at_kill=True),  # the revert's verify
+    BadCase("loop.record", held_at_kill=True),
+    BadCase("state.write", held_at_kill=True),
+    BadCase("git.push.before", held_at_kill=True),
+    BadCase("git.push.after", held_at_kill=True),
+    BadCase("loop.alerts", held_at_kill=True),
+    BadCase("git.push.before", "branch", held_at_kill=True),
+    BadCase("git.push.after", "branch", held_at_kill=True),
+]
+
+
+def revert_commits(manifests: ManifestRepo, ref: str, bad: str) -> list[str]:
+    found = git(manifests.bare, "log", "--format=%H", f"--grep=Reverted-revision: {bad}", ref)
+    return found.split()
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: f"{c.point}-{c.mode}")
+def test_bad_version_killed_at(
+    case: BadCase, tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    manifests, reconciler = start(tmp_path, triton, model_repository, "--revert-mode", case.mode)
+    manifests.write("echo.yaml", echo(4))
+    bad = manifests.commit("echo 4")
+    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+        load.wait_for_samples(50)
+        killed = reconciler.run(fault=case.point)
+        assert killed.code == -9, (killed.code, killed.err)
+        held = [reconciler.holds()]
+        first = reconciler.run()
+        assert "Traceback" not in first.err, first.err
+        held.append(reconciler.holds())
+        settle(reconciler)
+        load.wait_for_samples(len(load.samples) + 50)
+    assert ready_versions(triton, "echo") == {1}
+    assert served_factor(triton, "echo") == 1.0
+    if case.held_at_kill:
+        assert held[0] == {"echo": bad}  # the kill did not lose the failed rollout
+    assert {"echo": bad} in held  # recorded before the revert in Git released it
+    if case.mode == "commit":
+        assert len(revert_commits(manifests, "main", bad)) == 1
+        assert "versions: [1]" in git(manifests.bare, "show", "main:echo.yaml")
+        assert reconciler.holds() == {}  # released: Git says version 1 now
+    else:
+        branch = f"triton-gitops/revert-{bad[:12]}"
+        assert git(manifests.bare, "rev-parse", "main") == bad  # the tracked branch untouched
+        assert len(revert_commits(manifests, branch, bad)) == 1
+        assert reconciler.holds() == {"echo": bad}  # held until Git changes echo
+    not_interleaved(reconciler, 1, 4)
+    assert load.versions_seen() <= {1, 4}
