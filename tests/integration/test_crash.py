@@ -26,7 +26,14 @@ import tritonclient.grpc as triton_grpc
 from reconciler.adapters.state import StateStore
 from reconciler.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, git
-from tests.integration.flows import CliRun, cli, ready_versions, served_factor, server_doc
+from tests.integration.flows import (
+    CliRun,
+    cli,
+    deployment_doc,
+    ready_versions,
+    served_factor,
+    server_doc,
+)
 from tests.loadgen import LoadGenerator
 
 
@@ -88,9 +95,11 @@ class Crashable:
         """In this process: the restart after a kill (it reads what the dead one left)."""
         return cli(command, *self.options())
 
-    def killed_at(self, fault: str) -> CliRun:
-        """``apply`` as a process of its own with the fault point armed."""
-        env = {**os.environ, "TRITON_GITOPS_FAULT": fault}
+    def spawn(self, fault: str | None = None) -> CliRun:
+        """``apply`` as a process of its own, with the fault point armed if one is named."""
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_GITOPS_FAULT"}
+        if fault:
+            env["TRITON_GITOPS_FAULT"] = fault
         done = subprocess.run(
             [sys.executable, "-m", "reconciler", "apply", *self.options()],
             env=env, capture_output=True, text=True, timeout=300,
@@ -189,7 +198,7 @@ def test_good_swap_killed_at(
     manifests.commit("echo 2")
     with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
         load.wait_for_samples(50)
-        killed = reconciler.killed_at(point)
+        killed = reconciler.spawn(point)
         assert killed.code == -9, (killed.code, killed.err)  # it died at the point
         settle(reconciler)
         load.wait_for_samples(len(load.samples) + 50)
@@ -238,7 +247,7 @@ def test_bad_version_killed_at(
     bad = manifests.commit("echo 4")
     with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
         load.wait_for_samples(50)
-        killed = reconciler.killed_at(case.point)
+        killed = reconciler.spawn(case.point)
         assert killed.code == -9, (killed.code, killed.err)
         held = [reconciler.holds()]
         reconciler.run()
@@ -259,5 +268,54 @@ def test_bad_version_killed_at(
         assert git(manifests.bare, "rev-parse", "main") == bad  # the tracked branch untouched
         assert len(revert_commits(manifests, branch, bad)) == 1
         assert reconciler.holds() == {"echo": bad}  # held until Git changes echo
+        store = StateStore(reconciler.state_path)
+        assert store.unreverted() == set()  # the push is on record: no pass pushes it again
+        store.close()
+    again = reconciler.run()
+    assert again.code == 0 and "write-back" not in again.out + again.err, again.out
     not_interleaved(reconciler, 1, 4)
     assert load.versions_seen() <= {1, 4}
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage"])
+def test_lost_state_file_is_explained_and_prunes_nothing(
+    damage: str, tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    manifests, reconciler = start(tmp_path, triton, model_repository)
+    manifests.write("other.yaml", deployment_doc("other", [1], ["edge-a"]))
+    manifests.commit("other 1")
+    assert reconciler.run().code == 0
+    assert ready_versions(triton, "other") == {1}
+    # Git stops declaring other; the state file, which says that other is ours, is lost.
+    manifests.remove("other.yaml")
+    manifests.commit("drop other")
+    path = reconciler.state_path
+    for side in path.parent.glob(path.name + "*"):
+        side.unlink()
+    if damage == "garbage":
+        path.write_bytes(os.urandom(64 << 10))
+    with LoadGenerator(triton.grpc_address, "other", threads=2) as load:
+        load.wait_for_samples(50)
+        result = reconciler.spawn()  # its stderr, as an operator sees it
+        load.wait_for_samples(len(load.samples) + 50)
+    assert result.code == 0, result.err
+    assert "Traceback" not in result.err
+    if damage == "missing":
+        assert f"state file {path} does not exist" in result.err
+    else:
+        (aside,) = path.parent.glob("state.db.corrupt-*")
+        assert f"state file {path} is unreadable" in result.err
+        assert f"moved aside to {aside}" in result.err
+        assert len(aside.read_bytes()) == 64 << 10  # kept for a post-mortem
+    assert "left alone (not unloaded)" in result.err
+    # Not provably ours any more: other keeps serving, its clients saw nothing.
+    assert ready_versions(triton, "other") == {1}
+    assert load.failures == []
+    assert ready_versions(triton, "echo") == {1}
+    assert reconciler.run("plan").code == 0  # and later passes leave it alone too
+    unload_other(triton)
+
+
+def unload_other(triton: LocalTriton) -> None:
+    with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+        client.unload_model("other")
