@@ -46,6 +46,7 @@ from reconciler.errors import (
     StepFailed,
     VerifyFailed,
 )
+from reconciler.faults import fault_point
 from reconciler.plan import Action, ModelChange, Plan, RolloutPlan, Step
 from reconciler.serving import ModelInterface, ModelState, interface_difference
 from reconciler.smoke import mismatches
@@ -184,6 +185,7 @@ class _ChangeContext:
 def _verify(
     control: ModelControl, step: Step, timing: Timing, context: _ChangeContext | None = None
 ) -> None:
+    fault_point("apply.verify")
     wanted = set(step.versions)
 
     def not_coming(state: ModelState) -> str | None:
@@ -220,6 +222,7 @@ def _verify(
 
 
 def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
+    fault_point("apply.unload")
     if step.versions:
         assert step.config is not None
         control.load(step.model, step.config)
@@ -409,6 +412,7 @@ def _analyze(
         elapsed = timing.clock() - started
         evaluations.append(evaluate(spec, len(evaluations), elapsed, previous, current, baseline))
         previous = current
+        fault_point("apply.analysis")
         verdict = judge(spec, tuple(evaluations), elapsed)
         if verdict is RolloutVerdict.PASSED:
             return tuple(evaluations), verdict
@@ -442,7 +446,9 @@ def _load(control: ModelControl, step: Step, context: _ChangeContext) -> None:
     assert step.config is not None
     source = context.source
     before = source.figures(step.model, ()) if source is not None else None
+    fault_point("apply.load.requested")
     control.load(step.model, step.config)
+    fault_point("apply.load.accepted")
     if source is not None and before is not None and before.memory_bytes is not None:
         # What loading beside the old cost the server, per new version: the footprint the
         # next headroom check uses when the manifest declares none.
@@ -579,6 +585,7 @@ def apply_change(
         return ChangeResult(change, Outcome.FAILED, tuple(results))
     if failed.step.action in (Action.VERIFY, Action.ANALYZE):
         results[-1] = _blame_restart(control, change.model, failed)
+    fault_point("apply.revert")
     reverted = _run(control, change.revert, timing, progress, _ChangeContext(source), True)
     if not all(r.ok for r in reverted):
         outcome = Outcome.FAILED

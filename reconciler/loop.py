@@ -63,6 +63,8 @@ from reconciler.apply import (
 from reconciler.artifacts import version_digests
 from reconciler.diff import DesiredDiff, diff
 from reconciler.errors import ReconcileError, UnsafeRevision, ValidationError
+from reconciler.faults import fault_point
+from reconciler.journal import Journal, unpushed
 from reconciler.plan import (
     History,
     Hold,
@@ -548,6 +550,7 @@ def write_back(
             notes.append(
                 f"{hold.deployment}: no earlier applied spec to restore; held, not reverted in Git"
             )
+            state.record_reverted([hold.deployment], notes[-1])
             continue
         edits.append(
             RevertEdit(
@@ -573,10 +576,16 @@ def write_back(
         else branch
     )
     pushed = writer.push_revert(
-        branch, tuple(edits), revert_message(settings, result, holds), target
+        branch,
+        tuple(edits),
+        revert_message(settings, result, holds),
+        target,
+        reverted=result.revision,
     )
     if pushed is None:
+        state.record_reverted([e.deployment for e in edits], "changed again meanwhile")
         return (*notes, "revert not pushed: every ModelDeployment changed again meanwhile")
+    state.record_reverted([e.deployment for e in edits], pushed.sha)
     notes.append(
         f"pushed revert {pushed.sha} to {pushed.branch}: restores {', '.join(pushed.deployments)}"
         + (
@@ -738,11 +747,12 @@ def _reconcile(
                 for name in desired.deployments
                 if (spec := state.applied_spec(name)) is not None
             }
+            journal = Journal.begin(state, plan_, desired, revision_sha)  # see journal.py
             result = apply(
                 plan_,
                 clients,
                 max_parallel=settings.max_parallel,
-                progress=progress or _quiet,
+                progress=journal.watch(progress or _quiet),
                 metrics=readers,
                 timing=Timing(
                     poll_interval=settings.poll_interval, stopping=stopping or _not_stopping
@@ -774,6 +784,7 @@ def _reconcile(
             expected=expected_serving(desired, plan_, result),
             discovered=discovered,
         )
+        fault_point("loop.record")
         managed = next_managed(desired, history, plan_, result)
         state.record_pass(
             revision_sha,
@@ -801,6 +812,7 @@ def _reconcile(
             # Every staged rollout this pass ran has ended, one way or the other; a record
             # left over from a spec that changed since is dropped too.
             stages_ended=[r.deployment for r in plan_.rollouts]
+            + journal.deployments
             + [
                 name
                 for name, record in history.staged.items()
@@ -808,12 +820,14 @@ def _reconcile(
                 or desired.deployments[name].fingerprint != record.fingerprint
             ],
         )
+        fault_point("loop.alerts")
         for event in [e for e in events if not e.resolved] + resolved:
             alerts.send(event)
         for event in problem_alerts(plan_):
             alerts.send(event)
         try:
-            notes = write_back(source, settings, desired, state, result, holds)
+            retried = unpushed(state, history, desired, holds)  # a kill before the push
+            notes = write_back(source, settings, desired, state, result, (*holds, *retried))
         except ReconcileError as exc:
             notes = (f"revert write-back failed: {exc}",)
         return replace(report, reverts=notes)

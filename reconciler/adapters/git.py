@@ -20,6 +20,7 @@ import git
 
 from reconciler.adapters.credentials import redact
 from reconciler.errors import SourceUnavailable
+from reconciler.faults import fault_point
 from reconciler.spec.edit import restore_deployment
 from reconciler.spec.load import MANIFEST_SUFFIXES
 
@@ -239,6 +240,15 @@ class GitWriter:
             raise SourceUnavailable(f"{redact(self.url)} has no default branch")
         return match.group(1)
 
+    def _fetch(self, repo: git.Repo, branch: str) -> None:
+        repo.git.fetch(
+            "--quiet",
+            self.url,
+            f"+refs/heads/{branch}:refs/remotes/origin/{branch}",
+            env=self.source.env,
+            kill_after_timeout=self.source.fetch_timeout,
+        )
+
     def _checkout(self, branch: str) -> git.Repo:
         if (self.workdir / ".git").exists():
             repo = git.Repo(self.workdir)
@@ -250,19 +260,34 @@ class GitWriter:
         if any(remote.name == "origin" for remote in repo.remotes):
             repo.delete_remote(repo.remote("origin"))  # left by an older version
         try:
-            refspec = f"+refs/heads/{branch}:refs/remotes/origin/{branch}"
-            repo.git.fetch(
-                "--quiet",
-                self.url,
-                refspec,
-                env=self.source.env,
-                kill_after_timeout=self.source.fetch_timeout,
-            )
+            self._fetch(repo, branch)
         except git.GitCommandError as exc:
             raise SourceUnavailable(f"cannot fetch {redact(self.url)}: {git_error(exc)}") from exc
         repo.git.checkout("--quiet", "--force", "-B", "triton-gitops-writeback", f"origin/{branch}")
         repo.git.clean("-fdq")
         return repo
+
+    def _pushed_before(
+        self, repo: git.Repo, branch: str, target: str, reverted: str | None
+    ) -> str | None:
+        """The commit on ``target`` (since ``reverted``) whose trailer reverts ``reverted``."""
+        if reverted is None:
+            return None
+        if target != branch:
+            try:
+                self._fetch(repo, target)
+            except git.GitCommandError:
+                return None  # no such branch yet: nothing was pushed to it
+        try:
+            found = repo.git.log(
+                "--format=%H",
+                "--fixed-strings",
+                f"--grep=Reverted-revision: {reverted}",
+                f"{reverted}..origin/{target}",
+            )
+        except git.GitCommandError:
+            return None  # the reverted revision is not in the branch's history
+        return found.split()[0] if found.strip() else None
 
     def push_revert(
         self,
@@ -271,13 +296,21 @@ class GitWriter:
         message: str,
         target_branch: str | None = None,
         attempts: int = 5,
+        reverted: str | None = None,
     ) -> PushedRevert | None:
         """Commit ``edits`` on top of ``branch`` and push to ``target_branch`` (default: the
         same branch). If the branch moved meanwhile, fetch, re-check and retry. None when every
-        edit was overtaken by someone else's change (nothing to revert any more)."""
+        edit was overtaken by someone else's change (nothing to revert any more).
+
+        ``reverted``: the revision the commit reverts. When ``target_branch`` already holds a
+        commit with its ``Reverted-revision:`` trailer (a reconciler killed after its push, before
+        recording it), that commit is the answer and nothing is pushed again."""
         target = target_branch or branch
         for _ in range(attempts):
             repo = self._checkout(branch)
+            earlier = self._pushed_before(repo, branch, target, reverted)
+            if earlier is not None:
+                return PushedRevert(target, earlier, tuple(e.deployment for e in edits), ())
             done, skipped = [], []
             for edit in edits:
                 path = self.workdir / edit.file
@@ -294,6 +327,7 @@ class GitWriter:
             if not done:
                 return None
             commit = repo.index.commit(message, author=self.author, committer=self.author)
+            fault_point("git.push.before")
             try:
                 repo.git.push(
                     "--quiet",
@@ -308,6 +342,7 @@ class GitWriter:
                 raise SourceUnavailable(
                     f"cannot push to {redact(self.url)}: {git_error(exc)}"
                 ) from exc
+            fault_point("git.push.after")
             return PushedRevert(target, commit.hexsha, tuple(done), tuple(skipped))
         raise SourceUnavailable(
             f"{redact(self.url)} branch {target} kept moving; gave up after {attempts} attempts"

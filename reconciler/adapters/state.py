@@ -5,17 +5,25 @@ removed from Git unloads its model); holds on ModelDeployments whose rollout fai
 rollout with its verdict and check values (for ``history``); the failure alerts still open;
 alerts a receiver has not taken yet (retried by the next pass); and each pass's outcome.
 WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
+
+A state file that cannot be read (garbage, a truncated copy) is moved aside as
+``<name>.corrupt-<unix time>`` and a new, empty one is started, with an error in the log naming
+both; a missing one is started empty with a warning. Empty means the reconciler no longer knows
+which loaded models it placed: it then unloads none of them (only declared models are planned),
+and holds are forgotten, so a failed spec is tried, and analysed, again.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from reconciler.faults import fault_point
 from reconciler.plan import History, Hold, StagedRecord
 from reconciler.rollouts import AppliedSpec, Rollout
 
@@ -91,19 +99,65 @@ CREATE TABLE IF NOT EXISTS open_alerts (
 """
 
 
+log = logging.getLogger("triton_gitops.state")
+_SIDE_FILES = ("", "-wal", "-shm")  # SQLite's WAL and shared-memory files go with the store
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        db.execute("PRAGMA journal_mode=WAL")
+        # With WAL, NORMAL keeps the store consistent through a crash or a kill (a power cut
+        # may lose the last pass's record, never corrupt it) and saves a sync per commit.
+        db.execute("PRAGMA synchronous=NORMAL")
+        # Garbage after a valid header only shows when its pages are read: check them all now
+        # (a few milliseconds for a store of this size) rather than fail mid-pass.
+        verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+        if verdict != "ok":
+            raise sqlite3.DatabaseError(f"integrity check: {verdict}")
+        db.executescript(_SCHEMA)
+        columns = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
+        if "backend" not in columns:  # a state file from before backend revisions
+            db.execute("ALTER TABLE applied_specs ADD COLUMN backend TEXT")
+        columns = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
+        if "reverted" not in columns:  # a state file from before revert push records
+            db.execute("ALTER TABLE holds ADD COLUMN reverted TEXT")
+            # Holds from before: whether their revert was pushed is unknown; never push again.
+            db.execute("UPDATE holds SET reverted = 'recorded before revert push records'")
+    except sqlite3.DatabaseError:
+        db.close()
+        raise
+    return db
+
+
 class StateStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # With WAL, NORMAL keeps the store consistent through a crash or a kill (a power cut
-        # may lose the last pass's record, never corrupt it) and saves a sync per commit.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(applied_specs)")}
-        if "backend" not in columns:  # a state file from before backend revisions
-            self._db.execute("ALTER TABLE applied_specs ADD COLUMN backend TEXT")
+        self.recovered: str | None = None  # what happened to an unreadable or missing file
+        if not path.exists():
+            self.recovered = (
+                f"state file {path} does not exist: starting with an empty state. If this "
+                "reconciler ran before, its record is lost: models loaded on the servers that "
+                "no manifest declares are left alone (not unloaded), and holds on failed specs "
+                "are forgotten"
+            )
+            log.warning(self.recovered)
+        try:
+            self._db = _connect(path)
+        except sqlite3.DatabaseError as exc:
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            for suffix in _SIDE_FILES:
+                found = path.with_name(path.name + suffix)
+                if found.exists():
+                    found.rename(aside.with_name(aside.name + suffix))
+            self.recovered = (
+                f"state file {path} is unreadable ({exc}); moved aside to {aside} and started "
+                "with an empty state: models loaded on the servers that no manifest declares "
+                "are left alone (not unloaded), and holds on failed specs are forgotten"
+            )
+            log.error(self.recovered)
+            self._db = _connect(path)
 
     def close(self) -> None:
         self._db.close()
@@ -178,6 +232,52 @@ class StateStore:
                 "INSERT OR REPLACE INTO staged_rollouts VALUES (?, ?, ?, ?, ?)",
                 (deployment, fingerprint, revision, json.dumps(progress), time.time()),
             )
+
+    def _write_holds(self, holds: Iterable[Hold]) -> None:
+        # A hold written again keeps the record of its revert push (see record_reverted).
+        self._db.executemany(
+            "INSERT INTO holds (deployment, fingerprint, revision, reason, previous, configs, "
+            "created_at) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (deployment) DO UPDATE SET "
+            "fingerprint = excluded.fingerprint, revision = excluded.revision, "
+            "reason = excluded.reason, previous = excluded.previous, "
+            "configs = excluded.configs, created_at = excluded.created_at, "
+            "reverted = CASE WHEN holds.fingerprint = excluded.fingerprint "
+            "THEN holds.reverted END",
+            [
+                (
+                    h.deployment,
+                    h.fingerprint,
+                    h.revision,
+                    h.reason,
+                    json.dumps({k: list(v) for k, v in h.previous.items()}),
+                    json.dumps(dict(h.configs)),
+                    time.time(),
+                )
+                for h in holds
+            ],
+        )
+
+    def record_hold(self, hold: Hold) -> None:
+        """A rollout failed and its revert is about to run: held at once, in its own
+        transaction, so a reconciler killed mid-revert does not try the failed spec again."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._write_holds([hold])
+
+    def record_reverted(self, deployments: Iterable[str], note: str) -> None:
+        """The revert of these held ModelDeployments is in Git (``note``: how), so no later
+        pass pushes it again."""
+        with self._db:
+            self._db.executemany(
+                "UPDATE holds SET reverted = ? WHERE deployment = ?",
+                [(note, name) for name in deployments],
+            )
+
+    def unreverted(self) -> set[str]:
+        """Held ModelDeployments whose revert was not pushed to Git (yet)."""
+        return {name for (name,) in self._db.execute(
+            "SELECT deployment FROM holds WHERE reverted IS NULL"
+        )}  # fmt: skip
 
     def applied_spec(self, deployment: str) -> AppliedSpec | None:
         row = self._db.execute(
@@ -261,21 +361,7 @@ class StateStore:
             self._db.executemany(
                 "DELETE FROM holds WHERE deployment = ?", [(name,) for name in released]
             )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO holds VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        h.deployment,
-                        h.fingerprint,
-                        h.revision,
-                        h.reason,
-                        json.dumps({k: list(v) for k, v in h.previous.items()}),
-                        json.dumps(dict(h.configs)),
-                        time.time(),
-                    )
-                    for h in holds
-                ],
-            )
+            self._write_holds(holds)
             self._db.executemany(
                 "INSERT INTO rollouts (revision, deployment, server, model, from_versions, "
                 "to_versions, outcome, verdict, checks, error, rollback_seconds, finished_at) "
@@ -333,6 +419,7 @@ class StateStore:
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",
                 (revision, time.time(), int(ok), json.dumps(summary, sort_keys=True)),
             )
+            fault_point("state.write")  # the whole pass is written, not committed
 
     def rollouts(self, model: str | None = None, limit: int = 100) -> list[Rollout]:
         """The latest rollouts, newest first, optionally of one model."""

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from reconciler.adapters.state import StateStore
-from reconciler.plan import History
+from reconciler.plan import History, Hold
 
 
 def test_history_round_trip(tmp_path: Path) -> None:
@@ -29,3 +37,98 @@ def test_history_round_trip(tmp_path: Path) -> None:
     reopened.close()
     mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+def test_a_kill_inside_the_pass_transaction_keeps_the_previous_record(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from reconciler.adapters.state import StateStore\n"
+        "from reconciler.plan import Hold\n"
+        "store = StateStore(Path(sys.argv[1]))\n"
+        "store.record_pass('a' * 40, {'edge-a': frozenset({'echo'})}, True, {'n': 1})\n"
+        "print('first recorded', flush=True)\n"
+        "store.record_pass('b' * 40, {'edge-a': frozenset({'other'})}, True, {'n': 2},\n"
+        "                  holds=[Hold('echo', 'f', 'b' * 40, 'failed', {'edge-a': (1,)})])\n"
+        "print('second recorded', flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path)],
+        env={**os.environ, "TRITON_GITOPS_FAULT": "state.write:2"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert done.stdout.split("\n")[:1] == ["first recorded"]
+    assert (tmp_path / "state.db-wal").exists()  # killed with its WAL not checkpointed
+    store = StateStore(path)
+    assert store.recovered is None
+    history = store.history()
+    assert history.revision == "a" * 40
+    assert history.managed == {"edge-a": frozenset({"echo"})}
+    assert history.holds == {}  # nothing of the second pass, not half of it
+    last = store.last_pass()
+    assert last is not None and last["summary"] == {"n": 1}
+    store.close()
+
+
+def test_garbage_state_file_is_moved_aside_and_started_empty(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.db"
+    path.write_bytes(b"\x00garbage, not SQLite\xff" * 500)
+    with caplog.at_level(logging.ERROR, logger="triton_gitops.state"):
+        store = StateStore(path)
+    (aside,) = tmp_path.glob("state.db.corrupt-*")
+    assert aside.read_bytes().startswith(b"\x00garbage")
+    assert store.history() == History()
+    assert store.recovered is not None and str(path) in store.recovered
+    assert str(aside) in caplog.text and "left alone (not unloaded)" in caplog.text
+    store.record_pass("a" * 40, {"edge-a": frozenset({"echo"})}, True, {})
+    store.close()
+    assert StateStore(path).history().revision == "a" * 40
+
+
+def test_a_damaged_page_is_found_at_open(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    for n in range(200):  # several pages of rows
+        store.record_pass(f"{n:040d}", {"edge-a": frozenset({"echo"})}, True, {"pad": "x" * 200})
+    store.close()
+    data = bytearray(path.read_bytes())
+    page = 4096
+    assert len(data) > 4 * page
+    data[3 * page : 4 * page] = b"\xa5" * page  # the header is intact; a table page is not
+    path.write_bytes(bytes(data))
+    reopened = StateStore(path)
+    assert reopened.recovered is not None and "moved aside" in reopened.recovered
+    assert reopened.history() == History()
+    reopened.close()
+
+
+def test_a_missing_state_file_is_said(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "state.db"
+    with caplog.at_level(logging.WARNING, logger="triton_gitops.state"):
+        StateStore(path).close()
+    assert f"state file {path} does not exist" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="triton_gitops.state"):
+        StateStore(path).close()
+    assert caplog.text == ""
+
+
+def test_revert_push_records_survive_a_hold_written_again(tmp_path: Path) -> None:
+    store = StateStore(tmp_path / "state.db")
+    hold = Hold("echo", "f1", "a" * 40, "analysis failed", {"edge-a": (1,)})
+    store.record_hold(hold)
+    assert store.unreverted() == {"echo"}
+    store.record_reverted(["echo"], "c" * 40)
+    assert store.unreverted() == set()
+    store.record_pass("a" * 40, {}, False, {}, holds=[hold])  # the pass's own record of it
+    assert store.unreverted() == set()
+    store.record_pass("b" * 40, {}, False, {}, holds=[replace(hold, fingerprint="f2")])
+    assert store.unreverted() == {"echo"}  # another spec failed: its revert is not pushed
+    assert store.history().holds["echo"].fingerprint == "f2"
+    store.close()

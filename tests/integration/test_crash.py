@@ -1,0 +1,321 @@
+"""Crash consistency: the reconciler killed with SIGKILL at every fault point, then restarted.
+
+One real Triton for the whole module (each test puts the echo model back to version 1), a
+bare Git remote and a state file per test, and clients sending unversioned requests all along.
+Each test runs ``triton-gitops apply`` as a subprocess with ``TRITON_GITOPS_FAULT`` naming the
+point, checks that it died there (SIGKILL), then runs it again without the fault until it has
+nothing left to do. After that: Triton serves what Git asks for (or, for a bad version, what
+served before), a failed rollout's hold was never lost, the revert commit is in the remote
+exactly once, no two rollouts of echo interleaved, and a good swap cost clients nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from reconciler.adapters.state import StateStore
+from reconciler.local_triton import LocalTriton
+from tests.conftest import ManifestRepo, git
+from tests.integration.flows import (
+    CliRun,
+    cli,
+    deployment_doc,
+    ready_versions,
+    served_factor,
+    server_doc,
+)
+from tests.loadgen import LoadGenerator
+
+
+@pytest.fixture(scope="module")
+def triton(
+    model_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalTriton]:
+    log = tmp_path_factory.mktemp("crash-triton") / "triton.log"
+    server = LocalTriton(model_repository, log_file=log).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def echo(version: int) -> str:
+    # Short analysis so that each kill and restart costs seconds; v4 fails 40% of requests,
+    # which the success rate sees at the first evaluation.
+    return (
+        "apiVersion: triton-gitops/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        "metadata:\n"
+        "  name: echo\n"
+        "spec:\n"
+        "  servers:\n"
+        "    names: [edge-a]\n"
+        f"  versions: [{version}]\n"
+        "  verify:\n"
+        "    analysis:\n"
+        "      interval: 400ms\n"
+        "      duration: 1200ms\n"
+        "      noTraffic: pass\n"
+        "      checks:\n"
+        "        - name: success-rate\n"
+        "          successRate: {min: 0.95}\n"
+    )
+
+
+@dataclass
+class Crashable:
+    """The CLI against one remote, state file and cache: killed in a process of its own,
+    restarted in this one."""
+
+    repo: str
+    workdir: Path
+    extra: tuple[str, ...] = ()
+
+    @property
+    def state_path(self) -> Path:
+        return self.workdir / "state.db"
+
+    def options(self) -> list[str]:
+        return [
+            "--repo", self.repo, "--state", str(self.state_path),
+            "--cache-dir", str(self.workdir / "cache"), *self.extra,
+        ]  # fmt: skip
+
+    def run(self, command: str = "apply") -> CliRun:
+        """In this process: the restart after a kill (it reads what the dead one left)."""
+        return cli(command, *self.options())
+
+    def spawn(self, fault: str | None = None) -> CliRun:
+        """``apply`` as a process of its own, with the fault point armed if one is named."""
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_GITOPS_FAULT"}
+        if fault:
+            env["TRITON_GITOPS_FAULT"] = fault
+        done = subprocess.run(
+            [sys.executable, "-m", "reconciler", "apply", *self.options()],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        return CliRun(done.returncode, done.stdout, done.stderr)
+
+    def holds(self) -> dict[str, str]:
+        """Held ModelDeployment -> the revision that failed."""
+        store = StateStore(self.state_path)
+        try:
+            return {n: h.revision for n, h in store.history().holds.items()}
+        finally:
+            store.close()
+
+    def rollouts(self) -> list[tuple[tuple[int, ...], tuple[int, ...], str, str]]:
+        store = StateStore(self.state_path)
+        try:
+            return [
+                (r.from_versions, r.to_versions, r.outcome, r.revision)
+                for r in store.rollouts("echo")
+            ]
+        finally:
+            store.close()
+
+
+def serve_only_version_1(triton: LocalTriton) -> None:
+    """Put echo back to version 1 alone, straight through Triton (faster than a rollout);
+    the module's first test deploys it from nothing, through the reconciler."""
+    if ready_versions(triton, "echo") in ({1}, set()):
+        return
+    with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+        config = client.get_model_config("echo", as_json=True)["config"]
+        config["version_policy"] = {"specific": {"versions": [1]}}
+        client.load_model("echo", config=json.dumps(config))
+        deadline = time.monotonic() + 60
+        while ready_versions(triton, "echo") != {1} and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert ready_versions(triton, "echo") == {1}
+
+
+def start(
+    tmp_path: Path, triton: LocalTriton, model_repository: Path, *extra: str
+) -> tuple[ManifestRepo, Crashable]:
+    """A fresh remote and state; echo 1 serving, and the first pass finds it in sync."""
+    serve_only_version_1(triton)
+    manifests = ManifestRepo(tmp_path / "git")
+    manifests.write(
+        "servers.yaml",
+        server_doc("edge-a", triton.grpc_address, model_repository, metrics=triton.metrics_url),
+    )
+    manifests.write("echo.yaml", echo(1))
+    manifests.commit("echo 1")
+    reconciler = Crashable(manifests.url, tmp_path / "reconciler", extra)
+    first = reconciler.run()
+    assert first.code == 0, first.err
+    assert ready_versions(triton, "echo") == {1}
+    return manifests, reconciler
+
+
+def settle(reconciler: Crashable, runs: int = 3) -> None:
+    """Apply again, without a fault, until a pass finds nothing to do (at most ``runs``)."""
+    for _ in range(runs):
+        reconciler.run()
+        if reconciler.run("plan").code == 0:  # 0: in sync; 2: changes left
+            return
+    raise AssertionError(f"not converged after {runs} passes")
+
+
+def not_interleaved(reconciler: Crashable, old: int, new: int) -> None:
+    """Every rollout of echo went from the old version alone to the new one alone: a pass
+    after a kill never took the half-done swap (both loaded) as its starting point."""
+    for from_versions, to_versions, _, _ in reconciler.rollouts():
+        if (from_versions, to_versions) == ((), (old,)):
+            continue  # the module's first deployment
+        assert (from_versions, to_versions) == ((old,), (new,))
+
+
+GOOD_POINTS = [
+    "apply.load.requested",
+    "apply.load.accepted",
+    "apply.verify",
+    "apply.analysis",
+    "apply.unload",
+    "loop.record",
+    "state.write",
+    "loop.alerts",
+]
+
+
+@pytest.mark.parametrize("point", GOOD_POINTS)
+def test_good_swap_killed_at(
+    point: str, tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    manifests, reconciler = start(tmp_path, triton, model_repository)
+    manifests.write("echo.yaml", echo(2))
+    manifests.commit("echo 2")
+    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+        load.wait_for_samples(50)
+        killed = reconciler.spawn(point)
+        assert killed.code == -9, (killed.code, killed.err)  # it died at the point
+        settle(reconciler)
+        load.wait_for_samples(len(load.samples) + 50)
+    assert ready_versions(triton, "echo") == {2}
+    assert served_factor(triton, "echo") == 2.0
+    assert load.failures == []
+    assert load.versions_seen() <= {1, 2}
+    assert reconciler.holds() == {}
+    not_interleaved(reconciler, 1, 2)
+
+
+@dataclass(frozen=True)
+class BadCase:
+    point: str
+    mode: str = "commit"
+    held_at_kill: bool = False  # the kill comes after the failure: the hold must be there
+
+
+BAD_CASES = [
+    BadCase("apply.load.accepted"),
+    BadCase("apply.analysis"),
+    BadCase("apply.revert", held_at_kill=True),
+    BadCase("apply.load.requested:2", held_at_kill=True),  # the revert's load
+    BadCase("apply.verify:2", held_at_kill=True),  # the revert's verify
+    BadCase("loop.record", held_at_kill=True),
+    BadCase("state.write", held_at_kill=True),
+    BadCase("git.push.before", held_at_kill=True),
+    BadCase("git.push.after", held_at_kill=True),
+    BadCase("loop.alerts", held_at_kill=True),
+    BadCase("git.push.before", "branch", held_at_kill=True),
+    BadCase("git.push.after", "branch", held_at_kill=True),
+]
+
+
+def revert_commits(manifests: ManifestRepo, ref: str, bad: str) -> list[str]:
+    found = git(manifests.bare, "log", "--format=%H", f"--grep=Reverted-revision: {bad}", ref)
+    return found.split()
+
+
+@pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: f"{c.point}-{c.mode}")
+def test_bad_version_killed_at(
+    case: BadCase, tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    manifests, reconciler = start(tmp_path, triton, model_repository, "--revert-mode", case.mode)
+    manifests.write("echo.yaml", echo(4))
+    bad = manifests.commit("echo 4")
+    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+        load.wait_for_samples(50)
+        killed = reconciler.spawn(case.point)
+        assert killed.code == -9, (killed.code, killed.err)
+        held = [reconciler.holds()]
+        reconciler.run()
+        held.append(reconciler.holds())
+        settle(reconciler)
+        load.wait_for_samples(len(load.samples) + 50)
+    assert ready_versions(triton, "echo") == {1}
+    assert served_factor(triton, "echo") == 1.0
+    if case.held_at_kill:
+        assert held[0] == {"echo": bad}  # the kill did not lose the failed rollout
+    assert {"echo": bad} in held  # recorded before the revert in Git released it
+    if case.mode == "commit":
+        assert len(revert_commits(manifests, "main", bad)) == 1
+        assert "versions: [1]" in git(manifests.bare, "show", "main:echo.yaml")
+        assert reconciler.holds() == {}  # released: Git says version 1 now
+    else:
+        branch = f"triton-gitops/revert-{bad[:12]}"
+        assert git(manifests.bare, "rev-parse", "main") == bad  # the tracked branch untouched
+        assert len(revert_commits(manifests, branch, bad)) == 1
+        assert reconciler.holds() == {"echo": bad}  # held until Git changes echo
+        store = StateStore(reconciler.state_path)
+        assert store.unreverted() == set()  # the push is on record: no pass pushes it again
+        store.close()
+    again = reconciler.run()
+    assert again.code == 0 and "write-back" not in again.out + again.err, again.out
+    not_interleaved(reconciler, 1, 4)
+    assert load.versions_seen() <= {1, 4}
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage"])
+def test_lost_state_file_is_explained_and_prunes_nothing(
+    damage: str, tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    manifests, reconciler = start(tmp_path, triton, model_repository)
+    manifests.write("other.yaml", deployment_doc("other", [1], ["edge-a"]))
+    manifests.commit("other 1")
+    assert reconciler.run().code == 0
+    assert ready_versions(triton, "other") == {1}
+    # Git stops declaring other; the state file, which says that other is ours, is lost.
+    manifests.remove("other.yaml")
+    manifests.commit("drop other")
+    path = reconciler.state_path
+    for side in path.parent.glob(path.name + "*"):
+        side.unlink()
+    if damage == "garbage":
+        path.write_bytes(os.urandom(64 << 10))
+    with LoadGenerator(triton.grpc_address, "other", threads=2) as load:
+        load.wait_for_samples(50)
+        result = reconciler.spawn()  # its stderr, as an operator sees it
+        load.wait_for_samples(len(load.samples) + 50)
+    assert result.code == 0, result.err
+    assert "Traceback" not in result.err
+    if damage == "missing":
+        assert f"state file {path} does not exist" in result.err
+    else:
+        (aside,) = path.parent.glob("state.db.corrupt-*")
+        assert f"state file {path} is unreadable" in result.err
+        assert f"moved aside to {aside}" in result.err
+        assert len(aside.read_bytes()) == 64 << 10  # kept for a post-mortem
+    assert "left alone (not unloaded)" in result.err
+    # Not provably ours any more: other keeps serving, its clients saw nothing.
+    assert ready_versions(triton, "other") == {1}
+    assert load.failures == []
+    assert ready_versions(triton, "echo") == {1}
+    assert reconciler.run("plan").code == 0  # and later passes leave it alone too
+    unload_other(triton)
+
+
+def unload_other(triton: LocalTriton) -> None:
+    with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+        client.unload_model("other")
