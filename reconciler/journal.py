@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 
 from reconciler.adapters.state import StateStore
+from reconciler.analysis import RolloutVerdict
 from reconciler.apply import Progress, StepResult
 from reconciler.plan import Action, History, Hold, ModelChange, Plan
 from reconciler.spec import DesiredState
@@ -39,6 +40,9 @@ class Journal:
     desired: DesiredState
     revision: str
     deployments: list[str] = field(default_factory=list)  # the entries begun, to be ended
+    # Holds written early; the pass's own outcome (``holds_from``) decides which stay: a
+    # failure found to be a restarted server after it was reported is not held.
+    held: set[str] = field(default_factory=set)
     _passed: dict[str, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -86,9 +90,11 @@ class Journal:
                     and result.step.action in _FORWARD
                     and not result.unreachable  # transient: the next pass tries again
                     and result.verdict != "interrupted"  # shutdown: put back, not held
+                    and result.verdict != RolloutVerdict.METRICS_UNAVAILABLE  # nothing known
                     and name not in held  # putting a hold's versions back: it stays as it is
                 ):
                     self.state.record_hold(self._hold(name, result))
+                    self.held.add(name)
             progress(result)
 
         return journalled

@@ -802,7 +802,7 @@ def _reconcile(
             holds=holds,
             released=[
                 n
-                for n in released_holds(desired, history)
+                for n in sorted({*released_holds(desired, history), *journal.held})
                 if n not in {h.deployment for h in holds}
             ],
             applied=applied_from(desired, plan_, result),
