@@ -80,6 +80,7 @@ from reconciler.rollouts import (
     alerts_from,
     applied_from,
     footprints_from,
+    hold_reminders,
     holds_from,
     problem_alerts,
     released_holds,
@@ -824,6 +825,8 @@ def _reconcile(
         for event in [e for e in events if not e.resolved] + resolved:
             alerts.send(event)
         for event in problem_alerts(plan_):
+            alerts.send(event)
+        for event in hold_reminders(plan_, open_alerts):
             alerts.send(event)
         try:
             retried = unpushed(state, history, desired, holds)  # a kill before the push

@@ -10,7 +10,7 @@ server served before, until a commit changes that ModelDeployment.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -292,6 +292,34 @@ def applied_from(
         )
         for name, d in sorted(desired.deployments.items())
         if name not in held and placed.get(name) and all(p in done for p in placed[name])
+    )
+
+
+def hold_reminders(
+    plan: Plan, open_alerts: Iterable[tuple[str, str, str]]
+) -> tuple[AlertEvent, ...]:
+    """The failure alerts of holds still in force, fired again.
+
+    Alertmanager resolves an alert nobody sends again within its ``resolve_timeout`` (5 min
+    by default), while a hold lasts until a commit changes the failed spec: so every pass
+    that keeps a hold says so again. Same kind, model, server and severity as the first
+    firing, so Alertmanager sees the same alert, still active.
+    """
+    held = {(h.model, h.server): h for h in plan.held}
+    return tuple(
+        AlertEvent(
+            kind,
+            "critical",
+            f"{model} on {server} held at {', '.join(map(str, h.versions)) or 'nothing'} "
+            f"since revision {h.revision[:12]} failed; a commit that changes "
+            f"{h.deployment} releases it",
+            h.revision,
+            model,
+            server,
+            {"revision": h.revision, "deployment": h.deployment, "held": "yes", "reason": h.reason},
+        )
+        for model, server, kind in sorted(open_alerts)
+        if kind in ("rollout-failed", "load-failed") and (h := held.get((model, server)))
     )
 
 

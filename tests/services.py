@@ -157,9 +157,15 @@ class Alertmanager(_Service):
     """An Alertmanager with clustering off and one receiver that sends nothing."""
 
     name = "alertmanager"
+    # How long an alert nobody sends again stays active (Alertmanager's default: 5m).
+    resolve_timeout: str = "5m"
 
     def config(self) -> dict[str, Any]:
-        return {"route": {"receiver": "null"}, "receivers": [{"name": "null"}]}
+        return {
+            "global": {"resolve_timeout": self.resolve_timeout},
+            "route": {"receiver": "null"},
+            "receivers": [{"name": "null"}],
+        }
 
     def command(self, config_file: Path) -> list[str]:
         return [

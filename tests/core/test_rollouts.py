@@ -20,6 +20,7 @@ from reconciler.rollouts import (
     AppliedSpec,
     alerts_from,
     applied_from,
+    hold_reminders,
     holds_from,
     released_holds,
     rollouts_from,
@@ -140,6 +141,27 @@ def test_the_next_plan_keeps_a_held_deployment_where_it_was() -> None:
     assert p.changes == () and second.changes == ()
     assert [(h.server, h.versions) for h in p.held] == [("s1", (1,)), ("s2", (1, 2))]
     assert released_holds(run.desired, again.history) == ()
+
+
+def test_a_hold_in_force_fires_its_open_alert_again_with_the_same_labels() -> None:
+    run, _, result = failing_analysis({"s1": [1], "s2": [1, 2]})
+    holds = holds_from(result, run.desired, run.history)
+    (first,) = [e for e in alerts_from(result, "hold") if e.server == "s1"]
+    again = replace(run, history=History("rev-2", holds={h.deployment: h for h in holds}))
+    p, _ = again.run()
+
+    # Only alerts still open are fired again; an alert resolved meanwhile stays resolved.
+    (reminder,) = hold_reminders(p, {("m", "s1", first.kind), ("m", "s3", "rollout-failed")})
+    assert (reminder.kind, reminder.severity, reminder.model, reminder.server) == (
+        first.kind,
+        first.severity,
+        "m",
+        "s1",
+    )
+    assert "held at 1" in reminder.summary and reminder.details["held"] == "yes"
+    assert hold_reminders(p, set()) == ()
+    released = replace(p, held=())  # a commit changed the spec: nothing to remind of
+    assert hold_reminders(released, {("m", "s1", first.kind)}) == ()
 
 
 def test_a_failed_load_holds_the_deployment_too() -> None:

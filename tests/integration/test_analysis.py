@@ -18,7 +18,7 @@ from reconciler.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, git
 from tests.integration.flows import Reconciler, cli, ready_versions, served_factor, server_doc
 from tests.loadgen import LoadGenerator
-from tests.services import Alertmanager, StartPrometheus
+from tests.services import ALERTMANAGER_BINARIES, Alertmanager, StartPrometheus, find_binary
 
 CHECKS = """\
       checks:
@@ -230,6 +230,39 @@ def test_commit_mode_reverts_in_git_alerts_and_rolls_forward(
             break
         time.sleep(0.2)
     assert active == []
+
+
+def test_the_alert_of_a_hold_stays_active_while_the_hold_lasts(
+    setup: Reconciler, manifests: ManifestRepo, triton: LocalTriton, tmp_path: Path
+) -> None:
+    """Alertmanager resolves an alert nobody sends again within resolve_timeout (2 s here);
+    every pass that keeps the hold fires it again."""
+    binary = find_binary(ALERTMANAGER_BINARIES, "prometheus-alertmanager")
+    alertmanager = Alertmanager(binary, tmp_path / "alertmanager", resolve_timeout="2s")
+    alertmanager.start()
+    try:
+        deploy_under_load(setup, triton)
+        manifests.write("echo.yaml", analysed([4]))
+        manifests.commit("echo 4")
+        options = ("--alertmanager-url", alertmanager.url)
+        code, _, _ = rollout(setup, triton, *options)
+        assert code == 1 and ready_versions(triton, "echo") == {1}
+        ends = time.monotonic() + 6  # three resolve timeouts of passes that keep the hold
+        while time.monotonic() < ends:
+            kept = setup.apply(*options)
+            assert "held" in kept.out, kept.out + kept.err
+            time.sleep(0.5)
+        active = [
+            a
+            for a in alertmanager.alerts(active="true", silenced="false", inhibited="false")
+            if a["labels"].get("model") == "echo"
+        ]
+        assert [a["labels"]["alertname"] for a in active] == ["TritonGitopsRolloutFailed"]
+        assert active[0]["labels"]["severity"] == "critical"
+        assert "held at 1" in active[0]["annotations"]["summary"]
+        assert ready_versions(triton, "echo") == {1}
+    finally:
+        alertmanager.stop()
 
 
 def test_branch_mode_leaves_the_tracked_branch_alone(
