@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from reconciler.daemon import fewer_malloc_arenas
 from reconciler.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import deployment_doc, ready_versions, server_doc
@@ -318,3 +319,11 @@ def test_dry_run_and_suspend_change_nothing(
         assert ready_versions(triton, "other") == set()  # suspended: left as it is
     finally:
         assert real.stop() == 0
+
+
+def test_malloc_arenas_are_capped_unless_the_environment_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert fewer_malloc_arenas() is True  # glibc (Debian): mallopt accepted the cap
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert fewer_malloc_arenas() is False  # the operator's own setting is left alone
