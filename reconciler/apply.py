@@ -47,6 +47,7 @@ from reconciler.errors import (
     VerifyFailed,
 )
 from reconciler.faults import fault_point
+from reconciler.model_config import with_versions
 from reconciler.plan import Action, ModelChange, Plan, RolloutPlan, Step
 from reconciler.serving import ModelInterface, ModelState, interface_difference
 from reconciler.smoke import mismatches
@@ -746,9 +747,11 @@ def _staged(
 
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             for server, results in zip(stage, pool.map(forward, stage), strict=True):
+                if results and not results[-1].ok:
+                    if results[-1].step.action in (Action.VERIFY, Action.ANALYZE):
+                        results[-1] = _blame_restart(controls[server], rollout.model, results[-1])
+                    failure = failure or results[-1]
                 done[server] = results
-                if not all(r.ok for r in results) and failure is None:
-                    failure = results[-1]
         if failure is not None:
             break
         hook = _call_hook(rollout, index, stage, "postStep", changes)
@@ -764,6 +767,13 @@ def _staged(
             False,
             0.0,
             f"rollout of {rollout.deployment} stopped ({where}): {failure.error}",
+            # A server that went away or restarted, or metrics that could not be read, tell
+            # nothing against the versions: every server taken back says so, so that no
+            # hold is kept and the next pass rolls out again.
+            unreachable=failure.unreachable,
+            verdict=(
+                failure.verdict if failure.verdict is RolloutVerdict.METRICS_UNAVAILABLE else None
+            ),
         )
         for server, change in sorted(changes.items()):
             mine = replace(cause, step=replace(cause.step, server=server))
@@ -780,12 +790,55 @@ def _staged(
             outcome.append(ChangeResult(change, result, tuple(steps), tuple(reverted)))
         return outcome
     for server, change in sorted(changes.items()):
-        finish = change.steps[_finishing(change) :]
+        finish = _after_restart(controls[server], change) or change.steps[_finishing(change) :]
         finished = _run(controls[server], finish, timing, progress, contexts[server])
         every = (*done[server], *finished)
         ok = all(r.ok for r in every)
         outcome.append(ChangeResult(change, Outcome.CONVERGED if ok else Outcome.FAILED, every))
     return outcome
+
+
+def _after_restart(control: ModelControl, change: ModelChange) -> tuple[Step, ...] | None:
+    """The end of a passed rollout on a server that lost every version of the model since
+    its stage passed (restarted: EXPLICIT mode starts empty): load and verify the desired
+    versions again, saying why. They passed their verify and analysis on this server before
+    the restart, and every later stage passed since, so they are what it must serve; the
+    planned finish would load them without a word, or, with no old version to drop, leave
+    the server empty. None when the server still lists the model, or does not answer (the
+    planned finish then fails as unreachable: not held, the next pass rolls out there)."""
+    try:
+        if control.model_state(change.model).versions:
+            return None
+    except ReconcileError:
+        return None
+    config = next((s.config for s in change.steps if s.config is not None), None)
+    if config is None:
+        return None
+    versions = ", ".join(map(str, change.desired))
+    lost = (
+        f"server {change.server} lost every version of {change.model} after its stage "
+        "passed (restarted?)"
+    )
+    verify = next((s for s in change.steps if s.action is Action.VERIFY), None)
+    return (
+        Step(
+            change.server,
+            change.model,
+            Action.LOAD,
+            change.desired,
+            f"{lost}: load {versions} again, which the rollout passed with",
+            config=with_versions(config, change.model, change.desired),
+        ),
+        replace(
+            verify or Step(change.server, change.model, Action.VERIFY, (), ""),
+            versions=change.desired,
+            reason=f"{lost}: {versions} READY again",
+            # The old versions are gone from this server: nothing to compare with there.
+            interface_check=False,
+            shadow=None,
+            shadow_against=None,
+        ),
+    )
 
 
 def _hook_step(rollout: RolloutPlan, stage: tuple[str, ...], what: str) -> Step:

@@ -567,11 +567,19 @@ def _plan_held(
 ) -> ModelChange | PlanProblem | None:
     """Keep (or bring back) what served before the failed rollout; never the failed spec."""
     previous = hold.previous.get(server)
+    config = hold.configs.get(server)
     if previous is None:
-        return None  # this server took no part in the failed rollout: leave it as it is
+        # This server took no part in the failed rollout. Serving the model, it is left as
+        # it is; serving none of it (an instance DNS added since, or one restarted empty),
+        # it gets the last good versions: what the rollout's servers served before, when
+        # they agree, never the failed spec's.
+        before = set(hold.previous.values())
+        if observed.model(deployment.model).ready or len(before) != 1:
+            return None
+        previous = before.pop()
+        config = next((c for c in hold.configs.values() if c is not None), None)
     if not previous:
         return _plan_removal(server, deployment.model, observed)
-    config = hold.configs.get(server)
     restored = replace(
         deployment,
         versions=previous,

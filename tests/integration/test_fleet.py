@@ -11,9 +11,10 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
+from tritonclient.utils import InferenceServerException
 
 from reconciler.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
@@ -160,6 +161,14 @@ def test_exactly_one_of_grpc_or_discovery(spec: str, tmp_path: Path) -> None:
     )
 
 
+def _ready_or_down(server: LocalTriton) -> list[int] | None:
+    """What a hook call saw on an instance; None while it is down (a test restarts one)."""
+    try:
+        return sorted(ready_versions(server, "echo"))
+    except InferenceServerException:
+        return None
+
+
 class _Hooks(BaseHTTPRequestHandler):
     calls: ClassVar[list[dict[str, object]]] = []
     refuse: ClassVar[str | None] = None  # a stage name to answer 409 for
@@ -167,8 +176,8 @@ class _Hooks(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         body["ready_at_call"] = {
-            a: sorted(ready_versions(self.server.fleet[a], "echo"))  # type: ignore[attr-defined]
-            for a in ADDRESSES
+            a: _ready_or_down(self.server.fleet[a])  # type: ignore[attr-defined]
+            for a in self.server.fleet  # type: ignore[attr-defined]
         }
         type(self).calls.append(body)
         self.send_response(409 if body["stage"] == type(self).refuse else 200)
@@ -382,7 +391,10 @@ def test_a_rollout_cut_short_by_a_killed_reconciler_resumes_where_it_was(
             c["hook"] == "preStep" and c["stage"] == "step 2 of 3" for c in _Hooks.calls
         ):
             time.sleep(0.1)
-        time.sleep(2)  # step 2's server is loading or being watched
+        # Step 2's server is being watched: its load has ended (a load cut off by the kill
+        # would go on on the server, and the next plan would wait for it, not load again).
+        while time.monotonic() < deadline and ready_versions(fleet[ADDRESSES[1]], "echo") != {1, 2}:
+            time.sleep(0.1)
     finally:
         process.kill()  # the reconciler dies mid-rollout, SIGKILL: nothing runs after it
         process.wait()
@@ -412,3 +424,174 @@ def test_a_rollout_cut_short_by_a_killed_reconciler_resumes_where_it_was(
     assert result.code == 0, result.out
     assert _Hooks.calls[0]["ready_at_call"][ADDRESSES[0]] == [1, 2]  # type: ignore[index]
     assert all(ready_versions(fleet[a], "echo") == {2} for a in ADDRESSES)
+
+
+_WATCHED = (
+    "  verify:\n    analysis:\n      interval: 1s\n      duration: 3s\n"
+    "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
+)
+
+
+def _apply_in_background(reconciler: Reconciler, options: tuple[str, ...]) -> subprocess.Popen[str]:
+    command = [
+        sys.executable, "-m", "reconciler", "apply", *reconciler.options, *options,
+        "--output", "json",
+    ]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_hook(hook: str, stage: str, process: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 120
+    while not any(c["hook"] == hook and c["stage"] == stage for c in _Hooks.calls):
+        assert process.poll() is None, f"the apply ended before {hook} of {stage}"
+        assert time.monotonic() < deadline, f"no {hook} of {stage} within 120 s"
+        time.sleep(0.1)
+
+
+def _finish(process: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
+    """The apply's exit code, its JSON report and its stderr; killed by pid if it hangs."""
+    try:
+        out, err = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    return process.returncode, json.loads(out), err
+
+
+def test_an_instance_restarted_mid_rollout_is_put_on_the_version_the_rollout_reached(
+    manifests: ManifestRepo,
+    fleet: dict[str, LocalTriton],
+    model_repository: Path,
+    tmp_path: Path,
+    hooks: str,
+) -> None:
+    """An instance step 1 already swapped crashes and comes back empty while step 2 runs.
+
+    The restart says nothing about version 2 (it passed its analysis there before the
+    crash), so the rollout goes on; at its end the restarted instance, which lost every
+    version, is given the desired versions again and verified, and the pass says so. The
+    others are not touched by it: no revert, no hold.
+    """
+    reconciler, options = _echo_1_on_the_pool(manifests, fleet, model_repository, tmp_path)
+    manifests.write("echo.yaml", _staged([2], hooks, _WATCHED))
+    manifests.commit("echo 2 in three steps, each watched for 3 s")
+    restarted = ADDRESSES[0]
+    others = [
+        LoadGenerator(fleet[a].grpc_address, "echo", threads=1).start() for a in ADDRESSES[1:]
+    ]
+    process = _apply_in_background(reconciler, options)
+    try:
+        _wait_for_hook("preStep", "step 2 of 3", process)
+        fleet[restarted].kill()  # SIGKILL, as a crash or an OOM kill would
+        fleet[restarted].start()  # same address and ports, EXPLICIT mode: empty
+        empty_after_restart = ready_versions(fleet[restarted], "echo")
+        code, report, err = _finish(process)
+    finally:
+        samples = [load.stop() for load in others]
+    assert empty_after_restart == set()
+    assert code == 0, err
+    assert all(ready_versions(fleet[a], "echo") == {2} for a in ADDRESSES)
+    assert all(s.error is None for sample in samples for s in sample)  # nobody else disturbed
+    assert [(c["hook"], c["stage"]) for c in _Hooks.calls] == [
+        (hook, f"step {n} of 3") for n in (1, 2, 3) for hook in ("preStep", "postStep")
+    ]
+    changes = {c["server"]: c for c in report["result"]["changes"]}
+    assert {s: c["outcome"] for s, c in changes.items()} == {
+        f"pool/{a}": "converged" for a in ADDRESSES
+    }
+    # The pass says what happened to the restarted instance, and only to it.
+    notes = {
+        server: [s["reason"] for s in c["steps"] if "lost every version" in s["reason"]]
+        for server, c in changes.items()
+    }
+    assert notes[f"pool/{restarted}"], changes[f"pool/{restarted}"]["steps"]
+    assert not any(notes[f"pool/{a}"] for a in ADDRESSES[1:])
+    restored = [s["action"] for s in changes[f"pool/{restarted}"]["steps"]][-2:]
+    assert restored == ["load", "verify"]
+
+    # Nothing is left half-way: no staged record, every instance in sync, nothing held.
+    shown = cli("status", *reconciler.options, *options, "--output", "json")
+    assert [(m["server"], m["state"], m["detail"]) for m in shown.json()["models"]] == [
+        (f"pool/{a}", "in-sync", "") for a in ADDRESSES
+    ]
+
+
+@pytest.mark.parametrize(
+    ("analysis", "refuse", "last_good"),
+    [(_WATCHED, None, {2}), ("", "step 2 of 3", {1})],
+    ids=["rollout-passes", "rollout-fails"],
+)
+def test_an_instance_added_to_dns_during_a_rollout_waits_for_its_outcome(
+    manifests: ManifestRepo,
+    fleet: dict[str, LocalTriton],
+    model_repository: Path,
+    tmp_path: Path,
+    hooks: str,
+    analysis: str,
+    refuse: str | None,
+    last_good: set[int],
+) -> None:
+    """A pass resolves the name once, as it starts: an instance that appears while its
+    rollout runs is not part of it and gets nothing from it (its version has not finished
+    its analysis). The next pass brings it to what the fleet ended on: the new version after
+    a rollout that passed (through a rollout of its own, verified and analysed), the last
+    good one after a rollout that failed and is held."""
+    reconciler, options = _echo_1_on_the_pool(manifests, fleet, model_repository, tmp_path)
+    any_server = next(iter(fleet.values()))
+    newcomer = "127.0.0.6"
+    fleet[newcomer] = LocalTriton(
+        model_repository,
+        host=newcomer,
+        grpc_port=any_server.grpc_port,
+        metrics_port=any_server.metrics_port,
+        log_file=tmp_path / f"triton-{newcomer}.log",
+    ).start()  # the fleet fixture stops it with the others
+    _Hooks.refuse = refuse
+    manifests.write("echo.yaml", _staged([2], hooks, analysis))
+    manifests.commit("echo 2 in three steps")
+    process = _apply_in_background(reconciler, options)
+    _wait_for_hook("preStep", "step 1 of 3", process)
+    (tmp_path / "hosts").write_text(
+        f"triton-headless.models.test {' '.join((*ADDRESSES, newcomer))}\n"
+    )
+    code, report, err = _finish(process)
+
+    # The running rollout went on over the four instances it started with.
+    assert code == (0 if refuse is None else 1), err
+    assert sorted(c["server"] for c in report["result"]["changes"]) == [
+        f"pool/{a}" for a in ADDRESSES
+    ]
+    stages = [c["stage"] for c in _Hooks.calls if c["hook"] == "preStep"]
+    assert stages == (
+        ["step 1 of 3", "step 2 of 3"] if refuse else ["step 1 of 3", "step 2 of 3", "step 3 of 3"]
+    )
+    assert all(c["ready_at_call"][newcomer] == [] for c in _Hooks.calls)  # type: ignore[index]
+    assert ready_versions(fleet[newcomer], "echo") == set()
+    assert all(ready_versions(fleet[a], "echo") == last_good for a in ADDRESSES)
+
+    # The next pass finds it and gives it what the fleet serves.
+    _Hooks.calls.clear()
+    planned = reconciler.plan(*options, "--output", "json")
+    assert [(s["server"], s["action"]) for s in planned.json()["steps"]][:1] == [
+        (f"pool/{newcomer}", "load")
+    ]
+    assert {s["server"] for s in planned.json()["steps"]} == {f"pool/{newcomer}"}
+    again = reconciler.apply(*options)
+    assert again.code == 0, again.out
+    assert ready_versions(fleet[newcomer], "echo") == last_good
+    assert all(ready_versions(fleet[a], "echo") == last_good for a in ADDRESSES)
+    if refuse is None:  # the new version reached it through its own analysed rollout
+        assert [(c["hook"], c["stage"]) for c in _Hooks.calls] == [
+            ("preStep", "step 1 of 3"),
+            ("postStep", "step 1 of 3"),
+        ]
+        analyse = [s for s in planned.json()["steps"] if s["action"] == "analyze"]
+        assert [s["server"] for s in analyse] == [f"pool/{newcomer}"]
+    shown = cli("status", *reconciler.options, *options, "--output", "json")
+    states = {m["server"]: m["state"] for m in shown.json()["models"]}
+    # After a failed rollout the one instance it had swapped is held at what it served.
+    held = {f"pool/{ADDRESSES[0]}"} if refuse else set()
+    assert states == {
+        f"pool/{a}": "held" if f"pool/{a}" in held else "in-sync" for a in (*ADDRESSES, newcomer)
+    }
