@@ -38,14 +38,15 @@ Per size (10, 100, 1,000 instances x 100 models), each with its own state store 
     observe, plan, digest, apply, record, close), installed in this process only; the
     reconciler's code is not changed. CPU per pass: this process, its children (git), and
     the simulated instances (``/proc/PID/stat``), since all share the 2 cores; and the time
-    spent in the garbage collector (``gc.callbacks``).
-(c) for the largest size, one more pass under cProfile: the main thread and every worker
-    thread (``threading.setprofile`` starts a profiler in each new thread), merged; top
+    spent in the garbage collector (``gc.callbacks``). These are one-shot passes (as
+    ``triton-gitops apply``); then the service's passes (as ``triton-gitops run``): one
+    ``PassMemory`` kept from pass to pass, one warm-up pass, then ``--passes`` measured.
+(c) for the largest size, one more service pass under cProfile: the main thread and every
+    worker thread (``threading.setprofile`` starts a profiler in each new thread), merged; top
     functions by cumulative and by own time; the dump goes to ``bench/results/fleet.prof``.
     Then the cost of single client calls against one simulated instance (tritonclient
-    ``get_model_config`` as JSON and as protobuf, the index, a client's creation), of the
-    planner's per-pair helpers (at 100 instances), and of two loops that walk all the
-    models of an instance once per model, to say what dominates.
+    ``get_model_config`` as JSON and as protobuf, the index, a client's creation) and of the
+    planner's per-pair helpers (at 100 instances), to say what dominates.
 
 A models axis point, 10 instances x 1,000 models (the same 10,000 pairs as 100 x 100), checks
 that planning is linear in the product, not in instances alone. Then real Triton: 1 and 4
@@ -1691,7 +1692,7 @@ def findings(result: Mapping[str, Any]) -> str:
         + "."
     )
     ow, oc = one["wall_s"]["median"], one["cpu_reconciler_s"]["median"]
-    oph = one["phases_median_s"]
+    oph, opc = one["phases_median_s"], one["phases_cpu_median_s"]
     w(
         f"- **A one-shot pass** (`triton-gitops apply`, nothing kept): {_s(ow)} s, "
         f"{_s(oc)} s of CPU; observe {_s(oph['observe'])} s for {n * (m + 1):,} RPCs (every "
@@ -1715,8 +1716,9 @@ def findings(result: Mapping[str, Any]) -> str:
         "someone reloads a version by hand with another config, so a kept client reads each "
         f"loaded config again every `--config-recheck` seconds (default {recheck:g}, spread "
         "over 0.5-1.5x per model so the reads do not come in one pass). Those reads are the "
-        f"one-shot pass's observe: {_s(oph['observe'])} s per {recheck:g} s, about "
-        f"{oph['observe'] / recheck:.1%} of a core on average at this size. A restart, a "
+        f"one-shot pass's observe: {_s(opc['observe'])} s of reconciler CPU per {recheck:g} "
+        f"s, about {opc['observe'] / recheck:.1%} of a core on average at this size. A "
+        "restart, a "
         "hand unload or load, and every change the reconciler makes show in the index and "
         "are seen at the next pass."
     )
