@@ -18,7 +18,7 @@ which the reconciler treats as a failure (the old versions serve again).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -133,6 +133,27 @@ class Evaluation:
     @property
     def failed(self) -> tuple[CheckResult, ...]:
         return tuple(r for r in self.results if r.verdict is Verdict.FAIL)
+
+
+def pooled(readings: Sequence[Figures]) -> Figures:
+    """Several servers' figures for the same versions as one: counters summed over the
+    servers that could be read (a server that could not be read is left out; all unread is
+    the first error). Memory and queries are per server, so none."""
+    read = [f for f in readings if f.error is None]
+    if not read:
+        return Figures(error=readings[0].error if readings else "no server to read")
+
+    def total(values: Sequence[float | None]) -> float | None:
+        known = [v for v in values if v is not None and math.isfinite(v)]
+        return sum(known) if known else None
+
+    return Figures(
+        success=total([f.success for f in read]),
+        failure=total([f.failure for f in read]),
+        duration_us=total([f.duration_us for f in read]),
+        pending=total([f.pending for f in read]),
+        inferences=total([f.inferences for f in read]),
+    )
 
 
 def baseline_from(old: Figures | None, at_start: Figures) -> Baseline:

@@ -36,6 +36,7 @@ from reconciler.analysis import (
     baseline_from,
     evaluate,
     judge,
+    pooled,
 )
 from reconciler.errors import (
     AnalysisFailed,
@@ -181,6 +182,9 @@ class _ChangeContext:
     source: FiguresSource | None = None
     interface: ModelInterface | None = None  # the old versions' inputs and outputs
     footprint: float | None = None
+    # Where the analysis reads the old versions' figures: the servers a staged rollout has
+    # not reached yet, when there are some; else (None) this server's own old versions.
+    baseline: FiguresSource | None = None
 
 
 def _verify(
@@ -378,7 +382,11 @@ def _replace_library(step: Step) -> None:
 
 
 def _analyze(
-    control: ModelControl, step: Step, timing: Timing, source: FiguresSource | None
+    control: ModelControl,
+    step: Step,
+    timing: Timing,
+    source: FiguresSource | None,
+    baseline_source: FiguresSource | None = None,
 ) -> tuple[tuple[Evaluation, ...], RolloutVerdict]:
     spec = step.analysis
     assert spec is not None
@@ -387,7 +395,7 @@ def _analyze(
             f"server {step.server}: no metrics source for the analysis", (), RolloutVerdict.FAILED
         )
     queries = {c.name: c.query for c in spec.checks if c.query}
-    old = source.figures(step.model, step.baseline) if step.baseline else None
+    old = (baseline_source or source).figures(step.model, step.baseline) if step.baseline else None
     previous = source.figures(step.model, step.versions, queries)
     baseline = baseline_from(old, previous)
     started = timing.clock()
@@ -475,7 +483,7 @@ def execute_step(
     elif step.action is Action.VERIFY:
         _verify(control, step, timing, context)
     elif step.action is Action.ANALYZE:
-        return _analyze(control, step, timing, context.source)
+        return _analyze(control, step, timing, context.source, context.baseline)
     elif step.action is Action.DRAIN:
         _drain(step, timing, context)
     elif step.action is Action.REPLACE_LIBRARY:
@@ -691,6 +699,19 @@ def _finishing(change: ModelChange) -> int:
     return index
 
 
+@dataclass(frozen=True)
+class PooledFigures:
+    """The figures of several servers read as one: the baseline of a staged rollout's step
+    (see ``pooled``)."""
+
+    sources: tuple[FiguresSource, ...]
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = {}
+    ) -> Figures:
+        return pooled(tuple(s.figures(model, versions, queries) for s in self.sources))
+
+
 def _staged(
     rollout: RolloutPlan,
     changes: Mapping[str, ModelChange],
@@ -724,9 +745,24 @@ def _staged(
         started = {server: changes[server].serving for server in stage}
         staged_progress(rollout, completed, started)
 
+        # The step's servers are compared with the production servers still on the old
+        # versions (those of later steps), as a canary with its baseline.
+        untouched = tuple(
+            source
+            for later, name in zip(
+                rollout.stages[index + 1 :], rollout.stage_names[index + 1 :], strict=True
+            )
+            if name not in ("preview", "resumed")
+            for server in later
+            if (source := (metrics or {}).get(server)) is not None
+        )
+        for server in stage:
+            context = contexts.setdefault(server, _ChangeContext((metrics or {}).get(server)))
+            context.baseline = PooledFigures(untouched) if untouched else None
+
         def forward(server: str) -> list[StepResult]:
             change = changes[server]
-            context = contexts.setdefault(server, _ChangeContext((metrics or {}).get(server)))
+            context = contexts[server]
             if change.interface_baseline is not None:
                 try:
                     context.interface = controls[server].interface(

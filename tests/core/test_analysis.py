@@ -23,6 +23,7 @@ from reconciler.analysis import (
     baseline_from,
     evaluate,
     judge,
+    pooled,
 )
 
 SUCCESS_RATE = Check("success-rate", "successRate", min=0.99)
@@ -486,3 +487,16 @@ def test_an_evaluation_with_no_data_or_a_failure_never_passes(
         assert evaluation.verdict is not Verdict.PASS
     if previous.error or current.error:
         assert {r.verdict for r in evaluation.results} == {Verdict.NO_DATA}
+
+
+def test_pooled_figures_sum_the_servers_that_answered() -> None:
+    together = pooled(
+        [
+            Figures(success=1.0, duration_us=10.0, memory_bytes=5.0),
+            Figures(error="s2: no answer"),
+            Figures(success=2.0, failure=1.0, duration_us=20.0, memory_bytes=7.0),
+        ]
+    )
+    assert (together.success, together.failure, together.duration_us) == (3.0, 1.0, 30.0)
+    assert together.memory_bytes is None and together.error is None  # memory is per server
+    assert pooled([Figures(error="a"), Figures(error="b")]).error == "a"

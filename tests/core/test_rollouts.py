@@ -26,7 +26,7 @@ from reconciler.rollouts import (
     rollouts_from,
 )
 from reconciler.serving import ModelState, VersionState
-from reconciler.spec.model import DesiredState, ModelDeployment
+from reconciler.spec.model import DesiredState, ModelDeployment, RolloutSpec
 from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
 
 NO_QUERIES: Mapping[str, str] = MappingProxyType({})
@@ -534,3 +534,59 @@ def test_a_deployment_on_an_unreachable_server_is_not_applied() -> None:
 
     assert p.in_sync == (("s1", "m"),) and [q.server for q in p.problems] == ["s2"]
     assert applied_from(desired, p, None) == ()
+
+
+# -- a staged rollout's baseline ---------------------------------------------------------------
+
+
+class Latencies:
+    """A FiguresSource: each read, every version set answered 100 more requests, each in the
+    mean time given for it (microseconds)."""
+
+    def __init__(self, mean_us: Mapping[tuple[int, ...], float]) -> None:
+        self.mean_us = mean_us
+        self.reads: dict[tuple[int, ...], int] = {}
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = NO_QUERIES
+    ) -> Figures:
+        if versions not in self.mean_us:  # the server as a whole: its memory only
+            return Figures(memory_bytes=1e6)
+        n = self.reads[versions] = self.reads.get(versions, 0) + 1
+        return Figures(
+            success=100.0 * n,
+            duration_us=100.0 * n * self.mean_us[versions],
+            memory_bytes=1e6,
+        )
+
+
+@pytest.mark.parametrize(("others_old_us", "outcome"), [(100.0, "reverted"), (300.0, "passed")])
+def test_a_steps_latency_is_compared_with_the_servers_still_on_the_old_version(
+    others_old_us: float, outcome: str
+) -> None:
+    # s1 takes step 1. Its own old version is slow (300 us), its new one 250 us: against
+    # itself, faster. The servers still on version 1 answer in ``others_old_us``: at 100 us
+    # the new version is 2.5x slower than the fleet it is to replace, so step 1 fails and
+    # nothing reaches s2 or s3.
+    names = ["s1", "s2", "s3"]
+    deployment = replace(watched([2], names), rollout=RolloutSpec(steps=(1, "100%")))
+    metrics = {"s1": Latencies({(1,): 300.0, (2,): 250.0})} | {
+        s: Latencies({(1,): others_old_us, (2,): 250.0}) for s in ("s2", "s3")
+    }
+    run = Pass(
+        desired_state(deployment, servers=names),
+        {s: server(s) for s in names},
+        metrics=metrics,  # type: ignore[arg-type]
+    )
+    p, result = run.run()
+
+    assert [r.stages for r in p.rollouts] == [(("s1",), ("s2", "s3"))]
+    by_server = {c.change.server: c for c in result.changes}
+    if outcome == "reverted":
+        assert by_server["s1"].outcome is Outcome.REVERTED
+        assert "latency" in (by_server["s1"].error or "")
+        assert all(run.fakes[s].ready("m") == {1} for s in names)
+        assert not any(c.startswith("load") for s in ("s2", "s3") for c in run.fakes[s].calls)
+    else:
+        assert all(c.outcome is Outcome.CONVERGED for c in result.changes)
+        assert all(run.fakes[s].ready("m") == {2} for s in names)
