@@ -631,7 +631,7 @@ def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
                 )
             )
             continue
-        if kind not in KIND_SCHEMAS:
+        if not isinstance(kind, str) or kind not in KIND_SCHEMAS:
             problems.append(
                 doc.problem(
                     ("kind",),
