@@ -280,10 +280,10 @@ def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[
             if document is None:
                 continue
             if not isinstance(document, CommentedMap):
-                line = document.lc.line + 1 if hasattr(document, "lc") else 1
+                line = _start_line(document)
                 problems.append(Problem(file, line, "a manifest must be a mapping"))
                 continue
-            doc = _Document(file, document, document.lc.line + 1)
+            doc = _Document(file, document, _start_line(document))
             foreign = _foreign_value(document, ())
             if foreign is not None:
                 path, value = foreign
@@ -296,6 +296,12 @@ def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[
                 )
                 continue
             yield doc
+
+
+def _start_line(node: Any) -> int:
+    # Some documents carry no position: a lone '=' is the YAML 1.1 value key, for one.
+    line = getattr(getattr(node, "lc", None), "line", None)
+    return line + 1 if isinstance(line, int) else 1
 
 
 _JSON_SCALARS = (str, int, float, type(None))

@@ -173,6 +173,11 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], str, int | None]] = {
         r"not text: character U\+0000 is not allowed in YAML: binary\?",
         8,
     ),
+    "a document with no position (the YAML 1.1 value key)": (
+        lambda: b"=",
+        r"a manifest must be a mapping",
+        1,
+    ),
     "duplicate keys": (
         lambda: (HEAD + "  versions: [2]\n").encode(),
         r'invalid YAML: found duplicate key "versions"',
