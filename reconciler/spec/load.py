@@ -28,7 +28,8 @@ from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.composer import Composer
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
-from ruamel.yaml.events import AliasEvent
+from ruamel.yaml.events import AliasEvent, ScalarEvent
+from ruamel.yaml.nodes import MappingNode, ScalarNode
 from ruamel.yaml.reader import ReaderError
 
 from reconciler.analysis import AnalysisSpec, Check, NoTraffic
@@ -214,6 +215,12 @@ class _BoundedComposer(Composer):
     def compose_node(self, parent: Any, index: Any) -> Any:
         event = self.parser.peek_event()
         anchor = event.anchor
+        if isinstance(parent, MappingNode) and index is None:
+            # ruamel cannot hash a key mapping that holds a mapping (TypeError), and JSON keys
+            # are text: a key must be a scalar, or an alias of one.
+            scalar = isinstance(self.anchors.get(anchor), ScalarNode)
+            if not (scalar if isinstance(event, AliasEvent) else isinstance(event, ScalarEvent)):
+                raise _Refused(None, None, "a list or mapping used as a key", event.start_mark)
         if isinstance(event, AliasEvent):
             if anchor in self._open:
                 raise _Refused(None, None, f"alias *{anchor} refers to itself", event.start_mark)

@@ -178,6 +178,11 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], str, int | None]] = {
         r"a manifest must be a mapping",
         1,
     ),
+    "a mapping as a key": (
+        lambda: (HEAD + "  config:\n    ? {a: {b: c}}\n    : 1\n").encode(),
+        r"YAML refused: a list or mapping used as a key",
+        9,
+    ),
     "duplicate keys": (
         lambda: (HEAD + "  versions: [2]\n").encode(),
         r'invalid YAML: found duplicate key "versions"',
