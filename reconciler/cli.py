@@ -55,7 +55,12 @@ from reconciler.review import (
     problems_json,
 )
 from reconciler.spec import load_desired_state, manifest_files_in
-from reconciler.spec.load import analysis_source_problems, attach_shadow_requests
+from reconciler.spec.load import (
+    MAX_SHADOW_FILE_BYTES,
+    analysis_source_problems,
+    attach_shadow_requests,
+    read_in_directory,
+)
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -501,7 +506,7 @@ def _validate(args: argparse.Namespace) -> int:
     try:
         desired = attach_shadow_requests(
             load_desired_state(manifest_files_in(args.dir)),
-            lambda name: (args.dir / name).read_bytes() if (args.dir / name).is_file() else None,
+            lambda name: read_in_directory(args.dir, name, MAX_SHADOW_FILE_BYTES),
         )
         problems = analysis_source_problems(desired, prometheus=args.prometheus_url is not None)
         if problems:

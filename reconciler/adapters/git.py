@@ -22,7 +22,12 @@ from reconciler.adapters.credentials import redact
 from reconciler.errors import SourceUnavailable
 from reconciler.faults import fault_point
 from reconciler.spec.edit import restore_deployment
-from reconciler.spec.load import MANIFEST_SUFFIXES
+from reconciler.spec.load import (
+    MANIFEST_SUFFIXES,
+    MAX_MANIFEST_BYTES,
+    MAX_SHADOW_FILE_BYTES,
+    UnreadFile,
+)
 
 _REFSPECS = [
     "+refs/heads/*:refs/remotes/origin/*",
@@ -93,8 +98,7 @@ class Revision:
     """The manifest files at one commit."""
 
     sha: str
-    files: dict[str, bytes]
-    skipped: tuple[str, ...] = ()  # paths passed over (symbolic links), for the report
+    files: dict[str, bytes]  # links and files too large stand as UnreadFile: refused by name
 
 
 class GitSource:
@@ -163,7 +167,6 @@ class GitSource:
                     f"{redact(self.url)} has no folder {prefix!r} at {commit.hexsha}"
                 ) from exc
         files: dict[str, bytes] = {}
-        skipped: list[str] = []
         for item in tree.traverse():
             if not isinstance(item, git.Blob):
                 continue
@@ -172,12 +175,16 @@ class GitSource:
                 continue
             if item.mode == _SYMLINK_MODE:
                 # A link could point anywhere, outside the repository included: never follow.
-                skipped.append(name)
-                continue
-            files[name] = item.data_stream.read()
-        return Revision(commit.hexsha, files, tuple(skipped))
+                files[name] = UnreadFile.link(item.data_stream.read().decode(errors="replace"))
+            elif item.size > MAX_MANIFEST_BYTES:
+                files[name] = UnreadFile.too_large()  # never read: a huge blob stays on disk
+            else:
+                files[name] = item.data_stream.read()
+        return Revision(commit.hexsha, files)
 
-    def read_file(self, commit: git.Commit, path: str, limit: int = 64 << 20) -> bytes | None:
+    def read_file(
+        self, commit: git.Commit, path: str, limit: int = MAX_SHADOW_FILE_BYTES
+    ) -> bytes | None:
         """One regular file of ``commit`` (None when it is absent, a link or too large)."""
         try:
             blob = commit.tree / path.strip("/")

@@ -9,22 +9,28 @@ server references, one deployment per model and server) follow them here.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from functools import cache
 from importlib import resources
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import jsonschema
 import referencing
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.composer import Composer
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.events import AliasEvent, ScalarEvent
+from ruamel.yaml.nodes import MappingNode, ScalarNode
+from ruamel.yaml.reader import ReaderError
 
 from reconciler.analysis import AnalysisSpec, Check, NoTraffic
 from reconciler.errors import Problem, ValidationError
@@ -50,7 +56,11 @@ KIND_SCHEMAS = {
     "ModelDeployment": "model-deployment.schema.json",
 }
 MANIFEST_SUFFIXES = (".yaml", ".yml")
-MAX_MANIFEST_BYTES = 1 << 20
+# Caps that keep hostile manifests (YAML bombs, deep nesting, huge files) bounded in time and
+# memory. A real manifest is a few kilobytes, a few levels deep, a few hundred values.
+MAX_MANIFEST_BYTES = 1 << 20  # per file, checked before parsing
+MAX_YAML_DEPTH = 64  # nesting of collections, counted through aliases
+MAX_YAML_VALUES = 100_000  # per file, every alias counted as the values it stands for
 
 JsonPath = tuple[str | int, ...]
 
@@ -83,8 +93,32 @@ def _validators() -> dict[str, jsonschema.protocols.Validator]:
     }
 
 
+class UnreadFile(bytes):
+    """A manifest path that was not read, and why: a symbolic link (followed, it could read
+    outside the repository; skipped, its models would be unloaded) or a file too large. It
+    stands in the files given to ``load_desired_state`` so the path is refused by name."""
+
+    why: str
+
+    def __new__(cls, why: str) -> UnreadFile:
+        unread = super().__new__(cls, b"")
+        unread.why = why
+        return unread
+
+    @staticmethod
+    def link(target: str) -> UnreadFile:
+        return UnreadFile(
+            f"a symbolic link (to {target!r}); a manifest must be a regular file, not read"
+        )
+
+    @staticmethod
+    def too_large() -> UnreadFile:
+        return UnreadFile(f"file is larger than {MAX_MANIFEST_BYTES} bytes, not read")
+
+
 def manifest_files_in(directory: Path) -> dict[str, bytes]:
-    """Every *.yaml / *.yml under ``directory`` (hidden folders skipped), by relative path."""
+    """Every *.yaml / *.yml under ``directory`` (hidden folders skipped), by relative path;
+    links are never followed (see UnreadFile)."""
     if not directory.is_dir():
         raise ValidationError([Problem(str(directory), 0, "no such directory")])
     files: dict[str, bytes] = {}
@@ -92,8 +126,13 @@ def manifest_files_in(directory: Path) -> dict[str, bytes]:
         relative = path.relative_to(directory)
         if any(part.startswith(".") for part in relative.parts[:-1]):
             continue
-        if path.suffix in MANIFEST_SUFFIXES and path.is_file():
-            files[relative.as_posix()] = path.read_bytes()
+        if path.suffix not in MANIFEST_SUFFIXES:
+            continue
+        if path.is_symlink():
+            files[relative.as_posix()] = UnreadFile.link(str(path.readlink()))
+        elif path.is_file():
+            too_large = path.stat().st_size > MAX_MANIFEST_BYTES
+            files[relative.as_posix()] = UnreadFile.too_large() if too_large else path.read_bytes()
     return files
 
 
@@ -143,24 +182,103 @@ def plain(value: Any) -> Any:
     return value
 
 
+class _Refused(MarkedYAMLError):
+    """A YAML stream refused for its shape (too deep, too many values), not its syntax."""
+
+
+class _BoundedComposer(Composer):
+    """ruamel's composer, refusing a stream before it grows past the caps. Aliases are
+    counted as what they stand for, so a billion laughs is refused while still small; an
+    alias inside its own anchor (a cycle) is refused too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._values = 0
+        self._level = 0  # nesting of the node being composed
+        self._reach = 0  # the deepest level reached so far, aliases expanded
+        self._open: set[str] = set()  # anchors being composed
+        self._size: dict[str, tuple[int, int]] = {}  # anchor -> (values, levels below it)
+
+    def _grow(self, values: int, reach: int, mark: Any) -> None:
+        self._values += values
+        self._reach = max(self._reach, reach)
+        if self._reach > MAX_YAML_DEPTH:
+            raise _Refused(None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", mark)
+        if self._values > MAX_YAML_VALUES:
+            raise _Refused(
+                None,
+                None,
+                f"more than {MAX_YAML_VALUES} values (aliases counted as what they stand for)",
+                mark,
+            )
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        event = self.parser.peek_event()
+        anchor = event.anchor
+        if isinstance(parent, MappingNode) and index is None:
+            # ruamel cannot hash a key mapping that holds a mapping (TypeError), and JSON keys
+            # are text: a key must be a scalar, or an alias of one.
+            scalar = isinstance(self.anchors.get(anchor), ScalarNode)
+            if not (scalar if isinstance(event, AliasEvent) else isinstance(event, ScalarEvent)):
+                raise _Refused(None, None, "a list or mapping used as a key", event.start_mark)
+        if isinstance(event, AliasEvent):
+            if anchor in self._open:
+                raise _Refused(None, None, f"alias *{anchor} refers to itself", event.start_mark)
+            values, below = self._size.get(anchor, (1, 0))
+            self._grow(values, self._level + 1 + below, event.start_mark)
+            return super().compose_node(parent, index)
+        self._level += 1
+        values_before, reach_before = self._values, self._reach
+        self._reach = 0
+        self._grow(1, self._level, event.start_mark)
+        if anchor is not None:
+            self._open.add(anchor)
+        node = super().compose_node(parent, index)
+        if anchor is not None:
+            self._open.discard(anchor)
+            self._size[anchor] = (self._values - values_before, self._reach - self._level)
+        self._reach = max(self._reach, reach_before)
+        self._level -= 1
+        return node
+
+
 def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[_Document]:
     for file, content in sorted(files.items()):
         if len(content) > MAX_MANIFEST_BYTES:
-            problems.append(Problem(file, 1, f"file is larger than {MAX_MANIFEST_BYTES} bytes"))
+            content = UnreadFile.too_large()
+        if isinstance(content, UnreadFile):
+            problems.append(Problem(file, 1, content.why))
             continue
         try:
             text = content.decode("utf-8")
         except UnicodeDecodeError as exc:
-            problems.append(Problem(file, 1, f"not UTF-8 text ({exc.reason})"))
+            problems.append(
+                Problem(file, 1, f"not UTF-8 text ({exc.reason} at byte {exc.start}): binary?")
+            )
             continue
         yaml = YAML(typ="rt")
         yaml.allow_duplicate_keys = False
+        yaml.Composer = _BoundedComposer
         try:
             loaded = list(yaml.load_all(text))
+        except _Refused as exc:
+            line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 1
+            problems.append(Problem(file, line, f"YAML refused: {exc.problem}"))
+            continue
         except MarkedYAMLError as exc:
             mark = exc.problem_mark or exc.context_mark
             line = mark.line + 1 if mark is not None else 1
             problems.append(Problem(file, line, f"invalid YAML: {exc.problem or exc}"))
+            continue
+        except ReaderError as exc:
+            line = text.count("\n", 0, exc.position) + 1
+            problems.append(
+                Problem(
+                    file,
+                    line,
+                    f"not text: character U+{exc.character:04X} is not allowed in YAML: binary?",
+                )
+            )
             continue
         except YAMLError as exc:
             problems.append(Problem(file, 1, f"invalid YAML: {exc}"))
@@ -169,10 +287,64 @@ def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[
             if document is None:
                 continue
             if not isinstance(document, CommentedMap):
-                line = document.lc.line + 1 if hasattr(document, "lc") else 1
+                line = _start_line(document)
                 problems.append(Problem(file, line, "a manifest must be a mapping"))
                 continue
-            yield _Document(file, document, document.lc.line + 1)
+            doc = _Document(file, document, _start_line(document))
+            foreign = _foreign_value(document, ())
+            if foreign is not None:
+                path, value = foreign
+                problems.append(
+                    doc.problem(
+                        path,
+                        f"{_where(path)}: a YAML {_yaml_type(value)} is not a manifest value "
+                        "(text, number, boolean, null, list or mapping); quote it if it is text",
+                    )
+                )
+                continue
+            yield doc
+
+
+def _start_line(node: Any) -> int:
+    # Some documents carry no position: a lone '=' is the YAML 1.1 value key, for one.
+    line = getattr(getattr(node, "lc", None), "line", None)
+    return line + 1 if isinstance(line, int) else 1
+
+
+_JSON_SCALARS = (str, int, float, type(None))
+
+
+def _foreign_value(value: Any, path: JsonPath) -> tuple[JsonPath, Any] | None:
+    """The first value (with its path) that JSON cannot hold: timestamps, sets, binary,
+    tagged scalars. Keys are text once loaded (see ``plain``)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _foreign_value(item, (*path, str(key)))
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _foreign_value(item, (*path, index))
+            if found is not None:
+                return found
+        return None
+    return None if isinstance(value, _JSON_SCALARS) else (path, value)
+
+
+def _yaml_type(value: Any) -> str:
+    if isinstance(value, datetime.date):  # datetimes too
+        return "timestamp"
+    if isinstance(value, AbstractSet):
+        return "set"
+    if isinstance(value, bytes):
+        return "binary value"
+    return f"value tagged {getattr(value, 'tag', None) or type(value).__name__}"
+
+
+def _where(path: JsonPath) -> str:
+    """A path as the schema messages write it: spec.versions[0]."""
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
 
 
 def _specific(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
@@ -192,11 +364,11 @@ def _specific(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
 
 def _schema_message(error: jsonschema.ValidationError) -> str:
     error = _specific(error)
-    where = ".".join(
-        f"[{p}]" if isinstance(p, int) else str(p) for p in error.absolute_path
-    ).replace(".[", "[")
+    where = _where(tuple(error.absolute_path))
     if error.validator == "not" and error.absolute_path and error.absolute_path[-1] == "config":
         message = "version_policy is set by the reconciler from spec.versions; remove it"
+    elif error.validator == "not" and where.endswith("shadow.requests"):
+        message = f"{error.instance!r} must stay inside the repository: no '..' part, no '\\'"
     elif error.validator == "oneOf" and "checks" in error.absolute_path:
         message = (
             "a check needs exactly one of successRate, latency, memory or promql "
@@ -472,7 +644,7 @@ def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
                 )
             )
             continue
-        if kind not in KIND_SCHEMAS:
+        if not isinstance(kind, str) or kind not in KIND_SCHEMAS:
             problems.append(
                 doc.problem(
                     ("kind",),
@@ -647,6 +819,21 @@ def _dependency_problems(
 
 
 MAX_SHADOW_REQUESTS = 10_000
+MAX_SHADOW_FILE_BYTES = 64 << 20
+
+
+def read_in_directory(directory: Path, name: str, limit: int) -> bytes | None:
+    """The regular file ``name`` under ``directory`` (at most ``limit + 1`` bytes), or None
+    when it is absent, escapes the directory or passes through a symbolic link: what a Git
+    tree gives for the same name (GitSource.read_file)."""
+    path = directory
+    for part in PurePosixPath(name).parts:
+        if part in ("/", "..") or path.is_symlink():
+            return None
+        path = path / part
+    if path.is_symlink() or not path.is_file() or path.stat().st_size > limit:
+        return None
+    return path.read_bytes()
 
 
 def attach_shadow_requests(
@@ -669,12 +856,14 @@ def attach_shadow_requests(
             deployments.append(deployment)
             continue
         content = read(shadow.requests_file)
-        if content is None:
+        if content is None or len(content) > MAX_SHADOW_FILE_BYTES:
             problems.append(
                 Problem(
                     shadow.location.file,
                     shadow.location.line,
-                    f"shadow requests file {shadow.requests_file!r} is not in the repository",
+                    f"shadow requests file {shadow.requests_file!r} is not in the repository "
+                    f"as a regular file (absent, a symbolic link or over {MAX_SHADOW_FILE_BYTES} "
+                    "bytes)",
                 )
             )
             continue
@@ -684,8 +873,10 @@ def attach_shadow_requests(
                 continue
             try:
                 request = json.loads(line)
-            except ValueError as exc:
-                problems.append(Problem(shadow.requests_file, number, f"not JSON: {exc}"))
+            except (ValueError, RecursionError) as exc:
+                # json refuses deep nesting with RecursionError: a bomb, not a crash.
+                why = "nested too deeply" if isinstance(exc, RecursionError) else exc
+                problems.append(Problem(shadow.requests_file, number, f"not JSON: {why}"))
                 continue
             errors = list(validator.iter_errors(request))
             if errors:

@@ -10,6 +10,7 @@ import pytest
 from reconciler.adapters.credentials import redact
 from reconciler.adapters.git import GitSource
 from reconciler.errors import SourceUnavailable
+from reconciler.spec.load import UnreadFile
 from tests.conftest import ManifestRepo, git
 
 
@@ -33,15 +34,16 @@ def test_reads_branch_tag_and_commit(manifests: ManifestRepo, tmp_path: Path) ->
         source.revision("nope")
 
 
-def test_reads_a_folder_and_skips_links(manifests: ManifestRepo, tmp_path: Path) -> None:
+def test_reads_a_folder_and_never_follows_links(manifests: ManifestRepo, tmp_path: Path) -> None:
     manifests.write("deploy/prod/a.yml", "a: 1\n")
     manifests.write("deploy/staging/b.yaml", "b: 1\n")
     manifests.write("other/c.yaml", "c: 1\n")
     (manifests.work / "deploy" / "prod" / "escape.yaml").symlink_to("/etc/passwd")
     manifests.commit("layout")
     revision = GitSource(manifests.url, tmp_path / "cache").revision(path="deploy/prod")
-    assert revision.files == {"deploy/prod/a.yml": b"a: 1\n"}
-    assert revision.skipped == ("deploy/prod/escape.yaml",)
+    assert revision.files == {"deploy/prod/a.yml": b"a: 1\n", "deploy/prod/escape.yaml": b""}
+    link = revision.files["deploy/prod/escape.yaml"]
+    assert isinstance(link, UnreadFile) and "(to '/etc/passwd')" in link.why  # refused by name
     with pytest.raises(SourceUnavailable, match="no folder 'missing'"):
         GitSource(manifests.url, tmp_path / "cache").revision(path="missing")
 
