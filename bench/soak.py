@@ -43,6 +43,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sqlite3
 import statistics
 import sys
@@ -280,121 +281,128 @@ def memory_sample(
 def run_arm(arm: str, library: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     extra_env = {"LD_PRELOAD": str(library)} if library else {}
     print(f"arm {arm}: LD_PRELOAD={library or '(none)'}", file=sys.stderr)
-    with tempfile.TemporaryDirectory(prefix=f"bench-soak-{arm}-") as tmp:
-        root = Path(tmp)
-        repository = write_model_repository(root / "models")
-        servers = [
-            LocalTriton(repository, log_file=root / f"{name}.log", extra_env=extra_env)
-            for name in SERVERS
+    # The work folder (server and service logs) is removed only when the arm succeeds.
+    root = Path(tempfile.mkdtemp(prefix=f"bench-soak-{arm}-"))
+    repository = write_model_repository(root / "models")
+    servers = [
+        LocalTriton(repository, log_file=root / f"{name}.log", extra_env=extra_env)
+        for name in SERVERS
+    ]
+    service: Service | None = None
+    loads: list[LoadGenerator] = []
+    indexes: list[Index] = []
+    try:
+        for server in servers:
+            server.start()
+        indexes = [Index(s.grpc_address) for s in servers]
+        server_version = str(indexes[0].client.get_server_metadata(as_json=True)["version"])
+        mapped = [
+            preloaded(s.process.pid, library) if library and s.process else None for s in servers
         ]
-        service: Service | None = None
-        loads: list[LoadGenerator] = []
-        indexes: list[Index] = []
-        try:
-            for server in servers:
-                server.start()
-            indexes = [Index(s.grpc_address) for s in servers]
-            server_version = str(indexes[0].client.get_server_metadata(as_json=True)["version"])
-            mapped = [
-                preloaded(s.process.pid, library) if library and s.process else None
-                for s in servers
-            ]
-            if library and not all(mapped):
-                raise BenchError(f"{library} is not mapped into every tritonserver")
-            manifests = ManifestRepo(root / "git")
-            manifests.write(
-                "servers.yaml",
-                "---\n".join(
-                    server_doc(name, s.grpc_address, repository, metrics=s.metrics_url)
-                    for name, s in zip(SERVERS, servers, strict=True)
-                ),
-            )
-            doc = lambda version: soak_doc(version, args.interval, args.duration)  # noqa: E731
-            manifests.write("echo.yaml", doc(GOOD[0]))
-            manifests.commit(f"echo {GOOD[0]}")
-            service = Service(manifests.url, root / "service", args.watch_interval).start()
-            service.wait_passes(0, 300, "the first pass (deploys echo 1)")
-            if problem := settled_on(indexes, GOOD[0], 120):
-                raise BenchError(f"echo {GOOD[0]} not deployed on both servers: {problem}")
+        if library and not all(mapped):
+            raise BenchError(f"{library} is not mapped into every tritonserver")
+        manifests = ManifestRepo(root / "git")
+        manifests.write(
+            "servers.yaml",
+            "---\n".join(
+                server_doc(name, s.grpc_address, repository, metrics=s.metrics_url)
+                for name, s in zip(SERVERS, servers, strict=True)
+            ),
+        )
+        doc = lambda version: soak_doc(version, args.interval, args.duration)  # noqa: E731
+        manifests.write("echo.yaml", doc(GOOD[0]))
+        manifests.commit(f"echo {GOOD[0]}")
+        service = Service(manifests.url, root / "service", args.watch_interval).start()
+        service.wait_passes(0, 300, "the first pass (deploys echo 1)")
+        if problem := settled_on(indexes, GOOD[0], 120):
+            raise BenchError(f"echo {GOOD[0]} not deployed on both servers: {problem}")
 
-            loads = [
-                LoadGenerator(s.grpc_address, MODEL, threads=args.threads).start() for s in servers
-            ]
-            for load in loads:
-                load.wait_for_samples(50, timeout=60)
-            attribution = Attribution(loads)
-            started = time.monotonic()
-            memory = [memory_sample(0, service, servers, started)]
-            swaps: list[dict[str, Any]] = []
-            current = GOOD[0]
-            for number in range(1, args.swaps + 1):
-                bad = args.bad_every > 0 and number % args.bad_every == 0
-                target = BAD if bad else (GOOD[1] if current == GOOD[0] else GOOD[0])
-                manifests.write("echo.yaml", doc(target))
-                sha = manifests.commit(f"echo {target}")
-                before = service.pass_count()
-                attribution.collect()
-                t0 = time.monotonic()
-                attribution.open(t0)
-                status = service.reconcile_now()
-                if status != 202:
-                    raise BenchError(f"POST /reconcile answered {status}")
-                service.wait_passes(before, 300, f"swap {number}'s pass is counted")
-                t1 = time.monotonic()
-                expected = current if bad else target
-                problem = settled_on(indexes, expected, 120)
-                attribution.close(time.monotonic())
-                record = state_record(service.workdir / "state.db", sha)
-                outcomes = set(record["outcomes"].values())
-                held = record["holds"].get(MODEL) == sha
-                want = "reverted" if bad else "converged"
-                swaps.append(
-                    {
-                        "swap": number,
-                        "from": current,
-                        "to": target,
-                        "bad": bad,
-                        "revision": sha,
-                        "pass_s": round(t1 - t0, 3),
-                        "settled": problem is None,
-                        "unsettled": problem,
-                        "outcomes": record["outcomes"],
-                        "held": held,
-                        "holds": record["holds"],
-                        "as_expected": problem is None
-                        and outcomes == {want}
-                        and len(record["outcomes"]) == len(SERVERS)
-                        and held == bad,
-                    }
-                )
-                memory.append(memory_sample(number, service, servers, started))
-                if not bad:
-                    current = target
-                last = swaps[-1]
-                print(
-                    f"  [{arm}] swap {number:>3} {last['from']}->{target}"
-                    f"{' (bad)' if bad else '      '} pass {last['pass_s']:6.2f} s  "
-                    f"{'ok' if last['as_expected'] else 'NOT AS EXPECTED'}  service "
-                    f"{memory[-1]['service_kb'] / 1024:.1f} MB  triton "
-                    + " / ".join(f"{kb / 1024:.0f}" for kb in memory[-1]["triton_kb"])
-                    + " MB",
-                    file=sys.stderr,
-                )
-            time.sleep(1.0)  # the last requests come in
+        loads = [
+            LoadGenerator(s.grpc_address, MODEL, threads=args.threads).start() for s in servers
+        ]
+        for load in loads:
+            load.wait_for_samples(50, timeout=60)
+        attribution = Attribution(loads)
+        started = time.monotonic()
+        memory = [memory_sample(0, service, servers, started)]
+        swaps: list[dict[str, Any]] = []
+        current = GOOD[0]
+        for number in range(1, args.swaps + 1):
+            bad = args.bad_every > 0 and number % args.bad_every == 0
+            target = BAD if bad else (GOOD[1] if current == GOOD[0] else GOOD[0])
+            manifests.write("echo.yaml", doc(target))
+            sha = manifests.commit(f"echo {target}")
+            before = service.pass_count()
             attribution.collect()
-            seconds = time.monotonic() - started
-        except BenchError as exc:
-            tails = "\n".join(f"{s.log_file}:\n{s.log_tail(15)}" for s in servers)
-            raise BenchError(f"arm {arm}: {exc}\ntritonserver log tails:\n{tails}") from exc
-        finally:
-            for load in loads:
-                load.stop()
-            for index in indexes:
-                index.close()
-            if service is not None:
-                service.stop()
-            for server in servers:
-                server.stop()
+            t0 = time.monotonic()
+            attribution.open(t0)
+            status = service.reconcile_now()
+            if status != 202:
+                raise BenchError(f"POST /reconcile answered {status}")
+            service.wait_passes(before, 300, f"swap {number}'s pass is counted")
+            t1 = time.monotonic()
+            expected = current if bad else target
+            problem = settled_on(indexes, expected, 120)
+            attribution.close(time.monotonic())
+            record = state_record(service.workdir / "state.db", sha)
+            outcomes = set(record["outcomes"].values())
+            held = record["holds"].get(MODEL) == sha
+            want = "reverted" if bad else "converged"
+            swaps.append(
+                {
+                    "swap": number,
+                    "from": current,
+                    "to": target,
+                    "bad": bad,
+                    "revision": sha,
+                    "pass_s": round(t1 - t0, 3),
+                    "settled": problem is None,
+                    "unsettled": problem,
+                    "outcomes": record["outcomes"],
+                    "held": held,
+                    "holds": record["holds"],
+                    "as_expected": problem is None
+                    and outcomes == {want}
+                    and len(record["outcomes"]) == len(SERVERS)
+                    and held == bad,
+                }
+            )
+            memory.append(memory_sample(number, service, servers, started))
+            if not bad:
+                current = target
+            last = swaps[-1]
+            print(
+                f"  [{arm}] swap {number:>3} {last['from']}->{target}"
+                f"{' (bad)' if bad else '      '} pass {last['pass_s']:6.2f} s  "
+                f"{'ok' if last['as_expected'] else 'NOT AS EXPECTED'}  service "
+                f"{memory[-1]['service_kb'] / 1024:.1f} MB  triton "
+                + " / ".join(f"{kb / 1024:.0f}" for kb in memory[-1]["triton_kb"])
+                + " MB",
+                file=sys.stderr,
+            )
+        time.sleep(1.0)  # the last requests come in
+        attribution.collect()
+        seconds = time.monotonic() - started
+    except Exception as exc:
+        exits = {
+            name: s.process.poll() if s.process else None
+            for name, s in zip(SERVERS, servers, strict=True)
+        }
+        tails = "\n".join(f"{s.log_file}:\n{s.log_tail(15)}" for s in servers)
+        raise BenchError(
+            f"arm {arm}: {type(exc).__name__}: {exc}\ntritonserver exit codes (None: "
+            f"running): {exits}; logs kept in {root}\ntritonserver log tails:\n{tails}"
+        ) from exc
+    finally:
+        for load in loads:
+            load.stop()
+        for index in indexes:
+            index.close()
+        if service is not None:
+            service.stop()
+        for server in servers:
+            server.stop()
+    shutil.rmtree(root, ignore_errors=True)
     for swap, window in zip(swaps, attribution.windows, strict=True):
         swap["client"] = {
             "requests": window.requests,
@@ -641,6 +649,8 @@ def markdown(result: dict[str, Any]) -> str:
                 ),
             ]
         lines.append("")
+    for title, notes in result.get("notes", {}).items():  # written by hand after a run
+        lines += [f"### {title}", "", *(f"- {note}" for note in notes), ""]
     return "\n".join(lines)
 
 
