@@ -20,6 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,6 +103,9 @@ class LocalTriton:
     metrics_port: int = 0
     log_file: Path | None = None
     extra_args: tuple[str, ...] = ()
+    # Set in the server's environment only (its backend stubs inherit it), e.g. LD_PRELOAD
+    # of another malloc for the soak benchmark; never in this process's own environment.
+    extra_env: Mapping[str, str] = field(default_factory=dict)
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
@@ -129,6 +133,7 @@ class LocalTriton:
         # The backend stub runs model.py with the first python on PATH; it must be the one
         # that has numpy, i.e. this interpreter's environment.
         env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        env.update(self.extra_env)
         command = [
             str(server / "bin" / "tritonserver"),
             f"--model-repository={self.model_repository}",
