@@ -171,9 +171,9 @@ class TritonServerClient:
     def model_state(self, model: str) -> ModelState:
         return ModelState(model, self._by_model(self._index()).get(model, ()))
 
-    def _config(self, model: str, versions: tuple[VersionState, ...]) -> Any:
-        """The config ``model`` runs with, from the cache while its index entries are the
-        ones it was read with and its recheck is not due; and the config's generation."""
+    def _config(self, model: str, versions: tuple[VersionState, ...]) -> _CachedConfig:
+        """The config ``model`` runs with (and its generation): from the cache while its
+        index entries are the ones it was read with and its recheck is not due."""
         now = self._clock()
         cached = self._configs.get(model)
         if cached is not None and cached.versions == versions and now < cached.due:
