@@ -66,6 +66,7 @@ from reconciler.errors import ReconcileError, UnsafeRevision, ValidationError
 from reconciler.faults import fault_point
 from reconciler.journal import Journal, unpushed
 from reconciler.plan import (
+    Action,
     History,
     Hold,
     Plan,
@@ -425,6 +426,19 @@ def with_free_memory(
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
         return dict(zip(serving, pool.map(one, serving), strict=True))
+
+
+def loads_cut_off(result: ApplyResult) -> set[str]:
+    """Deployments whose load this pass left unfinished: cut off by --load-timeout (Triton
+    goes on loading) or by a server gone mid-load. Their journal entries stay, so the next
+    pass verifies and analyses the new versions even if the load ended in between and they
+    are READY by then (``plan._as_before``), rather than only dropping the old ones."""
+    return {
+        c.change.deployment
+        for c in result.changes
+        if c.change.deployment
+        and any(r.unreachable and r.step.action is Action.LOAD for r in c.steps)
+    }
 
 
 def next_managed(
@@ -813,7 +827,7 @@ def _reconcile(
             # Every staged rollout this pass ran has ended, one way or the other; a record
             # left over from a spec that changed since is dropped too.
             stages_ended=[r.deployment for r in plan_.rollouts]
-            + journal.deployments
+            + [n for n in journal.deployments if n not in loads_cut_off(result)]
             + [
                 name
                 for name, record in history.staged.items()

@@ -20,6 +20,7 @@ import re
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -277,6 +278,38 @@ def test_a_load_past_the_load_timeout_is_waited_for_and_not_started_again(
     assert (outcome, actions) == (Outcome.CONVERGED, ["verify", "unload"]), error
     assert load_calls(triton) == loads + 1  # the unload's (policy [7]); no second load of 7
     assert index(triton)["echo"][7] == "READY" and ready_versions(triton, "echo") == {7}
+
+
+def test_a_load_cut_off_that_ends_before_the_next_pass_is_still_verified(
+    manifests: ManifestRepo, verbose_triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """The cut-off load finishes between two passes: the next pass finds 1 and 7 READY, and
+    must still verify 7 (its smoke case) before dropping 1, not only unload 1."""
+    triton = verbose_triton
+    slow = "  config:\n    parameters: {init_seconds: {string_value: '6'}}\n"
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]) + slow)
+    manifests.commit("echo 1")
+    source = Source(manifests.url)
+    assert run_pass(source, settings_for(tmp_path / "r")).ok
+    settings = settings_for(tmp_path / "r", load_timeout=2.0)
+
+    manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"], expect_factor=7) + slow)
+    manifests.commit("echo 7, 6 s to initialize")
+    outcome, _, _ = the_change(run_pass(source, settings))
+    assert outcome is Outcome.FAILED
+    deadline = time.monotonic() + 60
+    while index(triton)["echo"] != {1: "READY", 7: "READY"}:
+        assert time.monotonic() < deadline, index(triton)
+        time.sleep(0.2)
+
+    # Seen as a rollout stopped midway (plan._as_before): the load of what is loaded already
+    # changes nothing, then 7's verify runs its smoke case, and only then 1 goes. Without
+    # the journal entry kept, this pass was a bare unload of 1.
+    verified = run_pass(source, settings)
+    outcome, error, actions = the_change(verified)
+    assert (outcome, actions) == (Outcome.CONVERGED, ["load", "verify", "unload"]), error
+    assert ready_versions(triton, "echo") == {7}
 
 
 # -- Prometheus and Alertmanager down ---------------------------------------------------------
