@@ -77,6 +77,21 @@ class _LastObservation:
 
 _EPOCHS = itertools.count()
 
+# tritonclient's own channel options (message sizes, keepalive), plus a bound on gRPC's
+# reconnect backoff (1 s up to 120 s by default): a client kept from pass to pass must find a
+# restarted server within a second, not minutes after it came back.
+_KEEPALIVE = triton_grpc.KeepAliveOptions()
+_CHANNEL = [
+    ("grpc.max_send_message_length", triton_grpc.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.max_receive_message_length", triton_grpc.MAX_GRPC_MESSAGE_SIZE),
+    ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
+    ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
+    ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
+    ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
 
 class TritonServerClient:
     """One Triton server, as the planner observes it and as apply drives it.
@@ -108,7 +123,7 @@ class TritonServerClient:
         self._generations = itertools.count()
         # Tokens of two clients never compare equal, even for one server.
         self._epoch = next(_EPOCHS)
-        self._client = triton_grpc.InferenceServerClient(url=address)
+        self._client = triton_grpc.InferenceServerClient(url=address, channel_args=_CHANNEL)
 
     @classmethod
     def for_server(cls, server: TritonServer, **options: Any) -> TritonServerClient:
