@@ -224,6 +224,13 @@ class PassMemory:
         }
         return frozenset(s for s, k in keys.items() if self._settled.get(s) == k), keys
 
+    def drop_unreachable(self, serving: Mapping[str, ServerState]) -> None:
+        """Close the clients of servers that did not answer: the next pass connects afresh
+        rather than through a channel that may still be backing off from the outage."""
+        for name, state in serving.items():
+            if not state.reachable and name in self._clients:
+                self._clients.pop(name)[1].close()
+
     @property
     def settled_servers(self) -> frozenset[str]:
         """Servers whose last plan had nothing to do (the next pass may skip them)."""
@@ -740,6 +747,8 @@ def _reconcile(
             settled, keys = (
                 memory.settled(desired, serving, history) if memory else (frozenset(), {})
             )
+            if memory:
+                memory.drop_unreachable(serving)
             readers = {
                 name: reader
                 for name, server in desired.servers.items()

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import tritonclient.grpc as triton_grpc
 
-from reconciler.local_triton import LocalTriton
+from reconciler.local_triton import LocalTriton, free_port
 from reconciler.loop import PassMemory, PassReport, Settings, Source, reconcile
 from reconciler.model_config import parse_pbtxt, with_versions
+from reconciler.spec.model import TritonServer
 from tests.conftest import ManifestRepo
 from tests.integration.flows import deployment_doc, ready_versions, server_doc
 
@@ -71,5 +72,20 @@ def test_kept_memory_settles_and_still_restores_hand_changes(
             assert [(c.server, c.model) for c in corrected] == [("edge-a", "echo")]
             config = by_hand.get_model_config("echo", as_json=True)["config"]
             assert [int(g["count"]) for g in config["instance_group"]] == [1]
+    finally:
+        memory.close()
+
+
+def test_a_server_that_did_not_answer_gets_a_new_client(tmp_path: Path) -> None:
+    """A kept channel may still be backing off from an outage when the server is back: the
+    pass after one that found the server unreachable connects afresh."""
+    settings = Settings(tmp_path / "cache", tmp_path / "state.db")
+    servers = {"edge-a": TritonServer("edge-a", f"127.0.0.1:{free_port()}")}
+    memory = PassMemory()
+    try:
+        first = memory.clients(servers, settings)["edge-a"]
+        assert memory.clients(servers, settings)["edge-a"] is first  # kept while it answers
+        memory.drop_unreachable({"edge-a": first.observe(["echo"])})  # nothing listens there
+        assert memory.clients(servers, settings)["edge-a"] is not first
     finally:
         memory.close()
