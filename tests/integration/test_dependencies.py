@@ -247,18 +247,31 @@ def load_calls(server: LocalTriton) -> int:
     return len(re.findall(r"Process for RepositoryModelLoad, rpc_ok=1, \d+ step START", text))
 
 
-def test_a_load_past_the_load_timeout_is_waited_for_and_not_started_again(
-    manifests: ManifestRepo, verbose_triton: LocalTriton, model_repository: Path, tmp_path: Path
-) -> None:
-    triton = verbose_triton
-    # Version 7 sleeps init_seconds in initialize; the other versions ignore it.
-    slow = "  config:\n    parameters: {init_seconds: {string_value: '20'}}\n"
+def echo_1_beside_a_slow_7(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    model_repository: Path,
+    tmp_path: Path,
+    init_seconds: int,
+) -> tuple[str, Source, Settings]:
+    """echo 1 deployed; the config that makes version 7 take ``init_seconds`` to initialise
+    (the other versions ignore it); settings with a 2 s load timeout."""
+    slow = f"  config:\n    parameters: {{init_seconds: {{string_value: '{init_seconds}'}}}}\n"
     manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]) + slow)
     manifests.commit("echo 1")
     source = Source(manifests.url)
     assert run_pass(source, settings_for(tmp_path / "r")).ok
-    settings = settings_for(tmp_path / "r", load_timeout=2.0)
+    return slow, source, settings_for(tmp_path / "r", load_timeout=2.0)
+
+
+def test_a_load_past_the_load_timeout_is_waited_for_and_not_started_again(
+    manifests: ManifestRepo, verbose_triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    triton = verbose_triton
+    slow, source, settings = echo_1_beside_a_slow_7(
+        manifests, triton, model_repository, tmp_path, 20
+    )
 
     manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"]) + slow)
     manifests.commit("echo 7, 20 s to initialize")
@@ -286,13 +299,9 @@ def test_a_load_cut_off_that_ends_before_the_next_pass_is_still_verified(
     """The cut-off load finishes between two passes: the next pass finds 1 and 7 READY, and
     must still verify 7 (its smoke case) before dropping 1, not only unload 1."""
     triton = verbose_triton
-    slow = "  config:\n    parameters: {init_seconds: {string_value: '6'}}\n"
-    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
-    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]) + slow)
-    manifests.commit("echo 1")
-    source = Source(manifests.url)
-    assert run_pass(source, settings_for(tmp_path / "r")).ok
-    settings = settings_for(tmp_path / "r", load_timeout=2.0)
+    slow, source, settings = echo_1_beside_a_slow_7(
+        manifests, triton, model_repository, tmp_path, 6
+    )
 
     manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"], expect_factor=7) + slow)
     manifests.commit("echo 7, 6 s to initialize")
