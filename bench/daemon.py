@@ -80,9 +80,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.rollback_latency import machine, provenance, summary
 from bench.swap_under_load import other_tritonservers
-from reconciler.local_triton import LocalTriton, free_port
-from reconciler.loop import Settings, Source, reconcile
-from reconciler.model_config import parse_pbtxt, with_versions
+from reconciler.core.triton_config import parse_pbtxt, with_versions
+from reconciler.loop.reconcile import reconcile
+from reconciler.model.settings import Settings
+from reconciler.model.source import Source
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import MODELS, ManifestRepo, write_model_repository
 from tests.integration.flows import deployment_doc, server_doc
 
@@ -822,8 +824,8 @@ def direct_timings(
     """The big parts of an idle pass timed one by one, without a profiler: fetch (and read),
     parse + validate the manifests, observe the server (index, configs, config.pbtxt)."""
     from reconciler.adapters.triton import TritonServerClient
-    from reconciler.loop import fetch
-    from reconciler.spec import load_desired_state
+    from reconciler.core.spec.desired import load_desired_state
+    from reconciler.loop.approval import fetch
 
     times: dict[str, list[float]] = {"fetch": [], "parse_validate": [], "observe": []}
     try:

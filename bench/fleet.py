@@ -103,12 +103,16 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 import reconciler.loop as loop
 from bench.machine import host
-from reconciler.errors import ReconcileError
-from reconciler.local_triton import LocalTriton, free_port
-from reconciler.loop import PassMemory, PassReport, Settings, Source, reconcile
-from reconciler.model_config import canonical, config_drift, merge, with_versions
-from reconciler.plan import plan as plan_fn
-from reconciler.plan import target_config
+from reconciler.core.plan.changes import target_config
+from reconciler.core.plan.planner import plan as plan_fn
+from reconciler.core.triton_config import canonical, config_drift, merge, with_versions
+from reconciler.loop.memory import PassMemory
+from reconciler.loop.reconcile import reconcile
+from reconciler.model.errors import ReconcileError
+from reconciler.model.reports import PassReport
+from reconciler.model.settings import Settings
+from reconciler.model.source import Source
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import MODELS as TEST_MODELS_DIR
 from tests.conftest import ManifestRepo, write_model_repository
 

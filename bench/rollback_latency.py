@@ -58,13 +58,16 @@ from typing import Any
 import tritonclient.grpc as triton_grpc
 
 from bench.machine import host
-from reconciler.analysis import RolloutVerdict
-from reconciler.apply import ChangeResult, Outcome
-from reconciler.errors import ReconcileError
-from reconciler.local_triton import LocalTriton
-from reconciler.loop import PassReport, Settings, Source, reconcile
-from reconciler.model_config import with_versions
-from reconciler.plan import Action
+from reconciler.core.triton_config import with_versions
+from reconciler.loop.reconcile import reconcile
+from reconciler.model.analysis import RolloutVerdict
+from reconciler.model.errors import ReconcileError
+from reconciler.model.plan import Action
+from reconciler.model.reports import PassReport
+from reconciler.model.results import ChangeResult, Outcome
+from reconciler.model.settings import Settings
+from reconciler.model.source import Source
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, write_model_repository
 from tests.integration.flows import server_doc
 from tests.loadgen import LoadGenerator, Sample

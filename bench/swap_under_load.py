@@ -53,17 +53,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import reconciler.apply as apply_module
 import tritonclient.grpc as triton_grpc
 
 import reconciler.adapters.triton as triton_adapter
-import reconciler.apply as apply_module
 import reconciler.cli as cli_module
 import reconciler.loop as loop_module
 from bench.machine import host
 from reconciler.adapters.git import GitSource
 from reconciler.adapters.state import StateStore
-from reconciler.local_triton import LocalTriton
-from reconciler.model_config import with_versions
+from reconciler.core.triton_config import with_versions
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, write_model_repository
 from tests.integration.flows import Reconciler, deployment_doc, server_doc
 from tests.loadgen import LoadGenerator, Sample

@@ -26,7 +26,7 @@ import tritonclient.grpc as triton_grpc
 from ruamel.yaml import YAML
 
 from reconciler.cli import main as triton_gitops
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 
 EXAMPLES = Path(__file__).resolve().parent
 

@@ -5,4 +5,6 @@ serve); one reconcile pass reads them at a commit, observes each server, compute
 and applies it step by step: load new versions beside the old, verify, then unload the old.
 """
 
+from __future__ import annotations
+
 __version__ = "0.1.0"

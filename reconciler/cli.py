@@ -20,23 +20,23 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 from reconciler import __version__
-from reconciler.adapters.git import GitCredentials, path_in_work_tree
-from reconciler.adapters.signatures import SignaturePolicy
+from reconciler.adapters.artifacts import tree_digest
+from reconciler.adapters.files import manifest_files_in, read_in_directory
+from reconciler.adapters.git import path_in_work_tree
+from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.state import StateStore
-from reconciler.artifacts import tree_digest
-from reconciler.daemon import Daemon, JsonLogFormatter, RunSettings
-from reconciler.errors import Problem, ReconcileError, ValidationError
-from reconciler.loop import (
-    RevertMode,
-    Settings,
-    Source,
-    diff_refs,
-    load_saved_plan,
-    reconcile,
-    save_plan,
-    status,
-)
-from reconciler.render import (
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.rules import analysis_source_problems
+from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES, attach_shadow_requests
+from reconciler.loop.reconcile import reconcile
+from reconciler.loop.review import diff_refs
+from reconciler.loop.status import status
+from reconciler.model.errors import Problem, ReconcileError, ValidationError
+from reconciler.model.settings import RevertMode, RunSettings, Settings
+from reconciler.model.source import GitCredentials, SignaturePolicy, Source
+from reconciler.service.daemon import Daemon
+from reconciler.service.telemetry import JsonLogFormatter
+from reconciler.views.render import (
     history_json,
     history_text,
     plan_json,
@@ -46,20 +46,13 @@ from reconciler.render import (
     status_json,
     status_text,
 )
-from reconciler.review import (
+from reconciler.views.review import (
     diff_json,
     diff_markdown,
     diff_text,
     github_annotations,
     plan_markdown,
     problems_json,
-)
-from reconciler.spec import load_desired_state, manifest_files_in
-from reconciler.spec.load import (
-    MAX_SHADOW_FILE_BYTES,
-    analysis_source_problems,
-    attach_shadow_requests,
-    read_in_directory,
 )
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 
 pytest_plugins = ("tests.services", "tests.signing")
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.local_triton import end_process_group, free_port
+from testkit.local_triton import end_process_group, free_port
 
 PROMETHEUS_BINARIES = ("prometheus",)
 ALERTMANAGER_BINARIES = ("prometheus-alertmanager", "alertmanager")

@@ -13,11 +13,7 @@ import socket
 from pathlib import Path
 from typing import Protocol
 
-from reconciler.errors import ReconcileError
-
-
-class DiscoveryFailed(ReconcileError):
-    """A name could not be resolved."""
+from reconciler.model.errors import DiscoveryFailed
 
 
 class Resolver(Protocol):

@@ -7,66 +7,36 @@ URLs never appear in errors.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import git
 
 from reconciler.adapters.credentials import redact
-from reconciler.errors import SourceUnavailable
+from reconciler.core.spec.edit import restore_deployment
+from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
+from reconciler.core.spec.yaml import MANIFEST_SUFFIXES, MAX_MANIFEST_BYTES, UnreadFile
 from reconciler.faults import fault_point
-from reconciler.spec.edit import restore_deployment
-from reconciler.spec.load import (
-    MANIFEST_SUFFIXES,
-    MAX_MANIFEST_BYTES,
-    MAX_SHADOW_FILE_BYTES,
-    UnreadFile,
-)
+from reconciler.model.errors import SourceUnavailable
+from reconciler.model.source import GitCredentials, PushedRevert, RevertEdit, Revision
 
 _REFSPECS = [
     "+refs/heads/*:refs/remotes/origin/*",
     "+refs/tags/*:refs/tags/*",
     "+HEAD:refs/remotes/origin/HEAD",
 ]
+
+
 _SYMLINK_MODE = 0o120000
+
+
 _NON_INTERACTIVE = {"GIT_TERMINAL_PROMPT": "0"}
+
+
 if "GIT_SSH_COMMAND" not in os.environ:
     _NON_INTERACTIVE["GIT_SSH_COMMAND"] = "ssh -o BatchMode=yes"
-
-
-@dataclass(frozen=True)
-class GitCredentials:
-    """Credentials for the manifest repository, from the environment or mounted files, never
-    from the repository. They reach git through its environment only: never argv, never a
-    URL, never a message."""
-
-    token: str | None = None  # HTTPS: sent as basic auth with ``username``
-    username: str = "x-access-token"
-    ssh_key: Path | None = None
-
-    def env(self) -> dict[str, str]:
-        env = dict(_NON_INTERACTIVE)
-        if self.token:
-            basic = base64.b64encode(f"{self.username}:{self.token}".encode()).decode()
-            env.update(
-                {
-                    "GIT_CONFIG_COUNT": "1",
-                    "GIT_CONFIG_KEY_0": "http.extraHeader",
-                    "GIT_CONFIG_VALUE_0": f"Authorization: Basic {basic}",
-                }
-            )
-        if self.ssh_key is not None:
-            env["GIT_SSH_COMMAND"] = (
-                f"ssh -i {self.ssh_key} -o IdentitiesOnly=yes -o BatchMode=yes "
-                "-o StrictHostKeyChecking=accept-new"
-            )
-        return env
 
 
 def git_error(exc: git.GitCommandError) -> str:
@@ -93,14 +63,6 @@ def path_in_work_tree(path: Path) -> str:
     return "" if relative == "." else relative
 
 
-@dataclass(frozen=True)
-class Revision:
-    """The manifest files at one commit."""
-
-    sha: str
-    files: dict[str, bytes]  # links and files too large stand as UnreadFile: refused by name
-
-
 class GitSource:
     def __init__(
         self,
@@ -110,7 +72,7 @@ class GitSource:
         credentials: GitCredentials | None = None,
     ) -> None:
         self.fetch_timeout = fetch_timeout
-        self.env = (credentials or GitCredentials()).env()
+        self.env = (credentials or GitCredentials()).env(_NON_INTERACTIVE)
         local = Path(url)
         self.url = str(local.resolve()) if "://" not in url and local.exists() else url
         key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
@@ -196,25 +158,6 @@ class GitSource:
 
     def revision(self, ref: str = "HEAD", path: str = "") -> Revision:
         return self.read(self.fetch(ref), path)
-
-
-@dataclass(frozen=True)
-class RevertEdit:
-    """Put one ModelDeployment (in ``file``) back to ``versions`` and ``config``."""
-
-    deployment: str
-    file: str
-    failed_fingerprint: str
-    versions: tuple[int, ...]
-    config: Mapping[str, Any] | None
-
-
-@dataclass(frozen=True)
-class PushedRevert:
-    branch: str
-    sha: str
-    deployments: tuple[str, ...]  # the ModelDeployments the commit restores
-    skipped: tuple[str, ...]  # changed by someone else meanwhile: left alone
 
 
 class GitWriter:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from reconciler.model_config import parse_pbtxt
+from reconciler.core.triton_config import parse_pbtxt
 
 
 def read_model(repository: str, model: str) -> tuple[dict[str, Any] | None, frozenset[int] | None]:

@@ -27,67 +27,28 @@ import re
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
-from reconciler.errors import ReconcileError, SourceUnavailable, UnsafeRevision
+from reconciler.model.errors import SourceUnavailable, TrustedKeysError
+from reconciler.model.source import CommitVerdict, SignaturePolicy, SignatureStatus
 
 # Without a last applied commit, ``all`` would check the whole history; this many commits back
 # from the new one is where it stops.
 DEFAULT_HISTORY_LIMIT = 100
+
+
 KEY_SUFFIXES = (".asc", ".gpg")
+
+
 _TIMEOUT = 120.0
+
+
 _TRAILER_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
+
+
 # gpg.conf of the reconciler's keyring: never reach out for keys, never start an agent
 # (verifying needs no secret key).
 _GPG_CONF = "no-autostart\nno-auto-key-retrieve\nno-auto-key-import\n"
-
-
-class TrustedKeysError(ReconcileError):
-    """The trusted-keys folder cannot be turned into a keyring (missing, empty, not keys)."""
-
-
-class UnverifiedRevision(UnsafeRevision):
-    """A revision refused because commits it brings are not signed by a trusted key."""
-
-    def __init__(self, verdicts: Sequence[CommitVerdict]) -> None:
-        self.verdicts = tuple(verdicts)
-        failed = [v for v in self.verdicts if not v.ok]
-        super().__init__(
-            f"refusing revision: {len(failed)} commit(s) not signed by a trusted key: "
-            + "; ".join(str(v) for v in failed)
-        )
-
-
-class HistoryRewritten(UnsafeRevision):
-    """The tracked branch no longer descends from the last applied commit (a force-push)."""
-
-    def __init__(self, old: str, new: str) -> None:
-        self.old, self.new = old, new
-        super().__init__(
-            f"refusing revision {new}: it does not descend from the last applied revision "
-            f"{old} (the branch was rewritten); the last applied revision keeps serving until "
-            "an operator accepts the rewrite"
-        )
-
-
-class SignaturePolicy(StrEnum):
-    """``--verify-signatures``: which commits must be signed."""
-
-    HEAD = "head"  # the commit being applied
-    ALL = "all"  # every commit since the last applied one
-
-
-class SignatureStatus(StrEnum):
-    GOOD = "good"
-    UNSIGNED = "unsigned"
-    BAD = "bad-signature"  # the commit was altered after signing, or the signature is forged
-    UNKNOWN_KEY = "unknown-key"  # signed by a key that is not among the trusted keys
-    UNTRUSTED_KEY = "untrusted-key"  # a known key whose validity gpg does not accept
-    EXPIRED_KEY = "expired-key"
-    EXPIRED_SIGNATURE = "expired-signature"
-    REVOKED_KEY = "revoked-key"
 
 
 # git's %G? letters (git-log(1), "PRETTY FORMATS").
@@ -101,38 +62,6 @@ _STATUS_BY_LETTER = {
     "E": SignatureStatus.UNKNOWN_KEY,
     "N": SignatureStatus.UNSIGNED,
 }
-
-
-@dataclass(frozen=True)
-class CommitVerdict:
-    """Whether one commit may be applied, as far as its signature goes."""
-
-    commit: str  # full SHA
-    status: SignatureStatus
-    signer: str | None = None  # primary key fingerprint (or, if unknown, the signing key id)
-    signer_name: str = ""  # the key's user id, as gpg reports it
-
-    @property
-    def ok(self) -> bool:
-        return self.status is SignatureStatus.GOOD
-
-    @property
-    def reason(self) -> str:
-        key = f" {self.signer}" if self.signer else ""
-        who = f" ({self.signer_name})" if self.signer_name else ""
-        return {
-            SignatureStatus.GOOD: f"good signature by trusted key{key}{who}",
-            SignatureStatus.UNSIGNED: "not signed",
-            SignatureStatus.BAD: f"bad signature{key}: the commit does not match its signature",
-            SignatureStatus.UNKNOWN_KEY: f"signed by key{key}, which is not a trusted key",
-            SignatureStatus.UNTRUSTED_KEY: f"signed by key{key}{who}, which is not trusted",
-            SignatureStatus.EXPIRED_KEY: f"signed by key{key}{who}, which has expired",
-            SignatureStatus.EXPIRED_SIGNATURE: f"signature by key{key}{who} has expired",
-            SignatureStatus.REVOKED_KEY: f"signed by key{key}{who}, which is revoked",
-        }[self.status]
-
-    def __str__(self) -> str:
-        return f"{self.commit[:12]}: {self.reason}"
 
 
 def _clean_env(gnupg_home: Path | None = None) -> dict[str, str]:

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.faults import fault_point
-from reconciler.plan import History, Hold, StagedRecord
-from reconciler.rollouts import AppliedSpec, Rollout
+from reconciler.model.history import AppliedSpec, History, Hold, Rollout, StagedRecord
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS managed (
@@ -100,6 +99,8 @@ CREATE TABLE IF NOT EXISTS open_alerts (
 
 
 log = logging.getLogger("triton_gitops.state")
+
+
 _SIDE_FILES = ("", "-wal", "-shm")  # SQLite's WAL and shared-memory files go with the store
 
 

@@ -25,8 +25,15 @@ from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.model_repository import read_model
-from reconciler.errors import LoadFailed, ServerUnavailable, StepFailed, UnloadFailed, VerifyFailed
-from reconciler.serving import (
+from reconciler.core.smoke import as_array
+from reconciler.model.errors import (
+    LoadFailed,
+    ServerUnavailable,
+    StepFailed,
+    UnloadFailed,
+    VerifyFailed,
+)
+from reconciler.model.serving import (
     READY,
     ModelInterface,
     ModelState,
@@ -34,8 +41,7 @@ from reconciler.serving import (
     TensorSignature,
     VersionState,
 )
-from reconciler.smoke import as_array
-from reconciler.spec.model import Tensor, TritonServer
+from reconciler.model.spec import Tensor, TritonServer
 
 _UNREACHABLE = {"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"}
 
@@ -77,10 +83,13 @@ class _LastObservation:
 
 _EPOCHS = itertools.count()
 
+
 # tritonclient's own channel options (message sizes, keepalive), plus a bound on gRPC's
 # reconnect backoff (1 s up to 120 s by default): a client kept from pass to pass must find a
 # restarted server within a second, not minutes after it came back.
 _KEEPALIVE = triton_grpc.KeepAliveOptions()
+
+
 _CHANNEL = [
     ("grpc.max_send_message_length", triton_grpc.MAX_GRPC_MESSAGE_SIZE),
     ("grpc.max_receive_message_length", triton_grpc.MAX_GRPC_MESSAGE_SIZE),

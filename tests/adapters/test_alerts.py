@@ -15,14 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from reconciler.adapters.alerts import (
-    AlertEvent,
-    AlertmanagerAlerter,
-    FanOut,
-    LogAlerter,
-    WebhookAlerter,
-)
-from reconciler.local_triton import free_port
+from reconciler.adapters.alerts import AlertmanagerAlerter, FanOut, LogAlerter, WebhookAlerter
+from reconciler.model.history import AlertEvent
+from testkit.local_triton import free_port
 
 if TYPE_CHECKING:
     from tests.services import Alertmanager

@@ -14,15 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler import artifacts
-from reconciler.artifacts import (
-    EMPTY_DIGEST,
-    ArtifactError,
-    digest_lines,
-    tree_digest,
-    version_digests,
-)
-from reconciler.errors import ReconcileError
+from reconciler.adapters import artifacts
+from reconciler.adapters.artifacts import EMPTY_DIGEST, digest_lines, tree_digest, version_digests
+from reconciler.model.errors import ArtifactError, ReconcileError
 from tests.conftest import MODELS
 
 MODEL_PY = b"print('hi')\n"

@@ -9,8 +9,8 @@ import pytest
 
 from reconciler.adapters.credentials import redact
 from reconciler.adapters.git import GitSource
-from reconciler.errors import SourceUnavailable
-from reconciler.spec.load import UnreadFile
+from reconciler.core.spec.yaml import UnreadFile
+from reconciler.model.errors import SourceUnavailable
 from tests.conftest import ManifestRepo, git
 
 

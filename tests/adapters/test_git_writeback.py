@@ -7,8 +7,9 @@ from pathlib import Path
 import git as gitpython
 import pytest
 
-from reconciler.adapters.git import GitWriter, RevertEdit
-from reconciler.spec import load_desired_state
+from reconciler.adapters.git import GitWriter
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.model.source import RevertEdit
 from tests.conftest import ManifestRepo, git
 
 SERVERS = """\

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 
 
 def test_extra_env_reaches_the_server_process_only(model_repository: Path, tmp_path: Path) -> None:

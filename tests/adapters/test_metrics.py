@@ -16,11 +16,11 @@ from reconciler.adapters.metrics import (
     metrics_reader,
 )
 from reconciler.adapters.triton import TritonServerClient
-from reconciler.analysis import Figures
-from reconciler.errors import VerifyFailed
-from reconciler.local_triton import LocalTriton, free_port
-from reconciler.model_config import parse_pbtxt, with_versions
-from reconciler.spec.model import Tensor
+from reconciler.core.triton_config import parse_pbtxt, with_versions
+from reconciler.model.analysis import Figures
+from reconciler.model.errors import VerifyFailed
+from reconciler.model.spec import Tensor
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import MODELS
 
 if TYPE_CHECKING:

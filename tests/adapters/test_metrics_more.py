@@ -18,10 +18,10 @@ import pytest
 
 from reconciler.adapters.metrics import MetricsReader, PrometheusQuery, TritonScrape
 from reconciler.adapters.triton import TritonServerClient
-from reconciler.analysis import Figures
-from reconciler.local_triton import LocalTriton
-from reconciler.model_config import parse_pbtxt, with_versions
-from reconciler.spec.model import Tensor
+from reconciler.core.triton_config import parse_pbtxt, with_versions
+from reconciler.model.analysis import Figures
+from reconciler.model.spec import Tensor
+from testkit.local_triton import LocalTriton
 
 if TYPE_CHECKING:
     from tests.services import StartPrometheus

@@ -18,11 +18,11 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.triton import TritonServerClient
-from reconciler.errors import ServerUnavailable, VerifyFailed
-from reconciler.local_triton import LocalTriton, free_port
-from reconciler.model_config import parse_pbtxt, with_versions
-from reconciler.serving import ModelInterface, TensorSignature, interface_difference
-from reconciler.spec.model import Tensor
+from reconciler.core.triton_config import parse_pbtxt, with_versions
+from reconciler.model.errors import ServerUnavailable, VerifyFailed
+from reconciler.model.serving import ModelInterface, TensorSignature, interface_difference
+from reconciler.model.spec import Tensor
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import ENSEMBLE, SEQUENCE_MODEL
 
 ONES = Tensor("INPUT0", "FP32", (1, 4), (1.0, 1.0, 1.0, 1.0))

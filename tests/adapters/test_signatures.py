@@ -18,17 +18,19 @@ import pytest
 from reconciler.adapters.git import GitSource
 from reconciler.adapters.signatures import (
     CommitVerifier,
-    HistoryRewritten,
-    SignaturePolicy,
-    SignatureStatus,
-    TrustedKeysError,
-    UnverifiedRevision,
     approvals,
     commits_between,
     commits_to_verify,
     is_fast_forward,
 )
-from reconciler.errors import SourceUnavailable, UnsafeRevision
+from reconciler.model.errors import (
+    HistoryRewritten,
+    SourceUnavailable,
+    TrustedKeysError,
+    UnsafeRevision,
+    UnverifiedRevision,
+)
+from reconciler.model.source import SignaturePolicy, SignatureStatus
 from tests.conftest import ManifestRepo, git
 from tests.signing import Keys, commit
 

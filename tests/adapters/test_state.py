@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.state import StateStore
-from reconciler.plan import History, Hold
+from reconciler.model.history import History, Hold
 
 
 def test_history_round_trip(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_a_kill_inside_the_pass_transaction_keeps_the_previous_record(tmp_path: 
         "import sys\n"
         "from pathlib import Path\n"
         "from reconciler.adapters.state import StateStore\n"
-        "from reconciler.plan import Hold\n"
+        "from reconciler.model.history import Hold\n"
         "store = StateStore(Path(sys.argv[1]))\n"
         "store.record_pass('a' * 40, {'edge-a': frozenset({'echo'})}, True, {'n': 1})\n"
         "print('first recorded', flush=True)\n"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.triton import TritonServerClient
-from reconciler.errors import LoadFailed, ServerUnavailable, VerifyFailed
-from reconciler.local_triton import LocalTriton, free_port
-from reconciler.model_config import parse_pbtxt, with_versions
-from reconciler.spec.model import Tensor
+from reconciler.core.triton_config import parse_pbtxt, with_versions
+from reconciler.model.errors import LoadFailed, ServerUnavailable, VerifyFailed
+from reconciler.model.spec import Tensor
+from testkit.local_triton import LocalTriton, free_port
 
 
 @pytest.fixture

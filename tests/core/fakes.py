@@ -32,8 +32,8 @@ import numpy.typing as npt
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
-from reconciler.errors import LoadFailed, ServerUnavailable, VerifyFailed
-from reconciler.serving import (
+from reconciler.model.errors import LoadFailed, ServerUnavailable, VerifyFailed
+from reconciler.model.serving import (
     READY,
     ModelInterface,
     ModelState,
@@ -41,7 +41,7 @@ from reconciler.serving import (
     TensorSignature,
     VersionState,
 )
-from reconciler.spec.model import DesiredState, ModelDeployment, SmokeCase, Tensor, TritonServer
+from reconciler.model.spec import DesiredState, ModelDeployment, SmokeCase, Tensor, TritonServer
 
 LOADING = "LOADING"
 UNAVAILABLE = "UNAVAILABLE"

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.analysis import (
+from reconciler.core.analysis import baseline_from, evaluate, judge, pooled
+from reconciler.model.analysis import (
     AnalysisSpec,
     Baseline,
     Check,
@@ -20,10 +21,6 @@ from reconciler.analysis import (
     NoTraffic,
     RolloutVerdict,
     Verdict,
-    baseline_from,
-    evaluate,
-    judge,
-    pooled,
 )
 
 SUCCESS_RATE = Check("success-rate", "successRate", min=0.99)

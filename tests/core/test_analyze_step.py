@@ -13,7 +13,11 @@ from typing import Any
 
 import pytest
 
-from reconciler.analysis import (
+from reconciler.core.plan.planner import plan
+from reconciler.core.records import holds_from
+from reconciler.engine.apply import apply
+from reconciler.engine.steps import Timing
+from reconciler.model.analysis import (
     AnalysisSpec,
     Check,
     Figures,
@@ -21,10 +25,10 @@ from reconciler.analysis import (
     RolloutVerdict,
     Verdict,
 )
-from reconciler.apply import ApplyResult, ChangeResult, Outcome, Timing, apply
-from reconciler.plan import Action, Held, History, Hold, Plan, plan
-from reconciler.rollouts import holds_from
-from reconciler.spec.model import DesiredState, ModelDeployment
+from reconciler.model.history import Held, History, Hold
+from reconciler.model.plan import Action, Plan
+from reconciler.model.results import ApplyResult, ChangeResult, Outcome
+from reconciler.model.spec import DesiredState, ModelDeployment
 from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
 
 NO_QUERIES: Mapping[str, str] = MappingProxyType({})

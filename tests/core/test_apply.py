@@ -7,11 +7,15 @@ from typing import Any
 
 import pytest
 
-from reconciler.apply import ApplyResult, ChangeResult, Outcome, Timing, apply
-from reconciler.errors import LoadFailed
-from reconciler.plan import Action, History, Plan, plan
-from reconciler.serving import ModelState, VersionState
-from reconciler.spec.model import DesiredState, Expectation, SmokeCase, Tensor
+from reconciler.core.plan.planner import plan
+from reconciler.engine.apply import apply
+from reconciler.engine.steps import Timing
+from reconciler.model.errors import LoadFailed
+from reconciler.model.history import History
+from reconciler.model.plan import Action, Plan
+from reconciler.model.results import ApplyResult, ChangeResult, Outcome
+from reconciler.model.serving import ModelState, VersionState
+from reconciler.model.spec import DesiredState, Expectation, SmokeCase, Tensor
 from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
 
 

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reconciler.analysis import AnalysisSpec, Check
-from reconciler.diff import (
+from reconciler.core.plan.planner import plan
+from reconciler.core.review_diff import (
     Change,
     DesiredDiff,
     FieldChange,
@@ -19,9 +19,10 @@ from reconciler.diff import (
     interface_changes,
     plan_warnings,
 )
-from reconciler.model_config import merge
-from reconciler.plan import History, plan
-from reconciler.spec.model import DesiredState, ModelDeployment, SmokeCase, Tensor, TritonServer
+from reconciler.core.triton_config import merge
+from reconciler.model.analysis import AnalysisSpec, Check
+from reconciler.model.history import History
+from reconciler.model.spec import DesiredState, ModelDeployment, SmokeCase, Tensor, TritonServer
 from tests.core.fakes import FakeTriton, deploy, desired_state, observe
 
 ANALYSIS = AnalysisSpec(interval=5.0, duration=60.0, checks=(Check("ok", "successRate", min=0.99),))

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from reconciler.spec import load_desired_state
-from reconciler.spec.edit import restore_deployment
-from reconciler.spec.model import DesiredState
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.edit import restore_deployment
+from reconciler.model.spec import DesiredState
 
 SERVERS = """\
 apiVersion: triton-gitops/v1alpha1

@@ -15,17 +15,17 @@ SOURCE = Path(faults.__file__).parent
 CALL = re.compile(r"""fault_point\(\s*["']([^"']+)["']\s*\)""")
 # Where each point must be: the module, and the function it sits in.
 WHERE = {
-    "apply.load.requested": ("apply.py", "_load"),
-    "apply.load.accepted": ("apply.py", "_load"),
-    "apply.verify": ("apply.py", "_verify"),
-    "apply.analysis": ("apply.py", "_analyze"),
-    "apply.unload": ("apply.py", "_unload"),
-    "apply.revert": ("apply.py", "apply_change"),
-    "loop.record": ("loop.py", "_reconcile"),
+    "apply.load.requested": ("engine/steps.py", "_load"),
+    "apply.load.accepted": ("engine/steps.py", "_load"),
+    "apply.verify": ("engine/steps.py", "_verify"),
+    "apply.analysis": ("engine/steps.py", "_analyze"),
+    "apply.unload": ("engine/steps.py", "_unload"),
+    "apply.revert": ("engine/change.py", "apply_change"),
+    "loop.record": ("loop/reconcile.py", "_reconcile"),
     "state.write": ("adapters/state.py", "record_pass"),
     "git.push.before": ("adapters/git.py", "push_revert"),
     "git.push.after": ("adapters/git.py", "push_revert"),
-    "loop.alerts": ("loop.py", "_reconcile"),
+    "loop.alerts": ("loop/reconcile.py", "_reconcile"),
 }
 
 

@@ -24,17 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-from reconciler.errors import Problem, ValidationError
-from reconciler.spec import DesiredState, load_desired_state
-from reconciler.spec.load import (
-    KIND_SCHEMAS,
-    MAX_MANIFEST_BYTES,
-    MAX_YAML_DEPTH,
-    MAX_YAML_VALUES,
-    _schemas,
-    attach_shadow_requests,
-    read_in_directory,
-)
+from reconciler.adapters.files import read_in_directory
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.schema import KIND_SCHEMAS, _schemas
+from reconciler.core.spec.shadow import attach_shadow_requests
+from reconciler.core.spec.yaml import MAX_MANIFEST_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
+from reconciler.model.errors import Problem, ValidationError
+from reconciler.model.spec import DesiredState
 from tests.core.test_spec import DEPLOYMENTS, SERVERS
 
 FUZZ_EXAMPLES = int(os.environ.get("TRITON_GITOPS_FUZZ_EXAMPLES", "200"))
@@ -75,8 +71,9 @@ CHILD = """\
 import json, resource, sys
 from pathlib import Path
 resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
-from reconciler.errors import ValidationError
-from reconciler.spec import load_desired_state, manifest_files_in
+from reconciler.adapters.files import manifest_files_in
+from reconciler.core.spec import load_desired_state
+from reconciler.model.errors import ValidationError
 try:
     load_desired_state(manifest_files_in(Path(sys.argv[1])))
     problems = []

@@ -10,11 +10,16 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from reconciler.apply import ApplyResult, Outcome, Timing, apply
-from reconciler.model_config import merge
-from reconciler.plan import Action, History, Plan, PlanProblem, emptied_servers, plan
-from reconciler.serving import ServerState
-from reconciler.spec.model import DesiredState, Expectation, ModelDeployment, SmokeCase, Tensor
+from reconciler.core.plan.planner import plan
+from reconciler.core.plan.settle import emptied_servers
+from reconciler.core.triton_config import merge
+from reconciler.engine.apply import apply
+from reconciler.engine.steps import Timing
+from reconciler.model.history import History
+from reconciler.model.plan import Action, Plan, PlanProblem
+from reconciler.model.results import ApplyResult, Outcome
+from reconciler.model.serving import ServerState
+from reconciler.model.spec import DesiredState, Expectation, ModelDeployment, SmokeCase, Tensor
 from tests.core.fakes import (
     FakeClock,
     FakeTriton,

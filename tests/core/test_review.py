@@ -16,7 +16,8 @@ import json
 
 import pytest
 
-from reconciler.diff import (
+from reconciler.core.plan.planner import plan
+from reconciler.core.review_diff import (
     Change,
     DesiredDiff,
     FieldChange,
@@ -25,10 +26,13 @@ from reconciler.diff import (
     WarningKind,
     diff,
 )
-from reconciler.errors import Problem, ValidationError
-from reconciler.model_config import merge
-from reconciler.plan import Held, History, Plan, PlanProblem, plan
-from reconciler.review import (
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.triton_config import merge
+from reconciler.model.errors import Problem, ValidationError
+from reconciler.model.history import Held, History
+from reconciler.model.plan import Plan, PlanProblem
+from reconciler.model.spec import DesiredState
+from reconciler.views.review import (
     diff_json,
     diff_markdown,
     diff_text,
@@ -36,7 +40,6 @@ from reconciler.review import (
     plan_markdown,
     problems_json,
 )
-from reconciler.spec import DesiredState, load_desired_state
 from tests.core.fakes import FakeTriton, observe
 
 BASE_REV = "1f2e3d4c5b6a79880716253443526170f9e8d7c6"

@@ -10,14 +10,8 @@ from typing import Any
 
 import pytest
 
-from reconciler.analysis import AnalysisSpec, Check, Figures, NoTraffic
-from reconciler.apply import ApplyResult, Outcome, Timing, apply
-from reconciler.errors import LoadFailed
-from reconciler.plan import Action, History, Hold, Plan, plan
-from reconciler.rollouts import (
-    KINDS,
-    AlertEvent,
-    AppliedSpec,
+from reconciler.core.plan.planner import plan
+from reconciler.core.records import (
     alerts_from,
     applied_from,
     hold_reminders,
@@ -25,8 +19,15 @@ from reconciler.rollouts import (
     released_holds,
     rollouts_from,
 )
-from reconciler.serving import ModelState, VersionState
-from reconciler.spec.model import DesiredState, ModelDeployment, RolloutSpec
+from reconciler.engine.apply import apply
+from reconciler.engine.steps import Timing
+from reconciler.model.analysis import AnalysisSpec, Check, Figures, NoTraffic
+from reconciler.model.errors import LoadFailed
+from reconciler.model.history import KINDS, AlertEvent, AppliedSpec, History, Hold
+from reconciler.model.plan import Action, Plan
+from reconciler.model.results import ApplyResult, Outcome
+from reconciler.model.serving import ModelState, VersionState
+from reconciler.model.spec import DesiredState, ModelDeployment, RolloutSpec
 from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
 
 NO_QUERIES: Mapping[str, str] = MappingProxyType({})

@@ -10,10 +10,12 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reconciler.apply import apply
-from reconciler.loop import PassMemory
-from reconciler.plan import History, Hold, plan, settle_key
-from reconciler.spec.model import DesiredState
+from reconciler.core.plan.planner import plan
+from reconciler.core.plan.settle import settle_key
+from reconciler.engine.apply import apply
+from reconciler.loop.memory import PassMemory
+from reconciler.model.history import History, Hold
+from reconciler.model.spec import DesiredState
 from tests.core.fakes import deploy, desired_state
 from tests.core.test_plan import MODELS, Scenario, fake_timing, observe_all, scenarios, server
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.smoke import as_array, mismatches
-from reconciler.spec.model import Expectation, SmokeCase, Tensor
+from reconciler.core.smoke import as_array, mismatches
+from reconciler.model.spec import Expectation, SmokeCase, Tensor
 
 NO_INPUTS: tuple[Tensor, ...] = ()
 

@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from reconciler.errors import Problem, ValidationError
-from reconciler.spec import load_desired_state
-from reconciler.spec.model import Expectation, Tensor
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.model.errors import Problem, ValidationError
+from reconciler.model.spec import Expectation, Tensor
 
 MARK = "# <-"  # ends the line a problem must be reported at
 # Files are read in path order, so the servers come first and a later duplicate is "the" one.

@@ -13,7 +13,7 @@ import numpy as np
 import tritonclient.grpc as triton_grpc
 
 from reconciler.cli import main
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 
 
 def server_doc(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, git
 from tests.integration.flows import Reconciler, cli, ready_versions, served_factor, server_doc
 from tests.loadgen import LoadGenerator

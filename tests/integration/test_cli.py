@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.local_triton import LocalTriton, free_port
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo, git
 from tests.integration.flows import (
     Reconciler,

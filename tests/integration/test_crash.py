@@ -24,7 +24,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from reconciler.adapters.state import StateStore
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, git
 from tests.integration.flows import (
     CliRun,

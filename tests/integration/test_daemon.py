@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as triton_grpc
 
-from reconciler.daemon import fewer_malloc_arenas
-from reconciler.local_triton import LocalTriton, free_port
+from reconciler.service.telemetry import fewer_malloc_arenas
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import deployment_doc, ready_versions, server_doc
 from tests.services import StartPrometheus

@@ -28,10 +28,13 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from reconciler.adapters.state import StateStore
-from reconciler.apply import Outcome, StepResult
-from reconciler.local_triton import LocalTriton, end_process_group, free_port
-from reconciler.loop import PassReport, Settings, Source, reconcile
-from reconciler.plan import Action
+from reconciler.loop.reconcile import reconcile
+from reconciler.model.plan import Action
+from reconciler.model.reports import PassReport
+from reconciler.model.results import Outcome, StepResult
+from reconciler.model.settings import Settings
+from reconciler.model.source import Source
+from testkit.local_triton import LocalTriton, end_process_group, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import Reconciler, deployment_doc, ready_versions, server_doc
 from tests.integration.test_analysis import analysed, wait_for_series

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import pytest
 from tritonclient.utils import InferenceServerException
 
-from reconciler.local_triton import LocalTriton, free_port
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import Reconciler, cli, deployment_doc, ready_versions, server_doc
 from tests.loadgen import LoadGenerator

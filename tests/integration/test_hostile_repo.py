@@ -11,10 +11,10 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from reconciler.adapters.git import GitSource
-from reconciler.errors import ValidationError
-from reconciler.local_triton import LocalTriton
-from reconciler.spec import load_desired_state
-from reconciler.spec.load import MAX_MANIFEST_BYTES
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.yaml import MAX_MANIFEST_BYTES
+from reconciler.model.errors import ValidationError
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, git
 from tests.integration.flows import Reconciler, deployment_doc, ready_versions, server_doc
 

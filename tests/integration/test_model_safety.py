@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, write_model_repository
 from tests.integration.flows import (
     Reconciler,

@@ -30,11 +30,12 @@ import pytest
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
+from reconciler.adapters.files import manifest_files_in
 from reconciler.adapters.metrics import instance_of
 from reconciler.cli import build_parser, external_defaults
-from reconciler.daemon import ReconcilerMetrics
-from reconciler.spec import load_desired_state, manifest_files_in
-from reconciler.spec.load import analysis_source_problems
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.rules import analysis_source_problems
+from reconciler.service.telemetry import ReconcilerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"

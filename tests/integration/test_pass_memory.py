@@ -9,10 +9,14 @@ from pathlib import Path
 
 import tritonclient.grpc as triton_grpc
 
-from reconciler.local_triton import LocalTriton, free_port
-from reconciler.loop import PassMemory, PassReport, Settings, Source, reconcile
-from reconciler.model_config import parse_pbtxt, with_versions
-from reconciler.spec.model import TritonServer
+from reconciler.core.triton_config import parse_pbtxt, with_versions
+from reconciler.loop.memory import PassMemory
+from reconciler.loop.reconcile import reconcile
+from reconciler.model.reports import PassReport
+from reconciler.model.settings import Settings
+from reconciler.model.source import Source
+from reconciler.model.spec import TritonServer
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import deployment_doc, ready_versions, server_doc
 

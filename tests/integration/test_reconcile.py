@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import pytest
 
-from reconciler.local_triton import LocalTriton, free_port
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import (
     Reconciler,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo, git
 from tests.integration.flows import (
     Reconciler,

@@ -20,11 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.git import GitCredentials, GitWriter, RevertEdit
-from reconciler.daemon import Daemon, JsonLogFormatter, RunSettings
-from reconciler.errors import SourceUnavailable
-from reconciler.local_triton import LocalTriton
-from reconciler.loop import Settings, Source
+from reconciler.adapters.git import GitWriter
+from reconciler.model.errors import SourceUnavailable
+from reconciler.model.settings import RunSettings, Settings
+from reconciler.model.source import GitCredentials, RevertEdit, Source
+from reconciler.service.daemon import Daemon
+from reconciler.service.telemetry import JsonLogFormatter
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo
 from tests.integration.flows import (
     CliRun,

@@ -21,15 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.daemon import (
-    BodyTooLarge,
-    Daemon,
-    DeliveryMemory,
-    RunSettings,
-    read_chunked,
-)
-from reconciler.local_triton import LocalTriton, free_port
-from reconciler.loop import Settings, Source
+from reconciler.model.settings import RunSettings, Settings
+from reconciler.model.source import Source
+from reconciler.service.daemon import Daemon
+from reconciler.service.http import BodyTooLarge, read_chunked
+from reconciler.service.webhooks import DeliveryMemory
+from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import deployment_doc, ready_versions
 from tests.integration.test_daemon import SECRET, Service, echo_service, wait_until

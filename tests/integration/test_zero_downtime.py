@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reconciler.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton
 from tests.conftest import ManifestRepo
 from tests.integration.flows import Reconciler, deployment_doc, ready_versions, server_doc
 from tests.loadgen import LoadGenerator

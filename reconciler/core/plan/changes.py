@@ -1,0 +1,446 @@
+"""One model on one server: the change that brings what it serves to
+what its ModelDeployment declares (load beside, verify, analyze, unload), its revert steps,
+and the problems that stop it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from reconciler.core.triton_config import config_drift, is_complete, merge, with_versions
+from reconciler.model.history import History, Hold
+from reconciler.model.plan import Action, ModelChange, PlanProblem, Step
+from reconciler.model.serving import ModelState, ServerState
+from reconciler.model.spec import BackendSpec, ModelDeployment, SequencePolicy
+
+
+def _versions(values: frozenset[int] | set[int]) -> tuple[int, ...]:
+    return tuple(sorted(values))
+
+
+def _base_config(
+    model: ModelState, deployment: ModelDeployment
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """The config to merge spec.config over, or why there is none."""
+    if model.loaded_config is not None:
+        return model.loaded_config, None
+    if model.repository_config is not None:
+        return model.repository_config, None
+    if is_complete(deployment.config):
+        return {}, None
+    return None, (
+        "no base config: the model is not loaded, its config.pbtxt cannot be read "
+        "(set spec.modelRepository on the TritonServer), and spec.config is not complete"
+    )
+
+
+def target_config(model: ModelState, deployment: ModelDeployment) -> Mapping[str, Any] | None:
+    """The config the model is to run with: the base with spec.config merged over it."""
+    base, _ = _base_config(model, deployment)
+    return None if base is None else merge(base, deployment.config)
+
+
+def composing_models(config: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The models an ensemble config runs in its steps."""
+    if not config:
+        return ()
+    steps = config.get("ensemble_scheduling", {}).get("step", [])
+    return tuple(sorted({str(s["model_name"]) for s in steps if "model_name" in s}))
+
+
+def _sequence_policy(
+    deployment: ModelDeployment, target: Mapping[str, Any]
+) -> SequencePolicy | None:
+    """How to drain a sequence model (declared, or detected from sequence_batching)."""
+    batching = target.get("sequence_batching")
+    if deployment.sequence is None and batching is None:
+        return None
+    policy = deployment.sequence or SequencePolicy()
+    if isinstance(batching, Mapping) and batching.get("max_sequence_idle_microseconds"):
+        # The drain must outlast the longest pause Triton allows inside a sequence.
+        floor = int(batching["max_sequence_idle_microseconds"]) / 1e6
+        policy = replace(policy, idle=max(policy.idle, floor))
+    return policy
+
+
+def _digest_problem(
+    server: str, deployment: ModelDeployment, model: ModelState
+) -> PlanProblem | None:
+    wrong = []
+    for version, pinned in sorted(deployment.digests.items()):
+        if version not in model.repository_digests:
+            continue  # the repository cannot be read: nothing to compare with
+        found = model.repository_digests[version]
+        if found is not None and found != pinned:
+            wrong.append(f"version {version} is {found}, the manifest pins {pinned}")
+    if not wrong:
+        return None
+    return PlanProblem(
+        server,
+        deployment.model,
+        "artifact changed under a released version number, refusing to load: " + "; ".join(wrong),
+        "artifact-mismatch",
+    )
+
+
+def _plan_model(
+    server: str,
+    deployment: ModelDeployment,
+    observed: ServerState,
+    history: History | None = None,
+) -> ModelChange | PlanProblem | None:
+    history = history or History()
+    model = observed.model(deployment.model)
+    desired = frozenset(deployment.versions)
+    ready = model.ready
+    if model.repository_versions is not None:
+        missing = desired - model.repository_versions
+        if missing:
+            return PlanProblem(
+                server,
+                deployment.model,
+                f"version(s) {', '.join(map(str, sorted(missing)))} not in the model repository "
+                f"(it holds {', '.join(map(str, sorted(model.repository_versions))) or 'none'})",
+            )
+    elif observed.in_repository and deployment.model not in observed.in_repository:
+        return PlanProblem(server, deployment.model, "model not in the server's model repository")
+    digest_problem = _digest_problem(server, deployment, model)
+    if digest_problem is not None:
+        return digest_problem
+    base, why_not = _base_config(model, deployment)
+    if base is None:
+        return PlanProblem(server, deployment.model, why_not or "no base config")
+    drift = (
+        config_drift(deployment.config, model.loaded_config)
+        if ready and model.loaded_config is not None
+        else []
+    )
+    applied_backend = history.backends.get(deployment.name)
+    backend_change = (
+        deployment.backend is not None
+        and applied_backend is not None
+        and applied_backend != deployment.backend.revision
+        and bool(ready)
+    )
+    new = desired - ready
+    old = ready - desired
+    if not new and not old and not drift and not backend_change:
+        return None
+    target = merge(base, deployment.config)
+    sequence = _sequence_policy(deployment, target)
+    revert = _revert_steps(server, deployment.model, model, ready)
+    if backend_change:
+        assert deployment.backend is not None
+        return _swap_in_place(
+            server,
+            deployment,
+            target,
+            ready,
+            sequence or SequencePolicy(idle=2.0),
+            f"backend {deployment.backend.name} {applied_backend} -> {deployment.backend.revision}",
+            deployment.backend,
+            revert,
+        )
+    if new and ready:
+        needed_each = deployment.memory_per_version or history.footprints.get(
+            (server, deployment.model)
+        )
+        if needed_each is not None and observed.memory_free is not None:
+            needed = needed_each * len(new)
+            if needed > observed.memory_free:
+                room = (
+                    f"{len(new)} new version(s) need {needed / 2**20:.0f} MiB beside the old, "
+                    f"{observed.memory_free / 2**20:.0f} MiB free"
+                )
+                if deployment.when_no_headroom != "replace":
+                    return PlanProblem(
+                        server,
+                        deployment.model,
+                        f"no memory headroom: {room}; the old versions keep serving "
+                        "(rollout.whenNoHeadroom: replace swaps instead, one server at a time)",
+                        "no-headroom",
+                    )
+                return _swap_in_place(
+                    server,
+                    deployment,
+                    target,
+                    ready,
+                    sequence,
+                    f"no room beside the old ({room})",
+                    None,
+                    revert,
+                )
+    steps: list[Step] = []
+    if (new or drift) and ready and sequence is not None:
+        steps.append(_drain_step(server, deployment.model, ready, sequence))
+    if new or drift:
+        why = []
+        if new:
+            why.append(f"serve new version(s) {', '.join(map(str, sorted(new)))}")
+        if drift:
+            why.append(f"config changed ({', '.join(drift)})")
+        if ready:
+            why.append(f"beside {', '.join(map(str, sorted(ready)))} which keep serving")
+        loading = ready | desired
+        steps.append(
+            Step(
+                server,
+                deployment.model,
+                Action.LOAD,
+                _versions(loading),
+                "; ".join(why),
+                config=with_versions(target, deployment.model, loading),
+            )
+        )
+        old_serving = ready - desired
+        steps.append(
+            _verify_step(
+                server,
+                deployment,
+                desired,
+                desired if drift else new,
+                bool(ready),
+                max(old_serving) if old_serving and new else None,
+            )
+        )
+    if deployment.analysis is not None and (new or drift):
+        watched = desired if drift else new
+        spec = deployment.analysis
+        note = ""
+        if ready and max(watched) < max(ready):
+            note = (
+                f"; unversioned requests keep reaching {max(ready)} until it is unloaded, "
+                f"so the new versions see only version-pinned traffic (noTraffic: "
+                f"{spec.no_traffic})"
+            )
+        steps.append(
+            Step(
+                server,
+                deployment.model,
+                Action.ANALYZE,
+                _versions(watched),
+                f"watch {', '.join(map(str, sorted(watched)))} for {spec.duration:g}s, every "
+                f"{spec.interval:g}s: {', '.join(c.name for c in spec.checks)}; old versions "
+                f"stay loaded{note}",
+                analysis=spec,
+                baseline=_versions(ready - desired),
+            )
+        )
+    if old:
+        steps.append(
+            Step(
+                server,
+                deployment.model,
+                Action.UNLOAD,
+                _versions(desired),
+                f"drop old version(s) {', '.join(map(str, sorted(old)))}"
+                + (" once the new ones are verified" if new or drift else ""),
+                config=with_versions(target, deployment.model, desired),
+                dropped=_versions(old),
+            )
+        )
+    return ModelChange(
+        server,
+        deployment.model,
+        deployment.name,
+        _versions(ready),
+        _versions(desired),
+        tuple(steps),
+        exclusive=deployment.name if sequence is not None and ready else None,
+        interface_baseline=(
+            max(ready)
+            if ready and (new or drift) and not deployment.allow_interface_change
+            else None
+        ),
+        revert=revert,
+    )
+
+
+def _drain_step(server: str, model: str, ready: frozenset[int], policy: SequencePolicy) -> Step:
+    return Step(
+        server,
+        model,
+        Action.DRAIN,
+        _versions(ready),
+        f"wait until {model} is idle here (no pending request, no new inference for "
+        f"{policy.idle:g}s; at most {policy.drain_timeout:g}s)"
+        + (", after telling the load balancer" if policy.drain_webhook else ""),
+        drain=policy,
+    )
+
+
+def _verify_step(
+    server: str,
+    deployment: ModelDeployment,
+    desired: frozenset[int],
+    smoke_versions: frozenset[int],
+    check_interface: bool,
+    old_version: int | None = None,
+) -> Step:
+    notes = [f"{', '.join(map(str, sorted(desired)))} READY"]
+    if deployment.smoke:
+        notes.append(
+            f"{len(deployment.smoke)} smoke case(s) against "
+            f"{', '.join(map(str, sorted(smoke_versions)))}"
+        )
+    interface = check_interface and not deployment.allow_interface_change
+    if interface:
+        notes.append("inputs and outputs as the old versions'")
+    shadow = deployment.shadow if old_version is not None else None
+    if shadow is not None:
+        notes.append(
+            f"replay {len(shadow.requests)} recorded request(s) on {old_version} and the new "
+            f"version(s): agreement >= {shadow.min_agreement:g}"
+        )
+    return Step(
+        server,
+        deployment.model,
+        Action.VERIFY,
+        _versions(desired),
+        "; ".join(notes),
+        smoke=deployment.smoke,
+        smoke_versions=_versions(smoke_versions),
+        timeout=deployment.verify_timeout,
+        interface_check=interface,
+        shadow=shadow,
+        shadow_against=old_version if shadow is not None else None,
+    )
+
+
+def _swap_in_place(
+    server: str,
+    deployment: ModelDeployment,
+    target: Mapping[str, Any],
+    ready: frozenset[int],
+    drain: SequencePolicy | None,
+    why: str,
+    backend: BackendSpec | None,
+    revert: tuple[Step, ...],
+) -> ModelChange:
+    """Swap in place on this server (old out, then new in): a backend library change, or no
+    memory for both. The model does not serve here in between: one server at a time."""
+    model = deployment.model
+    desired = frozenset(deployment.versions)
+    steps = []
+    if drain is not None:
+        steps.append(_drain_step(server, model, frozenset(deployment.versions), drain))
+    steps.append(
+        Step(
+            server,
+            model,
+            Action.UNLOAD,
+            (),
+            f"{why}: unload here and wait until it is gone",
+            until_unavailable=True,
+        )
+    )
+    if backend is not None:
+        steps.append(
+            Step(
+                server,
+                model,
+                Action.REPLACE_LIBRARY,
+                (),
+                f"put {backend.name} {backend.revision} in place",
+                backend=backend,
+            )
+        )
+    steps.append(
+        Step(
+            server,
+            model,
+            Action.LOAD,
+            _versions(desired),
+            f"serve {', '.join(map(str, sorted(desired)))} again",
+            config=with_versions(target, model, desired),
+        )
+    )
+    steps.append(_verify_step(server, deployment, desired, desired, False))
+    return ModelChange(
+        server,
+        model,
+        deployment.name,
+        _versions(ready),
+        _versions(desired),
+        tuple(steps),
+        revert=revert,
+        exclusive=deployment.name,
+    )
+
+
+def _revert_steps(
+    server: str, model_name: str, model: ModelState, ready: frozenset[int]
+) -> tuple[Step, ...]:
+    if not ready:
+        return (Step(server, model_name, Action.UNLOAD, (), "revert: it served nothing before"),)
+    previous = model.loaded_config or {}
+    return (
+        Step(
+            server,
+            model_name,
+            Action.LOAD,
+            _versions(ready),
+            f"revert: serve only {', '.join(map(str, sorted(ready)))} as before",
+            config=with_versions(previous, model_name, ready),
+        ),
+        Step(
+            server,
+            model_name,
+            Action.VERIFY,
+            _versions(ready),
+            f"revert: {', '.join(map(str, sorted(ready)))} READY",
+        ),
+    )
+
+
+def _plan_held(
+    server: str, deployment: ModelDeployment, hold: Hold, observed: ServerState
+) -> ModelChange | PlanProblem | None:
+    """Keep (or bring back) what served before the failed rollout; never the failed spec."""
+    previous = hold.previous.get(server)
+    config = hold.configs.get(server)
+    if previous is None:
+        # This server took no part in the failed rollout. Serving the model, it is left as
+        # it is; serving none of it (an instance DNS added since, or one restarted empty),
+        # it gets the last good versions: what the rollout's servers served before, when
+        # they agree, never the failed spec's.
+        before = set(hold.previous.values())
+        if observed.model(deployment.model).ready or len(before) != 1:
+            return None
+        previous = before.pop()
+        config = next((c for c in hold.configs.values() if c is not None), None)
+    if not previous:
+        return _plan_removal(server, deployment.model, observed)
+    restored = replace(
+        deployment,
+        versions=previous,
+        config=config if config is not None else deployment.config,
+        smoke=(),
+        analysis=None,
+    )
+    return _plan_model(server, restored, observed)
+
+
+def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelChange | None:
+    model = observed.model(model_name)
+    if not model.ready:
+        return None
+    return ModelChange(
+        server,
+        model_name,
+        None,
+        _versions(model.ready),
+        (),
+        (
+            Step(
+                server,
+                model_name,
+                Action.UNLOAD,
+                (),
+                "no ModelDeployment places this model on this server any more",
+                dropped=_versions(model.ready),
+            ),
+        ),
+    )

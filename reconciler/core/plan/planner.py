@@ -1,0 +1,96 @@
+"""``plan``: the whole desired state against every server, into one
+Plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from reconciler.core.plan.changes import _plan_held, _plan_model, _plan_removal
+from reconciler.core.plan.order import _order
+from reconciler.core.plan.settle import _as_before, _await_load_in_progress
+from reconciler.core.plan.stages import _rollouts
+from reconciler.model.history import Held, History
+from reconciler.model.plan import ModelChange, Plan, PlanProblem
+from reconciler.model.serving import ServingState
+from reconciler.model.spec import DesiredState
+
+
+def plan(
+    desired: DesiredState,
+    serving: ServingState,
+    history: History,
+    revision: str,
+    skip: Mapping[str, str] | None = None,
+    settled: frozenset[str] = frozenset(),
+) -> Plan:
+    """Diff what the manifests ask for against what the servers serve.
+
+    Servers in ``skip`` (name -> why, e.g. backing off after failures) are reported as
+    problems and left alone. Servers in ``settled`` are known to plan nothing: an earlier
+    plan of the same ``settle_key`` had no change and no problem for them. They are reported
+    in sync (or held, or suspended) without planning each model again, which is what keeps a
+    no-op pass over a large fleet cheap.
+    """
+    changes: list[ModelChange] = []
+    problems: list[PlanProblem] = []
+    in_sync: list[tuple[str, str]] = []
+    held: list[Held] = []
+    suspended: list[tuple[str, str]] = []
+    for server in sorted(desired.placements):
+        if skip and server in skip:
+            problems.append(PlanProblem(server, None, skip[server]))
+            continue
+        observed = serving.get(server)
+        if observed is None or not observed.reachable:
+            why = observed.error if observed is not None and observed.error else "not observed"
+            problems.append(PlanProblem(server, None, why))
+            continue
+        placements = desired.placements[server]
+        server_changes: list[ModelChange] = []
+        for model_name in sorted(placements):
+            deployment = placements[model_name].deployment
+            if deployment.suspend:
+                suspended.append((server, model_name))
+                continue
+            hold = history.holds.get(deployment.name)
+            if hold is not None and hold.fingerprint != deployment.fingerprint:
+                hold = None  # a commit changed the failed spec: the hold is over
+            if hold is not None and (previous := hold.previous.get(server)) is not None:
+                held.append(
+                    Held(server, model_name, deployment.name, hold.revision, hold.reason, previous)
+                )
+            if server in settled:
+                in_sync.append((server, model_name))
+                continue
+            if hold is not None:
+                outcome = _plan_held(server, deployment, hold, observed)
+            else:
+                outcome = _plan_model(
+                    server, deployment, _as_before(observed, deployment, history), history
+                )
+                outcome = _await_load_in_progress(outcome, observed.model(model_name))
+            if outcome is None:
+                in_sync.append((server, model_name))
+            elif isinstance(outcome, PlanProblem):
+                problems.append(outcome)
+            else:
+                server_changes.append(outcome)
+        if server in settled:
+            continue
+        for model_name in sorted(history.managed.get(server, frozenset()) - set(placements)):
+            removal = _plan_removal(server, model_name, observed)
+            if removal is not None:
+                server_changes.append(removal)
+        ordered, dependency_problems = _order(server, server_changes, placements, observed)
+        changes.extend(ordered)
+        problems.extend(dependency_problems)
+    return Plan(
+        revision,
+        tuple(changes),
+        tuple(problems),
+        tuple(in_sync),
+        tuple(held),
+        tuple(suspended),
+        _rollouts(desired, changes, history),
+    )

@@ -1,0 +1,292 @@
+"""What a pass leaves behind about its rollouts: records, holds, and the alerts they raise.
+
+Pure functions from a Plan and its ApplyResult (and the wall-clock time, passed in) to the
+values the state store writes and the alert adapters send. Called by ``loop.record``.
+
+A rollout is a change that loaded something new (versions or config) for a ModelDeployment on
+one server. A change that was reverted puts its ModelDeployment on hold at the versions each
+server served before, until a commit changes that ModelDeployment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from reconciler.model.analysis import Evaluation, RolloutVerdict
+from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
+from reconciler.model.plan import Action, Plan
+from reconciler.model.results import ApplyResult, ChangeResult, Outcome
+from reconciler.model.spec import DesiredState
+
+
+def checks_json(evaluation: Evaluation | None) -> tuple[dict[str, Any], ...]:
+    if evaluation is None:
+        return ()
+    return tuple(
+        {
+            "check": r.check,
+            "verdict": str(r.verdict),
+            "value": r.value,
+            "threshold": r.threshold,
+            "detail": r.detail,
+        }
+        for r in evaluation.results
+    )
+
+
+def _is_rollout(change: ChangeResult) -> bool:
+    return change.change.deployment is not None and any(
+        s.action is Action.LOAD for s in change.change.steps
+    )
+
+
+def rollouts_from(result: ApplyResult, now: float) -> tuple[Rollout, ...]:
+    records = []
+    for change in result.changes:
+        if not _is_rollout(change):
+            continue
+        analysis = change.analysis
+        last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
+        records.append(
+            Rollout(
+                revision=result.revision,
+                deployment=change.change.deployment or "",
+                server=change.change.server,
+                model=change.change.model,
+                from_versions=change.change.serving,
+                to_versions=change.change.desired,
+                outcome=str(change.outcome),
+                verdict=str(analysis.verdict) if analysis and analysis.verdict else None,
+                checks=checks_json(last),
+                error=change.error,
+                rollback_seconds=change.rollback_seconds,
+                finished_at=now,
+            )
+        )
+    return tuple(records)
+
+
+def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> tuple[Hold, ...]:
+    """A hold for every ModelDeployment with a reverted change, naming every server involved."""
+    reverted: dict[str, list[ChangeResult]] = {}
+    for change in result.changes:
+        if _is_rollout(change) and change.outcome in (Outcome.REVERTED, Outcome.FAILED):
+            if any(r.step.action is Action.UNLOAD for r in change.steps if not r.ok):
+                continue  # new versions verified and serving; only the unload is left
+            if any(r.unreachable for r in (*change.steps, *change.revert)):
+                continue  # the server went away: transient, the next pass tries again
+            if any(r.verdict == RolloutVerdict.METRICS_UNAVAILABLE for r in change.steps):
+                continue  # the metrics source was down: nothing known against the versions
+            reverted.setdefault(change.change.deployment or "", []).append(change)
+    holds = []
+    for name, changes in sorted(reverted.items()):
+        deployment = desired.deployments[name]
+        earlier = history.holds.get(name)
+        if earlier is not None and earlier.fingerprint != deployment.fingerprint:
+            earlier = None  # released: its servers' "previous" is history now
+        previous = dict(earlier.previous) if earlier else {}
+        configs = dict(earlier.configs) if earlier else {}
+        for change in changes:
+            previous.setdefault(change.change.server, change.change.serving)
+            load = change.change.revert[0] if change.change.revert else None
+            configs.setdefault(change.change.server, load.config if load else None)
+        holds.append(
+            Hold(
+                deployment=name,
+                fingerprint=deployment.fingerprint,
+                revision=result.revision,
+                reason="; ".join(sorted({c.error or str(c.outcome) for c in changes})),
+                previous=previous,
+                configs=configs,
+            )
+        )
+    return tuple(holds)
+
+
+def released_holds(desired: DesiredState, history: History) -> tuple[str, ...]:
+    """Holds whose ModelDeployment a newer commit changed or removed."""
+    return tuple(
+        sorted(
+            name
+            for name, hold in history.holds.items()
+            if name not in desired.deployments
+            or desired.deployments[name].fingerprint != hold.fingerprint
+        )
+    )
+
+
+def alerts_from(result: ApplyResult, revert_action: str) -> tuple[AlertEvent, ...]:
+    """One alert per failed rollout; a resolving event per successful one."""
+    events = []
+    for change in result.changes:
+        if not _is_rollout(change):
+            continue
+        if change.outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED):
+            continue  # not attempted, or put back at shutdown: nothing failed
+        model, server = change.change.model, change.change.server
+        to = ", ".join(map(str, change.change.desired))
+        if change.outcome is Outcome.CONVERGED:
+            events.append(
+                AlertEvent(
+                    "rollout-succeeded",
+                    "info",
+                    f"{model} {to} serves on {server}",
+                    result.revision,
+                    model,
+                    server,
+                    resolved=True,
+                )
+            )
+            continue
+        if any(r.step.action is Action.DRAIN and not r.ok for r in change.steps):
+            events.append(
+                AlertEvent(
+                    "drain-timeout",
+                    "warning",
+                    f"{model} on {server} did not go idle; {to} not swapped in, "
+                    f"{', '.join(map(str, change.change.serving))} keeps serving",
+                    result.revision,
+                    model,
+                    server,
+                    {"revision": result.revision, "error": change.error},
+                )
+            )
+            continue
+        if any(r.step.action is Action.UNLOAD and not r.ok for r in change.steps):
+            events.append(
+                AlertEvent(
+                    "unload-failed",
+                    "warning",
+                    f"{model} {to} serves on {server}, but the old versions "
+                    f"{', '.join(map(str, change.change.serving))} could not be unloaded; "
+                    "the next pass retries",
+                    result.revision,
+                    model,
+                    server,
+                    {"revision": result.revision, "error": change.error},
+                )
+            )
+            continue
+        analysis = change.analysis
+        failed_analysis = (analysis is not None and not analysis.ok) or any(
+            r.step.action is Action.ROLLOUT for r in change.steps
+        )
+        last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
+        details: dict[str, Any] = {
+            "revision": result.revision,
+            "deployment": change.change.deployment,
+            "from_versions": list(change.change.serving),
+            "to_versions": list(change.change.desired),
+            "outcome": str(change.outcome),
+            "error": change.error,
+            "action": revert_action if change.outcome is Outcome.REVERTED else "none",
+        }
+        if last is not None:
+            details["checks"] = "; ".join(str(r) for r in last.results)
+        if change.rollback_seconds is not None:
+            details["rollback_seconds"] = round(change.rollback_seconds, 4)
+        events.append(
+            AlertEvent(
+                "rollout-failed" if failed_analysis else "load-failed",
+                "critical",
+                f"{model} {to} on {server} "
+                + ("failed its analysis" if failed_analysis else "failed to load or verify")
+                + (
+                    f"; {', '.join(map(str, change.change.serving)) or 'nothing'} serves again"
+                    if change.outcome is Outcome.REVERTED
+                    else ""
+                ),
+                result.revision,
+                model,
+                server,
+                details,
+            )
+        )
+    return tuple(events)
+
+
+def applied_from(
+    desired: DesiredState, plan: Plan, result: ApplyResult | None
+) -> tuple[AppliedSpec, ...]:
+    """ModelDeployments that now serve their spec on every server they are placed on."""
+    done = set(plan.in_sync) | {
+        (c.change.server, c.change.model)
+        for c in (result.changes if result else ())
+        if c.outcome is Outcome.CONVERGED
+    }
+    held = {h.deployment for h in plan.held}
+    placed: dict[str, list[tuple[str, str]]] = {}
+    for server, placements in desired.placements.items():
+        for model, placement in placements.items():
+            placed.setdefault(placement.deployment.name, []).append((server, model))
+    return tuple(
+        AppliedSpec(
+            name,
+            plan.revision,
+            d.fingerprint,
+            d.versions,
+            d.config,
+            d.backend.revision if d.backend else None,
+        )
+        for name, d in sorted(desired.deployments.items())
+        if name not in held and placed.get(name) and all(p in done for p in placed[name])
+    )
+
+
+def hold_reminders(
+    plan: Plan, open_alerts: Iterable[tuple[str, str, str]]
+) -> tuple[AlertEvent, ...]:
+    """The failure alerts of holds still in force, fired again.
+
+    Alertmanager resolves an alert nobody sends again within its ``resolve_timeout`` (5 min
+    by default), while a hold lasts until a commit changes the failed spec: so every pass
+    that keeps a hold says so again. Same kind, model, server and severity as the first
+    firing, so Alertmanager sees the same alert, still active.
+    """
+    held = {(h.model, h.server): h for h in plan.held}
+    return tuple(
+        AlertEvent(
+            kind,
+            "critical",
+            f"{model} on {server} held at {', '.join(map(str, h.versions)) or 'nothing'} "
+            f"since revision {h.revision[:12]} failed; a commit that changes "
+            f"{h.deployment} releases it",
+            h.revision,
+            model,
+            server,
+            {"revision": h.revision, "deployment": h.deployment, "held": "yes", "reason": h.reason},
+        )
+        for model, server, kind in sorted(open_alerts)
+        if kind in ("rollout-failed", "load-failed") and (h := held.get((model, server)))
+    )
+
+
+def problem_alerts(plan: Plan) -> tuple[AlertEvent, ...]:
+    """Plan problems people must hear about: an artifact changed under a released version,
+    no memory headroom, a dependency that would make Triton load or unload on its own."""
+    return tuple(
+        AlertEvent(
+            p.kind,
+            "critical" if p.kind == "artifact-mismatch" else "warning",
+            f"{p.model} on {p.server}: {p.message}",
+            plan.revision,
+            p.model,
+            p.server,
+            {"revision": plan.revision, "problem": p.message},
+        )
+        for p in plan.problems
+        if p.kind in ("artifact-mismatch", "no-headroom", "dependency")
+    )
+
+
+def footprints_from(result: ApplyResult) -> dict[tuple[str, str], float]:
+    """Memory each new version took when it loaded (bytes per version): the footprint a later
+    headroom check assumes when the manifest declares none."""
+    found: dict[tuple[str, str], float] = {}
+    for change in result.changes:
+        new = set(change.change.desired) - set(change.change.serving)
+        for step in change.steps:
+            if step.ok and step.footprint is not None and new:
+                found[(change.change.server, change.change.model)] = step.footprint / len(new)
+    return found

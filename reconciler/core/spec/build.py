@@ -1,0 +1,273 @@
+"""Typed manifest values from validated documents: TritonServer and
+ModelDeployment, durations, sizes, analysis checks, rollouts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from reconciler.core.spec.schema import JsonPath
+from reconciler.core.spec.yaml import _Document
+from reconciler.core.triton_config import canonical
+from reconciler.model.analysis import AnalysisSpec, Check, NoTraffic
+from reconciler.model.errors import Problem
+from reconciler.model.spec import (
+    BackendSpec,
+    Discovery,
+    Expectation,
+    Location,
+    ModelDeployment,
+    RolloutSpec,
+    SequencePolicy,
+    ShadowSpec,
+    SmokeCase,
+    Tensor,
+    TritonServer,
+)
+
+_DURATION = re.compile(r"^([0-9]+)(ms|s|m|h)$")
+
+
+_SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
+
+
+def _seconds(text: str) -> float:
+    match = _DURATION.match(text)
+    assert match is not None  # the schema's pattern guarantees the form
+    factor = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
+    return int(match.group(1)) * factor
+
+
+def _bytes(value: int | str) -> int:
+    if isinstance(value, int):
+        return value
+    match = _SIZE.match(value)
+    assert match is not None  # the schema's pattern guarantees the form
+    return int(match.group(1)) << {None: 0, "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[match.group(2)]
+
+
+def _flat(data: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for item in data:
+        out.extend(_flat(item) if isinstance(item, list) else [item])
+    return out
+
+
+def _build_server(doc: _Document, spec: dict[str, Any]) -> TritonServer:
+    metadata, body = spec["metadata"], spec["spec"]
+    discovery = body.get("discovery")
+    return TritonServer(
+        name=metadata["name"],
+        labels=dict(metadata.get("labels", {})),
+        grpc=body.get("grpc", ""),
+        metrics=body.get("metrics"),
+        model_repository=body.get("modelRepository"),
+        location=Location(doc.file, doc.start_line),
+        discovery=(
+            Discovery(
+                discovery["dns"],
+                discovery["grpcPort"],
+                discovery.get("metricsPort"),
+                _seconds(discovery.get("refresh", "10s")),
+            )
+            if discovery
+            else None
+        ),
+    )
+
+
+def _build_deployment(
+    doc: _Document, spec: dict[str, Any], problems: list[Problem]
+) -> ModelDeployment:
+    metadata, body = spec["metadata"], spec["spec"]
+    model = body.get("model", metadata["name"])
+    config = body.get("config", {})
+    try:
+        canonical(config)
+    except ValueError as exc:
+        # Point at the offending key when protobuf names one of spec.config's own keys.
+        named = re.search(r'field named "([^"]+)"|parse (\w+) field', str(exc))
+        key = next((k for k in (named.groups() if named else ()) if k in config), None)
+        where: JsonPath = ("spec", "config", key) if key else ("spec", "config")
+        problems.append(doc.problem(where, f"spec.config: {exc}"))
+    if "name" in config and config["name"] != model:
+        problems.append(
+            doc.problem(
+                ("spec", "config", "name"),
+                f"config.name {config['name']!r} must equal the model name {model!r}",
+            )
+        )
+    verify = body.get("verify", {})
+    smoke: list[SmokeCase] = []
+    for index, case in enumerate(verify.get("smoke", [])):
+        path: JsonPath = ("spec", "verify", "smoke", index)
+        inputs = []
+        for name, tensor in case["inputs"].items():
+            data = _flat(tensor["data"])
+            if math.prod(tensor["shape"]) != len(data):
+                problems.append(
+                    doc.problem(
+                        (*path, "inputs", name, "data"),
+                        f"input {name}: shape {tensor['shape']} holds "
+                        f"{math.prod(tensor['shape'])} values, data has {len(data)}",
+                    )
+                )
+            inputs.append(Tensor(name, tensor["datatype"], tuple(tensor["shape"]), tuple(data)))
+        expect = []
+        for name, expected in case.get("expect", {}).items():
+            data = _flat(expected["data"])
+            shape = expected.get("shape")
+            if shape is not None and math.prod(shape) != len(data):
+                problems.append(
+                    doc.problem(
+                        (*path, "expect", name, "data"),
+                        f"output {name}: shape {shape} holds {math.prod(shape)} values, "
+                        f"data has {len(data)}",
+                    )
+                )
+            expect.append(
+                Expectation(
+                    name,
+                    tuple(data),
+                    tuple(shape) if shape is not None else None,
+                    float(expected.get("tolerance", 0.0)),
+                )
+            )
+        smoke.append(SmokeCase(case.get("name", f"smoke[{index}]"), tuple(inputs), tuple(expect)))
+    numbers: list[Any] = []
+    digests: dict[int, str] = {}
+    for entry in body["versions"]:
+        number = entry["version"] if isinstance(entry, dict) else entry
+        numbers.append(number)
+        if isinstance(entry, dict) and isinstance(number, int):
+            digests[number] = entry["digest"]
+    if len(set(numbers)) != len(numbers):
+        problems.append(doc.problem(("spec", "versions"), "spec.versions lists a version twice"))
+    for index, version in enumerate(numbers):
+        # JSON Schema's integer admits 2.0; a version number must be written as one.
+        if not isinstance(version, int):
+            problems.append(
+                doc.problem(
+                    ("spec", "versions", index),
+                    f"spec.versions[{index}]: {version!r} is not a whole version number",
+                )
+            )
+    servers = body["servers"]
+    analysis = verify.get("analysis")
+    return ModelDeployment(
+        name=metadata["name"],
+        model=model,
+        versions=tuple(sorted(int(v) for v in numbers)),
+        server_names=tuple(servers["names"]) if "names" in servers else None,
+        match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
+        config=config,
+        smoke=tuple(smoke),
+        verify_timeout=_seconds(verify.get("timeout", "120s")),
+        analysis=_analysis(analysis) if analysis is not None else None,
+        suspend=bool(body.get("suspend", False)),
+        digests=digests,
+        depends_on=tuple(body.get("dependsOn", ())),
+        sequence=(
+            SequencePolicy(
+                _seconds(body["sequence"].get("drainTimeout", "300s")),
+                _seconds(body["sequence"].get("idle", "10s")),
+                body["sequence"].get("drainWebhook"),
+            )
+            if "sequence" in body
+            else None
+        ),
+        backend=(
+            BackendSpec(
+                body["backend"]["name"],
+                body["backend"]["revision"],
+                tuple(body["backend"].get("replaceLibrary", {}).get("command", ())) or None,
+                body["backend"].get("replaceLibrary", {}).get("webhook"),
+            )
+            if "backend" in body
+            else None
+        ),
+        memory_per_version=(
+            _bytes(body["resources"]["memory"]) if "memory" in body.get("resources", {}) else None
+        ),
+        allow_interface_change=bool(body.get("allowInterfaceChange", False)),
+        when_no_headroom=body.get("rollout", {}).get("whenNoHeadroom", "refuse"),
+        rollout=_rollout(body.get("rollout", {})),
+        shadow=(
+            ShadowSpec(
+                verify["shadow"]["requests"],
+                float(verify["shadow"].get("compare", {}).get("tolerance", 0.0)),
+                float(verify["shadow"].get("compare", {}).get("minAgreement", 1.0)),
+                verify["shadow"].get("compare", {}).get("maxLatencyIncrease"),
+                location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
+            )
+            if "shadow" in verify
+            else None
+        ),
+        location=Location(doc.file, doc.start_line),
+        analysis_location=(
+            Location(doc.file, doc.line(("spec", "verify", "analysis")))
+            if analysis is not None
+            else None
+        ),
+        fingerprint=fingerprint_of(body),
+    )
+
+
+def fingerprint_of(spec: Mapping[str, Any]) -> str:
+    """A short digest of a ModelDeployment's spec, stable across key order and layout."""
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _rollout(spec: dict[str, Any]) -> RolloutSpec:
+    preview = spec.get("preview", {}).get("servers", {})
+    webhooks = spec.get("webhooks", {})
+    return RolloutSpec(
+        steps=tuple(step["servers"] for step in spec.get("steps", ())),
+        max_parallel=spec.get("maxParallel"),
+        preview_names=tuple(preview["names"]) if "names" in preview else None,
+        preview_labels=dict(preview["matchLabels"]) if "matchLabels" in preview else None,
+        pre_step=webhooks.get("preStep"),
+        post_step=webhooks.get("postStep"),
+    )
+
+
+def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
+    checks = []
+    for check in spec["checks"]:
+        if "successRate" in check:
+            checks.append(Check(check["name"], "successRate", min=check["successRate"]["min"]))
+        elif "latency" in check:
+            checks.append(
+                Check(check["name"], "latency", max_increase=check["latency"]["maxIncrease"])
+            )
+        elif "memory" in check:
+            checks.append(
+                Check(
+                    check["name"],
+                    "memory",
+                    max_increase_bytes=check["memory"]["maxIncreaseBytes"],
+                )
+            )
+        else:
+            checks.append(
+                Check(
+                    check["name"],
+                    "promql",
+                    min=check.get("min"),
+                    max=check.get("max"),
+                    query=check["promql"],
+                )
+            )
+    return AnalysisSpec(
+        interval=_seconds(spec.get("interval", "10s")),
+        duration=_seconds(spec.get("duration", "60s")),
+        failure_limit=spec.get("failureLimit", 0),
+        no_traffic=NoTraffic(spec.get("noTraffic", "wait")),
+        checks=tuple(checks),
+    )

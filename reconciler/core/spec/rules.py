@@ -1,0 +1,159 @@
+"""Checks that span documents: unique names, server references, one
+deployment per model and server, dependency cycles, analysis sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+from reconciler.core.spec.yaml import _Document
+from reconciler.model.errors import Problem
+from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
+
+
+def _cross_check(
+    servers: list[tuple[_Document, TritonServer]],
+    deployments: list[tuple[_Document, ModelDeployment]],
+) -> Iterator[Problem]:
+    seen_servers: dict[str, TritonServer] = {}
+    for doc, server in servers:
+        if server.name in seen_servers:
+            first = seen_servers[server.name].location
+            yield doc.problem(
+                ("metadata", "name"),
+                f"duplicate TritonServer name {server.name!r} (first defined at {first})",
+            )
+        else:
+            seen_servers[server.name] = server
+    seen_deployments: dict[str, ModelDeployment] = {}
+    placed: dict[tuple[str, str], ModelDeployment] = {}
+    for doc, deployment in deployments:
+        if deployment.name in seen_deployments:
+            first = seen_deployments[deployment.name].location
+            yield doc.problem(
+                ("metadata", "name"),
+                f"duplicate ModelDeployment name {deployment.name!r} (first defined at {first})",
+            )
+            continue
+        seen_deployments[deployment.name] = deployment
+        if deployment.server_names is not None:
+            for index, name in enumerate(deployment.server_names):
+                if name not in seen_servers:
+                    yield doc.problem(
+                        ("spec", "servers", "names", index),
+                        f"ModelDeployment {deployment.name!r} names unknown TritonServer {name!r}",
+                    )
+        targets = [s for s in seen_servers.values() if deployment.selects(s)]
+        if deployment.match_labels is not None and not targets:
+            yield doc.problem(
+                ("spec", "servers", "matchLabels"),
+                f"ModelDeployment {deployment.name!r}: matchLabels "
+                f"{dict(deployment.match_labels)} match no TritonServer",
+            )
+        for server in targets:
+            other = placed.get((server.name, deployment.model))
+            if other is not None:
+                yield doc.problem(
+                    ("spec",),
+                    f"model {deployment.model!r} on server {server.name!r} is already placed by "
+                    f"ModelDeployment {other.name!r} ({other.location})",
+                )
+            else:
+                placed[(server.name, deployment.model)] = deployment
+        complete = "backend" in deployment.config or "platform" in deployment.config
+        blind = [s.name for s in targets if s.model_repository is None]
+        if blind and not complete:
+            yield doc.problem(
+                ("spec",),
+                f"ModelDeployment {deployment.name!r}: server(s) {', '.join(blind)} declare no "
+                "spec.modelRepository to read the base config from, so spec.config must be "
+                "complete (at least backend or platform, inputs and outputs)",
+            )
+
+
+def analysis_source_problems(desired: DesiredState, *, prometheus: bool) -> list[Problem]:
+    """Analyses that cannot read their metrics: PromQL checks without Prometheus, any check
+    on a server without a metrics URL."""
+    problems = []
+    for deployment in desired.deployments.values():
+        spec, where = deployment.analysis, deployment.analysis_location
+        if spec is None or where is None:
+            continue
+        if spec.needs_prometheus and not prometheus:
+            names = ", ".join(c.name for c in spec.checks if c.kind == "promql")
+            problems.append(
+                Problem(where.file, where.line, f"promql check(s) {names} need --prometheus-url")
+            )
+        # Metrics are located by each server's metrics URL, scraped directly or as the
+        # Prometheus target's instance label.
+        blind = sorted(
+            s.name
+            for s in desired.servers.values()
+            if deployment.selects(s)
+            and s.metrics is None
+            and not (s.discovery and s.discovery.metrics_port)
+        )
+        if blind:
+            problems.append(
+                Problem(
+                    where.file,
+                    where.line,
+                    f"the analysis of {deployment.name!r} needs metrics: set spec.metrics on "
+                    f"TritonServer(s) {', '.join(blind)}",
+                )
+            )
+    return problems
+
+
+def dependency_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
+    """A cycle in ``edges`` (node -> the nodes it depends on), as [a, b, ..., a], or None."""
+    done: set[str] = set()
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return None
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            found = visit(nxt)
+            if found:
+                return found
+        path.pop()
+        done.add(node)
+        return None
+
+    for node in sorted(edges):
+        found = visit(node)
+        if found:
+            return found
+    return None
+
+
+def _dependency_problems(
+    deployments: list[tuple[_Document, ModelDeployment]],
+) -> Iterator[Problem]:
+    """dependsOn naming unknown ModelDeployments; cycles through dependsOn and ensembles."""
+    names = {d.name for _, d in deployments}
+    by_model: dict[str, set[str]] = {}
+    for _, d in deployments:
+        by_model.setdefault(d.model, set()).add(d.name)
+    edges: dict[str, set[str]] = {}
+    where: dict[str, _Document] = {}
+    for doc, d in deployments:
+        where[d.name] = doc
+        for index, other in enumerate(d.depends_on):
+            if other not in names:
+                yield doc.problem(
+                    ("spec", "dependsOn", index),
+                    f"ModelDeployment {d.name!r} depends on unknown ModelDeployment {other!r}",
+                )
+        edges[d.name] = {o for o in d.depends_on if o in names} | {
+            n for m in d.composing_models for n in by_model.get(m, ())
+        }
+    cycle = dependency_cycle(edges)
+    if cycle:
+        yield where[cycle[0]].problem(
+            ("spec",), f"dependency cycle: {' -> '.join(cycle)} (through dependsOn and ensembles)"
+        )

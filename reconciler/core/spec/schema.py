@@ -1,0 +1,130 @@
+"""The JSON Schemas of the manifest kinds (the single source of
+structural validation) and messages made from their errors.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import referencing
+
+API_VERSION = "triton-gitops/v1alpha1"
+
+
+KIND_SCHEMAS = {
+    "TritonServer": "triton-server.schema.json",
+    "ModelDeployment": "model-deployment.schema.json",
+}
+
+
+JsonPath = tuple[str | int, ...]
+
+
+def schema_dir() -> Path:
+    """Where the JSON Schemas are: inside the installed package, else the source tree's."""
+    packaged = resources.files("reconciler") / "schemas"
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[3] / "schemas"
+
+
+@cache
+def _schemas() -> dict[str, Any]:
+    return {p.name: json.loads(p.read_text()) for p in schema_dir().glob("*.schema.json")}
+
+
+@cache
+def _registry() -> referencing.Registry[Any]:
+    return referencing.Registry().with_resources(
+        (s["$id"], referencing.Resource.from_contents(s)) for s in _schemas().values()
+    )
+
+
+@cache
+def _validators() -> dict[str, jsonschema.protocols.Validator]:
+    return {
+        kind: jsonschema.Draft202012Validator(_schemas()[name], registry=_registry())
+        for kind, name in KIND_SCHEMAS.items()
+    }
+
+
+_JSON_SCALARS = (str, int, float, type(None))
+
+
+def _foreign_value(value: Any, path: JsonPath) -> tuple[JsonPath, Any] | None:
+    """The first value (with its path) that JSON cannot hold: timestamps, sets, binary,
+    tagged scalars. Keys are text once loaded (see ``plain``)."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _foreign_value(item, (*path, str(key)))
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _foreign_value(item, (*path, index))
+            if found is not None:
+                return found
+        return None
+    return None if isinstance(value, _JSON_SCALARS) else (path, value)
+
+
+def _yaml_type(value: Any) -> str:
+    if isinstance(value, datetime.date):  # datetimes too
+        return "timestamp"
+    if isinstance(value, AbstractSet):
+        return "set"
+    if isinstance(value, bytes):
+        return "binary value"
+    return f"value tagged {getattr(value, 'tag', None) or type(value).__name__}"
+
+
+def _where(path: JsonPath) -> str:
+    """A path as the schema messages write it: spec.versions[0]."""
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
+
+
+def _specific(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
+    """For a oneOf between a scalar form and an object form, the error of the form the
+    value was written in: "'two' is not of type 'integer'", not "valid under none"."""
+    if error.validator != "oneOf" or not error.context:
+        return error
+    written_as_object = isinstance(error.instance, dict)
+    branches = error.validator_value
+    same_form = [
+        e
+        for e in error.context
+        if (branches[e.schema_path[0]].get("type") == "object") == written_as_object
+    ]
+    return jsonschema.exceptions.best_match(same_form) or error if same_form else error
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    error = _specific(error)
+    where = _where(tuple(error.absolute_path))
+    if error.validator == "not" and error.absolute_path and error.absolute_path[-1] == "config":
+        message = "version_policy is set by the reconciler from spec.versions; remove it"
+    elif error.validator == "not" and where.endswith("shadow.requests"):
+        message = f"{error.instance!r} must stay inside the repository: no '..' part, no '\\'"
+    elif error.validator == "oneOf" and "checks" in error.absolute_path:
+        message = (
+            "a check needs exactly one of successRate, latency, memory or promql "
+            "(promql with min and/or max)"
+        )
+    elif error.validator == "oneOf" and where == "spec" and "grpc" in str(error.validator_value):
+        message = "exactly one of grpc (with an optional metrics URL) or discovery is required"
+    elif error.validator in ("minProperties", "maxProperties") and where.endswith("servers"):
+        message = "exactly one of names or matchLabels is required"
+    elif error.validator == "pattern" and isinstance(error.instance, str):
+        message = f"{error.instance!r} does not match {error.validator_value!r}"
+    else:
+        message = error.message
+    return f"{where}: {message}" if where else message

@@ -1,0 +1,80 @@
+"""``apply``: a Plan's changes, servers concurrently (bounded), staged
+rollouts stage by stage.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from reconciler.engine.change import _ignore, _ignore_stage, apply_change
+from reconciler.engine.staged import _server_lost, _staged
+from reconciler.engine.steps import Timing
+from reconciler.model.plan import ModelChange, Plan
+from reconciler.model.results import ApplyResult, ChangeResult, Outcome, Progress, StagedProgress
+from reconciler.ports import FiguresSource, ModelControl
+
+
+def apply(
+    plan: Plan,
+    controls: Mapping[str, ModelControl],
+    *,
+    max_parallel: int = 8,
+    timing: Timing | None = None,
+    progress: Progress = _ignore,
+    metrics: Mapping[str, FiguresSource] | None = None,
+    staged_progress: StagedProgress | None = None,
+) -> ApplyResult:
+    """Execute every change of ``plan``; servers concurrently, each server's changes in order.
+
+    ``progress`` is called with each step's result as it finishes (from worker threads).
+    """
+    timing = timing or Timing()
+    staged: dict[str, dict[str, ModelChange]] = {r.deployment: {} for r in plan.rollouts}
+    members = {
+        (r.deployment, server) for r in plan.rollouts for stage in r.stages for server in stage
+    }
+    by_server: dict[str, list[ModelChange]] = {}
+    for change in plan.changes:
+        if change.deployment is not None and (change.deployment, change.server) in members:
+            staged[change.deployment][change.server] = change
+            continue
+        by_server.setdefault(change.server, []).append(change)
+    # One server of a pool at a time for changes that take a model out of service there
+    # (drains, library swaps, swaps without headroom).
+    locks = {c.exclusive: threading.Lock() for c in plan.changes if c.exclusive}
+
+    def run_server(server: str) -> list[ChangeResult]:
+        results: list[ChangeResult] = []
+        for change in by_server[server]:
+            # Shutdown: finish the change in progress, start no other.
+            if timing.stopping() or (results and _server_lost(results[-1])):
+                results.append(ChangeResult(change, Outcome.SKIPPED, ()))
+                continue
+            source = (metrics or {}).get(server)
+            if change.exclusive:
+                with locks[change.exclusive]:
+                    results.append(apply_change(controls[server], change, timing, progress, source))
+            else:
+                results.append(apply_change(controls[server], change, timing, progress, source))
+        return results
+
+    with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
+        per_server = list(pool.map(run_server, sorted(by_server)))
+    results = [r for server_results in per_server for r in server_results]
+    for rollout in plan.rollouts:
+        results.extend(
+            _staged(
+                rollout,
+                staged[rollout.deployment],
+                controls,
+                timing,
+                progress,
+                metrics,
+                staged_progress or _ignore_stage,
+            )
+        )
+    order = {(c.server, c.model): i for i, c in enumerate(plan.changes)}
+    results.sort(key=lambda r: order[(r.change.server, r.change.model)])
+    return ApplyResult(plan.revision, tuple(results))

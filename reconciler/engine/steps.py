@@ -1,0 +1,325 @@
+"""One step at a time: load, verify (readiness, smoke cases, interface,
+shadow), drain, analyze, unload, library replacement.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from reconciler.adapters.hooks import _post_json, _replace_library
+from reconciler.core.analysis import baseline_from, evaluate, judge
+from reconciler.core.smoke import mismatches
+from reconciler.faults import fault_point
+from reconciler.model.analysis import Evaluation, RolloutVerdict
+from reconciler.model.errors import AnalysisFailed, DrainTimeout, Interrupted, VerifyFailed
+from reconciler.model.plan import Action, Step
+from reconciler.model.serving import ModelInterface, ModelState, interface_difference
+from reconciler.ports import FiguresSource, ModelControl
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Injected clock and sleep, so waiting logic is testable without waiting; and
+    ``stopping``, which turns true when the process is asked to shut down."""
+
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    poll_interval: float = 0.05
+    unload_wait: float = 30.0
+    stopping: Callable[[], bool] = _never
+
+
+def _wait_for(
+    control: ModelControl,
+    step: Step,
+    done: Callable[[ModelState], bool],
+    failed: Callable[[ModelState], str | None],
+    timeout: float,
+    timing: Timing,
+) -> ModelState:
+    deadline = timing.clock() + timeout
+    while True:
+        state = control.model_state(step.model)
+        if done(state):
+            return state
+        why = failed(state)
+        if why:
+            raise VerifyFailed(why)
+        if timing.clock() >= deadline:
+            raise VerifyFailed(f"timed out after {timeout:g}s")
+        timing.sleep(timing.poll_interval)
+
+
+@dataclass
+class _ChangeContext:
+    """What one change's steps share while it runs."""
+
+    source: FiguresSource | None = None
+    interface: ModelInterface | None = None  # the old versions' inputs and outputs
+    footprint: float | None = None
+    # Where the analysis reads the old versions' figures: the servers a staged rollout has
+    # not reached yet, when there are some; else (None) this server's own old versions.
+    baseline: FiguresSource | None = None
+
+
+def _verify(
+    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext | None = None
+) -> None:
+    fault_point("apply.verify")
+    wanted = set(step.versions)
+
+    def not_coming(state: ModelState) -> str | None:
+        # A version that is neither READY nor LOADING will not become READY by waiting.
+        gone = [
+            v
+            for v in sorted(wanted - state.ready)
+            if not any(s.version == v and s.state == "LOADING" for s in state.versions)
+        ]
+        if gone:
+            return "; ".join(f"version {v} is not READY ({state.reason(v)})" for v in gone)
+        return None
+
+    _wait_for(control, step, lambda s: wanted <= s.ready, not_coming, step.timeout, timing)
+    for case in step.smoke:
+        outputs = tuple(e.name for e in case.expect)
+        for version in step.smoke_versions:
+            answer = control.infer(step.model, version, case.inputs, outputs)
+            wrong = mismatches(case, answer)
+            if wrong:
+                raise VerifyFailed(f"smoke {case.name} on version {version}: {'; '.join(wrong)}")
+    if step.shadow is not None and step.shadow_against is not None:
+        _shadow(control, step, timing, context)
+    if step.interface_check and context is not None and context.interface is not None:
+        for version in step.smoke_versions:
+            changed = interface_difference(
+                context.interface, control.interface(step.model, version)
+            )
+            if changed:
+                raise VerifyFailed(
+                    f"version {version} changes the model's interface: {'; '.join(changed)} "
+                    "(set spec.allowInterfaceChange: true to accept)"
+                )
+
+
+def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
+    fault_point("apply.unload")
+    if step.versions:
+        assert step.config is not None
+        control.load(step.model, step.config)
+    else:
+        control.unload(step.model)
+    dropped = set(step.dropped)
+
+    def gone(state: ModelState) -> bool:
+        if step.until_unavailable:
+            # A library swap needs the model fully out: no version READY or UNLOADING.
+            return not any(v.state in ("READY", "UNLOADING", "LOADING") for v in state.versions)
+        return not (dropped & state.ready)
+
+    # Dropped versions leave READY at once (UNLOADING while in-flight requests finish).
+    _wait_for(control, step, gone, lambda _: None, timing.unload_wait, timing)
+
+
+def _shadow(
+    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext | None
+) -> None:
+    """Replay the recorded requests, version-pinned, on the old version and each new one;
+    compare outputs (within the tolerance) and mean latencies."""
+    shadow, old = step.shadow, step.shadow_against
+    assert shadow is not None and old is not None
+    if not shadow.requests:
+        return
+    outputs = tuple(t.name for t in control.interface(step.model, old).outputs)
+    for version in step.smoke_versions:
+        agree, old_seconds, new_seconds = 0, 0.0, 0.0
+        for inputs in shadow.requests:
+            started = timing.clock()
+            want = control.infer(step.model, old, inputs, outputs)
+            middle = timing.clock()
+            got = control.infer(step.model, version, inputs, outputs)
+            ended = timing.clock()
+            old_seconds += middle - started
+            new_seconds += ended - middle
+            if set(got) == set(want) and all(
+                got[name].shape == want[name].shape
+                and bool(
+                    np.all(
+                        np.abs(got[name].astype(np.float64) - want[name].astype(np.float64))
+                        <= shadow.tolerance
+                    )
+                )
+                if want[name].dtype != np.object_
+                else got[name].tolist() == want[name].tolist()
+                for name in want
+            ):
+                agree += 1
+        share = agree / len(shadow.requests)
+        if share < shadow.min_agreement:
+            raise VerifyFailed(
+                f"shadow replay of {len(shadow.requests)} request(s): version {version} agrees "
+                f"with version {old} on {share:.1%} (at least {shadow.min_agreement:.1%} "
+                f"required, tolerance {shadow.tolerance:g})"
+            )
+        if shadow.max_latency_increase is not None and old_seconds > 0:
+            increase = new_seconds / old_seconds - 1
+            if increase > shadow.max_latency_increase:
+                raise VerifyFailed(
+                    f"shadow replay: version {version} is {increase:.0%} slower than version "
+                    f"{old} (at most {shadow.max_latency_increase:.0%})"
+                )
+
+
+def _drain(step: Step, timing: Timing, context: _ChangeContext) -> None:
+    """Wait until the model is idle here: no pending request and no new inference for the
+    idle window. Nothing is swapped on timeout: the old versions keep serving."""
+    policy = step.drain
+    assert policy is not None
+    if policy.drain_webhook:
+        _post_json(
+            policy.drain_webhook,
+            {"event": "drain", "server": step.server, "model": step.model,
+             "versions": list(step.versions)},
+        )  # fmt: skip
+    if context.source is None:
+        raise DrainTimeout(f"server {step.server}: draining {step.model} needs its metrics")
+    deadline = timing.clock() + policy.drain_timeout
+    quiet_since: float | None = None
+    last: float | None = None
+    while True:
+        figures = context.source.figures(step.model, step.versions)
+        now = timing.clock()
+        idle = figures.error is None and not figures.pending and figures.inferences is not None
+        if idle and figures.inferences == last:
+            quiet_since = now if quiet_since is None else quiet_since
+            if now - quiet_since >= policy.idle:
+                return
+        else:
+            quiet_since = now if idle else None
+        last = figures.inferences
+        if now >= deadline:
+            raise DrainTimeout(
+                f"server {step.server}: {step.model} did not go idle within "
+                f"{policy.drain_timeout:g}s (pending {figures.pending}, inferences still "
+                "growing); not swapped, the old versions keep serving"
+            )
+        timing.sleep(min(1.0, max(timing.poll_interval, policy.idle / 10)))
+
+
+def _analyze(
+    control: ModelControl,
+    step: Step,
+    timing: Timing,
+    source: FiguresSource | None,
+    baseline_source: FiguresSource | None = None,
+) -> tuple[tuple[Evaluation, ...], RolloutVerdict]:
+    spec = step.analysis
+    assert spec is not None
+    if source is None:
+        raise AnalysisFailed(
+            f"server {step.server}: no metrics source for the analysis", (), RolloutVerdict.FAILED
+        )
+    queries = {c.name: c.query for c in spec.checks if c.query}
+    old = (baseline_source or source).figures(step.model, step.baseline) if step.baseline else None
+    previous = source.figures(step.model, step.versions, queries)
+    baseline = baseline_from(old, previous)
+    started = timing.clock()
+    evaluations: list[Evaluation] = []
+    unreadable = previous.error is not None
+    while True:
+        # Ticks are measured from the start, so slow scrapes do not stretch the analysis.
+        next_tick = started + spec.interval * (len(evaluations) + 1)
+        timing.sleep(max(0.0, next_tick - timing.clock()))
+        if timing.stopping():
+            raise Interrupted(
+                f"server {step.server}: analysis of {step.model} interrupted by shutdown after "
+                f"{len(evaluations)} evaluation(s); the old versions serve again",
+                tuple(evaluations),
+                "interrupted",
+            )
+        current = source.figures(step.model, step.versions, queries)
+        unreadable = unreadable or current.error is not None
+        if baseline.memory_bytes is None and current.memory_bytes is not None:
+            # The first reading had no memory figure (a failed scrape, or Triton not yet
+            # sampling): measure growth from the first reading that has one.
+            baseline = replace(baseline, memory_bytes=current.memory_bytes)
+        elapsed = timing.clock() - started
+        evaluations.append(evaluate(spec, len(evaluations), elapsed, previous, current, baseline))
+        previous = current
+        fault_point("apply.analysis")
+        verdict = judge(spec, tuple(evaluations), elapsed)
+        if verdict is RolloutVerdict.PASSED:
+            return tuple(evaluations), verdict
+        if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
+            raise AnalysisFailed(
+                f"server {step.server}: analysis of {step.model} version(s) "
+                f"{', '.join(map(str, step.versions))} inconclusive: metrics unavailable "
+                f"({current.error or previous.error or 'a reading failed'}); the old versions "
+                "serve again, not held: the next pass analyses again",
+                tuple(evaluations),
+                RolloutVerdict.METRICS_UNAVAILABLE,
+            )
+        if verdict is not RolloutVerdict.RUNNING:
+            last = evaluations[-1]
+            why = (
+                "; ".join(str(r) for r in last.failed)
+                if verdict is RolloutVerdict.FAILED
+                else "no evaluation counted in "
+                f"{spec.duration:g}s (last: {'; '.join(str(r) for r in last.results)})"
+            )
+            raise AnalysisFailed(
+                f"server {step.server}: analysis of {step.model} version(s) "
+                f"{', '.join(map(str, step.versions))} {verdict} after "
+                f"{len(evaluations)} evaluation(s): {why}",
+                tuple(evaluations),
+                verdict,
+            )
+
+
+def _load(control: ModelControl, step: Step, context: _ChangeContext) -> None:
+    assert step.config is not None
+    source = context.source
+    before = source.figures(step.model, ()) if source is not None else None
+    fault_point("apply.load.requested")
+    control.load(step.model, step.config)
+    fault_point("apply.load.accepted")
+    if source is not None and before is not None and before.memory_bytes is not None:
+        # What loading beside the old cost the server, per new version: the footprint the
+        # next headroom check uses when the manifest declares none.
+        after = source.figures(step.model, ())
+        if after.memory_bytes is not None and len(step.versions) > 0:
+            context.footprint = max(0.0, after.memory_bytes - before.memory_bytes)
+
+
+def execute_step(
+    control: ModelControl,
+    step: Step,
+    timing: Timing,
+    source: FiguresSource | None = None,
+    context: _ChangeContext | None = None,
+) -> tuple[tuple[Evaluation, ...], RolloutVerdict | None]:
+    """Carry out one step; raise a ReconcileError subclass when it fails.
+
+    Returns the evaluations and verdict of an analyze step, nothing for the others.
+    """
+    context = context or _ChangeContext(source)
+    if step.action is Action.LOAD:
+        _load(control, step, context)
+    elif step.action is Action.VERIFY:
+        _verify(control, step, timing, context)
+    elif step.action is Action.ANALYZE:
+        return _analyze(control, step, timing, context.source, context.baseline)
+    elif step.action is Action.DRAIN:
+        _drain(step, timing, context)
+    elif step.action is Action.REPLACE_LIBRARY:
+        _replace_library(step)
+    else:
+        _unload(control, step, timing)
+    return (), None

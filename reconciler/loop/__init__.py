@@ -1,0 +1,1 @@
+"""One reconcile pass as a straight run of named phases, and ``status``."""

@@ -1,0 +1,144 @@
+"""The reconciler's error tree: the loop decides what to do from these types only.
+
+    ReconcileError                     base of everything the reconciler raises on purpose
+    ├── ValidationError                manifests are wrong; permanent until the input changes
+    │                                  (carries every Problem found: file, line, message)
+    ├── SourceUnavailable              the Git remote or ref cannot be read (transient)
+    ├── ServerUnavailable              a Triton server does not answer (transient)
+    ├── UnsafeRevision                 a revision refused as a whole (e.g. it would empty a
+    │                                  server that serves models); nothing is applied
+    └── StepFailed                     one step of a model's change failed; the model goes back
+        ├── LoadFailed                 Triton refused or failed the load (its own message)
+        ├── VerifyFailed               a version did not become READY or a smoke case failed
+        ├── AnalysisFailed             the new versions' metrics failed the analysis
+        │   └── Interrupted            shutdown came during the analysis (put back, not held)
+        ├── UnloadFailed               dropping old versions failed (new ones serve already)
+        └── DrainTimeout               a model did not go idle: not swapped, old ones serve
+
+Library exceptions (GitPython, tritonclient, ruamel.yaml) are re-raised as these at the
+adapter boundary, ``raise ServerUnavailable(...) from exc``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reconciler.model.source import CommitVerdict
+
+
+class ReconcileError(Exception):
+    """Base of the reconciler's own errors."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the manifests, located in a file."""
+
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}"
+
+
+class ValidationError(ReconcileError):
+    def __init__(self, problems: list[Problem], revision: str | None = None) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.file, p.line, p.message))
+        self.revision = revision  # the commit the manifests were read from, if any
+        super().__init__("\n".join(str(p) for p in self.problems))
+
+
+class SourceUnavailable(ReconcileError):
+    """The manifest source (Git URL, path or ref) cannot be read."""
+
+
+class ServerUnavailable(ReconcileError):
+    """A Triton server did not answer."""
+
+    def __init__(self, server: str, message: str) -> None:
+        self.server = server
+        super().__init__(f"server {server}: {message}")
+
+
+class UnsafeRevision(ReconcileError):
+    """A revision that would do something no single commit should do, refused as a whole."""
+
+
+class StepFailed(ReconcileError):
+    """A step of one model's change on one server failed."""
+
+
+class LoadFailed(StepFailed):
+    pass
+
+
+class VerifyFailed(StepFailed):
+    pass
+
+
+class AnalysisFailed(StepFailed):
+    """The analysis failed the rollout; carries every evaluation made, for the record."""
+
+    def __init__(self, message: str, evaluations: tuple[Any, ...], verdict: Any = "failed") -> None:
+        super().__init__(message)
+        self.evaluations = evaluations
+        self.verdict = verdict
+
+
+class Interrupted(AnalysisFailed):
+    """Shutdown began during an analysis; the old versions go back, the spec is not held."""
+
+
+class UnloadFailed(StepFailed):
+    pass
+
+
+class DrainTimeout(StepFailed):
+    """A model did not go idle on a server in time; nothing was swapped there."""
+
+
+class DiscoveryFailed(ReconcileError):
+    """A name could not be resolved."""
+
+
+class TrustedKeysError(ReconcileError):
+    """The trusted-keys folder cannot be turned into a keyring (missing, empty, not keys)."""
+
+
+class UnverifiedRevision(UnsafeRevision):
+    """A revision refused because commits it brings are not signed by a trusted key."""
+
+    def __init__(self, verdicts: Sequence[CommitVerdict]) -> None:
+        self.verdicts = tuple(verdicts)
+        failed = [v for v in self.verdicts if not v.ok]
+        super().__init__(
+            f"refusing revision: {len(failed)} commit(s) not signed by a trusted key: "
+            + "; ".join(str(v) for v in failed)
+        )
+
+
+class HistoryRewritten(UnsafeRevision):
+    """The tracked branch no longer descends from the last applied commit (a force-push)."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+        super().__init__(
+            f"refusing revision {new}: it does not descend from the last applied revision "
+            f"{old} (the branch was rewritten); the last applied revision keeps serving until "
+            "an operator accepts the rewrite"
+        )
+
+
+class ArtifactError(ReconcileError):
+    """A version folder cannot be hashed: missing, unreadable, or holding a special file."""
+
+
+class StalePlan(UnsafeRevision):
+    """A saved plan no longer matches the tracked branch or the servers."""
+
+
+class NotApproved(UnsafeRevision):
+    """The commit lacks the approvals its trailers must record."""

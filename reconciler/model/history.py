@@ -1,0 +1,119 @@
+"""What the reconciler remembers between passes: holds, staged
+rollouts in progress, managed models, past rollouts, applied specs and alert events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A ModelDeployment whose spec failed its rollout: kept at what served before.
+
+    It lasts until a commit changes the ModelDeployment (its fingerprint).
+    """
+
+    deployment: str
+    fingerprint: str
+    revision: str
+    reason: str
+    previous: Mapping[str, tuple[int, ...]]  # server -> versions it served before
+    configs: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StagedRecord:
+    """How far a staged rollout got before the reconciler stopped."""
+
+    fingerprint: str
+    completed: frozenset[str]  # servers whose stage passed: new versions verified, analysed
+    started: Mapping[str, tuple[int, ...]]  # servers of the stage in progress: what served
+
+
+@dataclass(frozen=True)
+class History:
+    """What the state store remembers: the last applied revision, the models it placed, holds."""
+
+    revision: str | None = None
+    managed: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    holds: Mapping[str, Hold] = field(default_factory=dict)
+    backends: Mapping[str, str] = field(default_factory=dict)  # deployment -> applied revision
+    # Staged rollouts a previous pass began and did not finish (the reconciler stopped).
+    staged: Mapping[str, StagedRecord] = field(default_factory=dict)
+    footprints: Mapping[tuple[str, str], float] = field(default_factory=dict)  # bytes/version
+
+
+@dataclass(frozen=True)
+class Held:
+    """A (server, model) kept at its previous versions by a hold, for the plan's report."""
+
+    server: str
+    model: str
+    deployment: str
+    revision: str
+    reason: str
+    versions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Rollout:
+    revision: str
+    deployment: str
+    server: str
+    model: str
+    from_versions: tuple[int, ...]
+    to_versions: tuple[int, ...]
+    outcome: str  # converged | reverted | failed | skipped
+    verdict: str | None  # the analysis verdict, where one ran
+    checks: tuple[Mapping[str, Any], ...]  # the last evaluation's check results
+    error: str | None
+    rollback_seconds: float | None
+    finished_at: float  # wall-clock seconds since the epoch
+
+
+@dataclass(frozen=True)
+class AppliedSpec:
+    """The versions and config a ModelDeployment last converged to everywhere it is placed:
+    what a revert write-back restores."""
+
+    deployment: str
+    revision: str
+    fingerprint: str
+    versions: tuple[int, ...]
+    config: Mapping[str, Any]
+    backend: str | None = None  # the backend library revision it runs on, if declared
+
+
+KINDS = (
+    "rollout-failed",
+    "load-failed",
+    "validation-failed",
+    "rollout-succeeded",
+    "unload-failed",
+    "revision-refused",
+    "artifact-mismatch",
+    "no-headroom",
+    "drain-timeout",
+    "dependency",
+)
+
+
+@dataclass(frozen=True)
+class AlertEvent:
+    """One thing to tell people about a revision; ``kind`` is one of ``KINDS``."""
+
+    kind: str
+    severity: str  # critical | warning | info
+    summary: str
+    revision: str
+    model: str | None = None
+    server: str | None = None
+    details: Mapping[str, Any] = field(default_factory=dict)
+    resolved: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"unknown alert kind {self.kind!r}; one of {', '.join(KINDS)}")

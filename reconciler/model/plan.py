@@ -1,0 +1,116 @@
+"""The Plan: changes per server and model, each an ordered list of steps
+with the reason for each. Made by ``core/plan``, executed by ``engine``, shown by ``views``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from reconciler.model.analysis import AnalysisSpec
+from reconciler.model.history import Held
+from reconciler.model.spec import BackendSpec, SequencePolicy, ShadowSpec, SmokeCase
+
+
+class Action(StrEnum):
+    DRAIN = "drain"  # wait until the model is idle on this server (sequence models)
+    UNLOAD = "unload"
+    REPLACE_LIBRARY = "replace-library"  # a new backend shared library reaches the host
+    LOAD = "load"
+    VERIFY = "verify"
+    ANALYZE = "analyze"
+    # In results only, never planned: the staged rollout failed elsewhere (another server's
+    # step, a step webhook, shutdown) and took this server back with it.
+    ROLLOUT = "rollout"
+
+
+@dataclass(frozen=True)
+class Step:
+    server: str
+    model: str
+    action: Action
+    # load: the version policy loaded; verify: the versions that must be READY;
+    # unload: the versions kept (empty: the whole model is unloaded).
+    versions: tuple[int, ...]
+    reason: str
+    config: Mapping[str, Any] | None = None  # the whole config sent with a load
+    smoke: tuple[SmokeCase, ...] = ()
+    smoke_versions: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()  # unload: the versions that go
+    timeout: float = 120.0
+    analysis: AnalysisSpec | None = None  # analyze: what to watch, how long
+    baseline: tuple[int, ...] = ()  # analyze: the old versions the new are compared with
+    drain: SequencePolicy | None = None  # drain: webhook, idle window, timeout
+    backend: BackendSpec | None = None  # replace-library: what to put in place
+    interface_check: bool = False  # verify: new versions must keep the old interface
+    shadow: ShadowSpec | None = None  # verify: replay recorded requests on old and new
+    shadow_against: int | None = None  # verify: the old version the replay compares with
+    until_unavailable: bool = False  # unload: wait until the model is fully gone
+    dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
+
+
+@dataclass(frozen=True)
+class ModelChange:
+    """Everything one model on one server goes through, in order."""
+
+    server: str
+    model: str
+    deployment: str | None  # None when the model is being removed
+    serving: tuple[int, ...]  # READY before the change
+    desired: tuple[int, ...]  # empty when the model is being removed
+    steps: tuple[Step, ...]
+    # Run when a load or verify step fails: back to ``serving`` (which never stopped serving).
+    revert: tuple[Step, ...] = ()
+    # Changes with the same key never run at once (one server of a pool at a time).
+    exclusive: str | None = None
+    interface_baseline: int | None = None  # the old version whose interface new ones keep
+
+
+@dataclass(frozen=True)
+class PlanProblem:
+    """Something that stops one model (or one whole server) from being planned."""
+
+    server: str
+    model: str | None
+    message: str
+    kind: str = "problem"  # problem | artifact-mismatch | no-headroom | dependency
+
+    def __str__(self) -> str:
+        where = f"server {self.server}" + (f", model {self.model}" if self.model else "")
+        return f"{where}: {self.message}"
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """One ModelDeployment's change moving through its servers in stages: preview servers
+    first, then production steps. Old versions are unloaded only after the last stage."""
+
+    deployment: str
+    model: str
+    fingerprint: str
+    stages: tuple[tuple[str, ...], ...]  # server names, stage by stage
+    stage_names: tuple[str, ...]  # "preview", "step 1 of 3", ...
+    max_parallel: tuple[int, ...]  # per stage
+    pre_step: str | None = None
+    post_step: str | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    revision: str
+    changes: tuple[ModelChange, ...] = ()
+    problems: tuple[PlanProblem, ...] = ()
+    in_sync: tuple[tuple[str, str], ...] = ()  # (server, model) pairs that already match
+    held: tuple[Held, ...] = ()
+    suspended: tuple[tuple[str, str], ...] = ()  # (server, model) left alone: spec.suspend
+    rollouts: tuple[RolloutPlan, ...] = ()  # staged changes, coordinated across servers
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        return tuple(step for change in self.changes for step in change.steps)
+
+    @property
+    def has_changes(self) -> bool:
+        return bool(self.changes)

@@ -1,0 +1,64 @@
+"""What a pass and ``status`` return to their callers (the CLI, the
+service, the views): the plan, what apply did, what is served and why not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from reconciler.model.history import Rollout
+from reconciler.model.plan import Plan
+from reconciler.model.results import ApplyResult
+
+
+@dataclass(frozen=True)
+class PassReport:
+    revision: str
+    plan: Plan
+    result: ApplyResult | None = None
+    reverts: tuple[str, ...] = ()  # what the revert write-back did, one line each
+    # (server, model) pairs put back to an already applied spec: someone or something
+    # (a restart, a hand unload) changed the server.
+    drift: tuple[tuple[str, str], ...] = ()
+    servers: Mapping[str, str] = field(default_factory=dict)  # name -> gRPC address
+    # server -> model -> versions that serve as intended after this pass (the daemon's watch
+    # checks these between passes, so a restarted server is seen within seconds)
+    expected: Mapping[str, Mapping[str, tuple[int, ...]]] = field(default_factory=dict)
+    served: Mapping[str, str] = field(default_factory=dict)  # server -> digest of its state
+    # declared server -> (DNS name, refresh seconds, addresses found), for the service's watch
+    discovered: Mapping[str, tuple[str, float, tuple[str, ...]]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.plan.problems and (self.result is None or self.result.ok)
+
+
+@dataclass(frozen=True)
+class SavedPlan:
+    """What ``plan --out`` records: the revision, each server's state, the steps."""
+
+    revision: str
+    served: Mapping[str, str]
+    steps: tuple[Mapping[str, object], ...]
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    server: str
+    model: str
+    deployment: str | None
+    desired: tuple[int, ...]
+    serving: tuple[int, ...]
+    state: str  # in-sync | pending | held | suspended | removing | problem | unreachable
+    detail: str = ""
+    last_rollout: Rollout | None = None
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    revision: str
+    last_applied: str | None
+    models: tuple[ModelStatus, ...]
+    unreachable: Mapping[str, str]  # server -> why
+    last_pass: Mapping[str, object] | None

@@ -1,0 +1,64 @@
+"""Webhook routes and replay memory."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+
+# Webhook endpoints and the source each is counted and verified as.
+WEBHOOK_ROUTES = {"/webhook/github": "github", "/webhook/gitlab": "gitlab", "/reconcile": "token"}
+
+
+class DeliveryMemory:
+    """Webhook deliveries seen in the last ``window`` seconds, at most ``capacity`` of them.
+
+    A delivery is known by keys (its delivery id, its signature); one whose key was seen
+    within the window is a replay. Time is injected so that expiry is tested without sleeping.
+    """
+
+    def __init__(
+        self, window: float, capacity: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.window = window
+        self.capacity = capacity
+        self.clock = clock
+        self._seen: OrderedDict[str, float] = OrderedDict()  # oldest first
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first_sighting(self, keys: Iterable[str]) -> bool:
+        """Remember ``keys``; False (and nothing remembered) when one was seen in the window."""
+        keys = list(keys)
+        now = self.clock()
+        with self._lock:
+            while self._seen and next(iter(self._seen.values())) <= now - self.window:
+                self._seen.popitem(last=False)
+            if any(key in self._seen for key in keys):
+                return False
+            for key in keys:
+                self._seen[key] = now
+            while len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+            return True
+
+
+def delivery_keys(source: str, headers: Mapping[str, str]) -> list[str]:
+    """What identifies one verified delivery, for replay detection.
+
+    GitHub signs the body but not its X-GitHub-Delivery header, so a replayer could change
+    the id: the signature (one per body, and every push body differs) is a key too. GitLab's
+    token is not bound to the body, so its event UUID is all there is. POST /reconcile means
+    "reconcile now" and is safe to repeat: it has no keys.
+    """
+    if source == "github":
+        keys = [f"github-signature:{headers.get('x-hub-signature-256', '')}"]
+        if headers.get("x-github-delivery"):
+            keys.append(f"github-delivery:{headers['x-github-delivery']}")
+        return keys
+    if source == "gitlab" and headers.get("x-gitlab-event-uuid"):
+        return [f"gitlab-event:{headers['x-gitlab-event-uuid']}"]
+    return []

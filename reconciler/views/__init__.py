@@ -1,0 +1,1 @@
+"""Text, JSON and Markdown views of plans, results, reports and diffs."""

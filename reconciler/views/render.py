@@ -1,0 +1,349 @@
+"""Views of a Plan and of a pass's outcome: human text and JSON (``format_version`` 1)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from datetime import UTC, datetime
+from typing import Any
+
+from reconciler.core.records import checks_json
+from reconciler.model.history import Rollout
+from reconciler.model.plan import Action, ModelChange, Plan, Step
+from reconciler.model.reports import PassReport, StatusReport
+from reconciler.model.results import ApplyResult, ChangeResult, Outcome, StepResult
+from reconciler.views.steps import step_json
+
+FORMAT_VERSION = "1"
+
+
+def _list(versions: tuple[int, ...]) -> str:
+    return ", ".join(map(str, versions)) if versions else "none"
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "revision": plan.revision,
+        "steps": [step_json(step) for step in plan.steps],
+        "changes": [
+            {
+                "server": c.server,
+                "model": c.model,
+                "deployment": c.deployment,
+                "serving": list(c.serving),
+                "desired": list(c.desired),
+            }
+            for c in plan.changes
+        ],
+        "problems": [
+            {"server": p.server, "model": p.model, "message": p.message} for p in plan.problems
+        ],
+        "in_sync": [{"server": s, "model": m} for s, m in plan.in_sync],
+        "rollouts": [
+            {
+                "deployment": r.deployment,
+                "model": r.model,
+                "stages": [
+                    {"name": name, "servers": list(stage), "max_parallel": parallel}
+                    for name, stage, parallel in zip(
+                        r.stage_names, r.stages, r.max_parallel, strict=True
+                    )
+                ],
+            }
+            for r in plan.rollouts
+        ],
+        "suspended": [{"server": s, "model": m} for s, m in plan.suspended],
+        "held": [
+            {
+                "server": h.server,
+                "model": h.model,
+                "deployment": h.deployment,
+                "revision": h.revision,
+                "versions": list(h.versions),
+                "reason": h.reason,
+            }
+            for h in plan.held
+        ],
+    }
+
+
+def _step_line(step: Step) -> str:
+    if step.action is Action.UNLOAD:
+        what = "unload" if not step.versions else f"unload {_list(step.dropped)}"
+        target = "the model" if not step.versions else f"keep {_list(step.versions)}"
+        return f"{what:<12} {target:<14} {step.reason}"
+    return f"{step.action:<12} {_list(step.versions):<14} {step.reason}"
+
+
+def _change_header(change: ModelChange) -> str:
+    if change.deployment is None:
+        return f"  model {change.model}: {_list(change.serving)} -> removed"
+    return f"  model {change.model}: {_list(change.serving)} -> {_list(change.desired)}"
+
+
+def plan_text(plan: Plan) -> str:
+    lines = [f"revision {plan.revision}"]
+    server = None
+    for change in plan.changes:
+        if change.server != server:
+            server = change.server
+            lines.append(f"server {server}")
+        lines.append(_change_header(change))
+        lines.extend(f"    {i}. {_step_line(step)}" for i, step in enumerate(change.steps, 1))
+    for rollout in plan.rollouts:
+        lines.append(f"rollout of {rollout.deployment} in stages (old versions go after the last):")
+        for name, stage, parallel in zip(
+            rollout.stage_names, rollout.stages, rollout.max_parallel, strict=True
+        ):
+            lines.append(f"  {name}: {', '.join(stage)} ({parallel} at once)")
+    if plan.held:
+        lines.append("held (a rollout of this spec failed; kept at what served before):")
+        for h in plan.held:
+            reason = h.reason.strip().splitlines()[0] if h.reason else ""
+            lines.append(
+                f"  {h.server}/{h.model}: ModelDeployment {h.deployment} at revision "
+                f"{h.revision[:12]} held at {_list(h.versions)}: {reason}"
+            )
+        lines.append("  (a commit that changes the ModelDeployment releases its hold)")
+    if plan.suspended:
+        lines.append("suspended (spec.suspend: true; left as they are):")
+        lines.extend(f"  {s}/{m}" for s, m in plan.suspended)
+    if plan.problems:
+        lines.append("problems:")
+        lines.extend(f"  {p}" for p in plan.problems)
+    lines.append(
+        f"plan: {len(plan.changes)} model(s) to change in {len(plan.steps)} step(s), "
+        f"{len(plan.in_sync)} in sync, {len(plan.held)} held, {len(plan.problems)} problem(s)"
+    )
+    if not plan.changes and not plan.problems:
+        lines.append(
+            "nothing to do: every server serves what the manifests ask for"
+            if not plan.held
+            else "nothing to do: held ModelDeployments stay as they are"
+        )
+    return "\n".join(lines)
+
+
+def _change_result_text(result: ChangeResult) -> list[str]:
+    change = result.change
+    lines = [f"{change.server}/{change.model}: {result.outcome}"]
+    for r in result.steps:
+        mark = "ok" if r.ok else "FAILED"
+        versions = _list(r.step.versions)
+        lines.append(f"    {r.step.action:<7} {versions:<10} {mark} ({r.seconds:.2f}s)")
+        for evaluation in r.evaluations:
+            lines.append(
+                f"      evaluation {evaluation.index + 1} at {evaluation.at:.1f}s: "
+                f"{evaluation.verdict}"
+            )
+            lines.extend(f"        {check}" for check in evaluation.results)
+        if r.error:
+            lines.append(textwrap.indent(r.error.strip(), "      "))
+    for r in result.revert:
+        mark = "ok" if r.ok else "FAILED"
+        lines.append(f"    revert {r.step.action:<7} {_list(r.step.versions):<10} {mark}")
+        if r.error:
+            lines.append(textwrap.indent(r.error.strip(), "      "))
+    if result.outcome is Outcome.REVERTED:
+        lines.append(f"    serving {_list(change.serving)} as before")
+        if result.rollback_seconds is not None:
+            lines.append(
+                f"    old versions alone again {result.rollback_seconds * 1000:.0f} ms after "
+                "the failing evaluation"
+            )
+    return lines
+
+
+def progress_line(result: StepResult) -> str:
+    """One line as a step finishes, for watching a long apply."""
+    step = result.step
+    mark = "ok" if result.ok else "FAILED"
+    what = "revert " if result.reverting else ""
+    return (
+        f"{step.server}/{step.model}: {what}{step.action} {_list(step.versions)} "
+        f"{mark} ({result.seconds:.2f}s)"
+    )
+
+
+def result_text(result: ApplyResult) -> str:
+    lines = [f"applied revision {result.revision}"]
+    for change in result.changes:
+        lines.extend(_change_result_text(change))
+    converged = sum(c.outcome is Outcome.CONVERGED for c in result.changes)
+    lines.append(f"apply: {converged} of {len(result.changes)} change(s) converged")
+    return "\n".join(lines)
+
+
+def result_json(result: ApplyResult) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "revision": result.revision,
+        "changes": [
+            {
+                "server": c.change.server,
+                "model": c.change.model,
+                "outcome": str(c.outcome),
+                "error": c.error,
+                "steps": [
+                    {
+                        **step_json(r.step),
+                        "ok": r.ok,
+                        "seconds": round(r.seconds, 4),
+                        "error": r.error,
+                    }
+                    for r in c.steps
+                ],
+                "revert": [{**step_json(r.step), "ok": r.ok, "error": r.error} for r in c.revert],
+                "analysis": _analysis_json(c),
+                "rollback_seconds": c.rollback_seconds,
+            }
+            for c in result.changes
+        ],
+    }
+
+
+def _analysis_json(change: ChangeResult) -> dict[str, Any] | None:
+    analysis = change.analysis
+    if analysis is None:
+        return None
+    return {
+        "verdict": str(analysis.verdict) if analysis.verdict else None,
+        "evaluations": [
+            {
+                "index": e.index,
+                "at_seconds": round(e.at, 3),
+                "verdict": str(e.verdict),
+                "checks": list(checks_json(e)),
+            }
+            for e in analysis.evaluations
+        ],
+    }
+
+
+def report_json(report: PassReport) -> str:
+    data = plan_json(report.plan)
+    if report.result is not None:
+        data["result"] = result_json(report.result)
+        data["reverts"] = list(report.reverts)
+    data["ok"] = report.ok
+    return json.dumps(data, indent=2)
+
+
+def report_text(report: PassReport) -> str:
+    parts = [plan_text(report.plan)]
+    if report.result is not None and report.result.changes:
+        parts.append(result_text(report.result))
+    parts.extend(report.reverts)
+    return "\n".join(parts)
+
+
+def history_text(rollouts: list[Rollout]) -> str:
+    if not rollouts:
+        return "no rollouts recorded"
+    lines = []
+    for r in rollouts:
+        when = datetime.fromtimestamp(r.finished_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+        verdict = f", analysis {r.verdict}" if r.verdict else ""
+        lines.append(
+            f"{when}Z {r.revision[:12]} {r.server}/{r.model} {_list(r.from_versions)} -> "
+            f"{_list(r.to_versions)}: {r.outcome}{verdict}"
+        )
+        for check in r.checks:
+            value = "n/a" if check["value"] is None else f"{check['value']:.6g}"
+            lines.append(f"    {check['check']}={value} ({check['threshold']}): {check['verdict']}")
+        if r.error and r.outcome != "converged":
+            lines.append(f"    {r.error.strip().splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def history_json(rollouts: list[Rollout]) -> str:
+    return json.dumps(
+        {
+            "format_version": FORMAT_VERSION,
+            "rollouts": [
+                {
+                    "revision": r.revision,
+                    "deployment": r.deployment,
+                    "server": r.server,
+                    "model": r.model,
+                    "from_versions": list(r.from_versions),
+                    "to_versions": list(r.to_versions),
+                    "outcome": r.outcome,
+                    "verdict": r.verdict,
+                    "checks": list(r.checks),
+                    "error": r.error,
+                    "rollback_seconds": r.rollback_seconds,
+                    "finished_at": r.finished_at,
+                }
+                for r in rollouts
+            ],
+        },
+        indent=2,
+    )
+
+
+def status_text(report: StatusReport) -> str:
+    lines = [
+        f"revision {report.revision} (last applied: {report.last_applied or 'none'})",
+    ]
+    server = None
+    for m in report.models:
+        if m.server != server:
+            server = m.server
+            why = report.unreachable.get(server)
+            lines.append(f"server {server}" + (f": UNREACHABLE ({why})" if why else ""))
+        line = (
+            f"  {m.model:<20} desired {_list(m.desired):<10} serving {_list(m.serving):<10} "
+            f"{m.state}"
+        )
+        lines.append(line + (f": {m.detail}" if m.detail else ""))
+        if m.last_rollout is not None:
+            r = m.last_rollout
+            lines.append(
+                f"    last rollout {r.revision[:12]} {_list(r.from_versions)} -> "
+                f"{_list(r.to_versions)}: {r.outcome}"
+                + (
+                    f" ({r.error.strip().splitlines()[0]})"
+                    if r.error and r.outcome != "converged"
+                    else ""
+                )
+            )
+    if report.last_pass is not None:
+        ok = "ok" if report.last_pass["ok"] else "with problems"
+        lines.append(f"last pass: revision {str(report.last_pass['revision'])[:12]}, {ok}")
+    return "\n".join(lines)
+
+
+def status_json(report: StatusReport) -> str:
+    return json.dumps(
+        {
+            "format_version": FORMAT_VERSION,
+            "revision": report.revision,
+            "last_applied": report.last_applied,
+            "unreachable": dict(report.unreachable),
+            "last_pass": report.last_pass,
+            "models": [
+                {
+                    "server": m.server,
+                    "model": m.model,
+                    "deployment": m.deployment,
+                    "desired": list(m.desired),
+                    "serving": list(m.serving),
+                    "state": m.state,
+                    "detail": m.detail,
+                    "last_rollout": None
+                    if m.last_rollout is None
+                    else {
+                        "revision": m.last_rollout.revision,
+                        "from_versions": list(m.last_rollout.from_versions),
+                        "to_versions": list(m.last_rollout.to_versions),
+                        "outcome": m.last_rollout.outcome,
+                        "error": m.last_rollout.error,
+                    },
+                }
+                for m in report.models
+            ],
+        },
+        indent=2,
+    )
