@@ -115,6 +115,11 @@ def _latency(
         return CheckResult(
             check.name, Verdict.NO_DATA, None, threshold, "no baseline from the old versions"
         )
+    if baseline.mean_latency_us <= 0:
+        # Counters that say the old versions answered in 0 us give no ratio to judge by.
+        return CheckResult(
+            check.name, Verdict.NO_DATA, None, threshold, "the old versions' latency reads 0us"
+        )
     increase = mean / baseline.mean_latency_us - 1.0
     limit = check.max_increase if check.max_increase is not None else math.inf
     return CheckResult(
