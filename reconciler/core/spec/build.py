@@ -1,5 +1,9 @@
 """Typed manifest values from validated documents: TritonServer and
 ModelDeployment, durations, sizes, analysis checks, rollouts.
+
+``load_desired_state`` (core/spec/desired.py) calls the builders on documents the schema
+accepted. An optional field left out takes the schema's ``default`` (``_or_default``): the
+schema is the one place a default is written.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.core.spec.schema import JsonPath
+from reconciler.core.spec.schema import ANY, JsonPath, default
 from reconciler.core.spec.yaml import _Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, NoTraffic
@@ -51,6 +55,18 @@ def _bytes(value: int | str) -> int:
     return int(match.group(1)) << {None: 0, "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[match.group(2)]
 
 
+_SERVER, _DEPLOYMENT = "TritonServer", "ModelDeployment"
+_VERIFY = ("spec", "verify")
+_ANALYSIS = (*_VERIFY, "analysis")
+
+
+def _or_default(values: Mapping[str, Any], kind: str, *path: str) -> Any:
+    """The field at ``path`` in a ``kind`` document, ``values`` being the object that holds
+    it; the schema's default when it is left out (a KeyError if the schema has none, even
+    when it is given: every default is the schema's)."""
+    return values.get(path[-1], default(kind, *path))
+
+
 def _flat(data: list[Any]) -> list[Any]:
     out: list[Any] = []
     for item in data:
@@ -73,7 +89,7 @@ def _build_server(doc: _Document, spec: dict[str, Any]) -> TritonServer:
                 discovery["dns"],
                 discovery["grpcPort"],
                 discovery.get("metricsPort"),
-                _seconds(discovery.get("refresh", "10s")),
+                _seconds(_or_default(discovery, _SERVER, "spec", "discovery", "refresh")),
             )
             if discovery
             else None
@@ -104,9 +120,9 @@ def _build_deployment(
         match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
         config=config,
         smoke=smoke,
-        verify_timeout=_seconds(verify.get("timeout", "120s")),
+        verify_timeout=_seconds(_or_default(verify, _DEPLOYMENT, *_VERIFY, "timeout")),
         analysis=_analysis(analysis) if analysis is not None else None,
-        suspend=bool(body.get("suspend", False)),
+        suspend=bool(_or_default(body, _DEPLOYMENT, "spec", "suspend")),
         digests=digests,
         depends_on=tuple(body.get("dependsOn", ())),
         sequence=_sequence(body),
@@ -114,8 +130,10 @@ def _build_deployment(
         memory_per_version=(
             _bytes(body["resources"]["memory"]) if "memory" in body.get("resources", {}) else None
         ),
-        allow_interface_change=bool(body.get("allowInterfaceChange", False)),
-        when_no_headroom=body.get("rollout", {}).get("whenNoHeadroom", "refuse"),
+        allow_interface_change=bool(_or_default(body, _DEPLOYMENT, "spec", "allowInterfaceChange")),
+        when_no_headroom=_or_default(
+            body.get("rollout", {}), _DEPLOYMENT, "spec", "rollout", "whenNoHeadroom"
+        ),
         rollout=_rollout(body.get("rollout", {})),
         shadow=_shadow(doc, verify),
         location=Location(doc.file, doc.start_line),
@@ -198,7 +216,9 @@ def _expectation(
         name,
         tuple(data),
         tuple(shape) if shape is not None else None,
-        float(expected.get("tolerance", 0.0)),
+        float(
+            _or_default(expected, _DEPLOYMENT, *_VERIFY, "smoke", ANY, "expect", ANY, "tolerance")
+        ),
     )
 
 
@@ -232,8 +252,8 @@ def _sequence(body: dict[str, Any]) -> SequencePolicy | None:
         return None
     sequence = body["sequence"]
     return SequencePolicy(
-        _seconds(sequence.get("drainTimeout", "300s")),
-        _seconds(sequence.get("idle", "10s")),
+        _seconds(_or_default(sequence, _DEPLOYMENT, "spec", "sequence", "drainTimeout")),
+        _seconds(_or_default(sequence, _DEPLOYMENT, "spec", "sequence", "idle")),
         sequence.get("drainWebhook"),
     )
 
@@ -258,8 +278,8 @@ def _shadow(doc: _Document, verify: dict[str, Any]) -> ShadowSpec | None:
     compare = shadow.get("compare", {})
     return ShadowSpec(
         shadow["requests"],
-        float(compare.get("tolerance", 0.0)),
-        float(compare.get("minAgreement", 1.0)),
+        float(_or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "tolerance")),
+        float(_or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "minAgreement")),
         compare.get("maxLatencyIncrease"),
         location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
     )
@@ -312,9 +332,9 @@ def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
                 )
             )
     return AnalysisSpec(
-        interval=_seconds(spec.get("interval", "10s")),
-        duration=_seconds(spec.get("duration", "60s")),
-        failure_limit=spec.get("failureLimit", 0),
-        no_traffic=NoTraffic(spec.get("noTraffic", "wait")),
+        interval=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "interval")),
+        duration=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "duration")),
+        failure_limit=_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "failureLimit"),
+        no_traffic=NoTraffic(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "noTraffic")),
         checks=tuple(checks),
     )
