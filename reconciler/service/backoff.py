@@ -1,9 +1,10 @@
 """When the service tries a failing server or Git remote again: exponential, jittered backoff.
 
-``Daemon`` (service/daemon.py) keeps one ``Backoff``: the pass skips the servers it lists, the
-pass's outcome feeds it, and the watch (service/watch.py) asks it which servers to probe. It
-only keeps the count and the time; bringing the next pass forward is the scheduler's, in the
-daemon, since APScheduler is imported by that one module.
+``Daemon`` (service/daemon.py) keeps one ``ServerBackoff``: the pass skips the servers it
+lists, the pass's outcome feeds it, and the watch (service/watch.py) asks it which servers to
+probe. The daemon counts the Git remote's failures itself and draws its delays from
+``backoff_delay`` too. Only counts and times are kept here; bringing the next pass forward is
+the scheduler's, in the daemon, since APScheduler is imported by that one module.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ def backoff_delay(failures: int, rng: random.Random) -> float:
     return base * (0.5 + rng.random() / 2)
 
 
-class Backoff:
-    """Failed passes per server and for the Git remote, and when each failing server is next
-    tried. One ``rng`` draws every delay, so a seeded one makes the whole sequence repeatable;
-    ``clock`` is injected so that the retry times are tested without sleeping.
+class ServerBackoff:
+    """Failed passes per server, and when each failing server is next tried.
+
+    ``rng`` is the daemon's (a seeded one makes every delay repeatable); ``clock`` is
+    injected so that the retry times can be tested without sleeping.
     """
 
     def __init__(self, rng: random.Random, clock: Callable[[], float] = time.monotonic) -> None:
@@ -33,7 +35,6 @@ class Backoff:
         self.clock = clock
         self._server_failures: dict[str, int] = {}
         self._server_retry_at: dict[str, float] = {}
-        self._git_failures = 0
 
     def skip_list(self) -> dict[str, str]:
         """The servers a pass leaves alone now, each with the reason it reports."""
@@ -69,12 +70,3 @@ class Backoff:
         """``server`` answers the watch: the next pass tries it. Its failure count stays until
         a pass reaches it, so a server that fails again waits longer."""
         self._server_retry_at.pop(server, None)
-
-    def source_failed(self) -> float:
-        """Count a pass whose manifest repository was unavailable; the seconds until the next."""
-        self._git_failures += 1
-        return backoff_delay(self._git_failures, self.rng)
-
-    def source_answered(self) -> None:
-        """A pass fetched the manifest repository."""
-        self._git_failures = 0

@@ -23,7 +23,7 @@ The pass itself is ``loop.reconcile``; this module only decides when to run it a
 ``Daemon`` keeps the lifecycle, the scheduler and the pass; the parts it is made of live
 beside it: service/http.py (the request handler, bounded reading, the listener),
 service/webhooks.py (webhook authentication and replays), service/watch.py (the watch
-between passes), service/backoff.py (failing servers and Git remote), service/telemetry.py
+between passes), service/backoff.py (the backoff of failing servers), service/telemetry.py
 (log lines and metrics). ``cli.py`` (``triton-gitops run``) makes one and calls ``serve``.
 """
 
@@ -55,7 +55,7 @@ from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome, StepResult
 from reconciler.model.settings import RunSettings, Settings
 from reconciler.model.source import Source
-from reconciler.service.backoff import Backoff
+from reconciler.service.backoff import ServerBackoff, backoff_delay
 from reconciler.service.http import _Listener, handler_for
 from reconciler.service.telemetry import ReconcilerMetrics, _event, fewer_malloc_arenas, log
 from reconciler.service.watch import Watch
@@ -87,7 +87,8 @@ class Daemon:
         self._pending = threading.Event()
         self._fetched_once = False
         self._passed_once = False
-        self.backoff = Backoff(self.rng)
+        self.backoff = ServerBackoff(self.rng)
+        self._git_failures = 0
         self._last: PassReport | None = None
         self._watch = Watch(settings, self.backoff)
         self.scheduler = BackgroundScheduler(timezone=UTC)
@@ -102,6 +103,9 @@ class Daemon:
         self._pending.set()
         if self.scheduler.running and not self.stop_requested.is_set():
             self.scheduler.modify_job("reconcile", next_run_time=datetime.now(UTC))
+
+    def _skip_list(self) -> dict[str, str]:
+        return self.backoff.skip_list()
 
     def _log_step(self, result: StepResult) -> None:
         step = result.step
@@ -134,16 +138,17 @@ class Daemon:
                 self.settings,
                 apply_changes=not self.run_settings.dry_run,
                 progress=self._log_step,
-                skip=self.backoff.skip_list(),
+                skip=self._skip_list(),
                 stopping=self.stop_requested.is_set,
                 memory=self.memory,
             )
             self._fetched_once = True
-            self.backoff.source_answered()
+            self._git_failures = 0
             result = self._record(report)
         except SourceUnavailable as exc:
-            delay = self.backoff.source_failed()
+            self._git_failures += 1
             self.metrics.git_errors.inc()
+            delay = backoff_delay(self._git_failures, self.rng)
             result = "source-unavailable"
             _event(
                 "manifest repository unavailable; everything keeps serving",
@@ -190,7 +195,7 @@ class Daemon:
         self._last = report
         self.metrics.revision.info({"revision": report.revision})
         unreachable = {p.server for p in report.plan.problems if p.model is None}
-        skipped = set(self.backoff.skip_list())
+        skipped = set(self._skip_list())
         for server in report.servers:
             if server in skipped:
                 continue

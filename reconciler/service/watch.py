@@ -19,12 +19,12 @@ from reconciler.adapters.triton import TritonServerClient
 from reconciler.model.errors import ReconcileError, ServerUnavailable, StepFailed
 from reconciler.model.reports import PassReport
 from reconciler.model.settings import Settings
-from reconciler.service.backoff import Backoff
+from reconciler.service.backoff import ServerBackoff
 from reconciler.wiring import resolver
 
 
 class Watch:
-    def __init__(self, settings: Settings, backoff: Backoff) -> None:
+    def __init__(self, settings: Settings, backoff: ServerBackoff) -> None:
         self.settings = settings
         self.backoff = backoff
         self._resolved_at: dict[str, float] = {}
