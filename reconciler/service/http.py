@@ -1,16 +1,29 @@
-"""The HTTP front door: bounded request reading (deadline, body caps,
-chunked bodies) and the listener with its connection cap.
+"""The HTTP front door of the service: the request handler (webhooks, /metrics, /healthz,
+/readyz), bounded request reading (one deadline, body caps, chunked bodies) and the listener
+with its connection cap.
+
+``Daemon.start_http`` (service/daemon.py) serves ``handler_for(daemon, run)`` on a
+``_Listener``; what a webhook must pass is asked of ``WebhookGate`` (service/webhooks.py).
 """
 
 from __future__ import annotations
 
 import io
+import json
+import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar, Protocol
+
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from reconciler.model.settings import RunSettings
+from reconciler.service.telemetry import ReconcilerMetrics, _event
+from reconciler.service.webhooks import WEBHOOK_ROUTES, WebhookGate
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -119,3 +132,175 @@ class _Listener(ThreadingHTTPServer):
         # The default prints a traceback to stderr, outside the JSON log; a client that
         # resets its connection is not worth one.
         self._on_refused("error")
+
+
+class ServiceFront(Protocol):
+    """What a request needs of the service (``Daemon``)."""
+
+    @property
+    def metrics(self) -> ReconcilerMetrics: ...
+
+    @property
+    def webhooks(self) -> WebhookGate: ...
+
+    def health(self) -> tuple[int, dict[str, Any]]: ...
+
+    def readiness(self) -> tuple[int, dict[str, Any]]: ...
+
+    def refused(self, reason: str) -> None:
+        """Count a connection refused (``reason``: 'busy', 'timeout', 'error')."""
+
+    def trigger(self, why: str) -> None:
+        """Run a pass as soon as possible."""
+
+
+class RequestHandler(BaseHTTPRequestHandler):
+    """One request: GET /metrics, /healthz, /readyz; POST to a webhook route.
+
+    Bound to a service by ``handler_for``; http.server makes one instance per connection.
+    Everything from accepting the connection to the last body byte shares one deadline.
+    """
+
+    service: ClassVar[ServiceFront]
+    run: ClassVar[RunSettings]
+    server_version = "triton-gitops"
+    # http.server's own error page quotes the request line back; ours says less.
+    error_message_format = '{"error": %(code)d, "explain": "%(explain)s"}'
+    error_content_type = "application/json"
+    deadline = 0.0
+
+    def setup(self) -> None:
+        super().setup()
+        self.deadline = time.monotonic() + self.run.read_timeout
+        self.rfile.close()  # the plain socket file: replaced by one with the deadline
+        self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.deadline))
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # http.server's messages quote the client's request line, which may hold
+        # anything (a token pasted in the wrong place): answer with the plain reason.
+        super().send_error(code, None, explain)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # requests are reported by our own log lines
+
+    def log_error(self, format: str, *args: Any) -> None:
+        # The only errors http.server reports itself: a request line or headers not
+        # received in time, or malformed (answered 400 and the like). Its message
+        # quotes the client's request line, which may hold anything, a token
+        # included: only the status is logged.
+        if format.startswith("Request timed out"):
+            self.service.refused("timeout")
+        elif format.startswith("code %d") and args:
+            _event("bad request", logging.WARNING, status=args[0])
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        # Reads may have left a short timeout on the socket; a reply gets its own.
+        self.connection.settimeout(self.run.read_timeout)
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        if status == 503:
+            self.send_header("Retry-After", "5")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, data: Mapping[str, Any]) -> None:
+        self._send(status, json.dumps(data).encode(), "application/json")
+
+    def _refuse(self, source: str, result: str, status: int, error: str) -> None:
+        self.service.metrics.webhooks.labels(source, result).inc()
+        _event("webhook refused", logging.WARNING, source=source, reason=result)
+        self._json(status, {"error": error})
+        self.close_connection = True
+
+    def do_GET(self) -> None:
+        if self.path == "/metrics":
+            self._send(200, generate_latest(self.service.metrics.registry), CONTENT_TYPE_LATEST)
+        elif self.path == "/healthz":
+            self._json(*self.service.health())
+        elif self.path == "/readyz":
+            self._json(*self.service.readiness())
+        else:
+            self._json(404, {"error": "not found"})
+
+    def _body(self, source: str) -> bytes | None:
+        """The request body within the size cap and the deadline; None when it was
+        refused (the reply, if any, is sent)."""
+        limit = self.run.max_body_bytes
+        chunked = self.headers.get("Transfer-Encoding")
+        length = self.headers.get("Content-Length")
+        if chunked is not None and (length is not None or chunked.strip().lower() != "chunked"):
+            # Both framings at once is how requests are smuggled past proxies.
+            self._refuse(source, "bad-framing", 400, "unsupported body framing")
+            return None
+        if chunked is None and (length is None or not length.isdigit()):
+            self._refuse(source, "no-length", 411, "Content-Length required")
+            return None
+        if length is not None and int(length) > limit:
+            self._refuse(source, "too-large", 413, "body too large")
+            return None
+        # Waiting for a slot counts against the same deadline as reading.
+        reads = self.service.webhooks.reads
+        if not reads.acquire(timeout=max(0.0, self.deadline - time.monotonic())):
+            self._refuse(source, "busy", 503, "too many webhooks at once")
+            return None
+        self.service.metrics.webhook_reads.inc()
+        try:
+            if length is not None:
+                body = self.rfile.read(int(length))
+                if len(body) != int(length):
+                    raise ValueError("body shorter than Content-Length")
+                return body
+            return read_chunked(self.rfile, limit)
+        except BodyTooLarge:
+            self._refuse(source, "too-large", 413, "body too large")
+        except ValueError as exc:
+            self._refuse(source, "malformed", 400, str(exc))
+        except TimeoutError:
+            self.service.metrics.webhooks.labels(source, "timeout").inc()
+            _event("webhook body not received in time", logging.WARNING, source=source)
+            self.close_connection = True
+        finally:
+            self.service.metrics.webhook_reads.dec()
+            reads.release()
+        return None
+
+    def do_POST(self) -> None:
+        # Only known routes, matched exactly: a path is the client's to choose, and
+        # a label or log field made from it could grow without bound or carry a
+        # token someone put in a query string.
+        source = WEBHOOK_ROUTES.get(self.path)
+        if source is None:
+            self._json(404, {"error": "not found"})
+            return
+        body = self._body(source)
+        if body is None:
+            return
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        gate = self.service.webhooks
+        verified = gate.verify(self.path, headers, body)
+        if verified is None:
+            self._refuse(source, "unauthorized", 401, "signature or token missing or wrong")
+            return
+        if not gate.first_sighting(verified, headers):
+            self._refuse(source, "replayed", 409, "delivery already received")
+            return
+        if verified == "github" and headers.get("x-github-event") == "ping":
+            self.service.metrics.webhooks.labels(source, "ping").inc()
+            self._json(200, {"status": "pong"})
+            return
+        self.service.metrics.webhooks.labels(source, "accepted").inc()
+        self.service.trigger(f"webhook {verified}")
+        self._json(202, {"status": "pass requested"})
+
+
+def handler_for(service: ServiceFront, run: RunSettings) -> type[RequestHandler]:
+    """The handler class for ``_Listener``, bound to ``service`` and its settings."""
+
+    class Handler(RequestHandler):
+        # The socket's timeout until ``setup`` hands reading to the deadline reader.
+        timeout = run.read_timeout
+
+    Handler.service = service
+    Handler.run = run
+    return Handler

@@ -1,11 +1,20 @@
-"""Webhook routes and replay memory."""
+"""What a webhook must pass before it triggers a pass: its route, a slot to read its body in,
+its signature or token, and a first sighting of its delivery (replays are refused).
+
+The request handler (service/http.py) asks ``WebhookGate``; ``Daemon`` (service/daemon.py)
+keeps one, made from its ``RunSettings``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
+
+from reconciler.model.settings import RunSettings
 
 # Webhook endpoints and the source each is counted and verified as.
 WEBHOOK_ROUTES = {"/webhook/github": "github", "/webhook/gitlab": "gitlab", "/reconcile": "token"}
@@ -62,3 +71,35 @@ def delivery_keys(source: str, headers: Mapping[str, str]) -> list[str]:
     if source == "gitlab" and headers.get("x-gitlab-event-uuid"):
         return [f"gitlab-event:{headers['x-gitlab-event-uuid']}"]
     return []
+
+
+class WebhookGate:
+    """The secrets a webhook is checked against, the deliveries already seen, and the slots
+    for reading bodies (bounded so that slow senders cannot take every thread)."""
+
+    def __init__(self, run: RunSettings) -> None:
+        self.run_settings = run
+        self.deliveries = DeliveryMemory(run.replay_window, run.replay_memory)
+        self.reads = threading.BoundedSemaphore(run.max_webhook_reads)
+
+    def verify(self, path: str, headers: Mapping[str, str], body: bytes) -> str | None:
+        """The source of a verified webhook ('github', 'gitlab', 'token'), else None.
+
+        ``headers`` are keyed in lower case (HTTP header names are case-insensitive).
+        """
+        run = self.run_settings
+        if path == "/webhook/github" and run.github_secret:
+            signature = headers.get("x-hub-signature-256", "")
+            digest = hmac.new(run.github_secret.encode(), body, hashlib.sha256).hexdigest()
+            return "github" if hmac.compare_digest(signature, f"sha256={digest}") else None
+        if path == "/webhook/gitlab" and run.gitlab_token:
+            given = headers.get("x-gitlab-token", "")
+            return "gitlab" if hmac.compare_digest(given, run.gitlab_token) else None
+        if path == "/reconcile" and run.reconcile_token:
+            given = headers.get("authorization", "")
+            return "token" if hmac.compare_digest(given, f"Bearer {run.reconcile_token}") else None
+        return None
+
+    def first_sighting(self, verified: str, headers: Mapping[str, str]) -> bool:
+        """Remember a verified delivery; False when it is a replay."""
+        return self.deliveries.first_sighting(delivery_keys(verified, headers))

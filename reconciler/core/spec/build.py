@@ -1,5 +1,9 @@
 """Typed manifest values from validated documents: TritonServer and
 ModelDeployment, durations, sizes, analysis checks, rollouts.
+
+``load_desired_state`` (core/spec/desired.py) calls the builders on documents the schema
+accepted. An optional field left out takes the schema's ``default`` (``_or_default``): the
+schema is the one place a default is written.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.core.spec.schema import JsonPath
+from reconciler.core.spec.schema import ANY, JsonPath, default
 from reconciler.core.spec.yaml import _Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, NoTraffic
@@ -51,6 +55,18 @@ def _bytes(value: int | str) -> int:
     return int(match.group(1)) << {None: 0, "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[match.group(2)]
 
 
+_SERVER, _DEPLOYMENT = "TritonServer", "ModelDeployment"
+_VERIFY = ("spec", "verify")
+_ANALYSIS = (*_VERIFY, "analysis")
+
+
+def _or_default(values: Mapping[str, Any], kind: str, *path: str) -> Any:
+    """The field at ``path`` in a ``kind`` document, ``values`` being the object that holds
+    it; the schema's default when it is left out (a KeyError if the schema has none, even
+    when it is given: every default is the schema's)."""
+    return values.get(path[-1], default(kind, *path))
+
+
 def _flat(data: list[Any]) -> list[Any]:
     out: list[Any] = []
     for item in data:
@@ -73,7 +89,7 @@ def _build_server(doc: _Document, spec: dict[str, Any]) -> TritonServer:
                 discovery["dns"],
                 discovery["grpcPort"],
                 discovery.get("metricsPort"),
-                _seconds(discovery.get("refresh", "10s")),
+                _seconds(_or_default(discovery, _SERVER, "spec", "discovery", "refresh")),
             )
             if discovery
             else None
@@ -84,9 +100,56 @@ def _build_server(doc: _Document, spec: dict[str, Any]) -> TritonServer:
 def _build_deployment(
     doc: _Document, spec: dict[str, Any], problems: list[Problem]
 ) -> ModelDeployment:
+    """A ModelDeployment from a schema-valid document; what the schema cannot say (config
+    that protobuf refuses, smoke data that does not fill its shape, versions written twice)
+    is added to ``problems``, in the order of the document."""
     metadata, body = spec["metadata"], spec["spec"]
     model = body.get("model", metadata["name"])
     config = body.get("config", {})
+    _check_config(doc, config, model, problems)
+    verify = body.get("verify", {})
+    smoke = _smoke_cases(doc, verify, problems)
+    versions, digests = _versions(doc, body, problems)
+    servers = body["servers"]
+    analysis = verify.get("analysis")
+    return ModelDeployment(
+        name=metadata["name"],
+        model=model,
+        versions=versions,
+        server_names=tuple(servers["names"]) if "names" in servers else None,
+        match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
+        config=config,
+        smoke=smoke,
+        verify_timeout=_seconds(_or_default(verify, _DEPLOYMENT, *_VERIFY, "timeout")),
+        analysis=_analysis(analysis) if analysis is not None else None,
+        suspend=bool(_or_default(body, _DEPLOYMENT, "spec", "suspend")),
+        digests=digests,
+        depends_on=tuple(body.get("dependsOn", ())),
+        sequence=_sequence(body),
+        backend=_backend(body),
+        memory_per_version=(
+            _bytes(body["resources"]["memory"]) if "memory" in body.get("resources", {}) else None
+        ),
+        allow_interface_change=bool(_or_default(body, _DEPLOYMENT, "spec", "allowInterfaceChange")),
+        when_no_headroom=_or_default(
+            body.get("rollout", {}), _DEPLOYMENT, "spec", "rollout", "whenNoHeadroom"
+        ),
+        rollout=_rollout(body.get("rollout", {})),
+        shadow=_shadow(doc, verify),
+        location=Location(doc.file, doc.start_line),
+        analysis_location=(
+            Location(doc.file, doc.line(("spec", "verify", "analysis")))
+            if analysis is not None
+            else None
+        ),
+        fingerprint=fingerprint_of(body),
+    )
+
+
+def _check_config(
+    doc: _Document, config: dict[str, Any], model: str, problems: list[Problem]
+) -> None:
+    """spec.config as Triton's ModelConfig would take it, and naming the model it is for."""
     try:
         canonical(config)
     except ValueError as exc:
@@ -102,7 +165,13 @@ def _build_deployment(
                 f"config.name {config['name']!r} must equal the model name {model!r}",
             )
         )
-    verify = body.get("verify", {})
+
+
+def _smoke_cases(
+    doc: _Document, verify: dict[str, Any], problems: list[Problem]
+) -> tuple[SmokeCase, ...]:
+    """spec.verify.smoke; data that does not fill its shape is a problem (the schema cannot
+    relate the two)."""
     smoke: list[SmokeCase] = []
     for index, case in enumerate(verify.get("smoke", [])):
         path: JsonPath = ("spec", "verify", "smoke", index)
@@ -118,27 +187,45 @@ def _build_deployment(
                     )
                 )
             inputs.append(Tensor(name, tensor["datatype"], tuple(tensor["shape"]), tuple(data)))
-        expect = []
-        for name, expected in case.get("expect", {}).items():
-            data = _flat(expected["data"])
-            shape = expected.get("shape")
-            if shape is not None and math.prod(shape) != len(data):
-                problems.append(
-                    doc.problem(
-                        (*path, "expect", name, "data"),
-                        f"output {name}: shape {shape} holds {math.prod(shape)} values, "
-                        f"data has {len(data)}",
-                    )
-                )
-            expect.append(
-                Expectation(
-                    name,
-                    tuple(data),
-                    tuple(shape) if shape is not None else None,
-                    float(expected.get("tolerance", 0.0)),
-                )
-            )
+        expect = [
+            _expectation(doc, (*path, "expect", name), name, expected, problems)
+            for name, expected in case.get("expect", {}).items()
+        ]
         smoke.append(SmokeCase(case.get("name", f"smoke[{index}]"), tuple(inputs), tuple(expect)))
+    return tuple(smoke)
+
+
+def _expectation(
+    doc: _Document,
+    path: JsonPath,
+    name: str,
+    expected: dict[str, Any],
+    problems: list[Problem],
+) -> Expectation:
+    data = _flat(expected["data"])
+    shape = expected.get("shape")
+    if shape is not None and math.prod(shape) != len(data):
+        problems.append(
+            doc.problem(
+                (*path, "data"),
+                f"output {name}: shape {shape} holds {math.prod(shape)} values, "
+                f"data has {len(data)}",
+            )
+        )
+    return Expectation(
+        name,
+        tuple(data),
+        tuple(shape) if shape is not None else None,
+        float(
+            _or_default(expected, _DEPLOYMENT, *_VERIFY, "smoke", ANY, "expect", ANY, "tolerance")
+        ),
+    )
+
+
+def _versions(
+    doc: _Document, body: dict[str, Any], problems: list[Problem]
+) -> tuple[tuple[int, ...], dict[int, str]]:
+    """spec.versions, sorted, and the digests pinned for some of them."""
     numbers: list[Any] = []
     digests: dict[int, str] = {}
     for entry in body["versions"]:
@@ -157,64 +244,44 @@ def _build_deployment(
                     f"spec.versions[{index}]: {version!r} is not a whole version number",
                 )
             )
-    servers = body["servers"]
-    analysis = verify.get("analysis")
-    return ModelDeployment(
-        name=metadata["name"],
-        model=model,
-        versions=tuple(sorted(int(v) for v in numbers)),
-        server_names=tuple(servers["names"]) if "names" in servers else None,
-        match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
-        config=config,
-        smoke=tuple(smoke),
-        verify_timeout=_seconds(verify.get("timeout", "120s")),
-        analysis=_analysis(analysis) if analysis is not None else None,
-        suspend=bool(body.get("suspend", False)),
-        digests=digests,
-        depends_on=tuple(body.get("dependsOn", ())),
-        sequence=(
-            SequencePolicy(
-                _seconds(body["sequence"].get("drainTimeout", "300s")),
-                _seconds(body["sequence"].get("idle", "10s")),
-                body["sequence"].get("drainWebhook"),
-            )
-            if "sequence" in body
-            else None
-        ),
-        backend=(
-            BackendSpec(
-                body["backend"]["name"],
-                body["backend"]["revision"],
-                tuple(body["backend"].get("replaceLibrary", {}).get("command", ())) or None,
-                body["backend"].get("replaceLibrary", {}).get("webhook"),
-            )
-            if "backend" in body
-            else None
-        ),
-        memory_per_version=(
-            _bytes(body["resources"]["memory"]) if "memory" in body.get("resources", {}) else None
-        ),
-        allow_interface_change=bool(body.get("allowInterfaceChange", False)),
-        when_no_headroom=body.get("rollout", {}).get("whenNoHeadroom", "refuse"),
-        rollout=_rollout(body.get("rollout", {})),
-        shadow=(
-            ShadowSpec(
-                verify["shadow"]["requests"],
-                float(verify["shadow"].get("compare", {}).get("tolerance", 0.0)),
-                float(verify["shadow"].get("compare", {}).get("minAgreement", 1.0)),
-                verify["shadow"].get("compare", {}).get("maxLatencyIncrease"),
-                location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
-            )
-            if "shadow" in verify
-            else None
-        ),
-        location=Location(doc.file, doc.start_line),
-        analysis_location=(
-            Location(doc.file, doc.line(("spec", "verify", "analysis")))
-            if analysis is not None
-            else None
-        ),
-        fingerprint=fingerprint_of(body),
+    return tuple(sorted(int(v) for v in numbers)), digests
+
+
+def _sequence(body: dict[str, Any]) -> SequencePolicy | None:
+    if "sequence" not in body:
+        return None
+    sequence = body["sequence"]
+    return SequencePolicy(
+        _seconds(_or_default(sequence, _DEPLOYMENT, "spec", "sequence", "drainTimeout")),
+        _seconds(_or_default(sequence, _DEPLOYMENT, "spec", "sequence", "idle")),
+        sequence.get("drainWebhook"),
+    )
+
+
+def _backend(body: dict[str, Any]) -> BackendSpec | None:
+    if "backend" not in body:
+        return None
+    backend = body["backend"]
+    replace = backend.get("replaceLibrary", {})
+    return BackendSpec(
+        backend["name"],
+        backend["revision"],
+        tuple(replace.get("command", ())) or None,
+        replace.get("webhook"),
+    )
+
+
+def _shadow(doc: _Document, verify: dict[str, Any]) -> ShadowSpec | None:
+    if "shadow" not in verify:
+        return None
+    shadow = verify["shadow"]
+    compare = shadow.get("compare", {})
+    return ShadowSpec(
+        shadow["requests"],
+        float(_or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "tolerance")),
+        float(_or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "minAgreement")),
+        compare.get("maxLatencyIncrease"),
+        location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
     )
 
 
@@ -265,9 +332,9 @@ def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
                 )
             )
     return AnalysisSpec(
-        interval=_seconds(spec.get("interval", "10s")),
-        duration=_seconds(spec.get("duration", "60s")),
-        failure_limit=spec.get("failureLimit", 0),
-        no_traffic=NoTraffic(spec.get("noTraffic", "wait")),
+        interval=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "interval")),
+        duration=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "duration")),
+        failure_limit=_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "failureLimit"),
+        no_traffic=NoTraffic(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "noTraffic")),
         checks=tuple(checks),
     )

@@ -1,5 +1,9 @@
 """The JSON Schemas of the manifest kinds (the single source of
-structural validation) and messages made from their errors.
+structural validation and of the defaults of optional fields) and messages made from
+their errors.
+
+``load_desired_state`` (core/spec/desired.py) validates with them; the builders
+(core/spec/build.py) take every default from them through ``default``.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from collections.abc import Set as AbstractSet
 from functools import cache
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import jsonschema
@@ -54,6 +59,49 @@ def _validators() -> dict[str, jsonschema.protocols.Validator]:
         kind: jsonschema.Draft202012Validator(_schemas()[name], registry=_registry())
         for kind, name in KIND_SCHEMAS.items()
     }
+
+
+# In a path to a default: any item of an array, any value of a map.
+ANY = "*"
+
+
+def default(kind: str, *path: str) -> Any:
+    """The schema's ``default`` for the optional field at ``path`` in a ``kind`` document,
+    e.g. ``default("ModelDeployment", "spec", "verify", "timeout")`` is ``"120s"``.
+
+    A KeyError when the schema gives none there: a default lives in the schema only.
+    """
+    return schema_defaults(kind)[path]
+
+
+@cache
+def schema_defaults(kind: str) -> Mapping[tuple[str, ...], Any]:
+    """Every ``default`` in the schema of ``kind``, by the path of its field."""
+    schema = _schemas()[KIND_SCHEMAS[kind]]
+    found: dict[tuple[str, ...], Any] = {}
+    _collect_defaults(schema, _registry().resolver(base_uri=schema["$id"]), (), found)
+    return MappingProxyType(found)  # cached: shared by every caller
+
+
+def _collect_defaults(
+    node: Mapping[str, Any],
+    resolver: Any,  # a referencing Resolver: the package does not export its type
+    path: tuple[str, ...],
+    found: dict[tuple[str, ...], Any],
+) -> None:
+    # The schemas are not recursive, so the walk ends; it follows what a document's fields
+    # are declared by: properties, items and map values, through $ref.
+    if "$ref" in node:
+        resolved = resolver.lookup(node["$ref"])
+        resolver = resolved.resolver
+        node = {**resolved.contents, **{k: v for k, v in node.items() if k != "$ref"}}
+    if "default" in node:
+        found[path] = node["default"]
+    for key, sub in node.get("properties", {}).items():
+        _collect_defaults(sub, resolver, (*path, key), found)
+    for key in ("items", "additionalProperties"):
+        if isinstance(node.get(key), Mapping):
+            _collect_defaults(node[key], resolver, (*path, ANY), found)
 
 
 _JSON_SCALARS = (str, int, float, type(None))

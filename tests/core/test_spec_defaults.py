@@ -1,0 +1,163 @@
+"""The schemas are the one home of the defaults of optional manifest fields: the builders
+(core/spec/build.py) read every default from them and write none of their own."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from typing import Any
+
+import pytest
+
+from reconciler.core.spec import build
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.schema import KIND_SCHEMAS, schema_defaults
+from reconciler.core.spec.schema import default as schema_default
+from reconciler.model.analysis import AnalysisSpec, NoTraffic
+from reconciler.model.spec import (
+    DesiredState,
+    Discovery,
+    Expectation,
+    ModelDeployment,
+    SequencePolicy,
+    ShadowSpec,
+)
+
+# Every optional object is there, with each field that has a default left out.
+MANIFESTS = textwrap.dedent(
+    """\
+    apiVersion: triton-gitops/v1alpha1
+    kind: TritonServer
+    metadata: {name: edge}
+    spec:
+      discovery: {dns: triton.internal, grpcPort: 8001}
+    ---
+    apiVersion: triton-gitops/v1alpha1
+    kind: ModelDeployment
+    metadata: {name: resnet}
+    spec:
+      servers: {names: [edge]}
+      versions: [1]
+      config: {backend: python}
+      verify:
+        smoke:
+          - inputs: {X: {datatype: FP32, shape: [1], data: [1]}}
+            expect: {Y: {data: [1]}}
+        analysis:
+          checks: [{name: ok, successRate: {min: 0.9}}]
+        shadow: {requests: r.jsonl, compare: {}}
+      sequence: {}
+      rollout: {}
+    """
+)
+
+
+def load() -> DesiredState:
+    return load_desired_state({"m.yaml": MANIFESTS.encode()})
+
+
+def test_left_out_fields_take_the_defaults_they_always_had() -> None:
+    state = load()
+    server, deployment = state.servers["edge"], state.deployments["resnet"]
+    assert server.discovery is not None and server.discovery.refresh == 10.0
+    assert deployment.verify_timeout == 120.0
+    assert deployment.smoke[0].expect[0].tolerance == 0.0
+    assert deployment.analysis is not None
+    assert deployment.analysis.interval == 10.0
+    assert deployment.analysis.duration == 60.0
+    assert deployment.analysis.failure_limit == 0
+    assert deployment.analysis.no_traffic is NoTraffic.WAIT
+    assert deployment.shadow is not None
+    assert (deployment.shadow.tolerance, deployment.shadow.min_agreement) == (0.0, 1.0)
+    assert deployment.suspend is False
+    assert deployment.allow_interface_change is False
+    assert deployment.sequence is not None
+    assert (deployment.sequence.drain_timeout, deployment.sequence.idle) == (300.0, 10.0)
+    assert deployment.when_no_headroom == "refuse"
+
+
+def test_the_builder_reads_every_schema_default_and_only_those(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: set[tuple[str, tuple[str, ...]]] = set()
+
+    def spy(kind: str, *path: str) -> Any:
+        asked.add((kind, path))
+        return schema_default(kind, *path)  # a KeyError if the schema has no default there
+
+    monkeypatch.setattr(build, "default", spy)
+    load()
+    in_schemas = {(kind, path) for kind in KIND_SCHEMAS for path in schema_defaults(kind)}
+    assert asked == in_schemas
+
+
+def test_a_changed_schema_default_changes_what_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    def other(kind: str, *path: str) -> Any:
+        given = schema_default(kind, *path)
+        return {"120s": "7s", "refuse": "replace"}.get(given, given)
+
+    monkeypatch.setattr(build, "default", other)
+    deployment = load().deployments["resnet"]
+    assert (deployment.verify_timeout, deployment.when_no_headroom) == (7.0, "replace")
+
+
+def _own_value(fallback: ast.expr) -> bool:
+    """Whether a fallback is a value of its own: not None, not empty (an absent block read
+    as empty), not computed from the document."""
+    if isinstance(fallback, ast.Constant):
+        return fallback.value not in (None, "")
+    if isinstance(fallback, ast.Dict):
+        return bool(fallback.keys)
+    if isinstance(fallback, ast.List | ast.Tuple):
+        return bool(fallback.elts)
+    return False
+
+
+def test_the_builder_writes_no_default_of_its_own() -> None:
+    fallbacks = [
+        f"build.py:{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(inspect.getsource(build)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "get"
+        and len(node.args) == 2
+        and _own_value(node.args[1])
+    ]
+    assert fallbacks == []
+
+
+SERVER, DEPLOYMENT = "TritonServer", "ModelDeployment"
+TOLERANCE = ("spec", "verify", "smoke", "*", "expect", "*", "tolerance")
+
+# The model's values carry the same defaults for code and tests that make them directly.
+MODEL_DEFAULTS = [
+    (Discovery, "refresh", SERVER, ("spec", "discovery", "refresh")),
+    (Expectation, "tolerance", DEPLOYMENT, TOLERANCE),
+    (ShadowSpec, "tolerance", DEPLOYMENT, ("spec", "verify", "shadow", "compare", "tolerance")),
+    (
+        ShadowSpec,
+        "min_agreement",
+        DEPLOYMENT,
+        ("spec", "verify", "shadow", "compare", "minAgreement"),
+    ),
+    (SequencePolicy, "drain_timeout", DEPLOYMENT, ("spec", "sequence", "drainTimeout")),
+    (SequencePolicy, "idle", DEPLOYMENT, ("spec", "sequence", "idle")),
+    (ModelDeployment, "verify_timeout", DEPLOYMENT, ("spec", "verify", "timeout")),
+    (ModelDeployment, "suspend", DEPLOYMENT, ("spec", "suspend")),
+    (ModelDeployment, "allow_interface_change", DEPLOYMENT, ("spec", "allowInterfaceChange")),
+    (ModelDeployment, "when_no_headroom", DEPLOYMENT, ("spec", "rollout", "whenNoHeadroom")),
+    (AnalysisSpec, "failure_limit", DEPLOYMENT, ("spec", "verify", "analysis", "failureLimit")),
+    (AnalysisSpec, "no_traffic", DEPLOYMENT, ("spec", "verify", "analysis", "noTraffic")),
+]
+
+
+@pytest.mark.parametrize(("value", "name", "kind", "path"), MODEL_DEFAULTS)
+def test_the_model_values_default_as_the_schema_does(
+    value: type[Any], name: str, kind: str, path: tuple[str, ...]
+) -> None:
+    declared = {f.name: f.default for f in dataclasses.fields(value)}[name]
+    given = schema_default(kind, *path)
+    duration = isinstance(given, str) and build._DURATION.match(given)
+    assert declared == (build._seconds(given) if duration else given)
