@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
-from reconciler import __version__
+from reconciler import __version__, wiring
 from reconciler.adapters.artifacts import tree_digest
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
@@ -528,9 +528,8 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _diff(args: argparse.Namespace) -> int:
     try:
-        base, head, changes = diff_refs(
-            args.repo, args.base, args.head, args.path, args.cache_dir, _git_credentials(args)
-        )
+        manifests = wiring.review_manifests(args.repo, args.cache_dir, _git_credentials(args))
+        base, head, changes = diff_refs(manifests, args.base, args.head, args.path)
     except ValidationError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)
@@ -592,6 +591,7 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
         report = reconcile(
             source,
             settings,
+            wiring.ports(settings, source),
             apply_changes=apply_changes,
             progress=lambda step: print(progress_line(step), file=sys.stderr, flush=True),
             saved=saved,
@@ -637,7 +637,8 @@ def _history(args: argparse.Namespace) -> int:
 
 def _status(args: argparse.Namespace) -> int:
     try:
-        report = status(Source(args.repo, args.ref, args.path), _settings(args))
+        source, settings = Source(args.repo, args.ref, args.path), _settings(args)
+        report = status(source, settings, wiring.ports(settings, source))
     except ReconcileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR

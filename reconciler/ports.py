@@ -1,19 +1,29 @@
 """The small Protocols the pass and the executor are given: what they need of
 Triton, of metrics, and of the other adapters. ``adapters/`` holds the real ones, the tests
-plain fakes.
+plain fakes; ``wiring`` builds the real ``Ports`` value that ``loop.reconcile`` is given.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from reconciler.model.analysis import Figures
-from reconciler.model.serving import ModelInterface, ModelState
-from reconciler.model.spec import Tensor
+from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
+from reconciler.model.serving import ModelInterface, ModelState, ServerState
+from reconciler.model.source import (
+    CommitVerdict,
+    PushedRevert,
+    RevertEdit,
+    Revision,
+    SignaturePolicy,
+)
+from reconciler.model.spec import Tensor, TritonServer
 
 
 class ModelControl(Protocol):
@@ -30,6 +40,179 @@ class ModelControl(Protocol):
     ) -> dict[str, npt.NDArray[np.generic]]: ...
 
     def interface(self, model: str, version: int) -> ModelInterface: ...
+
+
+# -- the pass's ports (``loop``): what one reconcile pass is given -----------------------------
+#
+# Each Protocol has only the methods the pass (and the journal it writes) really calls; the
+# real implementations are in ``adapters/`` and ``wiring.ports`` puts them together.
+
+
+class ManifestSource(Protocol):
+    """The manifest repository, commits named by their sha (``adapters.git.GitManifests``)."""
+
+    def fetch(self, ref: str) -> str:
+        """Bring the mirror up to date and resolve ``ref``: the commit's full sha."""
+        ...
+
+    def read(self, revision: str, path: str) -> Revision: ...
+
+    def read_file(self, revision: str, path: str) -> bytes | None: ...
+
+
+class CommitChecks(Protocol):
+    """What the approval phase asks of the mirror (``adapters.git.GitManifests``)."""
+
+    def is_fast_forward(self, old: str, new: str) -> bool: ...
+
+    def signature_verdicts(
+        self, trusted_keys: Path, policy: SignaturePolicy, old: str | None, new: str
+    ) -> list[CommitVerdict]: ...
+
+    def approvals(self, revision: str, trailer: str) -> list[str]: ...
+
+
+class StateStore(Protocol):
+    """The pass's record (``adapters.state.StateStore``), opened once per pass."""
+
+    def history(self) -> History: ...
+
+    def last_pass(self) -> dict[str, Any] | None: ...
+
+    def applied_spec(self, deployment: str) -> AppliedSpec | None: ...
+
+    def rollouts(self, model: str | None = None, limit: int = 100) -> list[Rollout]: ...
+
+    def open_alerts(self) -> set[tuple[str, str, str]]: ...
+
+    def undelivered_alerts(self) -> dict[str, list[Any]]: ...
+
+    def save_undelivered_alerts(self, backlogs: Mapping[str, list[Any]]) -> None: ...
+
+    def record_stage(
+        self,
+        deployment: str,
+        fingerprint: str,
+        revision: str,
+        completed: Iterable[str],
+        started: Mapping[str, tuple[int, ...]],
+    ) -> None: ...
+
+    def record_hold(self, hold: Hold) -> None: ...
+
+    def record_reverted(self, deployments: Iterable[str], note: str) -> None: ...
+
+    def unreverted(self) -> set[str]: ...
+
+    def record_pass(
+        self,
+        revision: str,
+        managed: Mapping[str, frozenset[str]],
+        ok: bool,
+        summary: Mapping[str, Any],
+        *,
+        rollouts: Iterable[Rollout] = (),
+        holds: Iterable[Hold] = (),
+        released: Iterable[str] = (),
+        applied: Iterable[AppliedSpec] = (),
+        footprints: Mapping[tuple[str, str], float] | None = None,
+        alerts_opened: Iterable[tuple[str, str, str]] = (),
+        alerts_resolved: Iterable[tuple[str, str]] = (),
+        stages_ended: Iterable[str] = (),
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TritonClient(ModelControl, Protocol):
+    """One Triton server as the pass uses it: what apply needs, plus the observation."""
+
+    def observe(self, models: Iterable[str]) -> ServerState: ...
+
+    def close(self) -> None: ...
+
+
+class Alerts(Protocol):
+    """Where a pass sends its alert events (``adapters.alerts.FanOut``), one per pass: what a
+    receiver did not take is kept in the state store and restored by the next pass."""
+
+    def send(self, event: AlertEvent) -> None: ...
+
+    def restore(self, backlogs: Mapping[str, list[Any]]) -> None: ...
+
+    def backlog(self) -> dict[str, list[Any]]: ...
+
+    def flush(self) -> bool: ...
+
+
+class RevertWriter(Protocol):
+    """The revert write-back to Git (``adapters.git.GitWriter``)."""
+
+    def tracked_branch(self, ref: str) -> str: ...
+
+    def push_revert(
+        self,
+        branch: str,
+        edits: tuple[RevertEdit, ...],
+        message: str,
+        target_branch: str | None = None,
+        attempts: int = 5,
+        reverted: str | None = None,
+    ) -> PushedRevert | None: ...
+
+
+class Resolver(Protocol):
+    """DNS names of discovered servers to addresses (``adapters.discovery``)."""
+
+    def resolve(self, name: str) -> list[str]: ...
+
+
+class VersionDigests(Protocol):
+    """The digests of pinned version folders in a readable model repository
+    (``adapters.artifacts.version_digests``)."""
+
+    def __call__(
+        self, repository: str, model: str, versions: Iterable[int]
+    ) -> dict[int, str | None]: ...
+
+
+class PassHooks(Protocol):
+    """An observer of the pass: told when each named phase starts and how long it took
+    (benchmarks time the pass through it; ``NoPassHooks`` is the default)."""
+
+    def phase_started(self, phase: str) -> None: ...
+
+    def phase_ended(self, phase: str, seconds: float) -> None: ...
+
+
+class NoPassHooks:
+    """A ``PassHooks`` that does nothing."""
+
+    def phase_started(self, phase: str) -> None:
+        pass
+
+    def phase_ended(self, phase: str, seconds: float) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Everything outside that one pass reaches, as one value (``wiring.ports`` builds it).
+
+    The state store and the alerter are opened once per pass (``open_state``,
+    ``open_alerts``), clients and metric readers made per server; the rest is used as is.
+    """
+
+    manifests: ManifestSource
+    approval: CommitChecks
+    open_state: Callable[[], StateStore]
+    open_alerts: Callable[[], Alerts]
+    triton: Callable[[TritonServer], TritonClient]
+    metrics: Callable[[TritonServer], FiguresSource | None]
+    reverts: RevertWriter
+    resolver: Resolver
+    digests: VersionDigests
+    hooks: PassHooks = field(default_factory=NoPassHooks)
 
 
 class FiguresSource(Protocol):

@@ -1,8 +1,14 @@
-"""Settings to concrete adapters: the only module that names them."""
+"""Settings to concrete adapters: the only module that names them.
+
+``ports(settings, source)`` is the ``Ports`` value a pass is given (the CLI's ``plan``,
+``apply`` and ``status``, and the service, call it); ``review_manifests`` is what ``diff``
+reads. The other functions build one adapter each, for those and for the service's watch.
+"""
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from reconciler.adapters.alerts import (
     Alerter,
@@ -11,12 +17,16 @@ from reconciler.adapters.alerts import (
     LogAlerter,
     WebhookAlerter,
 )
+from reconciler.adapters.artifacts import version_digests
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
-from reconciler.adapters.git import GitSource
+from reconciler.adapters.git import GitManifests, GitSource, GitWriter
+from reconciler.adapters.metrics import metrics_reader
+from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.model.settings import Settings
-from reconciler.model.source import Source
+from reconciler.model.source import GitCredentials, Source
 from reconciler.model.spec import TritonServer
+from reconciler.ports import FiguresSource, NoPassHooks, PassHooks, Ports
 
 
 def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
@@ -45,3 +55,45 @@ def alerter(settings: Settings) -> FanOut:
     if settings.alert_webhook:
         alerters.append(WebhookAlerter(settings.alert_webhook))
     return FanOut(alerters)
+
+
+def revert_writer(source: Source, settings: Settings) -> GitWriter:
+    # No fetch timeout given: the write-back has always used GitWriter's default (120 s).
+    return GitWriter(
+        source.repo,
+        settings.cache_dir,
+        settings.revert_author,
+        credentials=settings.git_credentials,
+    )
+
+
+def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) -> Ports:
+    """The adapters one pass over ``source`` uses, as ``settings`` configure them. Cheap:
+    nothing is opened until the pass asks (the state store and alerter once per pass)."""
+
+    def metrics(server: TritonServer) -> FiguresSource | None:
+        return metrics_reader(settings.prometheus_url, server.metrics)
+
+    manifests = GitManifests(git_source(source, settings), settings.cache_dir / "gpg")
+    return Ports(
+        manifests=manifests,
+        approval=manifests,
+        open_state=lambda: StateStore(settings.state_path),
+        open_alerts=lambda: alerter(settings),
+        triton=lambda server: new_client(server, settings),
+        metrics=metrics,
+        reverts=revert_writer(source, settings),
+        resolver=resolver(settings),
+        digests=version_digests,
+        hooks=hooks or NoPassHooks(),
+    )
+
+
+def review_manifests(
+    repo: str, cache_dir: Path, credentials: GitCredentials | None = None
+) -> GitManifests:
+    """The manifests ``diff`` compares. A local checkout (a CI job) is read in place, so
+    its remote-tracking refs (origin/main) resolve as they do there; others are mirrored."""
+    local = "://" not in repo and Path(repo).exists()
+    source = GitSource(repo, cache_dir, credentials=credentials)
+    return GitManifests(source, cache_dir / "gpg", in_place=local)

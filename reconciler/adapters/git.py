@@ -15,12 +15,25 @@ from pathlib import Path
 import git
 
 from reconciler.adapters.credentials import redact
+from reconciler.adapters.signatures import (
+    CommitVerifier,
+    approvals,
+    commits_to_verify,
+    is_fast_forward,
+)
 from reconciler.core.spec.edit import restore_deployment
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.core.spec.yaml import MANIFEST_SUFFIXES, MAX_MANIFEST_BYTES, UnreadFile
 from reconciler.faults import fault_point
 from reconciler.model.errors import SourceUnavailable
-from reconciler.model.source import GitCredentials, PushedRevert, RevertEdit, Revision
+from reconciler.model.source import (
+    CommitVerdict,
+    GitCredentials,
+    PushedRevert,
+    RevertEdit,
+    Revision,
+    SignaturePolicy,
+)
 
 _REFSPECS = [
     "+refs/heads/*:refs/remotes/origin/*",
@@ -158,6 +171,54 @@ class GitSource:
 
     def revision(self, ref: str = "HEAD", path: str = "") -> Revision:
         return self.read(self.fetch(ref), path)
+
+
+class GitManifests:
+    """The manifest repository as the pass sees it (``ports.ManifestSource`` and
+    ``ports.CommitChecks``): commits named by their sha, and the mirror's commit checks for
+    the approval phase. Built by ``wiring``.
+
+    The commits it resolved are kept by sha, so reading one after its fetch reuses the
+    commit object (and the git processes of its repository) as a direct call would.
+    ``in_place``: resolve refs in the local repository itself instead of mirroring it (a
+    review in a CI checkout, see ``GitSource.resolve_in_place``).
+    """
+
+    def __init__(self, source: GitSource, keyring_home: Path, *, in_place: bool = False) -> None:
+        self.source = source
+        self.keyring_home = keyring_home
+        self.in_place = in_place
+        self._commits: dict[str, git.Commit] = {}
+
+    def fetch(self, ref: str) -> str:
+        commit = self.source.resolve_in_place(ref) if self.in_place else self.source.fetch(ref)
+        self._commits = {commit.hexsha: commit}  # only the newest: a long service keeps one
+        return str(commit.hexsha)
+
+    def _commit(self, revision: str) -> git.Commit:
+        found = self._commits.get(revision)
+        return found if found is not None else self.source._repo().commit(revision)
+
+    def read(self, revision: str, path: str) -> Revision:
+        return self.source.read(self._commit(revision), path)
+
+    def read_file(self, revision: str, path: str) -> bytes | None:
+        return self.source.read_file(self._commit(revision), path)
+
+    def is_fast_forward(self, old: str, new: str) -> bool:
+        return is_fast_forward(self.source.cache, old, new)
+
+    def signature_verdicts(
+        self, trusted_keys: Path, policy: SignaturePolicy, old: str | None, new: str
+    ) -> list[CommitVerdict]:
+        # A verifier per check: it rebuilds its keyring from the folder each time, so a key
+        # removed from the folder stops being trusted at the next pass.
+        verifier = CommitVerifier(trusted_keys, self.keyring_home)
+        mirror = self.source.cache
+        return verifier.verify(mirror, commits_to_verify(mirror, policy, old, new))
+
+    def approvals(self, revision: str, trailer: str) -> list[str]:
+        return approvals(self.source.cache, revision, trailer)
 
 
 class GitWriter:

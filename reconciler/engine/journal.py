@@ -16,12 +16,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from reconciler.adapters.state import StateStore
 from reconciler.model.analysis import RolloutVerdict
 from reconciler.model.history import History, Hold
 from reconciler.model.plan import Action, ModelChange, Plan
 from reconciler.model.results import Progress, StepResult
 from reconciler.model.spec import DesiredState
+from reconciler.ports import StateStore
 
 _FORWARD = (Action.LOAD, Action.VERIFY, Action.ANALYZE, Action.REPLACE_LIBRARY)
 

@@ -1,17 +1,9 @@
 """The approval phase: only fast-forward, signed and approved commits
-are applied.
+are applied. Called by the pass (``loop.phases.approve``), which gives it the mirror's checks.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from reconciler.adapters.signatures import (
-    CommitVerifier,
-    approvals,
-    commits_to_verify,
-    is_fast_forward,
-)
 from reconciler.model.errors import (
     HistoryRewritten,
     NotApproved,
@@ -19,16 +11,12 @@ from reconciler.model.errors import (
     UnverifiedRevision,
 )
 from reconciler.model.settings import Settings
-from reconciler.model.source import Revision, SignaturePolicy, Source
-from reconciler.wiring import git_source
-
-
-def fetch(source: Source, settings: Settings) -> Revision:
-    return git_source(source, settings).revision(source.ref, source.path)
+from reconciler.model.source import SignaturePolicy
+from reconciler.ports import CommitChecks
 
 
 def check_approved(
-    mirror: Path, last_applied: str | None, revision: str, settings: Settings
+    checks: CommitChecks, last_applied: str | None, revision: str, settings: Settings
 ) -> None:
     """Refuse a revision that was not approved the way the settings demand.
 
@@ -42,21 +30,18 @@ def check_approved(
         last_applied is not None
         and last_applied != revision  # the same commit again: no git process needed
         and not accepted
-        and not is_fast_forward(mirror, last_applied, revision)
+        and not checks.is_fast_forward(last_applied, revision)
     ):
         raise HistoryRewritten(last_applied, revision)
     if settings.verify_signatures is not None:
         if settings.trusted_keys is None:
             raise TrustedKeysError("--verify-signatures needs --trusted-keys DIR")
         policy = settings.verify_signatures if last_applied else SignaturePolicy.HEAD
-        verifier = CommitVerifier(settings.trusted_keys, settings.cache_dir / "gpg")
-        verdicts = verifier.verify(
-            mirror, commits_to_verify(mirror, policy, last_applied, revision)
-        )
+        verdicts = checks.signature_verdicts(settings.trusted_keys, policy, last_applied, revision)
         if not all(v.ok for v in verdicts):
             raise UnverifiedRevision(verdicts)
     if settings.require_trailer:
-        found = approvals(mirror, revision, settings.require_trailer)
+        found = checks.approvals(revision, settings.require_trailer)
         if len(found) < settings.min_approvals:
             raise NotApproved(
                 f"refusing revision {revision}: {len(found)} distinct "

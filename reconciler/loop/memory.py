@@ -1,17 +1,17 @@
-"""What the service keeps from pass to pass (PassMemory)."""
+"""What the service keeps from pass to pass (PassMemory): made by the service, read and
+filled by ``loop.reconcile``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from reconciler.adapters.triton import TritonServerClient
 from reconciler.core.plan.settle import settle_key
 from reconciler.model.history import History
 from reconciler.model.plan import Plan
 from reconciler.model.serving import ServerState
-from reconciler.model.settings import Settings
 from reconciler.model.spec import DesiredState, TritonServer
-from reconciler.wiring import new_client
+from reconciler.ports import TritonClient
 
 
 class PassMemory:
@@ -20,15 +20,15 @@ class PassMemory:
     A pass over a large fleet that changes nothing should cost little. The service keeps:
     the manifests of the last revision it read (a pass at the same commit does not parse
     them again), one Triton client per server (a gRPC connection, and the configs it read:
-    see ``TritonServerClient.observe``), and the settle keys of the servers whose last plan
-    had nothing to do (``plan``'s ``settled``). One-shot commands keep nothing.
+    see ``adapters.triton.TritonServerClient.observe``), and the settle keys of the servers
+    whose last plan had nothing to do (``plan``'s ``settled``). One-shot commands keep nothing.
 
     Passes never overlap (the scheduler runs one at a time), so no lock.
     """
 
     def __init__(self) -> None:
         self._desired: tuple[str, str, DesiredState] | None = None
-        self._clients: dict[str, tuple[tuple[object, ...], TritonServerClient]] = {}
+        self._clients: dict[str, tuple[tuple[object, ...], TritonClient]] = {}
         self._settled: dict[str, tuple[object, ...]] = {}
 
     def desired(self, revision: str, path: str) -> DesiredState | None:
@@ -40,11 +40,12 @@ class PassMemory:
         self._desired = (revision, path, desired)
 
     def clients(
-        self, servers: Mapping[str, TritonServer], settings: Settings
-    ) -> dict[str, TritonServerClient]:
+        self, servers: Mapping[str, TritonServer], connect: Callable[[TritonServer], TritonClient]
+    ) -> dict[str, TritonClient]:
         """A client per server: the one kept from earlier passes while the server's address
-        and repository are the same, else a new one; clients of servers gone are closed."""
-        kept: dict[str, tuple[tuple[object, ...], TritonServerClient]] = {}
+        and repository are the same, else a new one from ``connect`` (the pass's
+        ``ports.triton``); clients of servers gone are closed."""
+        kept: dict[str, tuple[tuple[object, ...], TritonClient]] = {}
         for name, server in servers.items():
             identity = (server.grpc, server.model_repository)
             previous = self._clients.pop(name, None)
@@ -53,7 +54,7 @@ class PassMemory:
                 continue
             if previous is not None:
                 previous[1].close()
-            kept[name] = (identity, new_client(server, settings))
+            kept[name] = (identity, connect(server))
         self.close()
         self._clients = kept
         return {name: client for name, (_, client) in kept.items()}

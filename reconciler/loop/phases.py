@@ -1,123 +1,200 @@
-"""One reconcile pass as a straight run of named phases.
+"""The phases of one reconcile pass, each a short function that ``loop.reconcile`` runs in
+order (and times through ``ports.hooks``):
 
-    fetch    Git ref -> Revision (sha, manifest files)
-    spec     Revision -> DesiredState               (ValidationError: nothing is applied)
-    guard    refuse a revision that would empty a server that serves declared models
-    observe  each server -> ServerState              (concurrently; unreachable is data)
-    plan     (desired, serving, history) -> Plan     (pure; holds keep failed specs out)
-    apply    Plan -> ApplyResult                     (only in apply mode; analysis included)
-    record   managed models, rollouts, holds, applied specs -> the state store
-    revert   write the failed ModelDeployments back to Git  (--revert-mode commit|branch)
-    alert    failed rollouts and loads; resolve them when a later rollout succeeds
+    fetch     Git ref -> the commit's sha
+    approve   refuse a revision not fast-forward, signed, approved (or not the saved plan's)
+    read      the revision's manifests -> DesiredState     (ValidationError: nothing applied)
+    discover  servers found through DNS -> their instances
+    guard     refuse a revision that would empty a server that serves declared models
+    observe   each server -> ServerState      (concurrently; unreachable is data), free memory
+    plan      (desired, serving, history) -> Plan     (pure; holds keep failed specs out)
+    apply     Plan -> ApplyResult             (only in apply mode; analysis included)
+    record    managed models, rollouts, holds, applied specs -> the state store
+    alert     failed rollouts and loads; resolve them when a later rollout succeeds
+    revert    write the failed ModelDeployments back to Git  (--revert-mode commit|branch)
 
-``reconcile`` is what the CLI's ``plan`` and ``apply`` call; it raises only ReconcileError
-subclasses, and returns a PassReport for everything else, failures of single models included.
+Alerts go out before the revert write-back, as they always have: a reconciler killed while
+pushing has already said what failed. Everything outside comes through ``run.ports``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
 
-import git
-
-from reconciler.adapters.alerts import Alerter
-from reconciler.adapters.artifacts import version_digests
-from reconciler.adapters.git import GitSource
-from reconciler.adapters.triton import TritonServerClient
-from reconciler.core.plan.settle import emptied_servers
+from reconciler.core.plan.planner import plan as make_plan
+from reconciler.core.records import (
+    alerts_from,
+    applied_from,
+    footprints_from,
+    hold_reminders,
+    holds_from,
+    problem_alerts,
+    released_holds,
+    rollouts_from,
+)
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.core.spec.shadow import attach_shadow_requests
-from reconciler.model.errors import UnsafeRevision, ValidationError
-from reconciler.model.history import AlertEvent, History
+from reconciler.engine.apply import apply as execute
+from reconciler.engine.journal import Journal, unpushed
+from reconciler.engine.steps import Timing
+from reconciler.faults import fault_point
+from reconciler.loop.approval import check_approved
+from reconciler.loop.memory import PassMemory
+from reconciler.loop.observation import (
+    Discovered,
+    instances,
+    observe_servers,
+    refuse_emptying,
+    with_free_memory,
+)
+from reconciler.loop.records import (
+    drift_corrected,
+    expected_serving,
+    loads_cut_off,
+    next_managed,
+    write_back,
+)
+from reconciler.loop.saved_plan import check_saved_plan, serving_digest
+from reconciler.model.errors import ReconcileError, StalePlan, UnsafeRevision, ValidationError
+from reconciler.model.history import AlertEvent, History, Hold
+from reconciler.model.plan import Plan
+from reconciler.model.reports import PassReport, SavedPlan
+from reconciler.model.results import ApplyResult, Progress
 from reconciler.model.serving import ServerState
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from reconciler.model.spec import DesiredState
-from reconciler.ports import FiguresSource
-from reconciler.wiring import resolver
+from reconciler.ports import Alerts, FiguresSource, Ports, StateStore, TritonClient
 
 
-def discover(
-    desired: DesiredState, settings: Settings
-) -> tuple[DesiredState, dict[str, tuple[str, float, tuple[str, ...]]]]:
-    """Replace each server found through DNS by its instances; a name that does not resolve
-    is an error naming it (nothing is applied: its instances would all look vanished)."""
-    names = resolver(settings)
-    found: dict[str, tuple[str, float, tuple[str, ...]]] = {}
-    for name, discovery in sorted(desired.discovered.items()):
-        addresses = tuple(names.resolve(discovery.dns))
-        found[name] = (discovery.dns, discovery.refresh, addresses)
-    expanded = desired.with_instances({n: f[2] for n, f in found.items()})
-    return expanded, found
+@dataclass(frozen=True)
+class PassRun:
+    """One pass's running values: what it was asked to do and what it was given.
+    ``reconcile`` makes it (with the state store and alerter it opened); every phase reads it."""
+
+    source: Source
+    settings: Settings
+    ports: Ports
+    state: StateStore
+    alerts: Alerts
+    apply_changes: bool
+    progress: Progress
+    stopping: Callable[[], bool]
+    skip: Mapping[str, str] | None = None  # servers to leave alone this time (name -> why)
+    saved: SavedPlan | None = None  # a plan made earlier that this pass must match
+    memory: PassMemory | None = None  # what the service keeps between passes
 
 
-def guard(
-    desired: DesiredState, history: History, allow_empty: bool, discovered: Iterable[str] = ()
-) -> None:
-    emptied = emptied_servers(desired, history, discovered)
-    if emptied and not allow_empty:
-        raise UnsafeRevision(
-            f"refusing revision: it leaves server(s) {', '.join(emptied)} with no declared "
-            "models where the last applied revision had some (an empty or broken checkout "
-            "must not unload production); pass --allow-empty if this is intended"
+@dataclass(frozen=True)
+class Target:
+    """What the pass is to make true, once the guard let it through."""
+
+    revision: str
+    desired: DesiredState
+    discovered: Discovered
+    history: History
+
+
+@dataclass(frozen=True)
+class Observed:
+    serving: dict[str, ServerState]
+    readers: dict[str, FiguresSource]  # metric readers of the servers not settled
+    settled: frozenset[str]  # servers whose last plan had nothing to do (PassMemory)
+    keys: dict[str, tuple[object, ...]]  # this pass's settle keys, for the memory
+
+
+@dataclass(frozen=True)
+class Planned:
+    plan: Plan
+    served: dict[str, str]  # per server, the digest of what it serves (saved plans only)
+
+
+@dataclass(frozen=True)
+class Applied:
+    result: ApplyResult
+    journal: Journal
+    before: dict[str, str]  # the fingerprints applied before this pass (drift)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    report: PassReport
+    holds: tuple[Hold, ...]
+    events: tuple[AlertEvent, ...]  # opened, and resolved of alerts open
+    open_alerts: set[tuple[str, str, str]]
+
+
+def fetch(run: PassRun) -> str:
+    return run.ports.manifests.fetch(run.source.ref)
+
+
+def approve(run: PassRun, revision: str) -> None:
+    """Refuse (and, applying, alert) a revision not approved the way the settings demand;
+    a saved plan made at another revision is stale."""
+    last = run.state.last_pass()
+    try:
+        check_approved(
+            run.ports.approval, str(last["revision"]) if last else None, revision, run.settings
+        )
+    except UnsafeRevision as exc:
+        if run.apply_changes:
+            run.alerts.send(
+                AlertEvent(
+                    "revision-refused",
+                    "critical",
+                    f"revision {revision[:12]} refused; the last applied revision keeps serving",
+                    revision,
+                    details={"reason": str(exc)},
+                )
+            )
+            run.alerts.flush()
+        raise
+    if run.saved is not None and revision != run.saved.revision:
+        raise StalePlan(
+            f"stale plan: {run.source.ref} is at {revision} now, the plan was made at "
+            f"{run.saved.revision}; make a new plan"
         )
 
 
-def observe(
-    clients: Mapping[str, TritonServerClient],
-    desired: DesiredState,
-    history: History,
-    max_parallel: int,
-) -> dict[str, ServerState]:
-    """Each server's state: Triton's index and configs; the digests of pinned version folders
-    (when the model repository is readable)."""
-
-    def one(server: str) -> ServerState:
-        models = set(desired.placements[server]) | set(history.managed.get(server, ()))
-        state = clients[server].observe(sorted(models))
-        if not state.reachable:
-            return state
-        repository = desired.servers[server].model_repository
-        if repository:
-            enriched = dict(state.models)
-            digests = []
-            for model, placement in desired.placements[server].items():
-                pinned = placement.deployment.digests
-                if pinned and model in enriched:
-                    found = version_digests(repository, model, pinned)
-                    enriched[model] = replace(enriched[model], repository_digests=found)
-                    digests.append((model, tuple(sorted(found.items()))))
-            token = None if state.token is None else (*state.token, tuple(digests))
-            state = replace(state, models=enriched, token=token)
-        return state
-
-    with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
-        return dict(zip(clients, pool.map(one, clients), strict=True))
+def read(run: PassRun, revision: str) -> DesiredState:
+    """The manifests at ``revision``: the memory's when it read them already."""
+    memory, path = run.memory, run.source.path
+    desired = memory.desired(revision, path) if memory else None
+    if desired is None:
+        desired = _read_desired(run, revision)
+        if memory:
+            memory.remember_desired(revision, path, desired)
+    return desired
 
 
-def with_free_memory(
-    serving: Mapping[str, ServerState],
-    readers: Mapping[str, FiguresSource],
-    max_parallel: int,
-) -> dict[str, ServerState]:
-    """``serving`` with the free memory of each server in ``readers`` (from its metrics),
-    which the planner weighs before loading new versions beside the old."""
-
-    def one(server: str) -> ServerState:
-        state = serving[server]
-        reader = readers.get(server)
-        if reader is None or not state.reachable:
-            return state
-        figures = reader.figures("", ())
-        if figures.memory_total_bytes is None or figures.memory_bytes is None:
-            return state
-        return replace(state, memory_free=figures.memory_total_bytes - figures.memory_bytes)
-
-    with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
-        return dict(zip(serving, pool.map(one, serving), strict=True))
+def _read_desired(run: PassRun, revision: str) -> DesiredState:
+    """The manifests at ``revision``, validated, with the shadow request files they name;
+    invalid manifests raise (and, when applying, alert): nothing is applied."""
+    manifests, folder = run.ports.manifests, run.source.path
+    files = manifests.read(revision, folder)
+    try:
+        desired = attach_shadow_requests(
+            load_desired_state(files.files),
+            lambda name: manifests.read_file(revision, f"{folder.strip('/')}/{name}"),
+        )
+        check_analysis_sources(desired, run.settings)
+    except ValidationError as exc:
+        if run.apply_changes:
+            run.alerts.send(
+                AlertEvent(
+                    "validation-failed",
+                    "warning",
+                    f"the manifests at {files.sha[:12]} are invalid; nothing applied",
+                    files.sha,
+                    details={"problems": "\n".join(str(p) for p in exc.problems)},
+                )
+            )
+        raise ValidationError(exc.problems, files.sha) from None
+    return desired
 
 
 def check_analysis_sources(desired: DesiredState, settings: Settings) -> None:
@@ -126,33 +203,206 @@ def check_analysis_sources(desired: DesiredState, settings: Settings) -> None:
         raise ValidationError(problems)
 
 
-def read_desired(
-    repository: GitSource,
-    commit: git.Commit,
-    source: Source,
-    settings: Settings,
-    alerts: Alerter,
-    apply_changes: bool,
-) -> DesiredState:
-    """The manifests at ``commit``, validated, with the shadow request files they name;
-    invalid manifests raise (and, when applying, alert): nothing is applied."""
-    revision = repository.read(commit, source.path)
+def discover(run: PassRun, desired: DesiredState) -> tuple[DesiredState, Discovered]:
+    return instances(desired, run.ports.resolver)
+
+
+def guard(run: PassRun, revision: str, desired: DesiredState, discovered: Discovered) -> Target:
+    """The revision as the pass's target, unless it would empty a server (with the history
+    that tells)."""
+    history = run.state.history()
+    refuse_emptying(desired, history, run.settings.allow_empty, discovered)
+    return Target(revision, desired, discovered, history)
+
+
+@contextmanager
+def connected(run: PassRun, desired: DesiredState) -> Iterator[dict[str, TritonClient]]:
+    """A client per server this pass handles (``skip`` left out): the memory's, kept for
+    the next pass, or new ones, closed when the pass is done with them."""
+    skip, memory, connect = run.skip, run.memory, run.ports.triton
+    servers = {n: s for n, s in desired.servers.items() if not skip or n not in skip}
+    clients = (
+        memory.clients(servers, connect)
+        if memory
+        else {name: connect(server) for name, server in servers.items()}
+    )
     try:
-        desired = attach_shadow_requests(
-            load_desired_state(revision.files),
-            lambda name: repository.read_file(commit, f"{source.path.strip('/')}/{name}"),
+        yield clients
+    finally:
+        if not memory:
+            for client in clients.values():
+                client.close()
+
+
+def observe(run: PassRun, target: Target, clients: Mapping[str, TritonClient]) -> Observed:
+    """What each server serves, and the free memory of those not settled."""
+    desired, history, parallel = target.desired, target.history, run.settings.max_parallel
+    serving = observe_servers(clients, desired, history, parallel, run.ports.digests)
+    memory = run.memory
+    settled, keys = memory.settled(desired, serving, history) if memory else (frozenset(), {})
+    if memory:
+        memory.drop_unreachable(serving)
+    readers = {
+        name: reader
+        for name, server in desired.servers.items()
+        if name not in settled and (reader := run.ports.metrics(server)) is not None
+    }
+    serving = with_free_memory(serving, readers, parallel)
+    return Observed(serving, readers, settled, keys)
+
+
+def plan(run: PassRun, target: Target, observed: Observed) -> Planned:
+    """The plan, remembered for the next pass; checked against the saved plan if any."""
+    plan_ = make_plan(
+        target.desired,
+        observed.serving,
+        target.history,
+        target.revision,
+        run.skip,
+        observed.settled,
+    )
+    if run.memory:
+        run.memory.remember_plan(observed.keys, plan_)
+    # What a saved plan must find unchanged: only the plan command and an apply of a
+    # saved plan need it (it costs a JSON dump of every loaded config).
+    served = (
+        serving_digest(observed.serving) if run.saved is not None or not run.apply_changes else {}
+    )
+    if run.saved is not None:
+        check_saved_plan(run.saved, served, plan_)
+    return Planned(plan_, served)
+
+
+def apply(
+    run: PassRun,
+    target: Target,
+    plan_: Plan,
+    clients: Mapping[str, TritonClient],
+    observed: Observed,
+) -> Applied:
+    """Run the plan, each step journalled first (see ``engine/journal.py``)."""
+    state, desired, revision = run.state, target.desired, target.revision
+    before = {
+        name: spec.fingerprint
+        for name in desired.deployments
+        if (spec := state.applied_spec(name)) is not None
+    }
+    journal = Journal.begin(state, plan_, desired, revision)
+    result = execute(
+        plan_,
+        clients,
+        max_parallel=run.settings.max_parallel,
+        progress=journal.watch(run.progress),
+        metrics=observed.readers,
+        timing=Timing(poll_interval=run.settings.poll_interval, stopping=run.stopping),
+        staged_progress=lambda rollout, completed, started: state.record_stage(
+            rollout.deployment, rollout.fingerprint, revision, completed, started
+        ),
+    )
+    return Applied(result, journal, before)
+
+
+def record(run: PassRun, target: Target, planned: Planned, applied: Applied) -> Recorded:
+    """The pass's report, and everything it learned written to the state store at once."""
+    desired, result = target.desired, applied.result
+    holds = holds_from(result, desired, target.history)
+    events = alerts_from(result, str(run.settings.revert_mode))
+    open_alerts = run.state.open_alerts()
+    resolved = [
+        e
+        for e in events
+        if e.resolved and any((e.model, e.server) == (m, s) for m, s, _ in open_alerts)
+    ]
+    report = PassReport(
+        target.revision,
+        planned.plan,
+        result,
+        served=planned.served,
+        drift=drift_corrected(desired, result, applied.before),
+        servers={name: server.grpc for name, server in desired.servers.items()},
+        expected=expected_serving(desired, planned.plan, result),
+        discovered=target.discovered,
+    )
+    fault_point("loop.record")
+    opened = [e for e in events if not e.resolved]
+    _record_pass(run, target, report, applied, holds, opened, resolved)
+    return Recorded(report, holds, (*opened, *resolved), open_alerts)
+
+
+def _record_pass(
+    run: PassRun,
+    target: Target,
+    report: PassReport,
+    applied: Applied,
+    holds: tuple[Hold, ...],
+    opened: list[AlertEvent],
+    resolved: list[AlertEvent],
+) -> None:
+    desired, history, result, plan_ = target.desired, target.history, applied.result, report.plan
+    managed = next_managed(desired, history, plan_, result)
+    journal = applied.journal
+    run.state.record_pass(
+        target.revision,
+        # Only what changed: a fleet's managed rows are instances x models.
+        {s: m for s, m in managed.items() if history.managed.get(s, frozenset()) != m},
+        report.ok,
+        {
+            "changes": [
+                {"server": c.change.server, "model": c.change.model, "outcome": c.outcome}
+                for c in result.changes
+            ],
+            "problems": [str(p) for p in plan_.problems],
+        },
+        rollouts=rollouts_from(result, time.time()),
+        holds=holds,
+        released=[
+            n
+            for n in sorted({*released_holds(desired, history), *journal.held})
+            if n not in {h.deployment for h in holds}
+        ],
+        applied=applied_from(desired, plan_, result),
+        footprints=footprints_from(result),
+        alerts_opened=[(e.model or "", e.server or "", e.kind) for e in opened],
+        alerts_resolved=[(e.model or "", e.server or "") for e in resolved],
+        # Every staged rollout this pass ran has ended, one way or the other; a record
+        # left over from a spec that changed since is dropped too.
+        stages_ended=[r.deployment for r in plan_.rollouts]
+        + [n for n in journal.deployments if n not in loads_cut_off(result)]
+        + [
+            name
+            for name, record in history.staged.items()
+            if name not in desired.deployments
+            or desired.deployments[name].fingerprint != record.fingerprint
+        ],
+    )
+
+
+def alert(run: PassRun, plan_: Plan, recorded: Recorded) -> None:
+    """Send what the pass found: failures opened and resolved, problems, hold reminders."""
+    fault_point("loop.alerts")
+    for event in recorded.events:
+        run.alerts.send(event)
+    for event in problem_alerts(plan_):
+        run.alerts.send(event)
+    for event in hold_reminders(plan_, recorded.open_alerts):
+        run.alerts.send(event)
+
+
+def revert(
+    run: PassRun, target: Target, result: ApplyResult, holds: tuple[Hold, ...]
+) -> tuple[str, ...]:
+    """Write the held ModelDeployments back to Git (with the holds of an earlier pass killed
+    before its push); a failure is a note in the report, never the pass's error."""
+    try:
+        retried = unpushed(run.state, target.history, target.desired, holds)
+        return write_back(
+            run.source,
+            run.settings,
+            target.desired,
+            run.state,
+            result,
+            (*holds, *retried),
+            run.ports.reverts,
         )
-        check_analysis_sources(desired, settings)
-    except ValidationError as exc:
-        if apply_changes:
-            alerts.send(
-                AlertEvent(
-                    "validation-failed",
-                    "warning",
-                    f"the manifests at {revision.sha[:12]} are invalid; nothing applied",
-                    revision.sha,
-                    details={"problems": "\n".join(str(p) for p in exc.problems)},
-                )
-            )
-        raise ValidationError(exc.problems, revision.sha) from None
-    return desired
+    except ReconcileError as exc:
+        return (f"revert write-back failed: {exc}",)

@@ -1,19 +1,18 @@
 """What a pass leaves behind: managed models, serving expected, drift
-corrected, revert write-back to Git.
+corrected, revert write-back to Git. Called by the pass's record and revert phases.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler.adapters.git import GitWriter
-from reconciler.adapters.state import StateStore
 from reconciler.model.history import History, Hold
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, Outcome
 from reconciler.model.settings import RevertMode, Settings
 from reconciler.model.source import RevertEdit, Source
 from reconciler.model.spec import DesiredState
+from reconciler.ports import RevertWriter, StateStore
 
 
 def loads_cut_off(result: ApplyResult) -> set[str]:
@@ -94,6 +93,7 @@ def write_back(
     state: StateStore,
     result: ApplyResult,
     holds: tuple[Hold, ...],
+    writer: RevertWriter,
 ) -> tuple[str, ...]:
     """Push a commit restoring the held ModelDeployments' previous versions and config."""
     if settings.revert_mode is RevertMode.HOLD or not holds:
@@ -119,12 +119,6 @@ def write_back(
         )
     if not edits:
         return tuple(notes)
-    writer = GitWriter(
-        source.repo,
-        settings.cache_dir,
-        settings.revert_author,
-        credentials=settings.git_credentials,
-    )
     branch = writer.tracked_branch(source.ref)
     target = (
         f"triton-gitops/revert-{result.revision[:12]}"

@@ -1,34 +1,32 @@
 """``status``: per server and model, what the manifests ask for, what is
-served, and why not.
+served, and why not. Called by the CLI with the ports ``wiring.ports`` builds.
 """
 
 from __future__ import annotations
 
-from reconciler.adapters.state import StateStore
-from reconciler.adapters.triton import TritonServerClient
 from reconciler.core.plan.planner import plan
 from reconciler.core.spec.desired import load_desired_state
-from reconciler.loop.approval import fetch
-from reconciler.loop.phases import discover, observe
+from reconciler.loop.observation import instances, observe_servers
 from reconciler.model.history import Rollout
 from reconciler.model.reports import ModelStatus, StatusReport
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
+from reconciler.ports import Ports
 
 
-def status(source: Source, settings: Settings) -> StatusReport:
+def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
     """Per server and model: what the manifests ask for, what is served, and why not."""
-    revision = fetch(source, settings)
-    desired, _ = discover(load_desired_state(revision.files), settings)
-    state = StateStore(settings.state_path)
+    manifests = ports.manifests
+    revision = manifests.read(manifests.fetch(source.ref), source.path)
+    desired, _ = instances(load_desired_state(revision.files), ports.resolver)
+    state = ports.open_state()
     try:
         history = state.history()
-        clients = {
-            name: TritonServerClient.for_server(server, call_timeout=settings.call_timeout)
-            for name, server in desired.servers.items()
-        }
+        clients = {name: ports.triton(server) for name, server in desired.servers.items()}
         try:
-            serving = observe(clients, desired, history, settings.max_parallel)
+            serving = observe_servers(
+                clients, desired, history, settings.max_parallel, ports.digests
+            )
         finally:
             for client in clients.values():
                 client.close()

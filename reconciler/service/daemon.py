@@ -60,6 +60,7 @@ from reconciler.service.http import _Listener, handler_for
 from reconciler.service.telemetry import ReconcilerMetrics, _event, fewer_malloc_arenas, log
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
+from reconciler.wiring import ports
 
 
 class Daemon:
@@ -136,6 +137,7 @@ class Daemon:
             report = reconcile(
                 self.source,
                 self.settings,
+                ports(self.settings, self.source),  # fresh each pass: no Git handle outlives it
                 apply_changes=not self.run_settings.dry_run,
                 progress=self._log_step,
                 skip=self._skip_list(),

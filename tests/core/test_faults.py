@@ -21,11 +21,11 @@ WHERE = {
     "apply.analysis": ("engine/steps.py", "_analyze"),
     "apply.unload": ("engine/steps.py", "_unload"),
     "apply.revert": ("engine/change.py", "apply_change"),
-    "loop.record": ("loop/reconcile.py", "_reconcile"),
+    "loop.record": ("loop/phases.py", "record"),
     "state.write": ("adapters/state.py", "record_pass"),
     "git.push.before": ("adapters/git.py", "push_revert"),
     "git.push.after": ("adapters/git.py", "push_revert"),
-    "loop.alerts": ("loop/reconcile.py", "_reconcile"),
+    "loop.alerts": ("loop/phases.py", "alert"),
 }
 
 

@@ -34,6 +34,7 @@ from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome, StepResult
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
+from reconciler.wiring import ports
 from testkit.local_triton import LocalTriton, end_process_group, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import Reconciler, deployment_doc, ready_versions, server_doc
@@ -82,7 +83,9 @@ def settings_for(
 def run_pass(
     source: Source, settings: Settings, on_step: Callable[[StepResult], None] | None = None
 ) -> PassReport:
-    return reconcile(source, settings, apply_changes=True, progress=on_step)
+    return reconcile(
+        source, settings, ports(settings, source), apply_changes=True, progress=on_step
+    )
 
 
 def the_change(report: PassReport, model: str = "echo") -> tuple[Outcome, str, list[str]]:

@@ -16,6 +16,8 @@ from reconciler.model.reports import PassReport
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from reconciler.model.spec import TritonServer
+from reconciler.ports import TritonClient
+from reconciler.wiring import new_client, ports
 from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import ManifestRepo
 from tests.integration.flows import deployment_doc, ready_versions, server_doc
@@ -37,7 +39,10 @@ def test_kept_memory_settles_and_still_restores_hand_changes(
     memory = PassMemory()
 
     def one_pass() -> PassReport:
-        return reconcile(Source(manifests.url), settings, apply_changes=True, memory=memory)
+        source = Source(manifests.url)
+        return reconcile(
+            source, settings, ports(settings, source), apply_changes=True, memory=memory
+        )
 
     try:
         first = one_pass()
@@ -86,10 +91,14 @@ def test_a_server_that_did_not_answer_gets_a_new_client(tmp_path: Path) -> None:
     settings = Settings(tmp_path / "cache", tmp_path / "state.db")
     servers = {"edge-a": TritonServer("edge-a", f"127.0.0.1:{free_port()}")}
     memory = PassMemory()
+
+    def connect(server: TritonServer) -> TritonClient:
+        return new_client(server, settings)
+
     try:
-        first = memory.clients(servers, settings)["edge-a"]
-        assert memory.clients(servers, settings)["edge-a"] is first  # kept while it answers
+        first = memory.clients(servers, connect)["edge-a"]
+        assert memory.clients(servers, connect)["edge-a"] is first  # kept while it answers
         memory.drop_unreachable({"edge-a": first.observe(["echo"])})  # nothing listens there
-        assert memory.clients(servers, settings)["edge-a"] is not first
+        assert memory.clients(servers, connect)["edge-a"] is not first
     finally:
         memory.close()
