@@ -1,0 +1,316 @@
+"""Plain fakes of the pass's ports (``reconciler.ports``), for ``tests/core/test_loop.py``:
+a manifest repository in memory, a state store in memory, an alerter, a revert writer, a
+resolver, a phase recorder, and ``FakeTriton`` (``tests/core/fakes.py``) as a client.
+``World`` holds one of each and gives the ``Ports`` a pass is run with. No Git, no Triton,
+no SQLite.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reconciler.model.errors import DiscoveryFailed, SourceUnavailable
+from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
+from reconciler.model.serving import ServerState
+from reconciler.model.source import (
+    CommitVerdict,
+    PushedRevert,
+    RevertEdit,
+    Revision,
+    SignaturePolicy,
+)
+from reconciler.model.spec import TritonServer
+from reconciler.ports import Ports
+from tests.core.fakes import FakeTriton, observe
+
+
+def server_yaml(name: str) -> str:
+    return (
+        "apiVersion: triton-gitops/v1alpha1\nkind: TritonServer\n"
+        f"metadata:\n  name: {name}\nspec:\n  grpc: {name}:8001\n  modelRepository: /models\n"
+    )
+
+
+def pool_yaml(name: str, dns: str) -> str:
+    return (
+        "apiVersion: triton-gitops/v1alpha1\nkind: TritonServer\n"
+        f"metadata:\n  name: {name}\nspec:\n  discovery: {{dns: {dns}, grpcPort: 8001}}\n"
+        "  modelRepository: /models\n"
+    )
+
+
+def deployment_yaml(name: str, versions: Iterable[int], servers: Iterable[str]) -> str:
+    return (
+        "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeployment\n"
+        f"metadata:\n  name: {name}\nspec:\n"
+        f"  servers:\n    names: [{', '.join(servers)}]\n"
+        f"  versions: [{', '.join(map(str, versions))}]\n"
+    )
+
+
+class FakeManifests:
+    """A manifest repository in memory: ``commit`` a set of files, the head moves there.
+    Also the mirror's commit checks (fast-forward, signatures, trailers)."""
+
+    def __init__(self) -> None:
+        self.revisions: dict[str, dict[str, bytes]] = {}
+        self.head = ""
+        self.unavailable: str | None = None  # fetch fails with this message
+        self.fast_forward = True
+        self.fetched: list[str] = []
+
+    def commit(self, files: Mapping[str, str]) -> str:
+        text = repr((len(self.revisions), sorted(files.items())))
+        sha = hashlib.sha1(text.encode()).hexdigest()
+        self.revisions[sha] = {path: body.encode() for path, body in files.items()}
+        self.head = sha
+        return sha
+
+    def fetch(self, ref: str) -> str:
+        self.fetched.append(ref)
+        if self.unavailable is not None:
+            raise SourceUnavailable(self.unavailable)
+        return self.head
+
+    def read(self, revision: str, path: str) -> Revision:
+        prefix = path.strip("/")
+        files = self.revisions[revision]
+        return Revision(revision, {p: b for p, b in files.items() if p.startswith(prefix)})
+
+    def read_file(self, revision: str, path: str) -> bytes | None:
+        return self.revisions[revision].get(path.strip("/"))
+
+    def is_fast_forward(self, old: str, new: str) -> bool:
+        return self.fast_forward
+
+    def signature_verdicts(
+        self, trusted_keys: Path, policy: SignaturePolicy, old: str | None, new: str
+    ) -> list[CommitVerdict]:
+        return []
+
+    def approvals(self, revision: str, trailer: str) -> list[str]:
+        return []
+
+
+class FakeState:
+    """A state store in memory, as far as the pass reads back what it wrote."""
+
+    def __init__(self) -> None:
+        self.revision: str | None = None
+        self.managed: dict[str, frozenset[str]] = {}
+        self.holds: dict[str, Hold] = {}
+        self.applied: dict[str, AppliedSpec] = {}
+        self.passes: list[dict[str, Any]] = []
+        self.early_holds: list[Hold] = []  # written by the journal, before the pass's record
+        self.stages: dict[str, Any] = {}
+        self.reverted: dict[str, str] = {}
+        self.open: set[tuple[str, str, str]] = set()
+        self.undelivered: dict[str, list[Any]] = {}
+        self.fail_record: Exception | None = None
+        self.closed = 0
+
+    def history(self) -> History:
+        return History(self.revision, dict(self.managed), dict(self.holds))
+
+    def last_pass(self) -> dict[str, Any] | None:
+        return {"revision": self.passes[-1]["revision"]} if self.passes else None
+
+    def applied_spec(self, deployment: str) -> AppliedSpec | None:
+        return self.applied.get(deployment)
+
+    def rollouts(self, model: str | None = None, limit: int = 100) -> list[Rollout]:
+        return []
+
+    def open_alerts(self) -> set[tuple[str, str, str]]:
+        return set(self.open)
+
+    def undelivered_alerts(self) -> dict[str, list[Any]]:
+        return dict(self.undelivered)
+
+    def save_undelivered_alerts(self, backlogs: Mapping[str, list[Any]]) -> None:
+        self.undelivered = dict(backlogs)
+
+    def record_stage(
+        self,
+        deployment: str,
+        fingerprint: str,
+        revision: str,
+        completed: Iterable[str],
+        started: Mapping[str, tuple[int, ...]],
+    ) -> None:
+        self.stages[deployment] = (fingerprint, revision, frozenset(completed), dict(started))
+
+    def record_hold(self, hold: Hold) -> None:
+        self.early_holds.append(hold)
+        self.holds[hold.deployment] = hold
+
+    def record_reverted(self, deployments: Iterable[str], note: str) -> None:
+        self.reverted.update(dict.fromkeys(deployments, note))
+
+    def unreverted(self) -> set[str]:
+        return {name for name in self.holds if name not in self.reverted}
+
+    def record_pass(
+        self,
+        revision: str,
+        managed: Mapping[str, frozenset[str]],
+        ok: bool,
+        summary: Mapping[str, Any],
+        *,
+        rollouts: Iterable[Rollout] = (),
+        holds: Iterable[Hold] = (),
+        released: Iterable[str] = (),
+        applied: Iterable[AppliedSpec] = (),
+        footprints: Mapping[tuple[str, str], float] | None = None,
+        alerts_opened: Iterable[tuple[str, str, str]] = (),
+        alerts_resolved: Iterable[tuple[str, str]] = (),
+        stages_ended: Iterable[str] = (),
+    ) -> None:
+        if self.fail_record is not None:
+            raise self.fail_record
+        holds, released, applied = tuple(holds), tuple(released), tuple(applied)
+        self.passes.append(
+            {"revision": revision, "ok": ok, "summary": summary, "holds": holds}
+            | {"released": released, "rollouts": tuple(rollouts)}
+        )
+        self.revision = revision
+        self.managed.update(managed)
+        self.holds.update({h.deployment: h for h in holds})
+        for name in released:
+            self.holds.pop(name, None)
+        self.applied.update({a.deployment: a for a in applied})
+        self.open |= set(alerts_opened)
+        resolved = set(alerts_resolved)
+        self.open = {(m, s, k) for m, s, k in self.open if (m, s) not in resolved}
+        for name in stages_ended:
+            self.stages.pop(name, None)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class FakeAlerts:
+    """Records what the pass sends; ``backlog`` is what a receiver did not take."""
+
+    def __init__(self) -> None:
+        self.sent: list[AlertEvent] = []
+        self.restored: list[dict[str, list[Any]]] = []
+        self.flushes = 0
+        self.pending: dict[str, list[Any]] = {}
+
+    def send(self, event: AlertEvent) -> None:
+        self.sent.append(event)
+
+    def restore(self, backlogs: Mapping[str, list[Any]]) -> None:
+        self.restored.append(dict(backlogs))
+
+    def backlog(self) -> dict[str, list[Any]]:
+        return dict(self.pending)
+
+    def flush(self) -> bool:
+        self.flushes += 1
+        return not self.pending
+
+    def kinds(self) -> list[str]:
+        return [e.kind for e in self.sent]
+
+
+class FakeWriter:
+    """The revert write-back: records each push, or fails with ``error``."""
+
+    def __init__(self) -> None:
+        self.pushed: list[tuple[str, tuple[RevertEdit, ...], str, str | None]] = []
+        self.error: Exception | None = None
+
+    def tracked_branch(self, ref: str) -> str:
+        return "main" if ref == "HEAD" else ref
+
+    def push_revert(
+        self,
+        branch: str,
+        edits: tuple[RevertEdit, ...],
+        message: str,
+        target_branch: str | None = None,
+        attempts: int = 5,
+        reverted: str | None = None,
+    ) -> PushedRevert | None:
+        if self.error is not None:
+            raise self.error
+        self.pushed.append((branch, edits, message, target_branch))
+        return PushedRevert(
+            target_branch or branch, "f" * 40, tuple(e.deployment for e in edits), ()
+        )
+
+
+class FakeResolver:
+    def __init__(self, names: Mapping[str, list[str]] | None = None) -> None:
+        self.names = dict(names or {})
+
+    def resolve(self, name: str) -> list[str]:
+        if name not in self.names:
+            raise DiscoveryFailed(f"cannot resolve {name}: not known")
+        return self.names[name]
+
+
+class PhaseRecorder:
+    """A ``PassHooks`` that lists the phases as they start and end."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+        self.seconds: dict[str, float] = {}
+
+    def phase_started(self, phase: str) -> None:
+        self.events.append(("started", phase))
+
+    def phase_ended(self, phase: str, seconds: float) -> None:
+        self.events.append(("ended", phase))
+        self.seconds[phase] = seconds
+
+    def ended(self) -> list[str]:
+        return [phase for what, phase in self.events if what == "ended"]
+
+
+class FakeClient(FakeTriton):
+    """``FakeTriton`` as the pass's client: it observes and closes too."""
+
+    closed = 0
+
+    def observe(self, models: Iterable[str]) -> ServerState:
+        return observe(self)
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+@dataclass
+class World:
+    """One of each fake; ``ports()`` is what a pass is given."""
+
+    manifests: FakeManifests = field(default_factory=FakeManifests)
+    state: FakeState = field(default_factory=FakeState)
+    alerts: FakeAlerts = field(default_factory=FakeAlerts)
+    writer: FakeWriter = field(default_factory=FakeWriter)
+    resolver: FakeResolver = field(default_factory=FakeResolver)
+    hooks: PhaseRecorder = field(default_factory=PhaseRecorder)
+    servers: dict[str, FakeClient] = field(default_factory=dict)
+
+    def client(self, server: TritonServer) -> FakeClient:
+        return self.servers[server.name]
+
+    def ports(self) -> Ports:
+        return Ports(
+            manifests=self.manifests,
+            approval=self.manifests,
+            open_state=lambda: self.state,
+            open_alerts=lambda: self.alerts,
+            triton=self.client,
+            metrics=lambda server: None,
+            reverts=self.writer,
+            resolver=self.resolver,
+            digests=lambda repository, model, versions: {},
+            hooks=self.hooks,
+        )

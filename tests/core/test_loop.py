@@ -1,0 +1,364 @@
+"""The pass (``loop.reconcile``) with plain fakes for every port: what it returns or raises,
+what it records and what it alerts, when it converges, has nothing to do, only plans, and
+when each of its phases fails. No Git, no Triton, no SQLite (see ``pass_fakes.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reconciler.loop.memory import PassMemory
+from reconciler.loop.reconcile import reconcile
+from reconciler.model.errors import (
+    DiscoveryFailed,
+    HistoryRewritten,
+    SourceUnavailable,
+    UnsafeRevision,
+    ValidationError,
+)
+from reconciler.model.reports import PassReport
+from reconciler.model.results import Outcome
+from reconciler.model.settings import RevertMode, Settings
+from reconciler.model.source import Source
+from tests.core.pass_fakes import (
+    FakeClient,
+    World,
+    deployment_yaml,
+    pool_yaml,
+    server_yaml,
+)
+
+PHASES = [
+    "fetch",
+    "approve",
+    "read",
+    "discover",
+    "guard",
+    "observe",
+    "plan",
+    "apply",
+    "record",
+    "alert",
+    "revert",
+]
+SOURCE = Source("fake://manifests")
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(cache_dir=tmp_path / "cache", state_path=tmp_path / "state.db")
+
+
+@pytest.fixture
+def world() -> World:
+    """One server s1 whose repository holds echo 1 and 2, serving nothing yet."""
+    found = World()
+    found.servers["s1"] = FakeClient("s1", {"echo": [1, 2]})
+    return found
+
+
+def deploy(world: World, *versions: int) -> str:
+    return world.manifests.commit(
+        {
+            "servers/s1.yaml": server_yaml("s1"),
+            "models/echo.yaml": deployment_yaml("echo", versions, ["s1"]),
+        }
+    )
+
+
+def run(
+    world: World,
+    settings: Settings,
+    *,
+    apply_changes: bool = True,
+    memory: PassMemory | None = None,
+) -> PassReport:
+    return reconcile(SOURCE, settings, world.ports(), apply_changes=apply_changes, memory=memory)
+
+
+def assert_closed_once_per_pass(world: World, passes: int) -> None:
+    """Every pass, whatever happened, saves the alert backlog and closes its store."""
+    assert world.state.closed == passes
+    assert len(world.alerts.restored) == passes
+
+
+def test_a_pass_converges_records_and_times_every_phase(world: World, settings: Settings) -> None:
+    revision = deploy(world, 1)
+    report = run(world, settings)
+
+    assert report.ok and report.revision == revision
+    assert report.result is not None
+    assert [c.outcome for c in report.result.changes] == [Outcome.CONVERGED]
+    assert world.servers["s1"].ready("echo") == {1}
+    assert world.servers["s1"].closed == 1  # a one-shot pass closes its clients
+    (recorded,) = world.state.passes
+    assert recorded["revision"] == revision and recorded["ok"]
+    assert world.state.managed == {"s1": frozenset({"echo"})}
+    assert world.state.applied["echo"].versions == (1,)
+    assert report.expected == {"s1": {"echo": (1,)}}
+    assert world.hooks.ended() == PHASES
+    assert [w for w, _ in world.hooks.events] == ["started", "ended"] * len(PHASES)
+    assert all(s >= 0 for s in world.hooks.seconds.values())
+    assert report.reverts == ()
+    assert_closed_once_per_pass(world, 1)
+
+
+def test_a_second_pass_has_nothing_to_do(world: World, settings: Settings) -> None:
+    deploy(world, 1)
+    run(world, settings)
+    calls = len(world.servers["s1"].calls)
+    second = run(world, settings)
+
+    assert second.ok and not second.plan.changes
+    assert second.plan.in_sync == (("s1", "echo"),)
+    assert second.result is not None and second.result.changes == ()
+    assert world.servers["s1"].calls[calls:] == []  # nothing loaded or unloaded
+    assert len(world.state.passes) == 2
+    assert_closed_once_per_pass(world, 2)
+
+
+def test_a_pass_with_memory_keeps_its_clients_and_manifests(
+    world: World, settings: Settings
+) -> None:
+    deploy(world, 1)
+    memory = PassMemory()
+    run(world, settings, memory=memory)
+    reads = len(world.manifests.fetched)
+    second = run(world, settings, memory=memory)
+
+    assert second.ok and not second.plan.changes
+    assert world.servers["s1"].closed == 0  # kept for the next pass
+    assert len(world.manifests.fetched) == reads + 1  # fetched, the revision not read again
+    memory.close()
+    assert world.servers["s1"].closed == 1
+
+
+def test_plan_only_changes_and_records_nothing(world: World, settings: Settings) -> None:
+    deploy(world, 1)
+    report = run(world, settings, apply_changes=False)
+
+    assert report.result is None
+    assert [(c.server, c.model, c.desired) for c in report.plan.changes] == [("s1", "echo", (1,))]
+    assert set(report.served) == {"s1"}  # what a saved plan must find unchanged
+    assert world.servers["s1"].ready("echo") == frozenset()
+    assert world.state.passes == [] and world.alerts.sent == []
+    assert world.hooks.ended() == PHASES[: PHASES.index("plan") + 1]
+    assert_closed_once_per_pass(world, 1)
+
+
+def test_fetch_failing_raises_source_unavailable_and_records_nothing(
+    world: World, settings: Settings
+) -> None:
+    deploy(world, 1)
+    world.manifests.unavailable = "cannot fetch fake://manifests: no answer"
+    with pytest.raises(SourceUnavailable, match="no answer"):
+        run(world, settings)
+
+    assert world.state.passes == [] and world.alerts.sent == []
+    assert world.hooks.ended() == ["fetch"]  # ended, raising
+    assert_closed_once_per_pass(world, 1)
+
+
+def test_an_unapproved_revision_is_refused_and_alerted(world: World, settings: Settings) -> None:
+    deploy(world, 1)
+    run(world, settings)
+    deploy(world, 2)
+    world.manifests.fast_forward = False  # a force-push
+    with pytest.raises(HistoryRewritten):
+        run(world, settings)
+
+    assert world.alerts.kinds()[-1] == "revision-refused"
+    assert len(world.state.passes) == 1  # the refused pass records nothing
+    assert world.servers["s1"].ready("echo") == {1}  # the last applied revision keeps serving
+    assert world.hooks.ended()[-1] == "approve"
+
+
+def test_a_refused_revision_in_plan_mode_is_not_alerted(world: World, settings: Settings) -> None:
+    deploy(world, 1)
+    run(world, settings)
+    sent = len(world.alerts.sent)
+    deploy(world, 2)
+    world.manifests.fast_forward = False
+    with pytest.raises(UnsafeRevision):
+        run(world, settings, apply_changes=False)
+    assert len(world.alerts.sent) == sent
+
+
+def test_invalid_manifests_raise_with_the_revision_and_alert(
+    world: World, settings: Settings
+) -> None:
+    revision = world.manifests.commit({"models/echo.yaml": "kind: ModelDeployment\nspec: 3\n"})
+    with pytest.raises(ValidationError) as raised:
+        run(world, settings)
+
+    assert raised.value.revision == revision and raised.value.problems
+    assert world.alerts.kinds() == ["validation-failed"]
+    assert world.state.passes == []
+    assert world.hooks.ended()[-1] == "read"
+
+
+def test_a_discovery_name_that_does_not_resolve_fails_the_pass(
+    world: World, settings: Settings
+) -> None:
+    world.manifests.commit(
+        {
+            "servers/pool.yaml": pool_yaml("pool", "nowhere.invalid"),
+            "models/echo.yaml": deployment_yaml("echo", [1], ["pool"]),
+        }
+    )
+    with pytest.raises(DiscoveryFailed, match=r"nowhere\.invalid"):
+        run(world, settings)
+    assert world.state.passes == []
+    assert world.hooks.ended()[-1] == "discover"
+    assert_closed_once_per_pass(world, 1)
+
+
+def test_discovered_instances_are_servers_of_the_pass(world: World, settings: Settings) -> None:
+    world.manifests.commit(
+        {
+            "servers/pool.yaml": pool_yaml("pool", "pool.local"),
+            "models/echo.yaml": deployment_yaml("echo", [1], ["pool"]),
+        }
+    )
+    world.resolver.names["pool.local"] = ["10.0.0.1"]
+    seen: list[str] = []
+
+    def client(server: object) -> FakeClient:
+        name = getattr(server, "name", "")
+        seen.append(name)
+        return world.servers.setdefault(name, FakeClient(name, {"echo": [1]}))
+
+    world.client = client  # type: ignore[method-assign]
+    report = run(world, settings)
+    assert report.ok and len(seen) == 1
+    assert report.discovered == {"pool": ("pool.local", 10.0, ("10.0.0.1",))}
+    assert world.servers[seen[0]].ready("echo") == {1}
+
+
+def test_the_guard_refuses_a_revision_that_empties_a_server(
+    world: World, settings: Settings
+) -> None:
+    deploy(world, 1)
+    run(world, settings)
+    world.manifests.commit({"servers/s1.yaml": server_yaml("s1")})  # every model gone
+    with pytest.raises(UnsafeRevision, match="--allow-empty"):
+        run(world, settings)
+
+    assert len(world.state.passes) == 1
+    assert world.servers["s1"].ready("echo") == {1}
+    assert world.hooks.ended()[-1] == "guard"
+
+
+def test_an_unreachable_server_is_a_problem_of_the_report_not_an_error(
+    world: World, settings: Settings
+) -> None:
+    deploy(world, 1)
+    world.servers["s1"].unreachable = True
+    report = run(world, settings)
+
+    assert not report.ok
+    assert [(p.server, p.model) for p in report.plan.problems] == [("s1", None)]
+    (recorded,) = world.state.passes
+    assert not recorded["ok"]
+    assert world.state.managed == {"s1": frozenset({"echo"})}  # not observed: kept as ours
+    assert world.hooks.ended() == PHASES
+
+
+def test_a_failing_load_is_reverted_held_and_alerted(world: World, settings: Settings) -> None:
+    deploy(world, 1)
+    run(world, settings)
+    world.servers["s1"].failing.add(("echo", 2))
+    revision = deploy(world, 2)
+    report = run(world, settings)
+
+    assert not report.ok and report.result is not None
+    (change,) = report.result.changes
+    assert change.outcome is Outcome.REVERTED
+    assert world.servers["s1"].ready("echo") == {1}  # the old version serves again
+    (early,) = world.state.early_holds  # the journal wrote it before the revert ran
+    assert early.deployment == "echo" and early.revision == revision
+    assert [h.deployment for h in world.state.passes[-1]["holds"]] == ["echo"]
+    assert world.alerts.kinds() == ["load-failed"]
+    assert world.state.open == {("echo", "s1", "load-failed")}
+    assert report.reverts == ()  # --revert-mode hold: nothing pushed
+    assert world.writer.pushed == []
+
+
+def test_the_revert_is_pushed_in_commit_mode(world: World, settings: Settings) -> None:
+    committing = Settings(settings.cache_dir, settings.state_path, revert_mode=RevertMode.COMMIT)
+    deploy(world, 1)
+    run(world, committing)
+    world.servers["s1"].failing.add(("echo", 2))
+    deploy(world, 2)
+    report = run(world, committing)
+
+    ((branch, edits, message, target),) = world.writer.pushed
+    assert branch == "main" and target == "main"
+    assert [(e.deployment, e.versions) for e in edits] == [("echo", (1,))]
+    assert "Reverted-revision:" in message
+    assert report.reverts and report.reverts[0].startswith("pushed revert ")
+    assert world.state.reverted == {"echo": "f" * 40}
+
+
+def test_a_failing_revert_write_back_is_a_note_not_an_error(
+    world: World, settings: Settings
+) -> None:
+    committing = Settings(settings.cache_dir, settings.state_path, revert_mode=RevertMode.COMMIT)
+    deploy(world, 1)
+    run(world, committing)
+    world.servers["s1"].failing.add(("echo", 2))
+    deploy(world, 2)
+    world.writer.error = SourceUnavailable("cannot push to fake://manifests: rejected")
+    report = run(world, committing)
+
+    assert report.reverts == (
+        "revert write-back failed: cannot push to fake://manifests: rejected",
+    )
+    assert [h.deployment for h in world.state.passes[-1]["holds"]] == ["echo"]  # still held
+    assert world.hooks.ended()[-1] == "revert"
+
+
+def test_a_failing_record_raises_after_apply_and_sends_no_pass_alerts(
+    world: World, settings: Settings
+) -> None:
+    deploy(world, 1)
+    world.state.fail_record = OSError("disk full")
+    with pytest.raises(OSError, match="disk full"):
+        run(world, settings)
+
+    assert world.servers["s1"].ready("echo") == {1}  # applied before the record failed
+    assert world.state.passes == []
+    assert world.alerts.sent == []
+    assert world.hooks.ended()[-1] == "record"
+    assert_closed_once_per_pass(world, 1)
+
+
+def test_alerts_undelivered_are_restored_flushed_and_kept(world: World, settings: Settings) -> None:
+    deploy(world, 1)
+    world.state.undelivered = {"alertmanager http://am": [{"old": 1}]}
+    world.alerts.pending = {"alertmanager http://am": [{"still": 2}]}
+    run(world, settings)
+
+    assert world.alerts.restored == [{"alertmanager http://am": [{"old": 1}]}]
+    assert world.alerts.flushes >= 1
+    assert world.state.undelivered == {"alertmanager http://am": [{"still": 2}]}
+
+
+def test_a_failure_alert_opened_is_resolved_by_a_later_success(
+    world: World, settings: Settings
+) -> None:
+    deploy(world, 1)
+    run(world, settings)
+    world.servers["s1"].failing.add(("echo", 2))
+    deploy(world, 2)
+    run(world, settings)
+    assert world.state.open  # the failed rollout's alert is open
+    world.servers["s1"].failing.clear()
+    deploy(world, 1, 2)  # a new commit lifts the hold
+    report = run(world, settings)
+
+    assert report.ok
+    assert world.alerts.kinds() == ["load-failed", "rollout-succeeded"]
+    assert world.alerts.sent[-1].resolved
+    assert world.state.open == set()
