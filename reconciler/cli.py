@@ -32,7 +32,17 @@ from reconciler.loop.reconcile import reconcile
 from reconciler.loop.review import diff_refs
 from reconciler.loop.status import status
 from reconciler.model.errors import Problem, ReconcileError, ValidationError
-from reconciler.model.settings import RevertMode, RunSettings, Settings
+from reconciler.model.settings import (
+    AlertSettings,
+    AnalysisSettings,
+    ApprovalSettings,
+    GitSettings,
+    RevertMode,
+    RevertSettings,
+    RunSettings,
+    Settings,
+    TritonSettings,
+)
 from reconciler.model.source import GitCredentials, SignaturePolicy, Source
 from reconciler.service.daemon import Daemon
 from reconciler.service.telemetry import JsonLogFormatter
@@ -556,30 +566,35 @@ def _git_credentials(args: argparse.Namespace) -> GitCredentials:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
+    """One settings group per option group of ``_source_options``."""
     return Settings(
         cache_dir=args.cache_dir,
         state_path=args.state,
         allow_empty=args.allow_empty,
-        max_parallel=args.parallel,
-        load_timeout=args.load_timeout,
-        call_timeout=args.call_timeout,
-        config_recheck=args.config_recheck,
-        fetch_timeout=args.fetch_timeout,
-        prometheus_url=args.prometheus_url,
-        revert_mode=RevertMode(args.revert_mode),
-        revert_author=args.revert_author,
-        revert_message=args.revert_message,
-        alertmanager_url=args.alertmanager_url,
-        alert_webhook=args.alert_webhook,
-        git_credentials=_git_credentials(args),
-        accept_rewrite=args.accept_rewrite,
-        verify_signatures=(
-            SignaturePolicy(args.verify_signatures) if args.verify_signatures else None
+        git=GitSettings(fetch_timeout=args.fetch_timeout, credentials=_git_credentials(args)),
+        triton=TritonSettings(
+            max_parallel=args.parallel,
+            load_timeout=args.load_timeout,
+            call_timeout=args.call_timeout,
+            config_recheck=args.config_recheck,
+            hosts_file=args.hosts_file,
         ),
-        trusted_keys=args.trusted_keys,
-        hosts_file=args.hosts_file,
-        require_trailer=args.require_trailer,
-        min_approvals=args.min_approvals,
+        analysis=AnalysisSettings(prometheus_url=args.prometheus_url),
+        revert=RevertSettings(
+            mode=RevertMode(args.revert_mode),
+            author=args.revert_author,
+            message=args.revert_message,
+        ),
+        alerts=AlertSettings(alertmanager_url=args.alertmanager_url, webhook=args.alert_webhook),
+        approval=ApprovalSettings(
+            accept_rewrite=args.accept_rewrite,
+            verify_signatures=(
+                SignaturePolicy(args.verify_signatures) if args.verify_signatures else None
+            ),
+            trusted_keys=args.trusted_keys,
+            require_trailer=args.require_trailer,
+            min_approvals=args.min_approvals,
+        ),
     )
 
 

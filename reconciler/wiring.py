@@ -32,28 +32,32 @@ from reconciler.ports import FiguresSource, NoPassHooks, PassHooks, Ports
 def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
     return TritonServerClient.for_server(
         server,
-        load_timeout=settings.load_timeout,
-        call_timeout=settings.call_timeout,
-        config_recheck=settings.config_recheck,
+        load_timeout=settings.triton.load_timeout,
+        call_timeout=settings.triton.call_timeout,
+        config_recheck=settings.triton.config_recheck,
     )
 
 
 def git_source(source: Source, settings: Settings) -> GitSource:
     return GitSource(
-        source.repo, settings.cache_dir, settings.fetch_timeout, settings.git_credentials
+        source.repo, settings.cache_dir, settings.git.fetch_timeout, settings.git.credentials
     )
 
 
 def resolver(settings: Settings) -> Resolver:
-    return HostsFileResolver(settings.hosts_file) if settings.hosts_file else SystemResolver()
+    return (
+        HostsFileResolver(settings.triton.hosts_file)
+        if settings.triton.hosts_file
+        else SystemResolver()
+    )
 
 
 def alerter(settings: Settings) -> FanOut:
     alerters: list[Alerter] = [LogAlerter(logging.getLogger("triton_gitops.alerts"))]
-    if settings.alertmanager_url:
-        alerters.append(AlertmanagerAlerter(settings.alertmanager_url))
-    if settings.alert_webhook:
-        alerters.append(WebhookAlerter(settings.alert_webhook))
+    if settings.alerts.alertmanager_url:
+        alerters.append(AlertmanagerAlerter(settings.alerts.alertmanager_url))
+    if settings.alerts.webhook:
+        alerters.append(WebhookAlerter(settings.alerts.webhook))
     return FanOut(alerters)
 
 
@@ -62,8 +66,8 @@ def revert_writer(source: Source, settings: Settings) -> GitWriter:
     return GitWriter(
         source.repo,
         settings.cache_dir,
-        settings.revert_author,
-        credentials=settings.git_credentials,
+        settings.revert.author,
+        credentials=settings.git.credentials,
     )
 
 
@@ -72,7 +76,7 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
     nothing is opened until the pass asks (the state store and alerter once per pass)."""
 
     def metrics(server: TritonServer) -> FiguresSource | None:
-        return metrics_reader(settings.prometheus_url, server.metrics)
+        return metrics_reader(settings.analysis.prometheus_url, server.metrics)
 
     manifests = GitManifests(git_source(source, settings), settings.cache_dir / "gpg")
     return Ports(

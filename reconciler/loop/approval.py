@@ -10,22 +10,22 @@ from reconciler.model.errors import (
     TrustedKeysError,
     UnverifiedRevision,
 )
-from reconciler.model.settings import Settings
+from reconciler.model.settings import ApprovalSettings
 from reconciler.model.source import SignaturePolicy
 from reconciler.ports import CommitChecks
 
 
 def check_approved(
-    checks: CommitChecks, last_applied: str | None, revision: str, settings: Settings
+    checks: CommitChecks, last_applied: str | None, revision: str, approval: ApprovalSettings
 ) -> None:
-    """Refuse a revision that was not approved the way the settings demand.
+    """Refuse a revision that was not approved the way ``approval`` demands.
 
     Fast-forward only: the tracked branch must descend from the last applied commit (a
     force-push is refused until an operator accepts that exact head). Then signatures
     (``head``: the commit applied; ``all``: every commit since the last applied one; on a
     first pass only the head), then approval trailers on the commit applied.
     """
-    accepted = settings.accept_rewrite is not None and revision.startswith(settings.accept_rewrite)
+    accepted = approval.accept_rewrite is not None and revision.startswith(approval.accept_rewrite)
     if (
         last_applied is not None
         and last_applied != revision  # the same commit again: no git process needed
@@ -33,18 +33,18 @@ def check_approved(
         and not checks.is_fast_forward(last_applied, revision)
     ):
         raise HistoryRewritten(last_applied, revision)
-    if settings.verify_signatures is not None:
-        if settings.trusted_keys is None:
+    if approval.verify_signatures is not None:
+        if approval.trusted_keys is None:
             raise TrustedKeysError("--verify-signatures needs --trusted-keys DIR")
-        policy = settings.verify_signatures if last_applied else SignaturePolicy.HEAD
-        verdicts = checks.signature_verdicts(settings.trusted_keys, policy, last_applied, revision)
+        policy = approval.verify_signatures if last_applied else SignaturePolicy.HEAD
+        verdicts = checks.signature_verdicts(approval.trusted_keys, policy, last_applied, revision)
         if not all(v.ok for v in verdicts):
             raise UnverifiedRevision(verdicts)
-    if settings.require_trailer:
-        found = checks.approvals(revision, settings.require_trailer)
-        if len(found) < settings.min_approvals:
+    if approval.require_trailer:
+        found = checks.approvals(revision, approval.require_trailer)
+        if len(found) < approval.min_approvals:
             raise NotApproved(
                 f"refusing revision {revision}: {len(found)} distinct "
-                f"{settings.require_trailer} trailer(s), {settings.min_approvals} required"
+                f"{approval.require_trailer} trailer(s), {approval.min_approvals} required"
                 + (f" (found: {', '.join(found)})" if found else "")
             )

@@ -138,7 +138,10 @@ def approve(run: PassRun, revision: str) -> None:
     last = run.state.last_pass()
     try:
         check_approved(
-            run.ports.approval, str(last["revision"]) if last else None, revision, run.settings
+            run.ports.approval,
+            str(last["revision"]) if last else None,
+            revision,
+            run.settings.approval,
         )
     except UnsafeRevision as exc:
         if run.apply_changes:
@@ -198,7 +201,9 @@ def _read_desired(run: PassRun, revision: str) -> DesiredState:
 
 
 def check_analysis_sources(desired: DesiredState, settings: Settings) -> None:
-    problems = analysis_source_problems(desired, prometheus=settings.prometheus_url is not None)
+    problems = analysis_source_problems(
+        desired, prometheus=settings.analysis.prometheus_url is not None
+    )
     if problems:
         raise ValidationError(problems)
 
@@ -236,7 +241,7 @@ def connected(run: PassRun, desired: DesiredState) -> Iterator[dict[str, TritonC
 
 def observe(run: PassRun, target: Target, clients: Mapping[str, TritonClient]) -> Observed:
     """What each server serves, and the free memory of those not settled."""
-    desired, history, parallel = target.desired, target.history, run.settings.max_parallel
+    desired, history, parallel = target.desired, target.history, run.settings.triton.max_parallel
     serving = observe_servers(clients, desired, history, parallel, run.ports.digests)
     memory = run.memory
     settled, keys = memory.settled(desired, serving, history) if memory else (frozenset(), {})
@@ -291,10 +296,10 @@ def apply(
     result = execute(
         plan_,
         clients,
-        max_parallel=run.settings.max_parallel,
+        max_parallel=run.settings.triton.max_parallel,
         progress=journal.watch(run.progress),
         metrics=observed.readers,
-        timing=Timing(poll_interval=run.settings.poll_interval, stopping=run.stopping),
+        timing=Timing(poll_interval=run.settings.triton.poll_interval, stopping=run.stopping),
         staged_progress=lambda rollout, completed, started: state.record_stage(
             rollout.deployment, rollout.fingerprint, revision, completed, started
         ),
@@ -306,7 +311,7 @@ def record(run: PassRun, target: Target, planned: Planned, applied: Applied) -> 
     """The pass's report, and everything it learned written to the state store at once."""
     desired, result = target.desired, applied.result
     holds = holds_from(result, desired, target.history)
-    events = alerts_from(result, str(run.settings.revert_mode))
+    events = alerts_from(result, str(run.settings.revert.mode))
     open_alerts = run.state.open_alerts()
     resolved = [
         e

@@ -64,7 +64,7 @@ def next_managed(
 def revert_message(settings: Settings, result: ApplyResult, holds: tuple[Hold, ...]) -> str:
     names = ", ".join(h.deployment for h in holds)
     lines = [
-        settings.revert_message.format(
+        settings.revert.message.format(
             deployments=names, revision=result.revision, short=result.revision[:12]
         ),
         "",
@@ -96,7 +96,7 @@ def write_back(
     writer: RevertWriter,
 ) -> tuple[str, ...]:
     """Push a commit restoring the held ModelDeployments' previous versions and config."""
-    if settings.revert_mode is RevertMode.HOLD or not holds:
+    if settings.revert.mode is RevertMode.HOLD or not holds:
         return ()
     edits, notes = [], []
     for hold in holds:
@@ -122,7 +122,7 @@ def write_back(
     branch = writer.tracked_branch(source.ref)
     target = (
         f"triton-gitops/revert-{result.revision[:12]}"
-        if settings.revert_mode is RevertMode.BRANCH
+        if settings.revert.mode is RevertMode.BRANCH
         else branch
     )
     pushed = writer.push_revert(

@@ -25,7 +25,7 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
         clients = {name: ports.triton(server) for name, server in desired.servers.items()}
         try:
             serving = observe_servers(
-                clients, desired, history, settings.max_parallel, ports.digests
+                clients, desired, history, settings.triton.max_parallel, ports.digests
             )
         finally:
             for client in clients.values():

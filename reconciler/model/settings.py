@@ -1,5 +1,6 @@
-"""The reconciler's settings as frozen values: one pass's (``Settings``)
-and the service's (``RunSettings``). Filled by the CLI, read by ``wiring`` and ``loop``.
+"""The reconciler's settings as frozen values: one pass's (``Settings``, grouped: Git,
+Triton, analysis, revert, alerts, approval) and the service's (``RunSettings``). Filled by
+the CLI (one group per option group), read by ``wiring``, ``loop`` and ``service``.
 """
 
 from __future__ import annotations
@@ -39,27 +40,70 @@ class RevertMode(StrEnum):
 
 
 @dataclass(frozen=True)
-class Settings:
-    cache_dir: Path
-    state_path: Path
-    allow_empty: bool = False
-    max_parallel: int = 8
+class GitSettings:
+    """How the manifest repository is reached."""
+
+    fetch_timeout: float = 120.0  # a Git remote that stalls longer fails the pass's fetch
+    credentials: GitCredentials = field(default_factory=GitCredentials)
+
+
+@dataclass(frozen=True)
+class TritonSettings:
+    """How the servers are found and driven."""
+
+    max_parallel: int = 8  # servers handled at once
     load_timeout: float = 600.0
     call_timeout: float = 10.0
     config_recheck: float = 600.0  # see TritonServerClient.observe
-    fetch_timeout: float = 120.0  # a Git remote that stalls longer fails the pass's fetch
-    prometheus_url: str | None = None
-    revert_mode: RevertMode = RevertMode.HOLD
-    revert_author: str = "triton-gitops <triton-gitops@localhost>"
-    revert_message: str = "Revert {deployments} after failed rollout of {short}"
-    alertmanager_url: str | None = None
-    alert_webhook: str | None = None
     poll_interval: float = 0.05  # how often verify and unload poll Triton's index
-    git_credentials: GitCredentials = field(default_factory=GitCredentials)
-    # Only approved commits: fast-forward only, signatures, approval trailers.
-    accept_rewrite: str | None = None  # a rewritten head (sha or prefix) an operator accepted
     hosts_file: Path | None = None  # names resolved from this file first (discovery)
+
+
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """Where analysis metrics are read."""
+
+    prometheus_url: str | None = None  # without it, each server's spec.metrics is scraped
+
+
+@dataclass(frozen=True)
+class RevertSettings:
+    """What a failed rollout leaves in Git."""
+
+    mode: RevertMode = RevertMode.HOLD
+    author: str = "triton-gitops <triton-gitops@localhost>"
+    message: str = "Revert {deployments} after failed rollout of {short}"
+
+
+@dataclass(frozen=True)
+class AlertSettings:
+    """Where alerts go besides the log."""
+
+    alertmanager_url: str | None = None
+    webhook: str | None = None
+
+
+@dataclass(frozen=True)
+class ApprovalSettings:
+    """Only approved commits: fast-forward only, signatures, approval trailers."""
+
+    accept_rewrite: str | None = None  # a rewritten head (sha or prefix) an operator accepted
     verify_signatures: SignaturePolicy | None = None
     trusted_keys: Path | None = None
     require_trailer: str | None = None
     min_approvals: int = 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One pass's settings, in groups (as the CLI's option groups are)."""
+
+    cache_dir: Path
+    state_path: Path
+    allow_empty: bool = False  # accept a revision that leaves a server with no models
+    git: GitSettings = field(default_factory=GitSettings)
+    triton: TritonSettings = field(default_factory=TritonSettings)
+    analysis: AnalysisSettings = field(default_factory=AnalysisSettings)
+    revert: RevertSettings = field(default_factory=RevertSettings)
+    alerts: AlertSettings = field(default_factory=AlertSettings)
+    approval: ApprovalSettings = field(default_factory=ApprovalSettings)

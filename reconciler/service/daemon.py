@@ -78,7 +78,7 @@ class Daemon:
         self.source = source
         self.settings = settings
         self.run_settings = run
-        token = settings.git_credentials.token
+        token = settings.git.credentials.token
         conceal(run.github_secret, run.gitlab_token, run.reconcile_token, token)
         self.metrics = ReconcilerMetrics()
         self.rng = rng or random.Random()

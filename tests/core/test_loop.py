@@ -4,6 +4,7 @@ when each of its phases fails. No Git, no Triton, no SQLite (see ``pass_fakes.py
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
-from reconciler.model.settings import RevertMode, Settings
+from reconciler.model.settings import RevertMode, RevertSettings, Settings
 from reconciler.model.source import Source
 from tests.core.pass_fakes import (
     FakeClient,
@@ -286,7 +287,7 @@ def test_a_failing_load_is_reverted_held_and_alerted(world: World, settings: Set
 
 
 def test_the_revert_is_pushed_in_commit_mode(world: World, settings: Settings) -> None:
-    committing = Settings(settings.cache_dir, settings.state_path, revert_mode=RevertMode.COMMIT)
+    committing = replace(settings, revert=RevertSettings(mode=RevertMode.COMMIT))
     deploy(world, 1)
     run(world, committing)
     world.servers["s1"].failing.add(("echo", 2))
@@ -304,7 +305,7 @@ def test_the_revert_is_pushed_in_commit_mode(world: World, settings: Settings) -
 def test_a_failing_revert_write_back_is_a_note_not_an_error(
     world: World, settings: Settings
 ) -> None:
-    committing = Settings(settings.cache_dir, settings.state_path, revert_mode=RevertMode.COMMIT)
+    committing = replace(settings, revert=RevertSettings(mode=RevertMode.COMMIT))
     deploy(world, 1)
     run(world, committing)
     world.servers["s1"].failing.add(("echo", 2))

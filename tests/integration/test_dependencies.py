@@ -32,7 +32,7 @@ from reconciler.loop.reconcile import reconcile
 from reconciler.model.plan import Action
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome, StepResult
-from reconciler.model.settings import Settings
+from reconciler.model.settings import AnalysisSettings, Settings, TritonSettings
 from reconciler.model.source import Source
 from reconciler.wiring import ports
 from testkit.local_triton import LocalTriton, end_process_group, free_port
@@ -75,8 +75,8 @@ def settings_for(
     return Settings(
         cache_dir=workdir / "cache",
         state_path=workdir / "state.db",
-        prometheus_url=prometheus_url,
-        load_timeout=load_timeout,
+        analysis=AnalysisSettings(prometheus_url=prometheus_url),
+        triton=TritonSettings(load_timeout=load_timeout),
     )
 
 

@@ -13,7 +13,7 @@ from reconciler.core.triton_config import parse_pbtxt, with_versions
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.reconcile import reconcile
 from reconciler.model.reports import PassReport
-from reconciler.model.settings import Settings
+from reconciler.model.settings import Settings, TritonSettings
 from reconciler.model.source import Source
 from reconciler.model.spec import TritonServer
 from reconciler.ports import TritonClient
@@ -35,7 +35,9 @@ def test_kept_memory_settles_and_still_restores_hand_changes(
     manifests.write("models/other.yaml", deployment_doc("other", [1], ["edge-a"]))
     manifests.commit("deploy echo 1 and other 1")
     # The recheck is short so that a hand reload is seen within the test.
-    settings = Settings(tmp_path / "cache", tmp_path / "state.db", config_recheck=1.0)
+    settings = Settings(
+        tmp_path / "cache", tmp_path / "state.db", triton=TritonSettings(config_recheck=1.0)
+    )
     memory = PassMemory()
 
     def one_pass() -> PassReport:

@@ -22,7 +22,7 @@ import pytest
 
 from reconciler.adapters.git import GitWriter
 from reconciler.model.errors import SourceUnavailable
-from reconciler.model.settings import RunSettings, Settings
+from reconciler.model.settings import GitSettings, RunSettings, Settings
 from reconciler.model.source import GitCredentials, RevertEdit, Source
 from reconciler.service.daemon import Daemon
 from reconciler.service.telemetry import JsonLogFormatter
@@ -285,7 +285,11 @@ def test_the_service_hides_the_secrets_it_was_given_from_every_log_line(tmp_path
     token = f"gittoken-{uuid.uuid4().hex[:12]}"
     Daemon(
         Source("file:///nowhere"),
-        Settings(tmp_path / "cache", tmp_path / "state.db", git_credentials=GitCredentials(token)),
+        Settings(
+            tmp_path / "cache",
+            tmp_path / "state.db",
+            git=GitSettings(credentials=GitCredentials(token)),
+        ),
         RunSettings(github_secret=secret),
     )
     record = logging.LogRecord("t", logging.ERROR, __file__, 1, "got %s", (secret,), None)
