@@ -369,16 +369,23 @@ def _record_pass(
         footprints=footprints_from(result),
         alerts_opened=[(e.model or "", e.server or "", e.kind) for e in opened],
         alerts_resolved=[(e.model or "", e.server or "") for e in resolved],
-        # Every staged rollout this pass ran has ended, one way or the other; a record
-        # left over from a spec that changed since is dropped too.
-        stages_ended=[r.deployment for r in plan_.rollouts]
-        + [n for n in journal.deployments if n not in loads_cut_off(result)]
+        stages_ended=_stages_ended(target, plan_, applied),
+    )
+
+
+def _stages_ended(target: Target, plan_: Plan, applied: Applied) -> list[str]:
+    """Every staged rollout this pass ran has ended, one way or the other (journal entries
+    of loads cut off stay); a record left over from a spec that changed since is dropped."""
+    desired = target.desired
+    return (
+        [r.deployment for r in plan_.rollouts]
+        + [n for n in applied.journal.deployments if n not in loads_cut_off(applied.result)]
         + [
             name
-            for name, record in history.staged.items()
+            for name, record in target.history.staged.items()
             if name not in desired.deployments
             or desired.deployments[name].fingerprint != record.fingerprint
-        ],
+        ]
     )
 
 

@@ -4,13 +4,17 @@ served, and why not. Called by the CLI with the ports ``wiring.ports`` builds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from reconciler.core.plan.planner import plan
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.loop.observation import instances, observe_servers
-from reconciler.model.history import Rollout
+from reconciler.model.history import Held, History, Rollout
+from reconciler.model.plan import ModelChange, Plan
 from reconciler.model.reports import ModelStatus, StatusReport
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
+from reconciler.model.spec import ModelDeployment
 from reconciler.ports import Ports
 
 
@@ -43,42 +47,14 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
         return tuple(sorted(observed.model(model).ready)) if observed else ()
 
     models: list[ModelStatus] = []
-    changes = {(c.server, c.model): c for c in plan_.changes}
-    problems = {(p.server, p.model): p.message for p in plan_.problems}
-    held = {(h.server, h.model): h for h in plan_.held}
+    planned = _Planned.of(plan_)
     for server, placements in sorted(desired.placements.items()):
         for model, placement in sorted(placements.items()):
             key = (server, model)
             deployment = placement.deployment
-            if (server, None) in problems:
-                kind, detail = "unreachable", problems[(server, None)]
-            elif key in problems:
-                kind, detail = "problem", problems[key]
-            elif deployment.suspend:
-                kind, detail = "suspended", "spec.suspend is true"
-            elif key in held:
-                hold = held[key]
-                kind = "held"
-                detail = f"revision {hold.revision[:12]} failed: {hold.reason.splitlines()[0]}"
-            elif key in changes:
-                steps = ", ".join(f"{s.action} {list(s.versions)}" for s in changes[key].steps)
-                kind, detail = "pending", steps
-            else:
-                kind, detail = "in-sync", ""
-            record = history.staged.get(deployment.name)
-            if record is not None and record.fingerprint == deployment.fingerprint:
-                # A staged rollout that stopped before its end: say how far it got.
-                where = (
-                    "its stage passed"
-                    if server in record.completed
-                    else "its stage was cut short"
-                    if server in record.started
-                    else "not reached yet"
-                )
-                midway = (
-                    f"staged rollout stopped midway ({len(record.completed)} server(s) "
-                    f"passed); this server: {where}; the next pass resumes it"
-                )
+            kind, detail = _kind(planned, server, model, deployment)
+            midway = _staged_midway(history, deployment, server)
+            if midway:
                 detail = f"{detail}; {midway}" if detail else midway
             models.append(
                 ModelStatus(
@@ -112,4 +88,59 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
         tuple(models),
         {p.server: p.message for p in plan_.problems if p.model is None},
         last_pass,
+    )
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """The plan's findings by (server, model), made once for every model's status."""
+
+    problems: dict[tuple[str, str | None], str]
+    held: dict[tuple[str, str], Held]
+    changes: dict[tuple[str, str], ModelChange]
+
+    @classmethod
+    def of(cls, plan_: Plan) -> _Planned:
+        return cls(
+            {(p.server, p.model): p.message for p in plan_.problems},
+            {(h.server, h.model): h for h in plan_.held},
+            {(c.server, c.model): c for c in plan_.changes},
+        )
+
+
+def _kind(
+    planned: _Planned, server: str, model: str, deployment: ModelDeployment
+) -> tuple[str, str]:
+    """Why ``model`` on ``server`` is (or is not) as its manifest asks: (kind, detail)."""
+    key = (server, model)
+    problems, held, changes = planned.problems, planned.held, planned.changes
+    if (server, None) in problems:
+        return "unreachable", problems[(server, None)]
+    if key in problems:
+        return "problem", problems[key]
+    if deployment.suspend:
+        return "suspended", "spec.suspend is true"
+    if key in held:
+        hold = held[key]
+        return "held", f"revision {hold.revision[:12]} failed: {hold.reason.splitlines()[0]}"
+    if key in changes:
+        return "pending", ", ".join(f"{s.action} {list(s.versions)}" for s in changes[key].steps)
+    return "in-sync", ""
+
+
+def _staged_midway(history: History, deployment: ModelDeployment, server: str) -> str:
+    """A staged rollout that stopped before its end: how far it got ('' if none)."""
+    record = history.staged.get(deployment.name)
+    if record is None or record.fingerprint != deployment.fingerprint:
+        return ""
+    where = (
+        "its stage passed"
+        if server in record.completed
+        else "its stage was cut short"
+        if server in record.started
+        else "not reached yet"
+    )
+    return (
+        f"staged rollout stopped midway ({len(record.completed)} server(s) "
+        f"passed); this server: {where}; the next pass resumes it"
     )
