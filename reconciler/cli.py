@@ -64,6 +64,7 @@ from reconciler.views.review import (
     plan_markdown,
     problems_json,
 )
+from reconciler.views.steps import plan_steps_json
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 
@@ -629,7 +630,7 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     else:
         print(report_text(report))
     if getattr(args, "out", None):
-        save_plan(args.out, source, report, plan_json(report.plan))
+        save_plan(args.out, source, report, plan_json(report.plan), plan_steps_json(report.plan))
     if not report.ok:
         return EXIT_ERROR
     if not apply_changes and report.plan.has_changes:

@@ -1,26 +1,30 @@
 """The saved-plan file written by ``plan --out`` and read by
-``apply --plan``.
+``apply --plan`` (the CLI calls both; it gives the views of the plan to write).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from reconciler.adapters.credentials import redact
 from reconciler.model.errors import StalePlan
 from reconciler.model.reports import PassReport, SavedPlan
 from reconciler.model.source import Source
-from reconciler.views.steps import plan_steps_json
 
 SAVED_PLAN_KIND = "triton-gitops/saved-plan"
 
 
 def save_plan(
-    file: Path, source: Source, report: PassReport, plan_view: Mapping[str, object]
+    file: Path,
+    source: Source,
+    report: PassReport,
+    plan_view: Mapping[str, object],
+    steps: Sequence[Mapping[str, object]],
 ) -> None:
-    """Write what ``apply --plan`` must find unchanged: revision, servers' state, steps."""
+    """Write what ``apply --plan`` must find unchanged: revision, servers' state, ``steps``
+    (``views.steps.plan_steps_json``, as ``loop.saved_plan`` compares them)."""
     file.write_text(
         json.dumps(
             {
@@ -31,7 +35,7 @@ def save_plan(
                 "path": source.path,
                 "revision": report.revision,
                 "served": dict(report.served),
-                "steps": plan_steps_json(report.plan),
+                "steps": list(steps),
                 "plan": plan_view,
             },
             indent=2,
