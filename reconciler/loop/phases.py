@@ -101,6 +101,8 @@ class Target:
 
 @dataclass(frozen=True)
 class Observed:
+    """What the observe phase found, for plan and apply."""
+
     serving: dict[str, ServerState]
     readers: dict[str, FiguresSource]  # metric readers of the servers not settled
     settled: frozenset[str]  # servers whose last plan had nothing to do (PassMemory)
@@ -109,12 +111,16 @@ class Observed:
 
 @dataclass(frozen=True)
 class Planned:
+    """The plan phase's answer."""
+
     plan: Plan
     served: dict[str, str]  # per server, the digest of what it serves (saved plans only)
 
 
 @dataclass(frozen=True)
 class Applied:
+    """What the apply phase did, for the record."""
+
     result: ApplyResult
     journal: Journal
     before: dict[str, str]  # the fingerprints applied before this pass (drift)
@@ -122,6 +128,8 @@ class Applied:
 
 @dataclass(frozen=True)
 class Recorded:
+    """What the record phase wrote, for the alert and revert phases."""
+
     report: PassReport
     holds: tuple[Hold, ...]
     events: tuple[AlertEvent, ...]  # opened, and resolved of alerts open
@@ -129,6 +137,7 @@ class Recorded:
 
 
 def fetch(run: PassRun) -> str:
+    """The commit the tracked ref is at now (SourceUnavailable: everything keeps serving)."""
     return run.ports.manifests.fetch(run.source.ref)
 
 
