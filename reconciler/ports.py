@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from reconciler.model.analysis import Figures
+from reconciler.model.plan import Step
 from reconciler.model.serving import ModelInterface, ModelState
 from reconciler.model.spec import Tensor
 
@@ -38,3 +39,18 @@ class FiguresSource(Protocol):
     def figures(
         self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = ...
     ) -> Figures: ...
+
+
+# -- the executor's calls outside Triton (engine/) ------------------------------------------
+
+
+class StepHooks(Protocol):
+    """What a change calls outside Triton: the webhooks around its steps (the drain webhook,
+    a staged rollout's preStep/postStep) and a backend's replaceLibrary (its command, then
+    its webhook). ``adapters/hooks.py``'s ``HttpStepHooks`` is the real one; given to
+    ``engine.apply.apply`` by its caller. Each call raises StepFailed when the other side
+    says no or does not answer."""
+
+    def call_webhook(self, url: str, payload: Mapping[str, Any]) -> None: ...
+
+    def replace_library(self, step: Step) -> None: ...

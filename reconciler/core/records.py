@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from reconciler.model.analysis import Evaluation, RolloutVerdict
+from reconciler.model.analysis import Evaluation
 from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome
@@ -72,12 +72,12 @@ def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> 
     reverted: dict[str, list[ChangeResult]] = {}
     for change in result.changes:
         if _is_rollout(change) and change.outcome in (Outcome.REVERTED, Outcome.FAILED):
-            if any(r.step.action is Action.UNLOAD for r in change.steps if not r.ok):
-                continue  # new versions verified and serving; only the unload is left
-            if any(r.unreachable for r in (*change.steps, *change.revert)):
-                continue  # the server went away: transient, the next pass tries again
-            if any(r.verdict == RolloutVerdict.METRICS_UNAVAILABLE for r in change.steps):
-                continue  # the metrics source was down: nothing known against the versions
+            if change.failure is not None and change.failure.transient:
+                # The server went away or restarted, the metrics source was down, or only an
+                # unload is left: nothing known against the versions, the next pass tries again.
+                continue
+            if any(r.unreachable for r in change.revert):
+                continue  # the server went away while putting back: transient as well
             reverted.setdefault(change.change.deployment or "", []).append(change)
     holds = []
     for name, changes in sorted(reverted.items()):

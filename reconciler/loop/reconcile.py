@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from reconciler.adapters.alerts import FanOut
+from reconciler.adapters.hooks import HttpStepHooks
 from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.state import StateStore
 from reconciler.core.plan.planner import plan
@@ -186,6 +187,7 @@ def _reconcile(
                 staged_progress=lambda rollout, completed, started: state.record_stage(
                     rollout.deployment, rollout.fingerprint, revision_sha, completed, started
                 ),
+                hooks=HttpStepHooks(),  # until wiring passes the pass's hooks (issue 12)
             )
         finally:
             if not memory:

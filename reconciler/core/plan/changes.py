@@ -11,7 +11,7 @@ from typing import Any
 
 from reconciler.core.triton_config import config_drift, is_complete, merge, with_versions
 from reconciler.model.history import History, Hold
-from reconciler.model.plan import Action, ModelChange, PlanProblem, Step
+from reconciler.model.plan import Action, ModelChange, OnFailure, PlanProblem, Step
 from reconciler.model.serving import ModelState, ServerState
 from reconciler.model.spec import BackendSpec, ModelDeployment, SequencePolicy
 
@@ -239,6 +239,9 @@ def _plan_model(
                 + (" once the new ones are verified" if new or drift else ""),
                 config=with_versions(target, deployment.model, desired),
                 dropped=_versions(old),
+                # The new versions are verified and serving: nothing to put back; the next
+                # pass retries the unload.
+                on_failure=OnFailure.STOP,
             )
         )
     return ModelChange(
@@ -268,6 +271,7 @@ def _drain_step(server: str, model: str, ready: frozenset[int], policy: Sequence
         f"{policy.idle:g}s; at most {policy.drain_timeout:g}s)"
         + (", after telling the load balancer" if policy.drain_webhook else ""),
         drain=policy,
+        on_failure=OnFailure.STOP,  # nothing was touched: the old versions serve as before
     )
 
 
@@ -441,6 +445,7 @@ def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelC
                 (),
                 "no ModelDeployment places this model on this server any more",
                 dropped=_versions(model.ready),
+                on_failure=OnFailure.STOP,  # nothing to put back; the next pass retries
             ),
         ),
     )
