@@ -1,6 +1,7 @@
 """One model on one server: the change that brings what it serves to
-what its ModelDeployment declares (load beside, verify, analyze, unload), its revert steps,
-and the problems that stop it.
+what its ModelDeployment declares (load beside, verify, analyze, unload; or swap in place),
+its revert steps, its failure policy (``Step.on_failure``), and the problems that stop it.
+Called by ``core/plan/planner.py`` and ``core/plan/held.py``.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reconciler.core.triton_config import config_drift, is_complete, merge, with_versions
-from reconciler.model.history import History, Hold
+from reconciler.model.history import History
 from reconciler.model.plan import Action, ModelChange, OnFailure, PlanProblem, Step
 from reconciler.model.serving import ModelState, ServerState
 from reconciler.model.spec import BackendSpec, ModelDeployment, SequencePolicy
@@ -453,57 +454,5 @@ def _revert_steps(
             Action.VERIFY,
             _versions(ready),
             f"revert: {', '.join(map(str, sorted(ready)))} READY",
-        ),
-    )
-
-
-def _plan_held(
-    server: str, deployment: ModelDeployment, hold: Hold, observed: ServerState
-) -> ModelChange | PlanProblem | None:
-    """Keep (or bring back) what served before the failed rollout; never the failed spec."""
-    previous = hold.previous.get(server)
-    config = hold.configs.get(server)
-    if previous is None:
-        # This server took no part in the failed rollout. Serving the model, it is left as
-        # it is; serving none of it (an instance DNS added since, or one restarted empty),
-        # it gets the last good versions: what the rollout's servers served before, when
-        # they agree, never the failed spec's.
-        before = set(hold.previous.values())
-        if observed.model(deployment.model).ready or len(before) != 1:
-            return None
-        previous = before.pop()
-        config = next((c for c in hold.configs.values() if c is not None), None)
-    if not previous:
-        return _plan_removal(server, deployment.model, observed)
-    restored = replace(
-        deployment,
-        versions=previous,
-        config=config if config is not None else deployment.config,
-        smoke=(),
-        analysis=None,
-    )
-    return _plan_model(server, restored, observed)
-
-
-def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelChange | None:
-    model = observed.model(model_name)
-    if not model.ready:
-        return None
-    return ModelChange(
-        server,
-        model_name,
-        None,
-        _versions(model.ready),
-        (),
-        (
-            Step(
-                server,
-                model_name,
-                Action.UNLOAD,
-                (),
-                "no ModelDeployment places this model on this server any more",
-                dropped=_versions(model.ready),
-                on_failure=OnFailure.STOP,  # nothing to put back; the next pass retries
-            ),
         ),
     )

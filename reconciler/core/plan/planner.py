@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler.core.plan.changes import _plan_held, _plan_model, _plan_removal
+from reconciler.core.plan.changes import _plan_model
+from reconciler.core.plan.held import _plan_held, _plan_removal
 from reconciler.core.plan.order import _order
 from reconciler.core.plan.settle import _as_before, _await_load_in_progress
 from reconciler.core.plan.stages import _rollouts, with_restarted_finish
