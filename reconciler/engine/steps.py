@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from reconciler.core.analysis import baseline_from, evaluate, judge
+from reconciler.core.analysis import baseline_from, concluded, evaluate
 from reconciler.core.smoke import mismatches
 from reconciler.faults import fault_point
 from reconciler.model.analysis import Evaluation, RolloutVerdict
@@ -290,33 +290,41 @@ def _analyze(
         evaluations.append(evaluate(spec, len(evaluations), elapsed, previous, current, baseline))
         previous = current
         fault_point("apply.analysis")
-        verdict = judge(spec, tuple(evaluations), elapsed)
+        verdict = concluded(spec, tuple(evaluations), elapsed, unreadable)
         if verdict is RolloutVerdict.PASSED:
             return tuple(evaluations), verdict
-        if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
-            raise MetricsUnavailable(
-                f"server {step.server}: analysis of {step.model} version(s) "
-                f"{', '.join(map(str, step.versions))} inconclusive: metrics unavailable "
-                f"({current.error or previous.error or 'a reading failed'}); the old versions "
-                "serve again, not held: the next pass analyses again",
-                tuple(evaluations),
-                RolloutVerdict.METRICS_UNAVAILABLE,
-            )
         if verdict is not RolloutVerdict.RUNNING:
-            last = evaluations[-1]
-            why = (
-                "; ".join(str(r) for r in last.failed)
-                if verdict is RolloutVerdict.FAILED
-                else "no evaluation counted in "
-                f"{spec.duration:g}s (last: {'; '.join(str(r) for r in last.results)})"
-            )
-            raise AnalysisFailed(
-                f"server {step.server}: analysis of {step.model} version(s) "
-                f"{', '.join(map(str, step.versions))} {verdict} after "
-                f"{len(evaluations)} evaluation(s): {why}",
-                tuple(evaluations),
-                verdict,
-            )
+            raise _analysis_failed(step, verdict, tuple(evaluations), current.error)
+
+
+def _analysis_failed(
+    step: Step, verdict: RolloutVerdict, evaluations: tuple[Evaluation, ...], error: str | None
+) -> AnalysisFailed:
+    """The error an analysis ends with; ``error`` is the last reading's, if it failed."""
+    spec = step.analysis
+    assert spec is not None
+    versions = ", ".join(map(str, step.versions))
+    if verdict is RolloutVerdict.METRICS_UNAVAILABLE:
+        return MetricsUnavailable(
+            f"server {step.server}: analysis of {step.model} version(s) {versions} "
+            f"inconclusive: metrics unavailable ({error or 'a reading failed'}); the old "
+            "versions serve again, not held: the next pass analyses again",
+            evaluations,
+            verdict,
+        )
+    last = evaluations[-1]
+    why = (
+        "; ".join(str(r) for r in last.failed)
+        if verdict is RolloutVerdict.FAILED
+        else "no evaluation counted in "
+        f"{spec.duration:g}s (last: {'; '.join(str(r) for r in last.results)})"
+    )
+    return AnalysisFailed(
+        f"server {step.server}: analysis of {step.model} version(s) {versions} {verdict} "
+        f"after {len(evaluations)} evaluation(s): {why}",
+        evaluations,
+        verdict,
+    )
 
 
 def _load(control: ModelControl, step: Step, timing: Timing, context: _ChangeContext) -> StepDone:

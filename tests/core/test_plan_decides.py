@@ -11,10 +11,18 @@ from typing import Any
 
 import pytest
 
+from reconciler.core.analysis import concluded
 from reconciler.core.plan.planner import plan
 from reconciler.engine.apply import apply
 from reconciler.engine.change import _failed
 from reconciler.engine.steps import EXECUTORS, Timing
+from reconciler.model.analysis import (
+    AnalysisSpec,
+    CheckResult,
+    Evaluation,
+    RolloutVerdict,
+    Verdict,
+)
 from reconciler.model.errors import (
     AnalysisFailed,
     DrainTimeout,
@@ -105,6 +113,25 @@ def test_a_failed_step_records_what_its_error_means(
         kind
         in (FailureKind.SERVER_LOST, FailureKind.METRICS_UNAVAILABLE, FailureKind.UNLOAD_FAILED)
     )
+
+
+@pytest.mark.parametrize(
+    ("unreadable", "verdict"),
+    [(False, RolloutVerdict.INCONCLUSIVE), (True, RolloutVerdict.METRICS_UNAVAILABLE)],
+)
+def test_an_inconclusive_analysis_with_a_failed_reading_is_metrics_unavailable(
+    unreadable: bool, verdict: RolloutVerdict
+) -> None:
+    spec = AnalysisSpec(interval=1.0, duration=2.0)
+    no_data = Evaluation(
+        0, 2.0, (CheckResult("latency", Verdict.NO_DATA, None, "<= 1.5x"),), Verdict.NO_DATA
+    )
+    assert concluded(spec, (no_data,), 2.0, unreadable) is verdict
+    # Only an inconclusive end is told apart: a failure stays a failure.
+    failed = Evaluation(
+        0, 2.0, (CheckResult("latency", Verdict.FAIL, 3.0, "<= 1.5x"),), Verdict.FAIL
+    )
+    assert concluded(spec, (failed,), 2.0, unreadable) is RolloutVerdict.FAILED
 
 
 def test_an_interrupted_analysis_records_interrupted_as_its_verdict() -> None:
