@@ -261,3 +261,28 @@ def test_without_hooks_a_step_webhook_fails_saying_so() -> None:
     assert all(c.outcome is Outcome.SKIPPED for c in result.changes)
     assert "no step hooks were given to apply" in (result.changes[0].error or "")
     assert all(f.ready("m") == {1} for f in fakes.values())
+
+
+def test_a_server_restarted_after_its_stage_passed_runs_the_planned_restarted_finish() -> None:
+    fakes = {s: server(s) for s in ("s1", "s2")}
+    rollout = RolloutSpec(steps=(1, "100%"))
+    p = plan_on(fakes, replace(deploy("m", [2], servers=sorted(fakes)), rollout=rollout))
+
+    def restart_s1_once_it_passed(_: Any, completed: tuple[str, ...], __: Any) -> None:
+        if "s1" in completed:
+            fakes["s1"]._models.clear()  # restarted: EXPLICIT mode starts empty
+
+    clock = FakeClock()
+    result = apply(
+        p,
+        fakes,
+        timing=Timing(clock=clock.clock, sleep=clock.sleep),
+        staged_progress=restart_s1_once_it_passed,
+    )
+    by_server = {c.change.server: c for c in result.changes}
+    assert all(c.outcome is Outcome.CONVERGED for c in result.changes)
+    assert all(f.ready("m") == {2} for f in fakes.values())
+    s1_finish = by_server["s1"].steps[-2:]
+    assert tuple(r.step for r in s1_finish) == by_server["s1"].change.restarted_finish
+    # s2 kept its old version until the end: its planned finish drops it.
+    assert by_server["s2"].steps[-1].step.action is Action.UNLOAD
