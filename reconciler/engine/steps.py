@@ -90,8 +90,9 @@ class _ChangeContext:
     source: FiguresSource | None = None
     interface: ModelInterface | None = None  # the old versions' inputs and outputs
     footprint: float | None = None
-    # Where the analysis reads the old versions' figures: the servers a staged rollout has
-    # not reached yet, when there are some; else (None) this server's own old versions.
+    # Where the analysis reads the old versions' figures: the servers the plan names as the
+    # stage's baseline (RolloutPlan.baselines), when there are some; else (None) this
+    # server's own old versions.
     baseline: FiguresSource | None = None
     hooks: StepHooks = field(default_factory=NoStepHooks)  # webhooks, replaceLibrary
 
