@@ -15,6 +15,7 @@ import numpy.typing as npt
 
 from reconciler.model.analysis import Figures
 from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
+from reconciler.model.plan import Step
 from reconciler.model.serving import ModelInterface, ModelState, ServerState
 from reconciler.model.source import (
     CommitVerdict,
@@ -213,6 +214,8 @@ class Ports:
     resolver: Resolver
     digests: VersionDigests
     hooks: PassHooks = field(default_factory=NoPassHooks)
+    # Step webhooks and the replaceLibrary command (none: a step that needs one fails).
+    step_hooks: StepHooks | None = None
 
 
 class FiguresSource(Protocol):
@@ -221,3 +224,18 @@ class FiguresSource(Protocol):
     def figures(
         self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = ...
     ) -> Figures: ...
+
+
+# -- the executor's calls outside Triton (engine/) ------------------------------------------
+
+
+class StepHooks(Protocol):
+    """What a change calls outside Triton: the webhooks around its steps (the drain webhook,
+    a staged rollout's preStep/postStep) and a backend's replaceLibrary (its command, then
+    its webhook). ``adapters/hooks.py``'s ``HttpStepHooks`` is the real one; given to
+    ``engine.apply.apply`` by its caller. Each call raises StepFailed when the other side
+    says no or does not answer."""
+
+    def call_webhook(self, url: str, payload: Mapping[str, Any]) -> None: ...
+
+    def replace_library(self, step: Step) -> None: ...

@@ -20,6 +20,7 @@ from reconciler.adapters.alerts import (
 from reconciler.adapters.artifacts import version_digests
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
 from reconciler.adapters.git import GitManifests, GitSource, GitWriter
+from reconciler.adapters.hooks import HttpStepHooks
 from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
@@ -90,6 +91,7 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
         resolver=resolver(settings),
         digests=version_digests,
         hooks=hooks or NoPassHooks(),
+        step_hooks=HttpStepHooks(),
     )
 
 

@@ -1,5 +1,6 @@
-"""Step hooks: webhooks called around steps and stages, and the
-replaceLibrary command.
+"""Step hooks: the webhooks called around steps and stages (drain, preStep/postStep), and a
+backend's replaceLibrary command and webhook. ``HttpStepHooks`` is the real ``StepHooks``
+(``ports.py``); ``wiring`` (today ``loop.reconcile``) gives it to ``engine.apply.apply``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,17 @@ def _post_json(url: str, payload: Mapping[str, Any], timeout: float = 10.0) -> N
         raise StepFailed(f"{redact(url)} did not answer: {exc}") from exc
     if not 200 <= status < 300:
         raise StepFailed(f"{redact(url)} answered {status}")
+
+
+class HttpStepHooks:
+    """Webhooks over HTTP(S) (basic auth from the URL, redacted in errors) and the
+    replaceLibrary command as a subprocess."""
+
+    def call_webhook(self, url: str, payload: Mapping[str, Any]) -> None:
+        _post_json(url, payload)
+
+    def replace_library(self, step: Step) -> None:
+        _replace_library(step)
 
 
 def _replace_library(step: Step) -> None:

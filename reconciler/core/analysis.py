@@ -220,3 +220,15 @@ def judge(
     if any(e.verdict is Verdict.PASS for e in evaluations):
         return RolloutVerdict.PASSED
     return RolloutVerdict.INCONCLUSIVE
+
+
+def concluded(
+    spec: AnalysisSpec, evaluations: tuple[Evaluation, ...], elapsed: float, unreadable: bool
+) -> RolloutVerdict:
+    """``judge``'s verdict, with an inconclusive end during which a metrics reading failed
+    (``unreadable``) told apart as METRICS_UNAVAILABLE: nothing is known against the new
+    versions then, so they are put back but not held."""
+    verdict = judge(spec, evaluations, elapsed)
+    if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
+        return RolloutVerdict.METRICS_UNAVAILABLE
+    return verdict

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from reconciler.model.analysis import Evaluation, RolloutVerdict
+from reconciler.model.analysis import Evaluation
 from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome
@@ -72,12 +72,12 @@ def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> 
     reverted: dict[str, list[ChangeResult]] = {}
     for change in result.changes:
         if _is_rollout(change) and change.outcome in (Outcome.REVERTED, Outcome.FAILED):
-            if any(r.step.action is Action.UNLOAD for r in change.steps if not r.ok):
-                continue  # new versions verified and serving; only the unload is left
-            if any(r.unreachable for r in (*change.steps, *change.revert)):
-                continue  # the server went away: transient, the next pass tries again
-            if any(r.verdict == RolloutVerdict.METRICS_UNAVAILABLE for r in change.steps):
-                continue  # the metrics source was down: nothing known against the versions
+            if change.failure is not None and change.failure.transient:
+                # The server went away or restarted, the metrics source was down, or only an
+                # unload is left: nothing known against the versions, the next pass tries again.
+                continue
+            if any(r.unreachable for r in change.revert):
+                continue  # the server went away while putting back: transient as well
             reverted.setdefault(change.change.deployment or "", []).append(change)
     holds = []
     for name, changes in sorted(reverted.items()):
@@ -124,86 +124,86 @@ def alerts_from(result: ApplyResult, revert_action: str) -> tuple[AlertEvent, ..
             continue
         if change.outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED):
             continue  # not attempted, or put back at shutdown: nothing failed
-        model, server = change.change.model, change.change.server
-        to = ", ".join(map(str, change.change.desired))
-        if change.outcome is Outcome.CONVERGED:
-            events.append(
-                AlertEvent(
-                    "rollout-succeeded",
-                    "info",
-                    f"{model} {to} serves on {server}",
-                    result.revision,
-                    model,
-                    server,
-                    resolved=True,
-                )
-            )
-            continue
-        if any(r.step.action is Action.DRAIN and not r.ok for r in change.steps):
-            events.append(
-                AlertEvent(
-                    "drain-timeout",
-                    "warning",
-                    f"{model} on {server} did not go idle; {to} not swapped in, "
-                    f"{', '.join(map(str, change.change.serving))} keeps serving",
-                    result.revision,
-                    model,
-                    server,
-                    {"revision": result.revision, "error": change.error},
-                )
-            )
-            continue
-        if any(r.step.action is Action.UNLOAD and not r.ok for r in change.steps):
-            events.append(
-                AlertEvent(
-                    "unload-failed",
-                    "warning",
-                    f"{model} {to} serves on {server}, but the old versions "
-                    f"{', '.join(map(str, change.change.serving))} could not be unloaded; "
-                    "the next pass retries",
-                    result.revision,
-                    model,
-                    server,
-                    {"revision": result.revision, "error": change.error},
-                )
-            )
-            continue
-        analysis = change.analysis
-        failed_analysis = (analysis is not None and not analysis.ok) or any(
-            r.step.action is Action.ROLLOUT for r in change.steps
-        )
-        last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
-        details: dict[str, Any] = {
-            "revision": result.revision,
-            "deployment": change.change.deployment,
-            "from_versions": list(change.change.serving),
-            "to_versions": list(change.change.desired),
-            "outcome": str(change.outcome),
-            "error": change.error,
-            "action": revert_action if change.outcome is Outcome.REVERTED else "none",
-        }
-        if last is not None:
-            details["checks"] = "; ".join(str(r) for r in last.results)
-        if change.rollback_seconds is not None:
-            details["rollback_seconds"] = round(change.rollback_seconds, 4)
-        events.append(
-            AlertEvent(
-                "rollout-failed" if failed_analysis else "load-failed",
-                "critical",
-                f"{model} {to} on {server} "
-                + ("failed its analysis" if failed_analysis else "failed to load or verify")
-                + (
-                    f"; {', '.join(map(str, change.change.serving)) or 'nothing'} serves again"
-                    if change.outcome is Outcome.REVERTED
-                    else ""
-                ),
-                result.revision,
-                model,
-                server,
-                details,
-            )
-        )
+        events.append(_alert_of(change, result.revision, revert_action))
     return tuple(events)
+
+
+def _alert_of(change: ChangeResult, revision: str, revert_action: str) -> AlertEvent:
+    model, server = change.change.model, change.change.server
+    to = ", ".join(map(str, change.change.desired))
+    serving = ", ".join(map(str, change.change.serving))
+    if change.outcome is Outcome.CONVERGED:
+        return AlertEvent(
+            "rollout-succeeded",
+            "info",
+            f"{model} {to} serves on {server}",
+            revision,
+            model,
+            server,
+            resolved=True,
+        )
+    if any(r.step.action is Action.DRAIN and not r.ok for r in change.steps):
+        return AlertEvent(
+            "drain-timeout",
+            "warning",
+            f"{model} on {server} did not go idle; {to} not swapped in, {serving} keeps serving",
+            revision,
+            model,
+            server,
+            {"revision": revision, "error": change.error},
+        )
+    if any(r.step.action is Action.UNLOAD and not r.ok for r in change.steps):
+        return AlertEvent(
+            "unload-failed",
+            "warning",
+            f"{model} {to} serves on {server}, but the old versions {serving} could not be "
+            "unloaded; the next pass retries",
+            revision,
+            model,
+            server,
+            {"revision": revision, "error": change.error},
+        )
+    return _failed_alert(change, revision, revert_action)
+
+
+def _failed_alert(change: ChangeResult, revision: str, revert_action: str) -> AlertEvent:
+    """A rollout that failed to load or verify, or failed its analysis (here or, staged,
+    on another server)."""
+    model, server = change.change.model, change.change.server
+    to = ", ".join(map(str, change.change.desired))
+    analysis = change.analysis
+    failed_analysis = (analysis is not None and not analysis.ok) or any(
+        r.step.action is Action.ROLLOUT for r in change.steps
+    )
+    last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
+    details: dict[str, Any] = {
+        "revision": revision,
+        "deployment": change.change.deployment,
+        "from_versions": list(change.change.serving),
+        "to_versions": list(change.change.desired),
+        "outcome": str(change.outcome),
+        "error": change.error,
+        "action": revert_action if change.outcome is Outcome.REVERTED else "none",
+    }
+    if last is not None:
+        details["checks"] = "; ".join(str(r) for r in last.results)
+    if change.rollback_seconds is not None:
+        details["rollback_seconds"] = round(change.rollback_seconds, 4)
+    return AlertEvent(
+        "rollout-failed" if failed_analysis else "load-failed",
+        "critical",
+        f"{model} {to} on {server} "
+        + ("failed its analysis" if failed_analysis else "failed to load or verify")
+        + (
+            f"; {', '.join(map(str, change.change.serving)) or 'nothing'} serves again"
+            if change.outcome is Outcome.REVERTED
+            else ""
+        ),
+        revision,
+        model,
+        server,
+        details,
+    )
 
 
 def applied_from(

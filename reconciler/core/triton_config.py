@@ -3,6 +3,11 @@
 Triton's load API replaces config.pbtxt with the JSON it is given, so every load carries a
 whole config: the base (the loaded config, else the repository's config.pbtxt) with the
 manifest's ``spec.config`` merged over it and the version policy set. Pure functions, no I/O.
+
+The ModelConfig protobuf message (google.protobuf and tritonclient's ``model_config_pb2``) is
+imported lazily, inside ``canonical`` and ``parse_pbtxt`` only: the planner and the views
+import this module, and importing the pure core must not load gRPC and protobuf (this is the
+one function-level exception the import contract allows).
 """
 
 from __future__ import annotations
@@ -12,9 +17,6 @@ import functools
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
-
-from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
 
 # Fields Triton fills in or names itself when it loads a model; they say nothing about what
 # the user asked for, so comparisons ignore them.
@@ -27,6 +29,9 @@ def canonical(config: Mapping[str, Any]) -> dict[str, Any]:
     Defaults drop out, int64 fields become strings, enums stay names; raises ValueError for a
     field or value the ModelConfig message does not have.
     """
+    from google.protobuf import json_format
+    from tritonclient.grpc import model_config_pb2
+
     try:
         message = json_format.ParseDict(dict(config), model_config_pb2.ModelConfig())
     except json_format.ParseError as exc:
@@ -43,6 +48,9 @@ def _canonical_of(text: str) -> dict[str, Any]:
 
 def parse_pbtxt(text: str) -> dict[str, Any]:
     """config.pbtxt (protobuf text format) as Triton's JSON form; raises ValueError."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
     try:
         message = text_format.Parse(text, model_config_pb2.ModelConfig())
     except text_format.ParseError as exc:

@@ -1,5 +1,6 @@
 """``apply``: a Plan's changes, servers concurrently (bounded), staged
-rollouts stage by stage.
+rollouts stage by stage. Called by ``loop``; it executes what the plan decided and reaches
+Triton, metrics and webhooks only through the ports it is given.
 """
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from reconciler.engine.change import _ignore, _ignore_stage, apply_change
 from reconciler.engine.staged import _server_lost, _staged
-from reconciler.engine.steps import Timing
+from reconciler.engine.steps import NoStepHooks, Timing, _ChangeContext
 from reconciler.model.plan import ModelChange, Plan
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome, Progress, StagedProgress
-from reconciler.ports import FiguresSource, ModelControl
+from reconciler.ports import FiguresSource, ModelControl, StepHooks
 
 
 def apply(
@@ -25,12 +26,17 @@ def apply(
     progress: Progress = _ignore,
     metrics: Mapping[str, FiguresSource] | None = None,
     staged_progress: StagedProgress | None = None,
+    hooks: StepHooks | None = None,
 ) -> ApplyResult:
     """Execute every change of ``plan``; servers concurrently, each server's changes in order.
 
     ``progress`` is called with each step's result as it finishes (from worker threads).
+    ``hooks`` calls the webhooks and replaceLibrary commands the plan's steps name (the
+    caller passes ``adapters.hooks.HttpStepHooks()``); None: the executor was given none, and
+    a step that needs one fails saying so.
     """
     timing = timing or Timing()
+    step_hooks: StepHooks = hooks or NoStepHooks()
     staged: dict[str, dict[str, ModelChange]] = {r.deployment: {} for r in plan.rollouts}
     members = {
         (r.deployment, server) for r in plan.rollouts for stage in r.stages for server in stage
@@ -53,11 +59,16 @@ def apply(
                 results.append(ChangeResult(change, Outcome.SKIPPED, ()))
                 continue
             source = (metrics or {}).get(server)
+            context = _ChangeContext(source, hooks=step_hooks)
             if change.exclusive:
                 with locks[change.exclusive]:
-                    results.append(apply_change(controls[server], change, timing, progress, source))
+                    results.append(
+                        apply_change(controls[server], change, timing, progress, source, context)
+                    )
             else:
-                results.append(apply_change(controls[server], change, timing, progress, source))
+                results.append(
+                    apply_change(controls[server], change, timing, progress, source, context)
+                )
         return results
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
@@ -73,6 +84,7 @@ def apply(
                 progress,
                 metrics,
                 staged_progress or _ignore_stage,
+                step_hooks,
             )
         )
     order = {(c.server, c.model): i for i, c in enumerate(plan.changes)}

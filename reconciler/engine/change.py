@@ -1,5 +1,6 @@
-"""One change at a time: its steps in order, its revert steps when one
-fails.
+"""One change at a time: its steps in order, and its revert steps when one fails and the
+plan says to put the model back (``Step.on_failure``). Called by ``engine/apply.py`` and,
+for the runs of steps, ``engine/staged.py``.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from dataclasses import replace
 
 from reconciler.engine.steps import Timing, _ChangeContext, execute_step
 from reconciler.faults import fault_point
-from reconciler.model.errors import AnalysisFailed, ReconcileError, ServerUnavailable
-from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
-from reconciler.model.results import ChangeResult, Outcome, Progress, StepResult
+from reconciler.model.errors import AnalysisFailed, ReconcileError
+from reconciler.model.plan import Action, ModelChange, OnFailure, RolloutPlan, Step
+from reconciler.model.results import ChangeResult, FailureKind, Outcome, Progress, StepResult
 from reconciler.ports import FiguresSource, ModelControl
 
 
@@ -21,6 +22,24 @@ def _ignore_stage(_: RolloutPlan, __: tuple[str, ...], ___: Mapping[str, tuple[i
 
 def _ignore(_: StepResult) -> None:
     pass
+
+
+def _failed(
+    step: Step, exc: ReconcileError, started: float, ended: float, reverting: bool
+) -> StepResult:
+    """The result of a step that raised ``exc``: what the failure means is decided here,
+    once, from the error's class."""
+    return StepResult(
+        step,
+        False,
+        ended - started,
+        str(exc),
+        failure=exc.failure,
+        reverting=reverting,
+        ended_at=ended,
+        evaluations=exc.evaluations if isinstance(exc, AnalysisFailed) else (),
+        verdict=exc.verdict if isinstance(exc, AnalysisFailed) else None,
+    )
 
 
 def _run(
@@ -35,22 +54,9 @@ def _run(
     for step in steps:
         started = timing.clock()
         try:
-            evaluations, verdict = execute_step(control, step, timing, context.source, context)
+            evaluations, verdict = execute_step(control, step, timing, context)
         except ReconcileError as exc:
-            ended = timing.clock()
-            results.append(
-                StepResult(
-                    step,
-                    False,
-                    ended - started,
-                    str(exc),
-                    unreachable=isinstance(exc, ServerUnavailable),
-                    reverting=reverting,
-                    ended_at=ended,
-                    evaluations=exc.evaluations if isinstance(exc, AnalysisFailed) else (),
-                    verdict=exc.verdict if isinstance(exc, AnalysisFailed) else None,
-                )
-            )
+            results.append(_failed(step, exc, started, timing.clock(), reverting))
             progress(results[-1])
             break
         ended = timing.clock()
@@ -70,51 +76,54 @@ def _run(
     return results
 
 
+def _read_interface(
+    control: ModelControl, change: ModelChange, context: _ChangeContext
+) -> StepResult | None:
+    """Read the old versions' interface, which the new ones must keep, into ``context``;
+    the failed first step when it cannot be read, None when it was read or is not needed."""
+    if change.interface_baseline is None:
+        return None
+    try:
+        context.interface = control.interface(change.model, change.interface_baseline)
+    except ReconcileError as exc:
+        return StepResult(
+            change.steps[0],
+            False,
+            0.0,
+            f"reading the old interface: {exc}",
+            failure=exc.failure,
+        )
+    return None
+
+
 def apply_change(
     control: ModelControl,
     change: ModelChange,
     timing: Timing,
     progress: Progress = _ignore,
     source: FiguresSource | None = None,
+    context: _ChangeContext | None = None,
 ) -> ChangeResult:
-    context = _ChangeContext(source)
-    if change.interface_baseline is not None:
-        try:
-            context.interface = control.interface(change.model, change.interface_baseline)
-        except ReconcileError as exc:
-            return ChangeResult(
-                change,
-                Outcome.FAILED,
-                (
-                    StepResult(
-                        change.steps[0],
-                        False,
-                        0.0,
-                        f"reading the old interface: {exc}",
-                        unreachable=isinstance(exc, ServerUnavailable),
-                    ),
-                ),
-            )
+    context = context or _ChangeContext(source)
+    unread = _read_interface(control, change, context)
+    if unread is not None:
+        return ChangeResult(change, Outcome.FAILED, (unread,))
     results = _run(control, change.steps, timing, progress, context)
     if all(r.ok for r in results):
         return ChangeResult(change, Outcome.CONVERGED, tuple(results))
     failed = results[-1]
-    if failed.step.action is Action.DRAIN:
-        # Nothing was touched: the old versions serve as before. Not held; retried.
-        return ChangeResult(change, Outcome.FAILED, tuple(results))
-    if (failed.step.action is Action.UNLOAD and not failed.step.until_unavailable) or (
-        failed.unreachable
-    ):
-        # New versions are verified and serving (or the server is gone): nothing to put back;
-        # the next pass retries what is left.
+    if failed.step.on_failure is OnFailure.STOP or failed.failure is FailureKind.SERVER_LOST:
+        # Planned so: nothing to put back (a drain swapped nothing; only the old versions'
+        # unload is left). Or the server is gone: nothing can be put back. Not held.
         return ChangeResult(change, Outcome.FAILED, tuple(results))
     if failed.step.action in (Action.VERIFY, Action.ANALYZE):
         results[-1] = _blame_restart(control, change.model, failed)
     fault_point("apply.revert")
-    reverted = _run(control, change.revert, timing, progress, _ChangeContext(source), True)
+    again = _ChangeContext(source, hooks=context.hooks)
+    reverted = _run(control, change.revert, timing, progress, again, True)
     if not all(r.ok for r in reverted):
         outcome = Outcome.FAILED
-    elif failed.verdict == "interrupted":
+    elif failed.failure is FailureKind.INTERRUPTED:
         outcome = Outcome.INTERRUPTED
     else:
         outcome = Outcome.REVERTED
@@ -124,16 +133,16 @@ def apply_change(
 def _blame_restart(control: ModelControl, model: str, failed: StepResult) -> StepResult:
     """A verify or analysis that failed because the server lost the model meanwhile: no
     version at all in its index (a version that failed or was unloaded stays listed), which
-    is a restarted server (EXPLICIT mode starts empty). Marked like an unreachable server so
-    the spec is not held; the revert still puts the old versions back."""
+    is a restarted server (EXPLICIT mode starts empty). Marked as a lost server so the spec
+    is not held; the revert still puts the old versions back."""
     try:
         if control.model_state(model).versions:
             return failed
     except ReconcileError:
-        return replace(failed, unreachable=True)
+        return replace(failed, failure=FailureKind.SERVER_LOST)
     return replace(
         failed,
-        unreachable=True,
+        failure=FailureKind.SERVER_LOST,
         error=f"{failed.error}; server {failed.step.server} lost every version of {model} "
         "meanwhile (restarted?): not held, the next pass rolls out again",
     )

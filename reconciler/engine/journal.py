@@ -16,10 +16,9 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from reconciler.model.analysis import RolloutVerdict
 from reconciler.model.history import History, Hold
 from reconciler.model.plan import Action, ModelChange, Plan
-from reconciler.model.results import Progress, StepResult
+from reconciler.model.results import FailureKind, Progress, StepResult
 from reconciler.model.spec import DesiredState
 from reconciler.ports import StateStore
 
@@ -89,9 +88,9 @@ class Journal:
                 elif (
                     not result.ok
                     and result.step.action in _FORWARD
-                    and not result.unreachable  # transient: the next pass tries again
-                    and result.verdict != "interrupted"  # shutdown: put back, not held
-                    and result.verdict != RolloutVerdict.METRICS_UNAVAILABLE  # nothing known
+                    # Only a failure against the versions holds: a lost server, unreadable
+                    # metrics or a shutdown leave the next pass to try again.
+                    and result.failure is FailureKind.AGAINST_VERSIONS
                     and name not in held  # putting a hold's versions back: it stays as it is
                 ):
                     self.state.record_hold(self._hold(name, result))

@@ -1,5 +1,9 @@
-"""Staged rollouts: one stage of servers at a time, each stage analysed
-against the servers still on the old versions, step webhooks between stages.
+"""Staged rollouts: one stage of servers at a time, each stage analysed against the servers
+the plan names as its baseline, step webhooks between stages. Called by ``engine/apply.py``.
+
+Everything this module runs is planned: the stages, each stage's baseline servers
+(``RolloutPlan.baselines``), and the finish of a server found restarted after its stage
+passed (``ModelChange.restarted_finish``). It only observes which of them applies.
 """
 
 from __future__ import annotations
@@ -8,16 +12,21 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
-from reconciler.adapters.hooks import _post_json
 from reconciler.core.analysis import pooled
-from reconciler.core.triton_config import with_versions
-from reconciler.engine.change import _blame_restart, _run
+from reconciler.engine.change import _blame_restart, _read_interface, _run
 from reconciler.engine.steps import Timing, _ChangeContext
-from reconciler.model.analysis import Figures, RolloutVerdict
-from reconciler.model.errors import ReconcileError, ServerUnavailable, StepFailed
+from reconciler.model.analysis import Figures
+from reconciler.model.errors import ReconcileError, StepFailed
 from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
-from reconciler.model.results import ChangeResult, Outcome, Progress, StagedProgress, StepResult
-from reconciler.ports import FiguresSource, ModelControl
+from reconciler.model.results import (
+    ChangeResult,
+    FailureKind,
+    Outcome,
+    Progress,
+    StagedProgress,
+    StepResult,
+)
+from reconciler.ports import FiguresSource, ModelControl, StepHooks
 
 
 def _finishing(change: ModelChange) -> int:
@@ -45,6 +54,19 @@ class PooledFigures:
         return pooled(tuple(s.figures(model, versions, queries) for s in self.sources))
 
 
+@dataclass(frozen=True)
+class _Rollout:
+    """What every stage of one staged rollout runs with."""
+
+    plan: RolloutPlan
+    changes: Mapping[str, ModelChange]  # server -> its change
+    controls: Mapping[str, ModelControl]
+    timing: Timing
+    progress: Progress
+    metrics: Mapping[str, FiguresSource]
+    hooks: StepHooks
+
+
 def _staged(
     rollout: RolloutPlan,
     changes: Mapping[str, ModelChange],
@@ -53,181 +75,156 @@ def _staged(
     progress: Progress,
     metrics: Mapping[str, FiguresSource] | None,
     staged_progress: StagedProgress,
+    hooks: StepHooks,
 ) -> list[ChangeResult]:
     """Run one ModelDeployment's change stage by stage (preview, then each step): a stage's
     servers swap (at most max_parallel at once), verify and analyse; any failure, or a step
     webhook that says no, puts back every server touched so far. Old versions go only after
     the last stage passed."""
+    run = _Rollout(rollout, changes, controls, timing, progress, metrics or {}, hooks)
     done: dict[str, list[StepResult]] = {}
     contexts: dict[str, _ChangeContext] = {}
     failure: StepResult | None = None
-    for index, (stage, parallel) in enumerate(
-        zip(rollout.stages, rollout.max_parallel, strict=True)
-    ):
+    for index, stage in enumerate(rollout.stages):
         if timing.stopping():
             failure = StepResult(_hook_step(rollout, stage, "shutdown"), False, 0.0, "shutdown")
             break
-        hook = _call_hook(rollout, index, stage, "preStep", changes)
-        if hook is not None:
-            failure = hook
+        failure = _call_hook(run, index, "preStep")
+        if failure is not None:
             break
         # Recorded before the stage's servers are touched: if the reconciler stops now, the
         # next pass knows which servers may hold new versions beside old ones, and which of
         # them had passed their stage.
-        completed = tuple(sorted(done))
         started = {server: changes[server].serving for server in stage}
-        staged_progress(rollout, completed, started)
-
-        # The step's servers are compared with the production servers still on the old
-        # versions (those of later steps), as a canary with its baseline.
-        untouched = tuple(
-            source
-            for later, name in zip(
-                rollout.stages[index + 1 :], rollout.stage_names[index + 1 :], strict=True
-            )
-            if name not in ("preview", "resumed")
-            for server in later
-            if (source := (metrics or {}).get(server)) is not None
-        )
-        for server in stage:
-            context = contexts.setdefault(server, _ChangeContext((metrics or {}).get(server)))
-            context.baseline = PooledFigures(untouched) if untouched else None
-
-        def forward(server: str) -> list[StepResult]:
-            change = changes[server]
-            context = contexts[server]
-            if change.interface_baseline is not None:
-                try:
-                    context.interface = controls[server].interface(
-                        change.model, change.interface_baseline
-                    )
-                except ReconcileError as exc:
-                    return [
-                        StepResult(
-                            change.steps[0],
-                            False,
-                            0.0,
-                            f"reading the old interface: {exc}",
-                            unreachable=isinstance(exc, ServerUnavailable),
-                        )
-                    ]
-            forward_steps = change.steps[: _finishing(change)]
-            return _run(controls[server], forward_steps, timing, progress, context)
-
-        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-            for server, results in zip(stage, pool.map(forward, stage), strict=True):
-                if results and not results[-1].ok:
-                    if results[-1].step.action in (Action.VERIFY, Action.ANALYZE):
-                        results[-1] = _blame_restart(controls[server], rollout.model, results[-1])
-                    failure = failure or results[-1]
-                done[server] = results
+        staged_progress(rollout, tuple(sorted(done)), started)
+        failure = _run_stage(run, index, contexts, done)
         if failure is not None:
             break
-        hook = _call_hook(rollout, index, stage, "postStep", changes)
-        if hook is not None:
-            failure = hook
+        failure = _call_hook(run, index, "postStep")
+        if failure is not None:
             break
-    outcome: list[ChangeResult] = []
     if failure is not None:
-        # Every server touched so far goes back; the others were never touched.
-        where = failure.step.server
-        cause = StepResult(
-            Step("", rollout.model, Action.ROLLOUT, (), "the rollout failed"),
-            False,
-            0.0,
-            f"rollout of {rollout.deployment} stopped ({where}): {failure.error}",
-            # A server that went away or restarted, or metrics that could not be read, tell
-            # nothing against the versions: every server taken back says so, so that no
-            # hold is kept and the next pass rolls out again.
-            unreachable=failure.unreachable,
-            verdict=(
-                failure.verdict if failure.verdict is RolloutVerdict.METRICS_UNAVAILABLE else None
-            ),
+        return _take_back(run, failure, done)
+    return [_finish(run, server, done[server], contexts[server]) for server in sorted(changes)]
+
+
+def _run_stage(
+    run: _Rollout,
+    index: int,
+    contexts: dict[str, _ChangeContext],
+    done: dict[str, list[StepResult]],
+) -> StepResult | None:
+    """Run one stage's forward steps on its servers; the first failure, if any."""
+    stage = run.plan.stages[index]
+    # The step's servers are compared with the servers the plan chose as this stage's
+    # baseline (production servers still on the old versions), as a canary with its baseline.
+    pool = tuple(
+        source
+        for server in (run.plan.baselines[index] if run.plan.baselines else ())
+        if (source := run.metrics.get(server)) is not None
+    )
+    for server in stage:
+        context = contexts.setdefault(
+            server, _ChangeContext(run.metrics.get(server), hooks=run.hooks)
         )
-        for server, change in sorted(changes.items()):
-            mine = replace(cause, step=replace(cause.step, server=server))
-            if server not in done:
-                outcome.append(ChangeResult(change, Outcome.SKIPPED, (mine,)))
-                continue
-            steps = list(done[server])
-            if all(r.ok for r in steps):
-                steps.append(mine)
-            reverted = _run(
-                controls[server], change.revert, timing, progress, _ChangeContext(), True
-            )
-            result = Outcome.REVERTED if all(r.ok for r in reverted) else Outcome.FAILED
-            outcome.append(ChangeResult(change, result, tuple(steps), tuple(reverted)))
-        return outcome
-    for server, change in sorted(changes.items()):
-        finish = _after_restart(controls[server], change) or change.steps[_finishing(change) :]
-        finished = _run(controls[server], finish, timing, progress, contexts[server])
-        every = (*done[server], *finished)
-        ok = all(r.ok for r in every)
-        outcome.append(ChangeResult(change, Outcome.CONVERGED if ok else Outcome.FAILED, every))
+        context.baseline = PooledFigures(pool) if pool else None
+
+    def forward(server: str) -> list[StepResult]:
+        change = run.changes[server]
+        unread = _read_interface(run.controls[server], change, contexts[server])
+        if unread is not None:
+            return [unread]
+        forward_steps = change.steps[: _finishing(change)]
+        return _run(run.controls[server], forward_steps, run.timing, run.progress, contexts[server])
+
+    failure: StepResult | None = None
+    with ThreadPoolExecutor(max_workers=max(1, run.plan.max_parallel[index])) as workers:
+        for server, results in zip(stage, workers.map(forward, stage), strict=True):
+            if results and not results[-1].ok:
+                if results[-1].step.action in (Action.VERIFY, Action.ANALYZE):
+                    results[-1] = _blame_restart(run.controls[server], run.plan.model, results[-1])
+                failure = failure or results[-1]
+            done[server] = results
+    return failure
+
+
+def _take_back(
+    run: _Rollout, failure: StepResult, done: Mapping[str, list[StepResult]]
+) -> list[ChangeResult]:
+    """Every server touched so far goes back; the others were never touched."""
+    rollout = run.plan
+    cause = StepResult(
+        Step("", rollout.model, Action.ROLLOUT, (), "the rollout failed"),
+        False,
+        0.0,
+        f"rollout of {rollout.deployment} stopped ({failure.step.server}): {failure.error}",
+        # A server that went away or restarted, or metrics that could not be read, tell
+        # nothing against the versions: every server taken back says so, so that no hold
+        # is kept and the next pass rolls out again. Anything else stopped the rollout
+        # against its versions.
+        failure=(
+            failure.failure
+            if failure.failure in (FailureKind.SERVER_LOST, FailureKind.METRICS_UNAVAILABLE)
+            else FailureKind.AGAINST_VERSIONS
+        ),
+    )
+    outcome: list[ChangeResult] = []
+    for server, change in sorted(run.changes.items()):
+        mine = replace(cause, step=replace(cause.step, server=server))
+        if server not in done:
+            outcome.append(ChangeResult(change, Outcome.SKIPPED, (mine,)))
+            continue
+        steps = list(done[server])
+        if all(r.ok for r in steps):
+            steps.append(mine)
+        again = _ChangeContext(hooks=run.hooks)
+        reverted = _run(run.controls[server], change.revert, run.timing, run.progress, again, True)
+        result = Outcome.REVERTED if all(r.ok for r in reverted) else Outcome.FAILED
+        outcome.append(ChangeResult(change, result, tuple(steps), tuple(reverted)))
     return outcome
 
 
-def _after_restart(control: ModelControl, change: ModelChange) -> tuple[Step, ...] | None:
-    """The end of a passed rollout on a server that lost every version of the model since
-    its stage passed (restarted: EXPLICIT mode starts empty): load and verify the desired
-    versions again, saying why. They passed their verify and analysis on this server before
-    the restart, and every later stage passed since, so they are what it must serve; the
-    planned finish would load them without a word, or, with no old version to drop, leave
-    the server empty. None when the server still lists the model, or does not answer (the
-    planned finish then fails as unreachable: not held, the next pass rolls out there)."""
+def _finish(
+    run: _Rollout, server: str, forward: list[StepResult], context: _ChangeContext
+) -> ChangeResult:
+    """The end of a passed rollout on one server: the planned finish (the old versions'
+    unload), or the finish planned for a server that restarted since its stage passed."""
+    change = run.changes[server]
+    control = run.controls[server]
+    if change.restarted_finish and _lost_every_version(control, change.model):
+        finish = change.restarted_finish
+    else:
+        finish = change.steps[_finishing(change) :]
+    finished = _run(control, finish, run.timing, run.progress, context)
+    every = (*forward, *finished)
+    ok = all(r.ok for r in every)
+    return ChangeResult(change, Outcome.CONVERGED if ok else Outcome.FAILED, every)
+
+
+def _lost_every_version(control: ModelControl, model: str) -> bool:
+    """The server lists no version of the model at all: it restarted (EXPLICIT mode starts
+    empty). False when it does not answer: the planned finish then fails as a lost server
+    (not held, the next pass rolls out there)."""
     try:
-        if control.model_state(change.model).versions:
-            return None
+        return not control.model_state(model).versions
     except ReconcileError:
-        return None
-    config = next((s.config for s in change.steps if s.config is not None), None)
-    if config is None:
-        return None
-    versions = ", ".join(map(str, change.desired))
-    lost = (
-        f"server {change.server} lost every version of {change.model} after its stage "
-        "passed (restarted?)"
-    )
-    verify = next((s for s in change.steps if s.action is Action.VERIFY), None)
-    return (
-        Step(
-            change.server,
-            change.model,
-            Action.LOAD,
-            change.desired,
-            f"{lost}: load {versions} again, which the rollout passed with",
-            config=with_versions(config, change.model, change.desired),
-        ),
-        replace(
-            verify or Step(change.server, change.model, Action.VERIFY, (), ""),
-            versions=change.desired,
-            reason=f"{lost}: {versions} READY again",
-            # The old versions are gone from this server: nothing to compare with there.
-            interface_check=False,
-            shadow=None,
-            shadow_against=None,
-        ),
-    )
+        return False
 
 
 def _hook_step(rollout: RolloutPlan, stage: tuple[str, ...], what: str) -> Step:
     return Step(stage[0], rollout.model, Action.ROLLOUT, (), what)
 
 
-def _call_hook(
-    rollout: RolloutPlan,
-    index: int,
-    stage: tuple[str, ...],
-    which: str,
-    changes: Mapping[str, ModelChange],
-) -> StepResult | None:
+def _call_hook(run: _Rollout, index: int, which: str) -> StepResult | None:
     """Call a step webhook; a StepResult describing the refusal, or None when it agreed."""
+    rollout = run.plan
     url = rollout.pre_step if which == "preStep" else rollout.post_step
     if url is None:
         return None
-    change = changes[stage[0]]
+    stage = rollout.stages[index]
+    change = run.changes[stage[0]]
     try:
-        _post_json(
+        run.hooks.call_webhook(
             url,
             {
                 "deployment": rollout.deployment,
@@ -241,7 +238,7 @@ def _call_hook(
         )
     except StepFailed as exc:
         step = _hook_step(rollout, stage, f"{rollout.stage_names[index]} webhook")
-        return StepResult(step, False, 0.0, f"step webhook refused: {exc}")
+        return StepResult(step, False, 0.0, f"step webhook refused: {exc}", failure=exc.failure)
     return None
 
 

@@ -1,24 +1,36 @@
 """One step at a time: load, verify (readiness, smoke cases, interface,
-shadow), drain, analyze, unload, library replacement.
+shadow), drain, analyze, unload, library replacement. ``EXECUTORS`` maps each planned Action to
+the function that carries it out; ``execute_step`` dispatches through it. Called by
+``engine/change.py`` and ``engine/staged.py``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-from reconciler.adapters.hooks import _post_json, _replace_library
-from reconciler.core.analysis import baseline_from, evaluate, judge
+from reconciler.core.analysis import baseline_from, concluded, evaluate
 from reconciler.core.smoke import mismatches
 from reconciler.faults import fault_point
 from reconciler.model.analysis import Evaluation, RolloutVerdict
-from reconciler.model.errors import AnalysisFailed, DrainTimeout, Interrupted, VerifyFailed
+from reconciler.model.errors import (
+    AnalysisFailed,
+    DrainTimeout,
+    Interrupted,
+    MetricsUnavailable,
+    ReconcileError,
+    StepFailed,
+    UnloadFailed,
+    VerifyFailed,
+)
 from reconciler.model.plan import Action, Step
+from reconciler.model.results import FailureKind
 from reconciler.model.serving import ModelInterface, ModelState, interface_difference
-from reconciler.ports import FiguresSource, ModelControl
+from reconciler.ports import FiguresSource, ModelControl, StepHooks
 
 
 def _never() -> bool:
@@ -58,6 +70,19 @@ def _wait_for(
         timing.sleep(timing.poll_interval)
 
 
+class NoStepHooks:
+    """The hooks of an executor that was given none: a step that needs a webhook or a
+    replaceLibrary command fails, saying so (a plan without them never calls these)."""
+
+    def call_webhook(self, url: str, payload: Mapping[str, Any]) -> None:
+        raise StepFailed(f"no step hooks were given to apply: cannot call the {url} webhook")
+
+    def replace_library(self, step: Step) -> None:
+        raise StepFailed(
+            f"no step hooks were given to apply: cannot replace {step.model}'s library"
+        )
+
+
 @dataclass
 class _ChangeContext:
     """What one change's steps share while it runs."""
@@ -65,14 +90,19 @@ class _ChangeContext:
     source: FiguresSource | None = None
     interface: ModelInterface | None = None  # the old versions' inputs and outputs
     footprint: float | None = None
-    # Where the analysis reads the old versions' figures: the servers a staged rollout has
-    # not reached yet, when there are some; else (None) this server's own old versions.
+    # Where the analysis reads the old versions' figures: the servers the plan names as the
+    # stage's baseline (RolloutPlan.baselines), when there are some; else (None) this
+    # server's own old versions.
     baseline: FiguresSource | None = None
+    hooks: StepHooks = field(default_factory=NoStepHooks)  # webhooks, replaceLibrary
 
 
-def _verify(
-    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext | None = None
-) -> None:
+# What a step's executor returns: an analyze step's evaluations and verdict, else nothing.
+StepDone = tuple[tuple[Evaluation, ...], RolloutVerdict | None]
+_NOTHING: StepDone = ((), None)
+
+
+def _verify(control: ModelControl, step: Step, timing: Timing, context: _ChangeContext) -> StepDone:
     fault_point("apply.verify")
     wanted = set(step.versions)
 
@@ -96,8 +126,8 @@ def _verify(
             if wrong:
                 raise VerifyFailed(f"smoke {case.name} on version {version}: {'; '.join(wrong)}")
     if step.shadow is not None and step.shadow_against is not None:
-        _shadow(control, step, timing, context)
-    if step.interface_check and context is not None and context.interface is not None:
+        _shadow(control, step, timing)
+    if step.interface_check and context.interface is not None:
         for version in step.smoke_versions:
             changed = interface_difference(
                 context.interface, control.interface(step.model, version)
@@ -107,10 +137,23 @@ def _verify(
                     f"version {version} changes the model's interface: {'; '.join(changed)} "
                     "(set spec.allowInterfaceChange: true to accept)"
                 )
+    return _NOTHING
 
 
-def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
+def _unload(control: ModelControl, step: Step, timing: Timing, context: _ChangeContext) -> StepDone:
     fault_point("apply.unload")
+    try:
+        _drop(control, step, timing)
+    except ReconcileError as exc:
+        if exc.failure is FailureKind.AGAINST_VERSIONS:
+            # A refused unload, or versions that did not go in time, say nothing against the
+            # versions: an unload failure (the next pass retries), with the same message.
+            raise UnloadFailed(str(exc)) from exc
+        raise
+    return _NOTHING
+
+
+def _drop(control: ModelControl, step: Step, timing: Timing) -> None:
     if step.versions:
         assert step.config is not None
         control.load(step.model, step.config)
@@ -128,9 +171,7 @@ def _unload(control: ModelControl, step: Step, timing: Timing) -> None:
     _wait_for(control, step, gone, lambda _: None, timing.unload_wait, timing)
 
 
-def _shadow(
-    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext | None
-) -> None:
+def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
     """Replay the recorded requests, version-pinned, on the old version and each new one;
     compare outputs (within the tolerance) and mean latencies."""
     shadow, old = step.shadow, step.shadow_against
@@ -177,13 +218,13 @@ def _shadow(
                 )
 
 
-def _drain(step: Step, timing: Timing, context: _ChangeContext) -> None:
+def _drain(control: ModelControl, step: Step, timing: Timing, context: _ChangeContext) -> StepDone:
     """Wait until the model is idle here: no pending request and no new inference for the
     idle window. Nothing is swapped on timeout: the old versions keep serving."""
     policy = step.drain
     assert policy is not None
     if policy.drain_webhook:
-        _post_json(
+        context.hooks.call_webhook(
             policy.drain_webhook,
             {"event": "drain", "server": step.server, "model": step.model,
              "versions": list(step.versions)},
@@ -200,7 +241,7 @@ def _drain(step: Step, timing: Timing, context: _ChangeContext) -> None:
         if idle and figures.inferences == last:
             quiet_since = now if quiet_since is None else quiet_since
             if now - quiet_since >= policy.idle:
-                return
+                return _NOTHING
         else:
             quiet_since = now if idle else None
         last = figures.inferences
@@ -214,12 +255,9 @@ def _drain(step: Step, timing: Timing, context: _ChangeContext) -> None:
 
 
 def _analyze(
-    control: ModelControl,
-    step: Step,
-    timing: Timing,
-    source: FiguresSource | None,
-    baseline_source: FiguresSource | None = None,
-) -> tuple[tuple[Evaluation, ...], RolloutVerdict]:
+    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext
+) -> StepDone:
+    source, baseline_source = context.source, context.baseline
     spec = step.analysis
     assert spec is not None
     if source is None:
@@ -242,7 +280,6 @@ def _analyze(
                 f"server {step.server}: analysis of {step.model} interrupted by shutdown after "
                 f"{len(evaluations)} evaluation(s); the old versions serve again",
                 tuple(evaluations),
-                "interrupted",
             )
         current = source.figures(step.model, step.versions, queries)
         unreadable = unreadable or current.error is not None
@@ -254,36 +291,44 @@ def _analyze(
         evaluations.append(evaluate(spec, len(evaluations), elapsed, previous, current, baseline))
         previous = current
         fault_point("apply.analysis")
-        verdict = judge(spec, tuple(evaluations), elapsed)
+        verdict = concluded(spec, tuple(evaluations), elapsed, unreadable)
         if verdict is RolloutVerdict.PASSED:
             return tuple(evaluations), verdict
-        if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
-            raise AnalysisFailed(
-                f"server {step.server}: analysis of {step.model} version(s) "
-                f"{', '.join(map(str, step.versions))} inconclusive: metrics unavailable "
-                f"({current.error or previous.error or 'a reading failed'}); the old versions "
-                "serve again, not held: the next pass analyses again",
-                tuple(evaluations),
-                RolloutVerdict.METRICS_UNAVAILABLE,
-            )
         if verdict is not RolloutVerdict.RUNNING:
-            last = evaluations[-1]
-            why = (
-                "; ".join(str(r) for r in last.failed)
-                if verdict is RolloutVerdict.FAILED
-                else "no evaluation counted in "
-                f"{spec.duration:g}s (last: {'; '.join(str(r) for r in last.results)})"
-            )
-            raise AnalysisFailed(
-                f"server {step.server}: analysis of {step.model} version(s) "
-                f"{', '.join(map(str, step.versions))} {verdict} after "
-                f"{len(evaluations)} evaluation(s): {why}",
-                tuple(evaluations),
-                verdict,
-            )
+            raise _analysis_failed(step, verdict, tuple(evaluations), current.error)
 
 
-def _load(control: ModelControl, step: Step, context: _ChangeContext) -> None:
+def _analysis_failed(
+    step: Step, verdict: RolloutVerdict, evaluations: tuple[Evaluation, ...], error: str | None
+) -> AnalysisFailed:
+    """The error an analysis ends with; ``error`` is the last reading's, if it failed."""
+    spec = step.analysis
+    assert spec is not None
+    versions = ", ".join(map(str, step.versions))
+    if verdict is RolloutVerdict.METRICS_UNAVAILABLE:
+        return MetricsUnavailable(
+            f"server {step.server}: analysis of {step.model} version(s) {versions} "
+            f"inconclusive: metrics unavailable ({error or 'a reading failed'}); the old "
+            "versions serve again, not held: the next pass analyses again",
+            evaluations,
+            verdict,
+        )
+    last = evaluations[-1]
+    why = (
+        "; ".join(str(r) for r in last.failed)
+        if verdict is RolloutVerdict.FAILED
+        else "no evaluation counted in "
+        f"{spec.duration:g}s (last: {'; '.join(str(r) for r in last.results)})"
+    )
+    return AnalysisFailed(
+        f"server {step.server}: analysis of {step.model} version(s) {versions} {verdict} "
+        f"after {len(evaluations)} evaluation(s): {why}",
+        evaluations,
+        verdict,
+    )
+
+
+def _load(control: ModelControl, step: Step, timing: Timing, context: _ChangeContext) -> StepDone:
     assert step.config is not None
     source = context.source
     before = source.figures(step.model, ()) if source is not None else None
@@ -296,30 +341,34 @@ def _load(control: ModelControl, step: Step, context: _ChangeContext) -> None:
         after = source.figures(step.model, ())
         if after.memory_bytes is not None and len(step.versions) > 0:
             context.footprint = max(0.0, after.memory_bytes - before.memory_bytes)
+    return _NOTHING
+
+
+def _replace_library(
+    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext
+) -> StepDone:
+    context.hooks.replace_library(step)
+    return _NOTHING
+
+
+Executor = Callable[[ModelControl, Step, Timing, _ChangeContext], StepDone]
+
+# Every Action a plan holds, and what carries it out. ROLLOUT is never planned (results only).
+EXECUTORS: Mapping[Action, Executor] = {
+    Action.DRAIN: _drain,
+    Action.UNLOAD: _unload,
+    Action.REPLACE_LIBRARY: _replace_library,
+    Action.LOAD: _load,
+    Action.VERIFY: _verify,
+    Action.ANALYZE: _analyze,
+}
 
 
 def execute_step(
-    control: ModelControl,
-    step: Step,
-    timing: Timing,
-    source: FiguresSource | None = None,
-    context: _ChangeContext | None = None,
-) -> tuple[tuple[Evaluation, ...], RolloutVerdict | None]:
+    control: ModelControl, step: Step, timing: Timing, context: _ChangeContext
+) -> StepDone:
     """Carry out one step; raise a ReconcileError subclass when it fails.
 
     Returns the evaluations and verdict of an analyze step, nothing for the others.
     """
-    context = context or _ChangeContext(source)
-    if step.action is Action.LOAD:
-        _load(control, step, context)
-    elif step.action is Action.VERIFY:
-        _verify(control, step, timing, context)
-    elif step.action is Action.ANALYZE:
-        return _analyze(control, step, timing, context.source, context.baseline)
-    elif step.action is Action.DRAIN:
-        _drain(step, timing, context)
-    elif step.action is Action.REPLACE_LIBRARY:
-        _replace_library(step)
-    else:
-        _unload(control, step, timing)
-    return (), None
+    return EXECUTORS[step.action](control, step, timing, context)

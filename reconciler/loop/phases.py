@@ -312,6 +312,7 @@ def apply(
         staged_progress=lambda rollout, completed, started: state.record_stage(
             rollout.deployment, rollout.fingerprint, revision, completed, started
         ),
+        hooks=run.ports.step_hooks,
     )
     return Applied(result, journal, before)
 

@@ -24,7 +24,7 @@ class RolloutVerdict(StrEnum):
     FAILED = "failed"
     INCONCLUSIVE = "inconclusive"
     # Inconclusive because the metrics source could not be read (Prometheus down): the old
-    # versions serve again but the spec is not held. Set by apply, never by ``judge``.
+    # versions serve again but the spec is not held. Set by ``concluded``, never by ``judge``.
     METRICS_UNAVAILABLE = "metrics-unavailable"
 
 

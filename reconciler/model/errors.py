@@ -11,25 +11,36 @@
         ├── LoadFailed                 Triton refused or failed the load (its own message)
         ├── VerifyFailed               a version did not become READY or a smoke case failed
         ├── AnalysisFailed             the new versions' metrics failed the analysis
+        │   ├── MetricsUnavailable     inconclusive: the metrics could not be read (not held)
         │   └── Interrupted            shutdown came during the analysis (put back, not held)
         ├── UnloadFailed               dropping old versions failed (new ones serve already)
         └── DrainTimeout               a model did not go idle: not swapped, old ones serve
 
 Library exceptions (GitPython, tritonclient, ruamel.yaml) are re-raised as these at the
 adapter boundary, ``raise ServerUnavailable(...) from exc``.
+
+What a failed step means is carried by its error's class, as kopf's PermanentError and
+TemporaryError do: ``failure`` is the ``FailureKind`` the executor records where it catches
+the error. By default a step's error counts against the versions (the spec is held);
+ServerUnavailable, MetricsUnavailable and UnloadFailed are transient (the next pass tries
+again), Interrupted is a shutdown, DrainTimeout swapped nothing.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
+from reconciler.model.results import FailureKind
 from reconciler.model.source import CommitVerdict
 
 
 class ReconcileError(Exception):
     """Base of the reconciler's own errors."""
+
+    # What a step that failed with this error says (see the module docstring).
+    failure: ClassVar[FailureKind] = FailureKind.AGAINST_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,8 @@ class SourceUnavailable(ReconcileError):
 
 class ServerUnavailable(ReconcileError):
     """A Triton server did not answer."""
+
+    failure = FailureKind.SERVER_LOST
 
     def __init__(self, server: str, message: str) -> None:
         self.server = server
@@ -88,16 +101,33 @@ class AnalysisFailed(StepFailed):
         self.verdict = verdict
 
 
+class MetricsUnavailable(AnalysisFailed):
+    """The analysis ended inconclusive because its metrics could not be read: the old
+    versions go back, the spec is not held (nothing is known against the new ones)."""
+
+    failure = FailureKind.METRICS_UNAVAILABLE
+
+
 class Interrupted(AnalysisFailed):
     """Shutdown began during an analysis; the old versions go back, the spec is not held."""
 
+    failure = FailureKind.INTERRUPTED
+
+    def __init__(self, message: str, evaluations: tuple[Any, ...]) -> None:
+        # "interrupted" is what the rollout record shows as the analysis' verdict.
+        super().__init__(message, evaluations, "interrupted")
+
 
 class UnloadFailed(StepFailed):
-    pass
+    """An unload did not go through (refused, or the versions did not go in time)."""
+
+    failure = FailureKind.UNLOAD_FAILED
 
 
 class DrainTimeout(StepFailed):
     """A model did not go idle on a server in time; nothing was swapped there."""
+
+    failure = FailureKind.NOT_SWAPPED
 
 
 class DiscoveryFailed(ReconcileError):

@@ -26,6 +26,17 @@ class Action(StrEnum):
     ROLLOUT = "rollout"
 
 
+class OnFailure(StrEnum):
+    """What the change does when this step fails: planned, so apply only reads it."""
+
+    # Put the model back as it served before the change (its ``revert`` steps).
+    REVERT = "revert"
+    # Stop the change where it is, nothing put back: the old versions still serve (a drain
+    # that timed out touched nothing), or the new ones do (only the old versions' unload is
+    # left; the next pass retries it).
+    STOP = "stop"
+
+
 @dataclass(frozen=True)
 class Step:
     server: str
@@ -49,6 +60,7 @@ class Step:
     shadow_against: int | None = None  # verify: the old version the replay compares with
     until_unavailable: bool = False  # unload: wait until the model is fully gone
     dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
+    on_failure: OnFailure = OnFailure.REVERT
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,10 @@ class ModelChange:
     # Changes with the same key never run at once (one server of a pool at a time).
     exclusive: str | None = None
     interface_baseline: int | None = None  # the old version whose interface new ones keep
+    # A staged rollout's change only: the finish to run instead of the planned one (the steps
+    # after the stages) when the server is found to have lost every version of the model
+    # after its stage passed (restarted: EXPLICIT mode starts empty). Empty: none planned.
+    restarted_finish: tuple[Step, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,10 @@ class RolloutPlan:
     max_parallel: tuple[int, ...]  # per stage
     pre_step: str | None = None
     post_step: str | None = None
+    # Per stage: the servers whose old versions pool into the stage's latency baseline (the
+    # production servers of later stages, still on the old versions, as a canary's baseline).
+    # Empty for a stage: each server compares with its own old versions.
+    baselines: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)

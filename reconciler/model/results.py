@@ -20,18 +20,52 @@ class Outcome(StrEnum):
     INTERRUPTED = "interrupted"  # shutdown during its analysis: put back, not held
 
 
+class FailureKind(StrEnum):
+    """What a failed step says, decided once where its error is caught (from the error's
+    class, ``model/errors.py``): whether the spec is held or the next pass tries again."""
+
+    # The new versions (or config, or library) failed: put back, and the spec is held.
+    AGAINST_VERSIONS = "against-versions"
+    # The server did not answer, or restarted and lost the model meanwhile: nothing is known
+    # against the versions. Not held; the server's other changes are skipped this pass.
+    SERVER_LOST = "server-lost"
+    # The analysis could not read its metrics (Prometheus down): put back, not held.
+    METRICS_UNAVAILABLE = "metrics-unavailable"
+    # Shutdown came during the analysis: put back, not held.
+    INTERRUPTED = "interrupted"
+    # A drain that timed out: nothing was swapped, the old versions serve as before.
+    NOT_SWAPPED = "not-swapped"
+    # An unload did not go through: the next pass retries it.
+    UNLOAD_FAILED = "unload-failed"
+
+    @property
+    def transient(self) -> bool:
+        """It tells nothing against the versions: no hold, the next pass tries again."""
+        return self in _TRANSIENT
+
+
+_TRANSIENT = frozenset(
+    {FailureKind.SERVER_LOST, FailureKind.METRICS_UNAVAILABLE, FailureKind.UNLOAD_FAILED}
+)
+
+
 @dataclass(frozen=True)
 class StepResult:
     step: Step
     ok: bool
     seconds: float
     error: str | None = None
-    unreachable: bool = False  # the step failed because the server did not answer
+    failure: FailureKind | None = None  # why it failed (None when it did not)
     reverting: bool = False  # the step belongs to a change's revert
     ended_at: float = 0.0  # the injected clock when the step ended
     evaluations: tuple[Evaluation, ...] = ()  # analyze: every evaluation made
     verdict: RolloutVerdict | None = None  # analyze: how it ended
     footprint: float | None = None  # load beside old: server memory added per new version
+
+    @property
+    def unreachable(self) -> bool:
+        """The step failed because the server did not answer (or restarted)."""
+        return self.failure is FailureKind.SERVER_LOST
 
 
 @dataclass(frozen=True)
@@ -47,6 +81,12 @@ class ChangeResult:
             if result.error:
                 return result.error
         return None
+
+    @property
+    def failure(self) -> FailureKind | None:
+        """Why the change's forward steps failed: its failed step's kind (there is at most
+        one: a change stops at its first failure), None when none failed."""
+        return next((r.failure for r in self.steps if not r.ok), None)
 
     @property
     def analysis(self) -> StepResult | None:

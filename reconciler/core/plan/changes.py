@@ -1,17 +1,18 @@
 """One model on one server: the change that brings what it serves to
-what its ModelDeployment declares (load beside, verify, analyze, unload), its revert steps,
-and the problems that stop it.
+what its ModelDeployment declares (load beside, verify, analyze, unload; or swap in place),
+its revert steps, its failure policy (``Step.on_failure``), and the problems that stop it.
+Called by ``core/plan/planner.py`` and ``core/plan/held.py``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reconciler.core.triton_config import config_drift, is_complete, merge, with_versions
-from reconciler.model.history import History, Hold
-from reconciler.model.plan import Action, ModelChange, PlanProblem, Step
+from reconciler.model.history import History
+from reconciler.model.plan import Action, ModelChange, OnFailure, PlanProblem, Step
 from reconciler.model.serving import ModelState, ServerState
 from reconciler.model.spec import BackendSpec, ModelDeployment, SequencePolicy
 
@@ -85,16 +86,12 @@ def _digest_problem(
     )
 
 
-def _plan_model(
-    server: str,
-    deployment: ModelDeployment,
-    observed: ServerState,
-    history: History | None = None,
-) -> ModelChange | PlanProblem | None:
-    history = history or History()
-    model = observed.model(deployment.model)
+def _refusal(
+    server: str, deployment: ModelDeployment, observed: ServerState, model: ModelState
+) -> PlanProblem | None:
+    """Why the model cannot be planned here at all: versions the repository lacks, a model
+    the repository does not hold, an artifact changed under a released version."""
     desired = frozenset(deployment.versions)
-    ready = model.ready
     if model.repository_versions is not None:
         missing = desired - model.repository_versions
         if missing:
@@ -106,12 +103,47 @@ def _plan_model(
             )
     elif observed.in_repository and deployment.model not in observed.in_repository:
         return PlanProblem(server, deployment.model, "model not in the server's model repository")
-    digest_problem = _digest_problem(server, deployment, model)
-    if digest_problem is not None:
-        return digest_problem
+    return _digest_problem(server, deployment, model)
+
+
+@dataclass(frozen=True)
+class _Delta:
+    """What one model on one server must go through, as read once: planned from."""
+
+    server: str
+    deployment: ModelDeployment
+    ready: frozenset[int]
+    desired: frozenset[int]
+    drift: tuple[str, ...]  # top-level spec.config keys the loaded config does not match
+    target: Mapping[str, Any]  # the whole config to run with
+    sequence: SequencePolicy | None  # how to drain it, when it is a sequence model
+    revert: tuple[Step, ...]
+
+    @property
+    def new(self) -> frozenset[int]:
+        return self.desired - self.ready
+
+    @property
+    def old(self) -> frozenset[int]:
+        return self.ready - self.desired
+
+
+def _plan_model(
+    server: str,
+    deployment: ModelDeployment,
+    observed: ServerState,
+    history: History | None = None,
+) -> ModelChange | PlanProblem | None:
+    history = history or History()
+    model = observed.model(deployment.model)
+    refusal = _refusal(server, deployment, observed, model)
+    if refusal is not None:
+        return refusal
     base, why_not = _base_config(model, deployment)
     if base is None:
         return PlanProblem(server, deployment.model, why_not or "no base config")
+    ready = model.ready
+    desired = frozenset(deployment.versions)
     drift = (
         config_drift(deployment.config, model.loaded_config)
         if ready and model.loaded_config is not None
@@ -124,137 +156,167 @@ def _plan_model(
         and applied_backend != deployment.backend.revision
         and bool(ready)
     )
-    new = desired - ready
-    old = ready - desired
-    if not new and not old and not drift and not backend_change:
+    if desired == ready and not drift and not backend_change:
         return None
     target = merge(base, deployment.config)
-    sequence = _sequence_policy(deployment, target)
-    revert = _revert_steps(server, deployment.model, model, ready)
+    delta = _Delta(
+        server,
+        deployment,
+        ready,
+        desired,
+        tuple(drift),
+        target,
+        _sequence_policy(deployment, target),
+        _revert_steps(server, deployment.model, model, ready),
+    )
     if backend_change:
         assert deployment.backend is not None
-        return _swap_in_place(
+        backend = deployment.backend
+        why = f"backend {backend.name} {applied_backend} -> {backend.revision}"
+        drain = delta.sequence or SequencePolicy(idle=2.0)
+        return _swap_in_place(server, deployment, target, ready, drain, why, backend, delta.revert)
+    room = _no_room_beside(delta, observed, history)
+    if room is None:
+        return _change_beside(delta)
+    if deployment.when_no_headroom != "replace":
+        return PlanProblem(
             server,
-            deployment,
-            target,
-            ready,
-            sequence or SequencePolicy(idle=2.0),
-            f"backend {deployment.backend.name} {applied_backend} -> {deployment.backend.revision}",
-            deployment.backend,
-            revert,
+            deployment.model,
+            f"no memory headroom: {room}; the old versions keep serving "
+            "(rollout.whenNoHeadroom: replace swaps instead, one server at a time)",
+            "no-headroom",
         )
-    if new and ready:
-        needed_each = deployment.memory_per_version or history.footprints.get(
-            (server, deployment.model)
-        )
-        if needed_each is not None and observed.memory_free is not None:
-            needed = needed_each * len(new)
-            if needed > observed.memory_free:
-                room = (
-                    f"{len(new)} new version(s) need {needed / 2**20:.0f} MiB beside the old, "
-                    f"{observed.memory_free / 2**20:.0f} MiB free"
-                )
-                if deployment.when_no_headroom != "replace":
-                    return PlanProblem(
-                        server,
-                        deployment.model,
-                        f"no memory headroom: {room}; the old versions keep serving "
-                        "(rollout.whenNoHeadroom: replace swaps instead, one server at a time)",
-                        "no-headroom",
-                    )
-                return _swap_in_place(
-                    server,
-                    deployment,
-                    target,
-                    ready,
-                    sequence,
-                    f"no room beside the old ({room})",
-                    None,
-                    revert,
-                )
+    why = f"no room beside the old ({room})"
+    return _swap_in_place(
+        server, deployment, target, ready, delta.sequence, why, None, delta.revert
+    )
+
+
+def _no_room_beside(delta: _Delta, observed: ServerState, history: History) -> str | None:
+    """Why the new versions cannot load beside the old (memory), or None when they can or
+    nothing tells (no footprint known, no free memory reported)."""
+    if not (delta.new and delta.ready):
+        return None
+    deployment = delta.deployment
+    needed_each = deployment.memory_per_version or history.footprints.get(
+        (delta.server, deployment.model)
+    )
+    if needed_each is None or observed.memory_free is None:
+        return None
+    needed = needed_each * len(delta.new)
+    if needed <= observed.memory_free:
+        return None
+    return (
+        f"{len(delta.new)} new version(s) need {needed / 2**20:.0f} MiB beside the old, "
+        f"{observed.memory_free / 2**20:.0f} MiB free"
+    )
+
+
+def _change_beside(delta: _Delta) -> ModelChange:
+    """Load the new versions beside the old (which keep serving), verify and analyse them,
+    then drop the old ones."""
+    server, deployment, ready = delta.server, delta.deployment, delta.ready
+    changing = bool(delta.new or delta.drift)
     steps: list[Step] = []
-    if (new or drift) and ready and sequence is not None:
-        steps.append(_drain_step(server, deployment.model, ready, sequence))
-    if new or drift:
-        why = []
-        if new:
-            why.append(f"serve new version(s) {', '.join(map(str, sorted(new)))}")
-        if drift:
-            why.append(f"config changed ({', '.join(drift)})")
-        if ready:
-            why.append(f"beside {', '.join(map(str, sorted(ready)))} which keep serving")
-        loading = ready | desired
-        steps.append(
-            Step(
-                server,
-                deployment.model,
-                Action.LOAD,
-                _versions(loading),
-                "; ".join(why),
-                config=with_versions(target, deployment.model, loading),
-            )
-        )
-        old_serving = ready - desired
-        steps.append(
-            _verify_step(
-                server,
-                deployment,
-                desired,
-                desired if drift else new,
-                bool(ready),
-                max(old_serving) if old_serving and new else None,
-            )
-        )
-    if deployment.analysis is not None and (new or drift):
-        watched = desired if drift else new
-        spec = deployment.analysis
-        note = ""
-        if ready and max(watched) < max(ready):
-            note = (
-                f"; unversioned requests keep reaching {max(ready)} until it is unloaded, "
-                f"so the new versions see only version-pinned traffic (noTraffic: "
-                f"{spec.no_traffic})"
-            )
-        steps.append(
-            Step(
-                server,
-                deployment.model,
-                Action.ANALYZE,
-                _versions(watched),
-                f"watch {', '.join(map(str, sorted(watched)))} for {spec.duration:g}s, every "
-                f"{spec.interval:g}s: {', '.join(c.name for c in spec.checks)}; old versions "
-                f"stay loaded{note}",
-                analysis=spec,
-                baseline=_versions(ready - desired),
-            )
-        )
-    if old:
-        steps.append(
-            Step(
-                server,
-                deployment.model,
-                Action.UNLOAD,
-                _versions(desired),
-                f"drop old version(s) {', '.join(map(str, sorted(old)))}"
-                + (" once the new ones are verified" if new or drift else ""),
-                config=with_versions(target, deployment.model, desired),
-                dropped=_versions(old),
-            )
-        )
+    if changing:
+        steps.extend(_load_and_verify(delta))
+    if deployment.analysis is not None and changing:
+        steps.append(_analyze_step(delta))
+    if delta.old:
+        steps.append(_unload_old(delta))
     return ModelChange(
         server,
         deployment.model,
         deployment.name,
         _versions(ready),
-        _versions(desired),
+        _versions(delta.desired),
         tuple(steps),
-        exclusive=deployment.name if sequence is not None and ready else None,
+        exclusive=deployment.name if delta.sequence is not None and ready else None,
         interface_baseline=(
-            max(ready)
-            if ready and (new or drift) and not deployment.allow_interface_change
-            else None
+            max(ready) if ready and changing and not deployment.allow_interface_change else None
         ),
-        revert=revert,
+        revert=delta.revert,
+    )
+
+
+def _load_and_verify(delta: _Delta) -> list[Step]:
+    """Drain first for a sequence model; load the old and new versions together; verify."""
+    server, deployment, ready, desired = delta.server, delta.deployment, delta.ready, delta.desired
+    new, drift = delta.new, delta.drift
+    steps: list[Step] = []
+    if ready and delta.sequence is not None:
+        steps.append(_drain_step(server, deployment.model, ready, delta.sequence))
+    why = []
+    if new:
+        why.append(f"serve new version(s) {', '.join(map(str, sorted(new)))}")
+    if drift:
+        why.append(f"config changed ({', '.join(drift)})")
+    if ready:
+        why.append(f"beside {', '.join(map(str, sorted(ready)))} which keep serving")
+    loading = ready | desired
+    steps.append(
+        Step(
+            server,
+            deployment.model,
+            Action.LOAD,
+            _versions(loading),
+            "; ".join(why),
+            config=with_versions(delta.target, deployment.model, loading),
+        )
+    )
+    old_serving = ready - desired
+    steps.append(
+        _verify_step(
+            server,
+            deployment,
+            desired,
+            desired if drift else new,
+            bool(ready),
+            max(old_serving) if old_serving and new else None,
+        )
+    )
+    return steps
+
+
+def _analyze_step(delta: _Delta) -> Step:
+    deployment, ready = delta.deployment, delta.ready
+    spec = deployment.analysis
+    assert spec is not None
+    watched = delta.desired if delta.drift else delta.new
+    note = ""
+    if ready and max(watched) < max(ready):
+        note = (
+            f"; unversioned requests keep reaching {max(ready)} until it is unloaded, "
+            f"so the new versions see only version-pinned traffic (noTraffic: "
+            f"{spec.no_traffic})"
+        )
+    return Step(
+        delta.server,
+        deployment.model,
+        Action.ANALYZE,
+        _versions(watched),
+        f"watch {', '.join(map(str, sorted(watched)))} for {spec.duration:g}s, every "
+        f"{spec.interval:g}s: {', '.join(c.name for c in spec.checks)}; old versions "
+        f"stay loaded{note}",
+        analysis=spec,
+        baseline=_versions(ready - delta.desired),
+    )
+
+
+def _unload_old(delta: _Delta) -> Step:
+    model = delta.deployment.model
+    return Step(
+        delta.server,
+        model,
+        Action.UNLOAD,
+        _versions(delta.desired),
+        f"drop old version(s) {', '.join(map(str, sorted(delta.old)))}"
+        + (" once the new ones are verified" if delta.new or delta.drift else ""),
+        config=with_versions(delta.target, model, delta.desired),
+        dropped=_versions(delta.old),
+        # The new versions are verified and serving: nothing to put back; the next pass
+        # retries the unload.
+        on_failure=OnFailure.STOP,
     )
 
 
@@ -268,6 +330,7 @@ def _drain_step(server: str, model: str, ready: frozenset[int], policy: Sequence
         f"{policy.idle:g}s; at most {policy.drain_timeout:g}s)"
         + (", after telling the load balancer" if policy.drain_webhook else ""),
         drain=policy,
+        on_failure=OnFailure.STOP,  # nothing was touched: the old versions serve as before
     )
 
 
@@ -391,56 +454,5 @@ def _revert_steps(
             Action.VERIFY,
             _versions(ready),
             f"revert: {', '.join(map(str, sorted(ready)))} READY",
-        ),
-    )
-
-
-def _plan_held(
-    server: str, deployment: ModelDeployment, hold: Hold, observed: ServerState
-) -> ModelChange | PlanProblem | None:
-    """Keep (or bring back) what served before the failed rollout; never the failed spec."""
-    previous = hold.previous.get(server)
-    config = hold.configs.get(server)
-    if previous is None:
-        # This server took no part in the failed rollout. Serving the model, it is left as
-        # it is; serving none of it (an instance DNS added since, or one restarted empty),
-        # it gets the last good versions: what the rollout's servers served before, when
-        # they agree, never the failed spec's.
-        before = set(hold.previous.values())
-        if observed.model(deployment.model).ready or len(before) != 1:
-            return None
-        previous = before.pop()
-        config = next((c for c in hold.configs.values() if c is not None), None)
-    if not previous:
-        return _plan_removal(server, deployment.model, observed)
-    restored = replace(
-        deployment,
-        versions=previous,
-        config=config if config is not None else deployment.config,
-        smoke=(),
-        analysis=None,
-    )
-    return _plan_model(server, restored, observed)
-
-
-def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelChange | None:
-    model = observed.model(model_name)
-    if not model.ready:
-        return None
-    return ModelChange(
-        server,
-        model_name,
-        None,
-        _versions(model.ready),
-        (),
-        (
-            Step(
-                server,
-                model_name,
-                Action.UNLOAD,
-                (),
-                "no ModelDeployment places this model on this server any more",
-                dropped=_versions(model.ready),
-            ),
         ),
     )

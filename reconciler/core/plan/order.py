@@ -29,10 +29,27 @@ def _order(
     stays needs it; when both go, the ensemble goes first (its removal is named on the
     composing model's unload).
     """
-    problems: list[PlanProblem] = []
     if not changes:
-        return [], problems
-    placed = set(placements)
+        return [], []
+    removed = {c.model for c in changes if c.deployment is None}
+    needs = _needs(placements, observed, removed)
+    kept: list[ModelChange] = []
+    problems: list[PlanProblem] = []
+    for change in changes:
+        outcome = _checked(server, change, needs, set(placements), removed)
+        if isinstance(outcome, PlanProblem):
+            problems.append(outcome)
+        else:
+            kept.append(outcome)
+    return _depth_first(kept, needs, removed), problems
+
+
+def _needs(
+    placements: Mapping[str, Placement], observed: ServerState, removed: set[str]
+) -> dict[str, set[str]]:
+    """What each model needs on this server: the models its ensemble config composes and
+    those its dependsOn targets place here; for a removed model, what its loaded config
+    composes."""
     placed_by_deployment: dict[str, set[str]] = {}
     for model, placement in placements.items():
         placed_by_deployment.setdefault(placement.deployment.name, set()).add(model)
@@ -43,51 +60,59 @@ def _order(
         needs[model] = set(composing_models(target)).union(
             *(placed_by_deployment.get(name, ()) for name in deployment.depends_on)
         )
-    removed = {c.model for c in changes if c.deployment is None}
     for model in removed:
         needs[model] = set(composing_models(observed.model(model).loaded_config))
-    kept: list[ModelChange] = []
-    for change in changes:
-        if change.deployment is not None:
-            loads = any(s.action is Action.LOAD for s in change.steps)
-            missing = sorted(needs.get(change.model, set()) - placed)
-            if loads and missing:
-                problems.append(
-                    PlanProblem(
-                        server,
-                        change.model,
-                        f"needs {', '.join(missing)}, which no ModelDeployment places on this "
-                        "server: loading it would make Triton load them with their default "
-                        "versions",
-                        "dependency",
-                    )
-                )
-                continue
-            kept.append(change)
-            continue
-        staying = sorted(m for m in placed if change.model in needs.get(m, set()))
-        if staying:
-            problems.append(
-                PlanProblem(
-                    server,
-                    change.model,
-                    f"not unloaded: {', '.join(staying)} still need(s) it here, and unloading "
-                    "it would force them out; remove them too, or keep it",
-                    "dependency",
-                )
+    return needs
+
+
+def _checked(
+    server: str,
+    change: ModelChange,
+    needs: Mapping[str, set[str]],
+    placed: set[str],
+    removed: set[str],
+) -> ModelChange | PlanProblem:
+    """The change, or why it is refused: a load that would make Triton load models nobody
+    placed, a removal that would force out models that stay. A removal that takes models
+    with it names them on its unload."""
+    if change.deployment is not None:
+        loads = any(s.action is Action.LOAD for s in change.steps)
+        missing = sorted(needs.get(change.model, set()) - placed)
+        if loads and missing:
+            return PlanProblem(
+                server,
+                change.model,
+                f"needs {', '.join(missing)}, which no ModelDeployment places on this "
+                "server: loading it would make Triton load them with their default "
+                "versions",
+                "dependency",
             )
-            continue
-        going = tuple(sorted(m for m in removed if change.model in needs.get(m, set())))
-        if going:
-            unload = replace(
-                change.steps[0],
-                dependents=going,
-                reason=f"{change.steps[0].reason}; after {', '.join(going)}, which need it",
-            )
-            change = replace(change, steps=(unload, *change.steps[1:]))
-        kept.append(change)
-    # Depth-first: a model after everything it needs; removals after loads, and a removed
-    # model after the removed models that need it.
+        return change
+    staying = sorted(m for m in placed if change.model in needs.get(m, set()))
+    if staying:
+        return PlanProblem(
+            server,
+            change.model,
+            f"not unloaded: {', '.join(staying)} still need(s) it here, and unloading "
+            "it would force them out; remove them too, or keep it",
+            "dependency",
+        )
+    going = tuple(sorted(m for m in removed if change.model in needs.get(m, set())))
+    if not going:
+        return change
+    unload = replace(
+        change.steps[0],
+        dependents=going,
+        reason=f"{change.steps[0].reason}; after {', '.join(going)}, which need it",
+    )
+    return replace(change, steps=(unload, *change.steps[1:]))
+
+
+def _depth_first(
+    kept: list[ModelChange], needs: Mapping[str, set[str]], removed: set[str]
+) -> list[ModelChange]:
+    """A model after everything it needs; removals after loads, and a removed model after
+    the removed models that need it."""
     by_model = {c.model: c for c in kept}
     ordered: list[ModelChange] = []
     seen: set[str] = set()
@@ -110,4 +135,4 @@ def _order(
         visit(change.model, ())
     for change in [c for c in kept if c.deployment is None]:
         visit(change.model, ())
-    return ordered, problems
+    return ordered

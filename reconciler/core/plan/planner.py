@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler.core.plan.changes import _plan_held, _plan_model, _plan_removal
+from reconciler.core.plan.changes import _plan_model
+from reconciler.core.plan.held import _plan_held, _plan_removal
 from reconciler.core.plan.order import _order
 from reconciler.core.plan.settle import _as_before, _await_load_in_progress
-from reconciler.core.plan.stages import _rollouts
+from reconciler.core.plan.stages import _rollouts, with_restarted_finish
 from reconciler.model.history import Held, History
 from reconciler.model.plan import ModelChange, Plan, PlanProblem
 from reconciler.model.serving import ServingState
@@ -85,12 +86,13 @@ def plan(
         ordered, dependency_problems = _order(server, server_changes, placements, observed)
         changes.extend(ordered)
         problems.extend(dependency_problems)
+    rollouts = _rollouts(desired, changes, history)
     return Plan(
         revision,
-        tuple(changes),
+        tuple(with_restarted_finish(changes, rollouts)),
         tuple(problems),
         tuple(in_sync),
         tuple(held),
         tuple(suspended),
-        _rollouts(desired, changes, history),
+        rollouts,
     )

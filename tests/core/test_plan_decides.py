@@ -1,0 +1,288 @@
+"""Apply executes, the plan decides: the failure policy, a staged stage's baseline and the
+finish of a restarted server are plan data; what a failed step means is decided once, from
+its error's class; every planned action has its executor; webhooks go through the hooks
+apply is given."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from reconciler.core.analysis import concluded
+from reconciler.core.plan.planner import plan
+from reconciler.engine.apply import apply
+from reconciler.engine.change import _failed
+from reconciler.engine.steps import EXECUTORS, Timing
+from reconciler.model.analysis import (
+    AnalysisSpec,
+    CheckResult,
+    Evaluation,
+    RolloutVerdict,
+    Verdict,
+)
+from reconciler.model.errors import (
+    AnalysisFailed,
+    DrainTimeout,
+    Interrupted,
+    LoadFailed,
+    MetricsUnavailable,
+    ReconcileError,
+    ServerUnavailable,
+    StepFailed,
+    UnloadFailed,
+    VerifyFailed,
+)
+from reconciler.model.history import History
+from reconciler.model.plan import Action, OnFailure, Plan, Step
+from reconciler.model.results import FailureKind, Outcome
+from reconciler.model.spec import RolloutSpec, SequencePolicy
+from reconciler.ports import StepHooks
+from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
+
+
+def server(name: str = "s1", serving: tuple[int, ...] = (1,)) -> FakeTriton:
+    fake = FakeTriton(name, {"m": range(1, 7)})
+    fake.serve("m", serving)
+    return fake
+
+
+def plan_on(fakes: Mapping[str, FakeTriton], *deployments: Any) -> Plan:
+    desired = desired_state(*deployments, servers=sorted(fakes))
+    return plan(desired, {n: observe(f) for n, f in fakes.items()}, History(), "rev-2")
+
+
+class Recorded:
+    """StepHooks that record every call and agree, or refuse with ``refuse``."""
+
+    def __init__(self, refuse: str | None = None) -> None:
+        self.webhooks: list[tuple[str, dict[str, Any]]] = []
+        self.libraries: list[Step] = []
+        self.refuse = refuse
+
+    def call_webhook(self, url: str, payload: Mapping[str, Any]) -> None:
+        self.webhooks.append((url, dict(payload)))
+        if self.refuse:
+            raise StepFailed(self.refuse)
+
+    def replace_library(self, step: Step) -> None:
+        self.libraries.append(step)
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("action", list(Action))
+def test_every_planned_action_has_its_executor(action: Action) -> None:
+    # ROLLOUT is in results only (a staged rollout that failed elsewhere), never planned.
+    assert (action in EXECUTORS) is (action is not Action.ROLLOUT)
+
+
+# -- what a failure means ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (LoadFailed("refused"), FailureKind.AGAINST_VERSIONS),
+        (VerifyFailed("not READY"), FailureKind.AGAINST_VERSIONS),
+        (AnalysisFailed("failed", ()), FailureKind.AGAINST_VERSIONS),
+        (StepFailed("webhook said no"), FailureKind.AGAINST_VERSIONS),
+        (ReconcileError("anything else"), FailureKind.AGAINST_VERSIONS),
+        (ServerUnavailable("s1", "gone"), FailureKind.SERVER_LOST),
+        (
+            MetricsUnavailable("unreadable", (), "metrics-unavailable"),
+            FailureKind.METRICS_UNAVAILABLE,
+        ),
+        (Interrupted("shutdown", ()), FailureKind.INTERRUPTED),
+        (DrainTimeout("busy"), FailureKind.NOT_SWAPPED),
+        (UnloadFailed("stuck"), FailureKind.UNLOAD_FAILED),
+    ],
+)
+def test_a_failed_step_records_what_its_error_means(
+    error: ReconcileError, kind: FailureKind
+) -> None:
+    step = Step("s1", "m", Action.LOAD, (2,), "load")
+    result = _failed(step, error, 1.0, 3.0, reverting=False)
+    assert result.failure is kind and not result.ok and result.seconds == 2.0
+    assert result.unreachable is (kind is FailureKind.SERVER_LOST)
+    # Held only for a failure against the versions; transient ones are retried, not held.
+    assert kind.transient is (
+        kind
+        in (FailureKind.SERVER_LOST, FailureKind.METRICS_UNAVAILABLE, FailureKind.UNLOAD_FAILED)
+    )
+
+
+@pytest.mark.parametrize(
+    ("unreadable", "verdict"),
+    [(False, RolloutVerdict.INCONCLUSIVE), (True, RolloutVerdict.METRICS_UNAVAILABLE)],
+)
+def test_an_inconclusive_analysis_with_a_failed_reading_is_metrics_unavailable(
+    unreadable: bool, verdict: RolloutVerdict
+) -> None:
+    spec = AnalysisSpec(interval=1.0, duration=2.0)
+    no_data = Evaluation(
+        0, 2.0, (CheckResult("latency", Verdict.NO_DATA, None, "<= 1.5x"),), Verdict.NO_DATA
+    )
+    assert concluded(spec, (no_data,), 2.0, unreadable) is verdict
+    # Only an inconclusive end is told apart: a failure stays a failure.
+    failed = Evaluation(
+        0, 2.0, (CheckResult("latency", Verdict.FAIL, 3.0, "<= 1.5x"),), Verdict.FAIL
+    )
+    assert concluded(spec, (failed,), 2.0, unreadable) is RolloutVerdict.FAILED
+
+
+def test_an_interrupted_analysis_records_interrupted_as_its_verdict() -> None:
+    assert Interrupted("shutdown", ()).verdict == "interrupted"
+
+
+# -- the failure policy is planned ---------------------------------------------------------------
+
+
+def test_the_planner_stops_after_a_drain_or_the_old_versions_unload_and_reverts_the_rest() -> None:
+    fakes = {"s1": server()}
+    sequence = replace(deploy("m", [2]), sequence=SequencePolicy(idle=1.0, drain_timeout=5.0))
+    (change,) = plan_on(fakes, sequence).changes
+    assert [(s.action, s.on_failure) for s in change.steps] == [
+        (Action.DRAIN, OnFailure.STOP),
+        (Action.LOAD, OnFailure.REVERT),
+        (Action.VERIFY, OnFailure.REVERT),
+        (Action.UNLOAD, OnFailure.STOP),
+    ]
+
+
+def test_a_removal_stops_where_its_unload_fails() -> None:
+    fakes = {"s1": server()}
+    desired = desired_state(servers=["s1"])
+    history = History(managed={"s1": frozenset({"m"})})
+    (change,) = plan(desired, {"s1": observe(fakes["s1"])}, history, "rev-2").changes
+    assert [(s.action, s.on_failure) for s in change.steps] == [(Action.UNLOAD, OnFailure.STOP)]
+
+
+def test_a_drain_that_times_out_is_not_put_back() -> None:
+    fake = server()
+    sequence = replace(deploy("m", [2]), sequence=SequencePolicy(idle=1.0, drain_timeout=5.0))
+    p = plan_on({"s1": fake}, sequence)
+    clock = FakeClock()
+    # No metrics source: the drain cannot tell idle and times out at once.
+    result = apply(p, {"s1": fake}, timing=Timing(clock=clock.clock, sleep=clock.sleep))
+    (change,) = result.changes
+    assert change.outcome is Outcome.FAILED and change.revert == ()
+    assert change.failure is FailureKind.NOT_SWAPPED
+    assert fake.ready("m") == {1}
+
+
+# -- staged rollouts: baselines and the restarted finish are planned -----------------------------
+
+
+def test_a_staged_rollout_plans_each_stages_baseline_and_the_restarted_finish() -> None:
+    names = ["s0", "s1", "s2", "s3"]
+    rollout = RolloutSpec(steps=(1, "100%"), preview_names=("s0",))
+    p = plan_on(
+        {s: server(s) for s in names}, replace(deploy("m", [2], servers=names), rollout=rollout)
+    )
+
+    (staged,) = p.rollouts
+    assert staged.stages == (("s0",), ("s1",), ("s2", "s3"))
+    # Each stage against the production servers still on the old versions; the preview
+    # server is no production server, and the last stage has nothing left to compare with.
+    assert staged.baselines == (("s1", "s2", "s3"), ("s2", "s3"), ())
+    for change in p.changes:
+        load, verify = change.restarted_finish
+        assert (load.action, load.versions) == (Action.LOAD, (2,))
+        assert load.config is not None and load.config["version_policy"] == {
+            "specific": {"versions": [2]}
+        }
+        assert (verify.action, verify.versions, verify.interface_check) == (
+            Action.VERIFY,
+            (2,),
+            False,
+        )
+        assert "lost every version of m after its stage passed" in load.reason
+
+
+def test_a_change_outside_a_staged_rollout_plans_no_restarted_finish() -> None:
+    (change,) = plan_on({"s1": server()}, deploy("m", [2])).changes
+    assert (
+        change.restarted_finish == () and plan_on({"s1": server()}, deploy("m", [2])).rollouts == ()
+    )
+
+
+# -- webhooks go through the hooks apply is given ------------------------------------------------
+
+
+def staged_with_webhooks() -> tuple[Plan, dict[str, FakeTriton]]:
+    fakes = {s: server(s) for s in ("s1", "s2")}
+    rollout = RolloutSpec(
+        steps=(1, "100%"), pre_step="http://gate/pre", post_step="http://gate/post"
+    )
+    return plan_on(fakes, replace(deploy("m", [2], servers=sorted(fakes)), rollout=rollout)), fakes
+
+
+def test_step_webhooks_are_called_through_the_hooks_given() -> None:
+    p, fakes = staged_with_webhooks()
+    hooks = Recorded()
+    clock = FakeClock()
+    result = apply(p, fakes, timing=Timing(clock=clock.clock, sleep=clock.sleep), hooks=hooks)
+    assert all(c.outcome is Outcome.CONVERGED for c in result.changes)
+    assert [(url, body["stage"], body["hook"]) for url, body in hooks.webhooks] == [
+        ("http://gate/pre", "step 1 of 2", "preStep"),
+        ("http://gate/post", "step 1 of 2", "postStep"),
+        ("http://gate/pre", "step 2 of 2", "preStep"),
+        ("http://gate/post", "step 2 of 2", "postStep"),
+    ]
+    assert hooks.webhooks[0][1] == {
+        "deployment": "m",
+        "model": "m",
+        "stage": "step 1 of 2",
+        "servers": ["s1"],
+        "from_versions": [1],
+        "to_versions": [2],
+        "hook": "preStep",
+    }
+
+
+def test_a_refusing_step_webhook_stops_the_rollout_against_its_versions() -> None:
+    p, fakes = staged_with_webhooks()
+    clock = FakeClock()
+    hooks: StepHooks = Recorded(refuse="http://gate/pre answered 409")
+    result = apply(p, fakes, timing=Timing(clock=clock.clock, sleep=clock.sleep), hooks=hooks)
+    assert all(c.outcome is Outcome.SKIPPED for c in result.changes)
+    assert all(c.failure is FailureKind.AGAINST_VERSIONS for c in result.changes)
+    assert "step webhook refused: http://gate/pre answered 409" in (result.changes[0].error or "")
+
+
+def test_without_hooks_a_step_webhook_fails_saying_so() -> None:
+    p, fakes = staged_with_webhooks()
+    clock = FakeClock()
+    result = apply(p, fakes, timing=Timing(clock=clock.clock, sleep=clock.sleep))
+    assert all(c.outcome is Outcome.SKIPPED for c in result.changes)
+    assert "no step hooks were given to apply" in (result.changes[0].error or "")
+    assert all(f.ready("m") == {1} for f in fakes.values())
+
+
+def test_a_server_restarted_after_its_stage_passed_runs_the_planned_restarted_finish() -> None:
+    fakes = {s: server(s) for s in ("s1", "s2")}
+    rollout = RolloutSpec(steps=(1, "100%"))
+    p = plan_on(fakes, replace(deploy("m", [2], servers=sorted(fakes)), rollout=rollout))
+
+    def restart_s1_once_it_passed(_: Any, completed: tuple[str, ...], __: Any) -> None:
+        if "s1" in completed:
+            fakes["s1"]._models.clear()  # restarted: EXPLICIT mode starts empty
+
+    clock = FakeClock()
+    result = apply(
+        p,
+        fakes,
+        timing=Timing(clock=clock.clock, sleep=clock.sleep),
+        staged_progress=restart_s1_once_it_passed,
+    )
+    by_server = {c.change.server: c for c in result.changes}
+    assert all(c.outcome is Outcome.CONVERGED for c in result.changes)
+    assert all(f.ready("m") == {2} for f in fakes.values())
+    s1_finish = by_server["s1"].steps[-2:]
+    assert tuple(r.step for r in s1_finish) == by_server["s1"].change.restarted_finish
+    # s2 kept its old version until the end: its planned finish drops it.
+    assert by_server["s2"].steps[-1].step.action is Action.UNLOAD
