@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from reconciler.model.analysis import Figures
-from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
+from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, PassRecord, Rollout
 from reconciler.model.plan import Step
 from reconciler.model.serving import ModelInterface, ModelState, ServerState
 from reconciler.model.source import (
@@ -105,22 +105,7 @@ class StateStore(Protocol):
 
     def unreverted(self) -> set[str]: ...
 
-    def record_pass(
-        self,
-        revision: str,
-        managed: Mapping[str, frozenset[str]],
-        ok: bool,
-        summary: Mapping[str, Any],
-        *,
-        rollouts: Iterable[Rollout] = (),
-        holds: Iterable[Hold] = (),
-        released: Iterable[str] = (),
-        applied: Iterable[AppliedSpec] = (),
-        footprints: Mapping[tuple[str, str], float] | None = None,
-        alerts_opened: Iterable[tuple[str, str, str]] = (),
-        alerts_resolved: Iterable[tuple[str, str]] = (),
-        stages_ended: Iterable[str] = (),
-    ) -> None: ...
+    def record_pass(self, record: PassRecord) -> None: ...
 
     def close(self) -> None: ...
 

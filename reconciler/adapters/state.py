@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.faults import fault_point
-from reconciler.model.history import AppliedSpec, History, Hold, Rollout, StagedRecord
+from reconciler.model.history import AppliedSpec, History, Hold, PassRecord, Rollout, StagedRecord
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS managed (
@@ -334,93 +334,95 @@ class StateStore:
             )
         }
 
-    def record_pass(
-        self,
-        revision: str,
-        managed: Mapping[str, frozenset[str]],
-        ok: bool,
-        summary: Mapping[str, Any],
-        *,
-        rollouts: Iterable[Rollout] = (),
-        holds: Iterable[Hold] = (),
-        released: Iterable[str] = (),
-        applied: Iterable[AppliedSpec] = (),
-        footprints: Mapping[tuple[str, str], float] | None = None,
-        alerts_opened: Iterable[tuple[str, str, str]] = (),
-        alerts_resolved: Iterable[tuple[str, str]] = (),
-        stages_ended: Iterable[str] = (),
-    ) -> None:
+    def record_pass(self, record: PassRecord) -> None:
         """Everything one pass learned, in one transaction."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            for server, models in managed.items():
+            for server, models in record.managed.items():
                 self._db.execute("DELETE FROM managed WHERE server = ?", (server,))
                 self._db.executemany(
                     "INSERT INTO managed (server, model, revision) VALUES (?, ?, ?)",
-                    [(server, model, revision) for model in sorted(models)],
+                    [(server, model, record.revision) for model in sorted(models)],
                 )
             self._db.executemany(
-                "DELETE FROM holds WHERE deployment = ?", [(name,) for name in released]
+                "DELETE FROM holds WHERE deployment = ?", [(name,) for name in record.released]
             )
-            self._write_holds(holds)
-            self._db.executemany(
-                "INSERT INTO rollouts (revision, deployment, server, model, from_versions, "
-                "to_versions, outcome, verdict, checks, error, rollback_seconds, finished_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        r.revision,
-                        r.deployment,
-                        r.server,
-                        r.model,
-                        json.dumps(list(r.from_versions)),
-                        json.dumps(list(r.to_versions)),
-                        r.outcome,
-                        r.verdict,
-                        json.dumps(list(r.checks)),
-                        r.error,
-                        r.rollback_seconds,
-                        r.finished_at,
-                    )
-                    for r in rollouts
-                ],
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO applied_specs "
-                "(deployment, revision, fingerprint, versions, config, backend) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                [
-                    (
-                        a.deployment,
-                        a.revision,
-                        a.fingerprint,
-                        json.dumps(list(a.versions)),
-                        json.dumps(dict(a.config)),
-                        a.backend,
-                    )
-                    for a in applied
-                ],
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO footprints VALUES (?, ?, ?)",
-                [(server, model, size) for (server, model), size in (footprints or {}).items()],
-            )
-            self._db.executemany(
-                "INSERT OR REPLACE INTO open_alerts VALUES (?, ?, ?, ?)",
-                [(model, server, kind, revision) for model, server, kind in alerts_opened],
-            )
-            self._db.executemany(
-                "DELETE FROM open_alerts WHERE model = ? AND server = ?", list(alerts_resolved)
-            )
-            self._db.executemany(
-                "DELETE FROM staged_rollouts WHERE deployment = ?",
-                [(name,) for name in stages_ended],
-            )
+            self._write_holds(record.holds)
+            self._write_rollouts(record.rollouts)
+            self._write_applied(record.applied)
+            self._write_alerts_and_stages(record)
             self._db.execute(
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",
-                (revision, time.time(), int(ok), json.dumps(summary, sort_keys=True)),
+                (
+                    record.revision,
+                    time.time(),
+                    int(record.ok),
+                    json.dumps(record.summary, sort_keys=True),
+                ),
             )
             fault_point("state.write")  # the whole pass is written, not committed
+
+    def _write_rollouts(self, rollouts: Iterable[Rollout]) -> None:
+        self._db.executemany(
+            "INSERT INTO rollouts (revision, deployment, server, model, from_versions, "
+            "to_versions, outcome, verdict, checks, error, rollback_seconds, finished_at) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    r.revision,
+                    r.deployment,
+                    r.server,
+                    r.model,
+                    json.dumps(list(r.from_versions)),
+                    json.dumps(list(r.to_versions)),
+                    r.outcome,
+                    r.verdict,
+                    json.dumps(list(r.checks)),
+                    r.error,
+                    r.rollback_seconds,
+                    r.finished_at,
+                )
+                for r in rollouts
+            ],
+        )
+
+    def _write_applied(self, applied: Iterable[AppliedSpec]) -> None:
+        self._db.executemany(
+            "INSERT OR REPLACE INTO applied_specs "
+            "(deployment, revision, fingerprint, versions, config, backend) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    a.deployment,
+                    a.revision,
+                    a.fingerprint,
+                    json.dumps(list(a.versions)),
+                    json.dumps(dict(a.config)),
+                    a.backend,
+                )
+                for a in applied
+            ],
+        )
+
+    def _write_alerts_and_stages(self, record: PassRecord) -> None:
+        self._db.executemany(
+            "INSERT OR REPLACE INTO footprints VALUES (?, ?, ?)",
+            [(server, model, size) for (server, model), size in record.footprints.items()],
+        )
+        self._db.executemany(
+            "INSERT OR REPLACE INTO open_alerts VALUES (?, ?, ?, ?)",
+            [
+                (model, server, kind, record.revision)
+                for model, server, kind in record.alerts_opened
+            ],
+        )
+        self._db.executemany(
+            "DELETE FROM open_alerts WHERE model = ? AND server = ?", list(record.alerts_resolved)
+        )
+        self._db.executemany(
+            "DELETE FROM staged_rollouts WHERE deployment = ?",
+            [(name,) for name in record.stages_ended],
+        )
 
     def rollouts(self, model: str | None = None, limit: int = 100) -> list[Rollout]:
         """The latest rollouts, newest first, optionally of one model."""

@@ -60,7 +60,7 @@ from reconciler.loop.records import (
 )
 from reconciler.loop.saved_plan import check_saved_plan, serving_digest
 from reconciler.model.errors import ReconcileError, StalePlan, UnsafeRevision, ValidationError
-from reconciler.model.history import AlertEvent, History, Hold
+from reconciler.model.history import AlertEvent, History, Hold, PassRecord
 from reconciler.model.plan import Plan
 from reconciler.model.reports import PassReport, SavedPlan
 from reconciler.model.results import ApplyResult, Progress
@@ -356,7 +356,7 @@ def _record_pass(
     desired, history, result, plan_ = target.desired, target.history, applied.result, report.plan
     managed = next_managed(desired, history, plan_, result)
     journal = applied.journal
-    run.state.record_pass(
+    record = PassRecord(
         target.revision,
         # Only what changed: a fleet's managed rows are instances x models.
         {s: m for s, m in managed.items() if history.managed.get(s, frozenset()) != m},
@@ -370,17 +370,18 @@ def _record_pass(
         },
         rollouts=rollouts_from(result, time.time()),
         holds=holds,
-        released=[
+        released=tuple(
             n
             for n in sorted({*released_holds(desired, history), *journal.held})
             if n not in {h.deployment for h in holds}
-        ],
-        applied=applied_from(desired, plan_, result),
+        ),
+        applied=tuple(applied_from(desired, plan_, result)),
         footprints=footprints_from(result),
-        alerts_opened=[(e.model or "", e.server or "", e.kind) for e in opened],
-        alerts_resolved=[(e.model or "", e.server or "") for e in resolved],
-        stages_ended=_stages_ended(target, plan_, applied),
+        alerts_opened=tuple((e.model or "", e.server or "", e.kind) for e in opened),
+        alerts_resolved=tuple((e.model or "", e.server or "") for e in resolved),
+        stages_ended=tuple(_stages_ended(target, plan_, applied)),
     )
+    run.state.record_pass(record)
 
 
 def _stages_ended(target: Target, plan_: Plan, applied: Applied) -> list[str]:

@@ -117,3 +117,22 @@ class AlertEvent:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown alert kind {self.kind!r}; one of {', '.join(KINDS)}")
+
+
+@dataclass(frozen=True)
+class PassRecord:
+    """Everything one pass learned, written to the state store in one transaction."""
+
+    revision: str
+    # server -> the models it counts as ours now (only the servers whose set changed)
+    managed: Mapping[str, frozenset[str]]
+    ok: bool
+    summary: Mapping[str, Any]  # what the pass did, as JSON (the ``passes`` table)
+    rollouts: tuple[Rollout, ...] = ()
+    holds: tuple[Hold, ...] = ()
+    released: tuple[str, ...] = ()  # deployments whose hold is lifted
+    applied: tuple[AppliedSpec, ...] = ()
+    footprints: Mapping[tuple[str, str], float] = field(default_factory=dict)
+    alerts_opened: tuple[tuple[str, str, str], ...] = ()  # (model, server, kind)
+    alerts_resolved: tuple[tuple[str, str], ...] = ()  # (model, server)
+    stages_ended: tuple[str, ...] = ()  # staged rollouts whose record goes

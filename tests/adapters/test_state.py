@@ -14,15 +14,17 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.state import StateStore
-from reconciler.model.history import History, Hold
+from reconciler.model.history import History, Hold, PassRecord
 
 
 def test_history_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "state" / "state.db"
     store = StateStore(path)
     assert store.history() == History()
-    store.record_pass("a" * 40, {"edge-a": frozenset({"echo", "other"})}, True, {"n": 1})
-    store.record_pass("b" * 40, {"edge-b": frozenset({"echo"})}, False, {"n": 2})
+    store.record_pass(
+        PassRecord("a" * 40, {"edge-a": frozenset({"echo", "other"})}, True, {"n": 1})
+    )
+    store.record_pass(PassRecord("b" * 40, {"edge-b": frozenset({"echo"})}, False, {"n": 2}))
     store.close()
 
     reopened = StateStore(path)
@@ -32,7 +34,7 @@ def test_history_round_trip(tmp_path: Path) -> None:
         "edge-a": frozenset({"echo", "other"}),
         "edge-b": frozenset({"echo"}),
     }
-    reopened.record_pass("c" * 40, {"edge-a": frozenset({"echo"})}, True, {})
+    reopened.record_pass(PassRecord("c" * 40, {"edge-a": frozenset({"echo"})}, True, {}))
     assert reopened.history().managed["edge-a"] == frozenset({"echo"})
     reopened.close()
     mode = sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone()[0]
@@ -45,12 +47,12 @@ def test_a_kill_inside_the_pass_transaction_keeps_the_previous_record(tmp_path: 
         "import sys\n"
         "from pathlib import Path\n"
         "from reconciler.adapters.state import StateStore\n"
-        "from reconciler.model.history import Hold\n"
+        "from reconciler.model.history import Hold, PassRecord\n"
         "store = StateStore(Path(sys.argv[1]))\n"
-        "store.record_pass('a' * 40, {'edge-a': frozenset({'echo'})}, True, {'n': 1})\n"
+        "store.record_pass(PassRecord('a' * 40, {'edge-a': frozenset({'echo'})}, True, {'n': 1}))\n"
         "print('first recorded', flush=True)\n"
-        "store.record_pass('b' * 40, {'edge-a': frozenset({'other'})}, True, {'n': 2},\n"
-        "                  holds=[Hold('echo', 'f', 'b' * 40, 'failed', {'edge-a': (1,)})])\n"
+        "store.record_pass(PassRecord('b' * 40, {'edge-a': frozenset({'other'})}, True, {'n': 2},\n"
+        "                  holds=(Hold('echo', 'f', 'b' * 40, 'failed', {'edge-a': (1,)}),)))\n"
         "print('second recorded', flush=True)\n"
     )
     done = subprocess.run(
@@ -86,7 +88,7 @@ def test_garbage_state_file_is_moved_aside_and_started_empty(
     assert store.history() == History()
     assert store.recovered is not None and str(path) in store.recovered
     assert str(aside) in caplog.text and "left alone (not unloaded)" in caplog.text
-    store.record_pass("a" * 40, {"edge-a": frozenset({"echo"})}, True, {})
+    store.record_pass(PassRecord("a" * 40, {"edge-a": frozenset({"echo"})}, True, {}))
     store.close()
     assert StateStore(path).history().revision == "a" * 40
 
@@ -95,7 +97,9 @@ def test_a_damaged_page_is_found_at_open(tmp_path: Path) -> None:
     path = tmp_path / "state.db"
     store = StateStore(path)
     for n in range(200):  # several pages of rows
-        store.record_pass(f"{n:040d}", {"edge-a": frozenset({"echo"})}, True, {"pad": "x" * 200})
+        store.record_pass(
+            PassRecord(f"{n:040d}", {"edge-a": frozenset({"echo"})}, True, {"pad": "x" * 200})
+        )
     store.close()
     data = bytearray(path.read_bytes())
     page = 4096
@@ -126,9 +130,9 @@ def test_revert_push_records_survive_a_hold_written_again(tmp_path: Path) -> Non
     assert store.unreverted() == {"echo"}
     store.record_reverted(["echo"], "c" * 40)
     assert store.unreverted() == set()
-    store.record_pass("a" * 40, {}, False, {}, holds=[hold])  # the pass's own record of it
+    store.record_pass(PassRecord("a" * 40, {}, False, {}, holds=(hold,)))  # its own record
     assert store.unreverted() == set()
-    store.record_pass("b" * 40, {}, False, {}, holds=[replace(hold, fingerprint="f2")])
+    store.record_pass(PassRecord("b" * 40, {}, False, {}, holds=(replace(hold, fingerprint="f2"),)))
     assert store.unreverted() == {"echo"}  # another spec failed: its revert is not pushed
     assert store.history().holds["echo"].fingerprint == "f2"
     store.close()

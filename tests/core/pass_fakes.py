@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.model.errors import DiscoveryFailed, SourceUnavailable
-from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
+from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, PassRecord, Rollout
 from reconciler.model.serving import ServerState
 from reconciler.model.source import (
     CommitVerdict,
@@ -154,39 +154,24 @@ class FakeState:
     def unreverted(self) -> set[str]:
         return {name for name in self.holds if name not in self.reverted}
 
-    def record_pass(
-        self,
-        revision: str,
-        managed: Mapping[str, frozenset[str]],
-        ok: bool,
-        summary: Mapping[str, Any],
-        *,
-        rollouts: Iterable[Rollout] = (),
-        holds: Iterable[Hold] = (),
-        released: Iterable[str] = (),
-        applied: Iterable[AppliedSpec] = (),
-        footprints: Mapping[tuple[str, str], float] | None = None,
-        alerts_opened: Iterable[tuple[str, str, str]] = (),
-        alerts_resolved: Iterable[tuple[str, str]] = (),
-        stages_ended: Iterable[str] = (),
-    ) -> None:
+    def record_pass(self, record: PassRecord) -> None:
         if self.fail_record is not None:
             raise self.fail_record
-        holds, released, applied = tuple(holds), tuple(released), tuple(applied)
+        r = record
         self.passes.append(
-            {"revision": revision, "ok": ok, "summary": summary, "holds": holds}
-            | {"released": released, "rollouts": tuple(rollouts)}
+            {"revision": r.revision, "ok": r.ok, "summary": r.summary, "holds": r.holds}
+            | {"released": r.released, "rollouts": r.rollouts}
         )
-        self.revision = revision
-        self.managed.update(managed)
-        self.holds.update({h.deployment: h for h in holds})
-        for name in released:
+        self.revision = r.revision
+        self.managed.update(r.managed)
+        self.holds.update({h.deployment: h for h in r.holds})
+        for name in r.released:
             self.holds.pop(name, None)
-        self.applied.update({a.deployment: a for a in applied})
-        self.open |= set(alerts_opened)
-        resolved = set(alerts_resolved)
+        self.applied.update({a.deployment: a for a in r.applied})
+        self.open |= set(r.alerts_opened)
+        resolved = set(r.alerts_resolved)
         self.open = {(m, s, k) for m, s, k in self.open if (m, s) not in resolved}
-        for name in stages_ended:
+        for name in r.stages_ended:
             self.stages.pop(name, None)
 
     def close(self) -> None:
