@@ -164,11 +164,14 @@ class TritonServerClient:
     def _index(self) -> list[Any]:
         return list(self._index_answer().models)
 
-    def index(self) -> list[dict[str, Any]]:
-        return [
-            {"name": e.name, "version": e.version, "state": e.state, "reason": e.reason}
-            for e in self._index()
-        ]
+    def ready_versions(self) -> dict[str, frozenset[int]]:
+        """Per model in the repository index, the versions READY now (the service's watch
+        compares them with what the last pass left serving)."""
+        ready: dict[str, set[int]] = {}
+        for entry in self._index():
+            if entry.state == READY and entry.version:
+                ready.setdefault(str(entry.name), set()).add(int(entry.version))
+        return {model: frozenset(versions) for model, versions in ready.items()}
 
     def _loaded_config(self, model: str) -> dict[str, Any] | None:
         try:

@@ -63,16 +63,12 @@ class Watch:
                 continue
             try:
                 with TritonServerClient(server, address, call_timeout=2.0) as client:
-                    entries = client.index()
+                    ready = client.ready_versions()
             except (ServerUnavailable, StepFailed):
                 continue  # still down: the backoff handles it
             if retrying:
                 self.backoff.stop_waiting(server)
                 return f"server {server} answers again"
-            ready: dict[str, set[int]] = {}
-            for entry in entries:
-                if entry.get("state") == "READY" and entry.get("version"):
-                    ready.setdefault(str(entry["name"]), set()).add(int(entry["version"]))
             drifted = sorted(m for m, v in expected.items() if ready.get(m, set()) != set(v))
             if drifted:
                 return f"server {server} drifted: {', '.join(drifted)}"

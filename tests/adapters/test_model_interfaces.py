@@ -278,7 +278,7 @@ def test_loading_the_ensemble_alone_loads_composing_models_from_the_repository(
     # Their config.pbtxt has no version policy: Triton picks the latest folder, 9, which fails.
     with pytest.raises(InferenceServerException, match="version 9 is broken on purpose"):
         raw.load_model(ENSEMBLE)
-    assert ENSEMBLE not in {e["name"] for e in client.index() if e.get("state") == "READY"}
+    assert ENSEMBLE not in client.ready_versions()
     assert "broken on purpose" in client.model_state("other").reason(9)
 
 
