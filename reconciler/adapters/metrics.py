@@ -1,8 +1,8 @@
 """Metric sources for the post-swap analysis: Triton's own endpoint, or a Prometheus server.
 
-The analysis loop (``reconciler/analysis.py`` judges, this module reads) asks a
-``MetricsReader`` for the cumulative ``Figures`` of some versions of one model on one server,
-every analysis interval. Two readers:
+The analysis loop (``core/analysis.py`` judges, this module reads) asks a ``FiguresSource``
+(the port in ``ports.py``) for the cumulative ``Figures`` of some versions of one model on one
+server, every analysis interval. Two readers:
 
 - ``TritonScrape`` reads the server's Prometheus text endpoint directly (no Prometheus
   needed); it cannot run PromQL, so every requested query reads as None.
@@ -25,12 +25,13 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from reconciler.adapters.credentials import basic_auth, redact
 from reconciler.model.analysis import Figures
+from reconciler.ports import FiguresSource
 
 log = logging.getLogger(__name__)
 
@@ -84,14 +85,6 @@ def _refused() -> type[Exception]:
     from prometheus_api_client.exceptions import PrometheusApiClientException
 
     return PrometheusApiClientException
-
-
-class MetricsReader(Protocol):
-    def figures(
-        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = {}
-    ) -> Figures:
-        """Cumulative figures for ``versions`` of ``model``, and the value of each query."""
-        ...
 
 
 def _number(value: Any) -> float | None:
@@ -305,7 +298,7 @@ class PrometheusQuery:
 
 def metrics_reader(
     prometheus_url: str | None, server_metrics_url: str | None, timeout: float = 5.0
-) -> MetricsReader | None:
+) -> FiguresSource | None:
     """Prometheus when there is one (it needs the server's metrics URL to find the series),
     else the server's own endpoint, else nothing to read from."""
     if server_metrics_url is None:

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 from reconciler.adapters.metrics import (
-    MetricsReader,
     PrometheusQuery,
     TritonScrape,
     instance_of,
@@ -20,6 +19,7 @@ from reconciler.core.triton_config import parse_pbtxt, with_versions
 from reconciler.model.analysis import Figures
 from reconciler.model.errors import VerifyFailed
 from reconciler.model.spec import Tensor
+from reconciler.ports import FiguresSource
 from testkit.local_triton import LocalTriton, free_port
 from tests.conftest import MODELS
 
@@ -52,7 +52,7 @@ class TritonPythonModel:
 
 
 def _wait_for(
-    reader: MetricsReader, model: str, versions: tuple[int, ...], success: float, timeout: float
+    reader: FiguresSource, model: str, versions: tuple[int, ...], success: float, timeout: float
 ) -> Figures:
     """The figures once ``success`` requests show. Triton counts a request a moment after
     answering it, and Prometheus sees it at its next scrape."""

@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from reconciler.adapters.metrics import MetricsReader, PrometheusQuery, TritonScrape
+from reconciler.adapters.metrics import PrometheusQuery, TritonScrape
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.core.triton_config import parse_pbtxt, with_versions
 from reconciler.model.analysis import Figures
 from reconciler.model.spec import Tensor
+from reconciler.ports import FiguresSource
 from testkit.local_triton import LocalTriton
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def _serve(triton: LocalTriton, model_repository: Path, versions: list[int]) -> 
 
 
 def _until(
-    reader: MetricsReader,
+    reader: FiguresSource,
     versions: tuple[int, ...],
     done: Callable[[Figures], bool],
     timeout: float = 20.0,
