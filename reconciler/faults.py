@@ -16,7 +16,6 @@ from collections.abc import Callable
 
 ENV = "TRITON_GITOPS_FAULT"
 
-
 # Every point the code reaches, one line each on where it is. A unit test checks that each is
 # called exactly once in the source and that no call names an unregistered point.
 POINTS: tuple[str, ...] = (
@@ -64,6 +63,4 @@ def parse(value: str) -> tuple[str, int]:
 
 
 _setting = os.environ.get(ENV, "")
-
-
 fault_point: Callable[[str], None] = _armed(*parse(_setting)) if _setting else _noop

@@ -43,27 +43,13 @@ from reconciler.model.history import KINDS, AlertEvent
 
 log = logging.getLogger(__name__)
 
-
 ROLLOUT_FAILED = "rollout-failed"
-
-
 LOAD_FAILED = "load-failed"
-
-
 VALIDATION_FAILED = "validation-failed"
-
-
 ROLLOUT_SUCCEEDED = "rollout-succeeded"
-
-
 UNLOAD_FAILED = "unload-failed"
-
-
 REVISION_REFUSED = "revision-refused"
-
-
 assert {ROLLOUT_FAILED, LOAD_FAILED, VALIDATION_FAILED, ROLLOUT_SUCCEEDED} <= set(KINDS)
-
 
 # The Alertmanager alert each kind fires, or (a success) resolves.
 ALERT_NAMES = {
@@ -75,17 +61,10 @@ ALERT_NAMES = {
     ROLLOUT_SUCCEEDED: "TritonGitopsRolloutFailed",
 }
 
-
 # The labels that say which failure a success resolves; severity may differ between the two.
 _IDENTITY = ("alertname", "model", "server")
-
-
 QUEUE_LIMIT = 1000
-
-
 _RETRY_STATUSES = frozenset({408, 425, 429})
-
-
 _INVALID_NAME_CHARACTERS = re.compile(r"[^a-zA-Z0-9_]")
 
 

@@ -62,14 +62,8 @@ from pathlib import Path
 from reconciler.model.errors import ArtifactError
 
 EMPTY_DIGEST = "sha256:" + hashlib.sha256(b"").hexdigest()
-
-
 _SKIPPED_FOLDER = "__pycache__"
-
-
 _SKIPPED_SUFFIX = ".pyc"
-
-
 _CHUNK = 1 << 20
 
 

@@ -13,11 +13,7 @@ import threading
 import urllib.parse
 
 _concealed: set[str] = set()
-
-
 _concealed_lock = threading.Lock()
-
-
 # Shorter values would hide ordinary words; no real token or secret is this short.
 _SHORTEST_CONCEALED = 6
 

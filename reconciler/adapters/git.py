@@ -40,11 +40,7 @@ _REFSPECS = [
     "+refs/tags/*:refs/tags/*",
     "+HEAD:refs/remotes/origin/HEAD",
 ]
-
-
 _SYMLINK_MODE = 0o120000
-
-
 _NON_INTERACTIVE = {"GIT_TERMINAL_PROMPT": "0"}
 
 

@@ -35,40 +35,17 @@ from reconciler.ports import FiguresSource
 
 log = logging.getLogger(__name__)
 
-
 SUCCESS = "nv_inference_request_success"
-
-
 FAILURE = "nv_inference_request_failure"
-
-
 DURATION = "nv_inference_request_duration_us"
-
-
 PENDING = "nv_inference_pending_request_count"  # a gauge: queued, not executing
-
-
 INFERENCES = "nv_inference_count"
-
-
 GPU_MEMORY = "nv_gpu_memory_used_bytes"
-
-
 CPU_MEMORY = "nv_cpu_memory_used_bytes"
-
-
 GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
-
-
 CPU_MEMORY_TOTAL = "nv_cpu_memory_total_bytes"
-
-
 _PER_MODEL = (SUCCESS, FAILURE, DURATION, PENDING, INFERENCES)
-
-
 _MEMORY = (GPU_MEMORY, CPU_MEMORY, GPU_MEMORY_TOTAL, CPU_MEMORY_TOTAL)
-
-
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 

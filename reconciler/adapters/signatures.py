@@ -35,17 +35,9 @@ from reconciler.model.source import CommitVerdict, SignaturePolicy, SignatureSta
 # Without a last applied commit, ``all`` would check the whole history; this many commits back
 # from the new one is where it stops.
 DEFAULT_HISTORY_LIMIT = 100
-
-
 KEY_SUFFIXES = (".asc", ".gpg")
-
-
 _TIMEOUT = 120.0
-
-
 _TRAILER_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*$")
-
-
 # gpg.conf of the reconciler's keyring: never reach out for keys, never start an agent
 # (verifying needs no secret key).
 _GPG_CONF = "no-autostart\nno-auto-key-retrieve\nno-auto-key-import\n"

@@ -99,8 +99,6 @@ CREATE TABLE IF NOT EXISTS open_alerts (
 
 
 log = logging.getLogger("triton_gitops.state")
-
-
 _SIDE_FILES = ("", "-wal", "-shm")  # SQLite's WAL and shared-memory files go with the store
 
 

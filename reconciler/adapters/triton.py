@@ -83,13 +83,10 @@ class _LastObservation:
 
 _EPOCHS = itertools.count()
 
-
 # tritonclient's own channel options (message sizes, keepalive), plus a bound on gRPC's
 # reconnect backoff (1 s up to 120 s by default): a client kept from pass to pass must find a
 # restarted server within a second, not minutes after it came back.
 _KEEPALIVE = triton_grpc.KeepAliveOptions()
-
-
 _CHANNEL = [
     ("grpc.max_send_message_length", triton_grpc.MAX_GRPC_MESSAGE_SIZE),
     ("grpc.max_receive_message_length", triton_grpc.MAX_GRPC_MESSAGE_SIZE),

@@ -29,8 +29,6 @@ from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
 # any other key reloads every version of the model (in the background, the old instance
 # serving meanwhile). See triton-on-cpu.md, "Model-control facts".
 IN_PLACE_KEYS = frozenset({"version_policy", "instance_group"})
-
-
 INTERFACE_KEYS = ("input", "output")
 
 

@@ -112,8 +112,6 @@ class ApplyResult:
 
 
 Progress = Callable[[StepResult], None]
-
-
 # Called as a staged rollout starts each stage: the servers whose stages passed, and the
 # servers this stage is about to touch with the versions they served before.
 StagedProgress = Callable[[RolloutPlan, tuple[str, ...], Mapping[str, tuple[int, ...]]], None]

@@ -29,13 +29,8 @@ from reconciler.model.plan import Action, ModelChange, Plan, Step
 from reconciler.views.render import FORMAT_VERSION, plan_text
 
 DIFF_MARKER = "<!-- triton-gitops diff -->"
-
-
 PLAN_MARKER = "<!-- triton-gitops plan -->"
-
-
 _CELL_LIMIT = 60  # longer config values are cut in tables; the details block has them whole
-
 
 _WARNING_TITLES = {
     WarningKind.UNLOAD: "Unloads a model",

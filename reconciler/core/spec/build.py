@@ -35,8 +35,6 @@ from reconciler.model.spec import (
 )
 
 _DURATION = re.compile(r"^([0-9]+)(ms|s|m|h)$")
-
-
 _SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
 
 

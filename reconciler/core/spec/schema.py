@@ -22,8 +22,6 @@ import jsonschema
 import referencing
 
 API_VERSION = "triton-gitops/v1alpha1"
-
-
 KIND_SCHEMAS = {
     "TritonServer": "triton-server.schema.json",
     "ModelDeployment": "model-deployment.schema.json",

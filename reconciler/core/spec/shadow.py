@@ -16,8 +16,6 @@ from reconciler.model.errors import Problem, ValidationError
 from reconciler.model.spec import DesiredState, Tensor
 
 MAX_SHADOW_REQUESTS = 10_000
-
-
 MAX_SHADOW_FILE_BYTES = 64 << 20
 
 

@@ -19,16 +19,10 @@ from reconciler.core.spec.schema import JsonPath, _foreign_value, _where, _yaml_
 from reconciler.model.errors import Problem
 
 MANIFEST_SUFFIXES = (".yaml", ".yml")
-
-
 # Caps that keep hostile manifests (YAML bombs, deep nesting, huge files) bounded in time and
 # memory. A real manifest is a few kilobytes, a few levels deep, a few hundred values.
 MAX_MANIFEST_BYTES = 1 << 20  # per file, checked before parsing
-
-
 MAX_YAML_DEPTH = 64  # nesting of collections, counted through aliases
-
-
 MAX_YAML_VALUES = 100_000  # per file, every alias counted as the values it stands for
 
 
