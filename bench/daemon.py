@@ -85,8 +85,13 @@ from reconciler.loop.reconcile import reconcile
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import MODELS, ManifestRepo, write_model_repository
-from tests.integration.flows import deployment_doc, server_doc
+from testkit.manifests import (
+    MODELS,
+    ManifestRepo,
+    deployment_doc,
+    server_doc,
+    write_model_repository,
+)
 
 MODEL = "echo"
 FLOOR_MODEL = "echo-floor"  # echo under another name, loaded by hand only

@@ -113,8 +113,8 @@ from reconciler.model.reports import PassReport
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import MODELS as TEST_MODELS_DIR
-from tests.conftest import ManifestRepo, write_model_repository
+from testkit.manifests import MODELS as TEST_MODELS_DIR
+from testkit.manifests import ManifestRepo, write_model_repository
 
 DNS = "triton-fleet.bench.test"
 RESULTS = Path(__file__).parent / "results"

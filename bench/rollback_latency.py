@@ -67,10 +67,9 @@ from reconciler.model.reports import PassReport
 from reconciler.model.results import ChangeResult, Outcome
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
+from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo, write_model_repository
-from tests.integration.flows import server_doc
-from tests.loadgen import LoadGenerator, Sample
+from testkit.manifests import ManifestRepo, server_doc, write_model_repository
 
 MODEL = "echo"
 SERVER = "edge-a"

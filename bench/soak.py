@@ -60,10 +60,9 @@ from typing import Any
 
 from bench.daemon import BenchError, Index, Service, children, wait_for
 from bench.swap_under_load import machine, other_tritonservers, provenance
+from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo, write_model_repository
-from tests.integration.flows import deployment_doc, server_doc
-from tests.loadgen import LoadGenerator, Sample
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
 
 MODEL = "echo"
 SERVERS = ("edge-a", "edge-b")

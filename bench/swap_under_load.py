@@ -63,10 +63,10 @@ from bench.machine import host
 from reconciler.adapters.git import GitSource
 from reconciler.adapters.state import StateStore
 from reconciler.core.triton_config import with_versions
+from testkit.cli_run import Reconciler
+from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo, write_model_repository
-from tests.integration.flows import Reconciler, deployment_doc, server_doc
-from tests.loadgen import LoadGenerator, Sample
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
 
 MODEL = "echo"
 SERVER = "edge-a"

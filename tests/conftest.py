@@ -1,54 +1,20 @@
-"""Fixtures shared by the whole suite: real tritonserver processes, real Git remotes."""
+"""Fixtures shared by the whole suite: real tritonserver processes, real Git remotes.
+
+The helpers behind them (the test models, ``ManifestRepo``, ``LocalTriton``...) live in
+``testkit/``, where the benchmarks and the demo use them too.
+"""
 
 from __future__ import annotations
 
-import compileall
-import shutil
-import subprocess
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from testkit.local_triton import LocalTriton
+from testkit.manifests import ManifestRepo, write_model_repository
 
 pytest_plugins = ("tests.services", "tests.signing")
-
-MODELS = Path(__file__).parent / "triton_models"
-# Versions written for every test model; see model.py for how 3, 4, 5, 6 and 9 misbehave.
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 9)
-TEST_MODELS = ("echo", "other")
-# An ensemble over echo then other (answers INPUT0 * v_echo * v_other); its one version folder
-# is empty, as Triton requires.
-ENSEMBLE = "chain"
-# A sequence model (Python backend, sequence_batching): a running sum per sequence * version.
-SEQUENCE_MODEL = "counter"
-SEQUENCE_VERSIONS = (1, 2)
-
-
-def write_model_repository(root: Path) -> Path:
-    """A Triton model repository with the test models, compiled ahead of the first load.
-
-    Python models write __pycache__ on first import, which changes mtimes and makes Triton
-    fully reload that version on the next load; compiling ahead avoids that.
-    """
-    for name in TEST_MODELS:
-        folder = root / name
-        folder.mkdir(parents=True)
-        config = (MODELS / "echo" / "config.pbtxt").read_text().replace('"echo"', f'"{name}"')
-        (folder / "config.pbtxt").write_text(config)
-        for version in VERSIONS:
-            (folder / str(version)).mkdir()
-            shutil.copy(MODELS / "echo" / "model.py", folder / str(version) / "model.py")
-    (root / ENSEMBLE / "1").mkdir(parents=True)
-    shutil.copy(MODELS / ENSEMBLE / "config.pbtxt", root / ENSEMBLE / "config.pbtxt")
-    for version in SEQUENCE_VERSIONS:
-        (root / SEQUENCE_MODEL / str(version)).mkdir(parents=True)
-        shutil.copy(MODELS / SEQUENCE_MODEL / "model.py", root / SEQUENCE_MODEL / str(version))
-    shutil.copy(MODELS / SEQUENCE_MODEL / "config.pbtxt", root / SEQUENCE_MODEL / "config.pbtxt")
-    compileall.compile_dir(root, quiet=1)
-    return root
 
 
 @pytest.fixture(scope="session")
@@ -72,44 +38,6 @@ def triton_b(model_repository: Path, tmp_path: Path) -> Iterator[LocalTriton]:
         yield server
     finally:
         server.stop()
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
-class ManifestRepo:
-    """A bare Git remote (reached over file://) and a clone that tests commit and push from."""
-
-    def __init__(self, root: Path) -> None:
-        self.bare = root / "remote.git"
-        self.work = root / "work"
-        root.mkdir(parents=True, exist_ok=True)
-        git(root, "init", "--quiet", "--bare", "--initial-branch=main", str(self.bare))
-        git(root, "clone", "--quiet", str(self.bare), str(self.work))
-        git(self.work, "config", "user.email", "tests@triton-gitops.invalid")
-        git(self.work, "config", "user.name", "triton-gitops tests")
-        git(self.work, "checkout", "--quiet", "-b", "main")
-
-    @property
-    def url(self) -> str:
-        return self.bare.as_uri()
-
-    def write(self, path: str, text: str) -> None:
-        target = self.work / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(textwrap.dedent(text))
-
-    def remove(self, path: str) -> None:
-        git(self.work, "rm", "--quiet", path)
-
-    def commit(self, message: str) -> str:
-        git(self.work, "add", "--all")
-        git(self.work, "commit", "--quiet", "--allow-empty", "-m", message)
-        git(self.work, "push", "--quiet", "origin", "HEAD:main")
-        return git(self.work, "rev-parse", "HEAD")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ManifestRepo, git
+from testkit.manifests import ManifestRepo, git
 from tests.services import find_binary
 
 # Olga's key lives one day from this moment on; her commits are signed at noon that day.

@@ -20,7 +20,7 @@ from reconciler.model.history import AlertEvent
 from testkit.local_triton import free_port
 
 if TYPE_CHECKING:
-    from tests.services import Alertmanager
+    from testkit.services import Alertmanager
 
 pytest_plugins = ("tests.services",)
 

@@ -17,7 +17,7 @@ import pytest
 from reconciler.adapters import artifacts
 from reconciler.adapters.artifacts import EMPTY_DIGEST, digest_lines, tree_digest, version_digests
 from reconciler.model.errors import ArtifactError, ReconcileError
-from tests.conftest import MODELS
+from testkit.manifests import MODELS
 
 MODEL_PY = b"print('hi')\n"
 RUN_SH = b"#!/bin/sh\necho ok\n"

@@ -11,7 +11,7 @@ from reconciler.adapters.credentials import redact
 from reconciler.adapters.git import GitSource
 from reconciler.core.spec.yaml import UnreadFile
 from reconciler.model.errors import SourceUnavailable
-from tests.conftest import ManifestRepo, git
+from testkit.manifests import ManifestRepo, git
 
 
 def test_reads_branch_tag_and_commit(manifests: ManifestRepo, tmp_path: Path) -> None:

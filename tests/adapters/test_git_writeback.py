@@ -10,7 +10,7 @@ import pytest
 from reconciler.adapters.git import GitWriter
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.model.source import RevertEdit
-from tests.conftest import ManifestRepo, git
+from testkit.manifests import ManifestRepo, git
 
 SERVERS = """\
 apiVersion: triton-gitops/v1alpha1

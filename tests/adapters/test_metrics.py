@@ -21,7 +21,7 @@ from reconciler.model.errors import VerifyFailed
 from reconciler.model.spec import Tensor
 from reconciler.ports import FiguresSource
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import MODELS
+from testkit.manifests import MODELS
 
 if TYPE_CHECKING:
     from tests.services import StartPrometheus

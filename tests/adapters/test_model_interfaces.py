@@ -23,7 +23,7 @@ from reconciler.model.errors import ServerUnavailable, VerifyFailed
 from reconciler.model.serving import ModelInterface, TensorSignature, interface_difference
 from reconciler.model.spec import Tensor
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import ENSEMBLE, SEQUENCE_MODEL
+from testkit.manifests import ENSEMBLE, SEQUENCE_MODEL
 
 ONES = Tensor("INPUT0", "FP32", (1, 4), (1.0, 1.0, 1.0, 1.0))
 ECHO_INTERFACE = ModelInterface(

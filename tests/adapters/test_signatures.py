@@ -31,7 +31,7 @@ from reconciler.model.errors import (
     UnverifiedRevision,
 )
 from reconciler.model.source import SignaturePolicy, SignatureStatus
-from tests.conftest import ManifestRepo, git
+from testkit.manifests import ManifestRepo, git
 from tests.signing import Keys, commit
 
 

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from testkit.cli_run import Reconciler, cli
+from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo, git
-from tests.integration.flows import Reconciler, cli, ready_versions, served_factor, server_doc
-from tests.loadgen import LoadGenerator
-from tests.services import ALERTMANAGER_BINARIES, Alertmanager, StartPrometheus, find_binary
+from testkit.manifests import ManifestRepo, git, server_doc
+from testkit.services import ALERTMANAGER_BINARIES, Alertmanager
+from tests.integration.flows import ready_versions, served_factor
+from tests.services import StartPrometheus, find_binary
 
 CHECKS = """\
       checks:

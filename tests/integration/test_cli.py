@@ -9,15 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import ManifestRepo, git
-from tests.integration.flows import (
-    Reconciler,
-    cli,
-    deployment_doc,
-    ready_versions,
-    server_doc,
-)
+from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
+from tests.integration.flows import ready_versions
 
 
 @pytest.mark.parametrize("command", ["validate", "plan", "apply"])

@@ -24,17 +24,11 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from reconciler.adapters.state import StateStore
+from testkit.cli_run import CliRun, cli
+from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo, git
-from tests.integration.flows import (
-    CliRun,
-    cli,
-    deployment_doc,
-    ready_versions,
-    served_factor,
-    server_doc,
-)
-from tests.loadgen import LoadGenerator
+from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
+from tests.integration.flows import ready_versions, served_factor
 
 
 @pytest.fixture(scope="module")

@@ -3,29 +3,25 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import json
-import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import tritonclient.grpc as triton_grpc
 
 from reconciler.service.telemetry import fewer_malloc_arenas
-from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import ManifestRepo
-from tests.integration.flows import deployment_doc, ready_versions, server_doc
+from testkit.local_triton import LocalTriton
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.service_process import Service, ServiceOptions
+from tests.integration.flows import ready_versions
 from tests.services import StartPrometheus
 
 SECRET = "webhook-s3cret-value"
@@ -45,93 +41,14 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> floa
     raise AssertionError(f"not within {timeout}s: {what}")
 
 
-@dataclass
-class Service:
-    """The reconciler service in its own process, ended by its pid."""
-
-    repo: str
-    workdir: Path
-    extra: tuple[str, ...] = ()
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log(self) -> Path:
-        return self.workdir / "reconciler.log"
-
-    def start(self) -> Service:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "secret").write_text(SECRET)
-        env = dict(os.environ, TRITON_GITOPS_RECONCILE_TOKEN=TOKEN)
-        command = [
-            sys.executable, "-m", "reconciler", "run",
-            "--repo", self.repo,
-            "--state", str(self.workdir / "state.db"),
-            "--cache-dir", str(self.workdir / "cache"),
-            "--listen", f"127.0.0.1:{self.port}",
-            "--interval", "300", "--jitter", "0",  # only the first pass, webhooks and watch
-            "--watch-interval", "0.5",
-            "--call-timeout", "2",
-            "--github-secret-file", str(self.workdir / "secret"),
-            *self.extra,
-        ]  # fmt: skip
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        wait_until(lambda: self.get("/healthz")[0] == 200, 30, "the service answers")
-        return self
-
-    def stop(self) -> int:
-        process, self.process = self.process, None
-        if process is None:
-            return 0
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                return process.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                raise
-        return process.returncode
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
-
-    def post(self, path: str, body: bytes, headers: dict[str, str]) -> int:
-        request = urllib.request.Request(self.url + path, body, headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                return int(response.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-
-    def events(self) -> list[dict[str, object]]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        return [json.loads(line) for line in lines if line.startswith("{")]
-
-    def passes(self) -> int:
-        return sum(e.get("message") == "pass finished" for e in self.events())
+# The service as these tests start it: a short call timeout, so that an unreachable server
+# is reported within seconds.
+OPTIONS = ServiceOptions(secret=SECRET, token=TOKEN, call_timeout=2)
 
 
-def github_push(service: Service, secret: str = SECRET) -> int:
-    body = json.dumps({"ref": "refs/heads/main"}).encode()
-    signature = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    return service.post(
-        "/webhook/github",
-        body,
-        {"X-Hub-Signature-256": signature, "X-GitHub-Event": "push",
-         "Content-Type": "application/json"},
-    )  # fmt: skip
+def service_process(repo: str, workdir: Path, extra: tuple[str, ...] = ()) -> Service:
+    """The service over ``repo``, not started; ``extra``: more command-line options."""
+    return Service(repo, workdir, replace(OPTIONS, extra=extra))
 
 
 @contextlib.contextmanager
@@ -146,7 +63,7 @@ def echo_service(
     manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
     manifests.commit("deploy echo 1")
-    running = Service(manifests.url, workdir, extra).start()
+    running = service_process(manifests.url, workdir, extra).start()
     try:
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "the first pass")
         yield running
@@ -169,14 +86,14 @@ def test_signed_webhook_is_served_and_unsigned_refused(
     manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
     manifests.commit("echo 2")
     before = service.passes()
-    assert github_push(service, secret="not-the-secret") == 401
+    assert service.github_push(secret="not-the-secret") == 401
     assert service.post("/webhook/github", b"{}", {"Content-Type": "application/json"}) == 401
     assert service.post("/reconcile", b"{}", {"Authorization": "Bearer wrong"}) == 401
     time.sleep(1.5)
     assert service.passes() == before  # nothing triggered
     assert ready_versions(triton, "echo") == {1}
 
-    assert github_push(service) == 202
+    assert service.github_push() == 202
     took = wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "echo 2 serves")
     # Triton's own load of a Python model takes about 1.4 s here; the rest is ours.
     assert took < 10
@@ -204,7 +121,7 @@ def test_oversized_and_slow_webhooks_do_not_block(service: Service) -> None:
         slow.sendall(b"POST /webhook/github HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n")
         started = time.monotonic()
         assert service.get("/healthz")[0] == 200
-        assert github_push(service) == 202
+        assert service.github_push() == 202
         assert time.monotonic() - started < 2
 
 
@@ -260,7 +177,7 @@ def test_sigterm_during_a_load_finishes_the_step(
 ) -> None:
     manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"]))  # 3 s to load
     manifests.commit("echo 7, slow to load")
-    assert github_push(service) == 202
+    assert service.github_push() == 202
 
     def loading() -> bool:
         with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
@@ -307,13 +224,13 @@ def test_dry_run_and_suspend_change_nothing(
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
     manifests.write("other.yaml", deployment_doc("other", [1], ["edge-a"]) + "  suspend: true\n")
     manifests.commit("echo 1; other suspended")
-    dry = Service(manifests.url, tmp_path / "dry", ("--dry-run",)).start()
+    dry = service_process(manifests.url, tmp_path / "dry", ("--dry-run",)).start()
     try:
         wait_until(lambda: dry.passes() >= 1, 20, "a dry pass")
         assert ready_versions(triton, "echo") == set()
     finally:
         assert dry.stop() == 0
-    real = Service(manifests.url, tmp_path / "real").start()
+    real = service_process(manifests.url, tmp_path / "real").start()
     try:
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 20, "echo deployed")
         assert ready_versions(triton, "other") == set()  # suspended: left as it is

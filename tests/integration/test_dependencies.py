@@ -35,13 +35,15 @@ from reconciler.model.results import Outcome, StepResult
 from reconciler.model.settings import AnalysisSettings, Settings, TritonSettings
 from reconciler.model.source import Source
 from reconciler.wiring import ports
+from testkit.cli_run import Reconciler
+from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton, end_process_group, free_port
-from tests.conftest import ManifestRepo
-from tests.integration.flows import Reconciler, deployment_doc, ready_versions, server_doc
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.services import Alertmanager, Prometheus
+from tests.integration.flows import ready_versions
 from tests.integration.test_analysis import analysed, wait_for_series
 from tests.integration.test_daemon import wait_until
-from tests.loadgen import LoadGenerator
-from tests.services import Alertmanager, Prometheus, StartPrometheus
+from tests.services import StartPrometheus
 
 SUCCESS_ONLY = """\
       checks:

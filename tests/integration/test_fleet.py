@@ -16,10 +16,11 @@ from typing import Any, ClassVar
 import pytest
 from tritonclient.utils import InferenceServerException
 
+from testkit.cli_run import Reconciler, cli
+from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import ManifestRepo
-from tests.integration.flows import Reconciler, cli, deployment_doc, ready_versions, server_doc
-from tests.loadgen import LoadGenerator
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from tests.integration.flows import ready_versions
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 

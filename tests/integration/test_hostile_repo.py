@@ -14,9 +14,10 @@ from reconciler.adapters.git import GitSource
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.yaml import MAX_MANIFEST_BYTES
 from reconciler.model.errors import ValidationError
+from testkit.cli_run import Reconciler
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo, git
-from tests.integration.flows import Reconciler, deployment_doc, ready_versions, server_doc
+from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
+from tests.integration.flows import ready_versions
 
 
 def repository_index(server: LocalTriton) -> set[tuple[str, str, str]]:

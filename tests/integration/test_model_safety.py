@@ -15,16 +15,11 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
+from testkit.cli_run import Reconciler, cli
+from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo, write_model_repository
-from tests.integration.flows import (
-    Reconciler,
-    cli,
-    deployment_doc,
-    ready_versions,
-    server_doc,
-)
-from tests.loadgen import LoadGenerator
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
+from tests.integration.flows import ready_versions
 
 
 def _servers(manifests: ManifestRepo, *servers: tuple[str, LocalTriton, Path]) -> None:

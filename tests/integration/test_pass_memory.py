@@ -19,8 +19,8 @@ from reconciler.model.spec import TritonServer
 from reconciler.ports import TritonClient
 from reconciler.wiring import new_client, ports
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import ManifestRepo
-from tests.integration.flows import deployment_doc, ready_versions, server_doc
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from tests.integration.flows import ready_versions
 
 CONFIG = "  config:\n    instance_group: [{kind: KIND_CPU, count: 1}]\n"
 

@@ -10,16 +10,10 @@ from typing import ClassVar
 
 import pytest
 
+from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import ManifestRepo
-from tests.integration.flows import (
-    Reconciler,
-    cli,
-    deployment_doc,
-    ready_versions,
-    served_factor,
-    server_doc,
-)
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from tests.integration.flows import ready_versions, served_factor
 
 
 @pytest.fixture

@@ -13,15 +13,10 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
+from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo, git
-from tests.integration.flows import (
-    Reconciler,
-    cli,
-    deployment_doc,
-    ready_versions,
-    server_doc,
-)
+from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
+from tests.integration.flows import ready_versions
 from tests.signing import Keys, commit
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ci"

@@ -26,18 +26,12 @@ from reconciler.model.settings import GitSettings, RunSettings, Settings
 from reconciler.model.source import GitCredentials, RevertEdit, Source
 from reconciler.service.daemon import Daemon
 from reconciler.service.telemetry import JsonLogFormatter
+from testkit.cli_run import CliRun, Reconciler, cli
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo
-from tests.integration.flows import (
-    CliRun,
-    Reconciler,
-    cli,
-    deployment_doc,
-    ready_versions,
-    server_doc,
-)
-from tests.integration.test_daemon import Service, wait_until
-from tests.services import Alertmanager
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.services import Alertmanager
+from tests.integration.flows import ready_versions
+from tests.integration.test_daemon import service_process, wait_until
 
 
 @dataclass
@@ -187,7 +181,7 @@ def test_no_planted_secret_appears_in_any_output(
     # The service: a good push, bad webhooks of every kind, then a pass serving echo 1.
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
     manifests.commit("echo 1")
-    service = Service(
+    service = service_process(
         manifests.url,
         tmp_path / "service",
         (
@@ -232,7 +226,7 @@ def test_no_planted_secret_appears_in_any_output(
         failed = broken.apply(*common)
         assert failed.code == 1 and "cannot fetch" in failed.err, failed.err
         record(f"apply {name} remote", failed)
-    down = Service(https, tmp_path / "service-down", common).start()
+    down = service_process(https, tmp_path / "service-down", common).start()
     try:
         wait_until(
             lambda: any(e.get("result") == "source-unavailable" for e in down.events()),

@@ -27,9 +27,10 @@ from reconciler.service.daemon import Daemon
 from reconciler.service.http import BodyTooLarge, read_chunked
 from reconciler.service.webhooks import DeliveryMemory
 from testkit.local_triton import LocalTriton, free_port
-from tests.conftest import ManifestRepo
-from tests.integration.flows import deployment_doc, ready_versions
-from tests.integration.test_daemon import SECRET, Service, echo_service, wait_until
+from testkit.manifests import ManifestRepo, deployment_doc
+from testkit.service_process import Service
+from tests.integration.flows import ready_versions
+from tests.integration.test_daemon import SECRET, echo_service, wait_until
 
 GITLAB_TOKEN = "gitlab-t0ken-value"
 LIMIT = 1 << 20  # RunSettings.max_body_bytes, the default the service runs with

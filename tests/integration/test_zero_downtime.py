@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testkit.cli_run import Reconciler
+from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
-from tests.conftest import ManifestRepo
-from tests.integration.flows import Reconciler, deployment_doc, ready_versions, server_doc
-from tests.loadgen import LoadGenerator
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from tests.integration.flows import ready_versions
 
 
 def test_swaps_under_load_drop_no_request(

@@ -1,4 +1,4 @@
-"""A client load generator for zero-downtime tests and the swap benchmark.
+"""A client load generator for the zero-downtime tests and the benchmarks.
 
 Several threads send unversioned requests to one model in a loop (each with its own gRPC
 client) and record every outcome: which version answered (the test models multiply their
