@@ -51,16 +51,12 @@ import compileall
 import contextlib
 import cProfile
 import gc
-import hashlib
-import hmac
 import itertools
 import json
 import logging
 import os
 import pstats
 import shutil
-import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,22 +65,29 @@ import time
 import tracemalloc
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import tritonclient.grpc as triton_grpc
-from prometheus_client.parser import text_string_to_metric_families
-
-from bench.rollback_latency import machine, provenance, summary
-from bench.swap_under_load import other_tritonservers
-from reconciler.core.triton_config import parse_pbtxt, with_versions
+from bench.harness.errors import VOID, BenchError
+from bench.harness.provenance import (
+    children,
+    machine,
+    other_tritonservers,
+    provenance,
+    tree_digest,
+)
+from bench.harness.report import md_table
+from bench.harness.report import number as _number
+from bench.harness.service import measured_service
+from bench.harness.stats import slope_per_100, summary
+from bench.harness.triton import Index, wait_for
+from reconciler.core.triton_config import parse_pbtxt
 from reconciler.loop.reconcile import reconcile
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
-from testkit.local_triton import LocalTriton, free_port
+from testkit.local_triton import LocalTriton
 from testkit.manifests import (
     MODELS,
     ManifestRepo,
@@ -92,37 +95,17 @@ from testkit.manifests import (
     server_doc,
     write_model_repository,
 )
+from testkit.service_process import Service
 
 MODEL = "echo"
 FLOOR_MODEL = "echo-floor"  # echo under another name, loaded by hand only
 SERVER = "edge-a"
-SECRET = "bench-webhook-secret"
-TOKEN = "bench-reconcile-token"
-POLL_S = 0.01
 OVERHEAD_TARGET_S = 1.0
 RSS_TARGET_MB = 80.0
 FLAT_KB_PER_1000 = 1024.0  # "flat": under 1 MB per 1,000 passes once warmed up
 WARM_PASSES = 100  # samples before this pass are left out of the "after warm-up" slope
 RESULTS = Path(__file__).parent / "results"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-class BenchError(RuntimeError):
-    """Something did not end where it should have; the measurement is void."""
-
-
-def wait_for(
-    condition: Callable[[], bool], timeout: float, what: str, poll: float = POLL_S
-) -> float:
-    """time.monotonic() when ``condition`` first held; BenchError after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(Exception):
-            if condition():
-                return time.monotonic()
-        if time.monotonic() > deadline:
-            raise BenchError(f"not within {timeout:g} s: {what}")
-        time.sleep(poll)
 
 
 # -- the model repository and the manifests --------------------------------------------------
@@ -158,150 +141,7 @@ def _event_time(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(str(event["time"])).timestamp()
 
 
-@dataclass
-class Service:
-    """``python -m reconciler run`` in its own process group, ended by its pid."""
-
-    repo: str
-    workdir: Path
-    watch_interval: float
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-    scrapes: int = 0  # GET /metrics made by this benchmark
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log(self) -> Path:
-        return self.workdir / "reconciler.log"
-
-    @property
-    def pid(self) -> int:
-        if self.process is None:
-            raise BenchError("the service is not running")
-        return self.process.pid
-
-    def start(self) -> Service:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        (self.workdir / "github-secret").write_text(SECRET)
-        env = dict(os.environ, TRITON_GITOPS_RECONCILE_TOKEN=TOKEN)
-        command = [
-            sys.executable, "-m", "reconciler", "run",
-            "--repo", self.repo,
-            "--state", str(self.workdir / "state.db"),
-            "--cache-dir", str(self.workdir / "cache"),
-            "--listen", f"127.0.0.1:{self.port}",
-            "--interval", "3600", "--jitter", "0",  # only the first pass comes from the timer
-            "--watch-interval", f"{self.watch_interval:g}",
-            "--github-secret-file", str(self.workdir / "github-secret"),
-        ]  # fmt: skip
-        with self.log.open("ab") as log:
-            self.process = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-        wait_for(lambda: self.get("/healthz")[0] == 200, 60, "the service answers", poll=0.05)
-        return self
-
-    def stop(self) -> int | None:
-        process, self.process = self.process, None
-        if process is None:
-            return None
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                return process.wait(90)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        return process.returncode
-
-    def get(self, path: str) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read()
-
-    def post(self, path: str, body: bytes, headers: dict[str, str]) -> int:
-        request = urllib.request.Request(self.url + path, body, headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=10) as response:
-                return int(response.status)
-        except urllib.error.HTTPError as exc:
-            return int(exc.code)
-
-    def github_push(self, sha: str) -> int:
-        body = json.dumps({"ref": "refs/heads/main", "after": sha}).encode()
-        signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
-        headers = {
-            "X-Hub-Signature-256": signature,
-            "X-GitHub-Event": "push",
-            "Content-Type": "application/json",
-        }
-        return self.post("/webhook/github", body, headers)
-
-    def reconcile_now(self) -> int:
-        return self.post("/reconcile", b"{}", {"Authorization": f"Bearer {TOKEN}"})
-
-    def metrics(self) -> dict[str, float]:
-        """Every sample of /metrics, keyed ``name{label="value",...}``."""
-        status, body = self.get("/metrics")
-        self.scrapes += 1
-        if status != 200:
-            raise BenchError(f"/metrics answered {status}")
-        values: dict[str, float] = {}
-        for family in text_string_to_metric_families(body.decode()):
-            for sample in family.samples:
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
-                values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
-        return values
-
-    def passes(self, metrics: dict[str, float] | None = None) -> dict[str, float]:
-        """Finished passes by result."""
-        metrics = self.metrics() if metrics is None else metrics
-        prefix = 'triton_gitops_passes_total{result="'
-        return {k[len(prefix) : -2]: v for k, v in metrics.items() if k.startswith(prefix)}
-
-    def pass_count(self) -> int:
-        return int(sum(self.passes().values()))
-
-    def wait_passes(self, more_than: int, timeout: float, what: str) -> int:
-        count = 0
-
-        def done() -> bool:
-            nonlocal count
-            count = self.pass_count()
-            return count > more_than
-
-        wait_for(done, timeout, what, poll=0.02)
-        return count
-
-    def events(self) -> list[dict[str, Any]]:
-        lines = self.log.read_text().splitlines() if self.log.exists() else []
-        events = []
-        for line in lines:
-            if line.startswith("{"):
-                with contextlib.suppress(ValueError):
-                    events.append(json.loads(line))
-        return events
-
-
 # -- the process, as /proc sees it -------------------------------------------------------------
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def _status_kb(pid: int, key: str) -> int:
@@ -344,64 +184,11 @@ def sample_process(pid: int, passes: int, started: float) -> dict[str, Any]:
 
 
 def slope_kb_per_100(samples: Sequence[dict[str, Any]]) -> float | None:
-    if len(samples) < 3:
-        return None
-    fit = statistics.linear_regression(
-        [float(s["pass"]) for s in samples], [float(s["rss_kb"]) for s in samples]
-    )
-    return fit.slope * 100
+    """RSS growth per 100 passes over ``samples`` (least squares)."""
+    return slope_per_100([float(x["pass"]) for x in samples], [float(x["rss_kb"]) for x in samples])
 
 
 # -- Triton, as the benchmark sees it -----------------------------------------------------------
-
-
-class Index:
-    """The benchmark's own gRPC client (a subchannel of its own: never one left in backoff)."""
-
-    def __init__(self, address: str) -> None:
-        self.client = triton_grpc.InferenceServerClient(
-            address, channel_args=[("grpc.use_local_subchannel_pool", 1)]
-        )
-
-    def close(self) -> None:
-        self.client.close()
-
-    def states(self, model: str) -> dict[int, str]:
-        index = self.client.get_model_repository_index(as_json=True).get("models", [])
-        return {
-            int(m["version"]): str(m.get("state", ""))
-            for m in index
-            if m.get("name") == model and m.get("version")
-        }
-
-    def ready(self, model: str) -> set[int]:
-        return {v for v, s in self.states(model).items() if s == "READY"}
-
-    def ready_models(self) -> set[str]:
-        index = self.client.get_model_repository_index(as_json=True).get("models", [])
-        return {str(m["name"]) for m in index if m.get("state") == "READY"}
-
-    def settle(self, model: str, version: int, timeout: float = 60.0) -> None:
-        """Exactly ``version`` READY and nothing LOADING or UNLOADING."""
-
-        def settled() -> bool:
-            states = self.states(model)
-            ready = {v for v, s in states.items() if s == "READY"}
-            busy = any(s in ("LOADING", "UNLOADING") for s in states.values())
-            return ready == {version} and not busy
-
-        wait_for(settled, timeout, f"{model} settles on {version}", poll=0.02)
-
-    def config(self, model: str) -> dict[str, Any]:
-        return dict(self.client.get_model_config(model, as_json=True)["config"])
-
-    def load(self, model: str, config: dict[str, Any], versions: list[int]) -> None:
-        body = json.dumps(with_versions(config, model, versions))
-        self.client.load_model(model, config=body, client_timeout=600)
-
-
-def serves_alone(index: Index, model: str, version: int) -> Callable[[], bool]:
-    return lambda: index.ready(model) == {version}
 
 
 def http_ok(server: LocalTriton, path: str) -> bool:
@@ -471,7 +258,7 @@ def hand_change(index: Index, old: int, new: int) -> dict[str, float]:
     t2 = wait_for(lambda: new in index.ready(FLOOR_MODEL), 120, "echo-floor new version READY")
     index.load(FLOOR_MODEL, config, [new])
     t3 = time.monotonic()
-    t4 = wait_for(serves_alone(index, FLOOR_MODEL, new), 120, "echo-floor new version alone")
+    t4 = wait_for(index.serves_alone(FLOOR_MODEL, new), 120, "echo-floor new version alone")
     return {
         "total": t4 - t0,
         "load_call": t1 - t0,
@@ -533,7 +320,7 @@ def webhook_changes(
         status = service.github_push(sha)
         if status != 202:
             raise BenchError(f"signed webhook answered {status}")
-        served = wait_for(serves_alone(index, MODEL, new), 120, f"echo {new} alone READY")
+        served = wait_for(index.serves_alone(MODEL, new), 120, f"echo {new} alone READY")
         served_wall = posted_wall + (served - t0)
         service.wait_passes(before, 120, "the webhook's pass is counted")
         until_wall = time.time()
@@ -644,11 +431,11 @@ def restart_floors(
         restart = Restart(server)
         try:
             live = restart.begin()
-            index = Index(server.grpc_address)
+            index = Index(server.grpc_address, own_subchannel=True)
             try:
                 index.load(MODEL, config, [version])
                 loaded = time.monotonic()
-                done = wait_for(serves_alone(index, MODEL, version), 120, "echo READY by hand")
+                done = wait_for(index.serves_alone(MODEL, version), 120, "echo READY by hand")
             finally:
                 index.close()
         finally:
@@ -680,8 +467,8 @@ def idle_passes(
     max_seconds: float,
 ) -> dict[str, Any]:
     metrics = service.metrics()
-    count = int(sum(service.passes(metrics).values()))
-    results_before = service.passes(metrics)
+    count = int(sum(service.passes_by_result(metrics).values()))
+    results_before = service.passes_by_result(metrics)
     histogram_before = (
         metrics["triton_gitops_pass_duration_seconds_sum"],
         metrics["triton_gitops_pass_duration_seconds_count"],
@@ -729,7 +516,7 @@ def idle_passes(
     )
     results = {
         k: v - results_before.get(k, 0.0)
-        for k, v in service.passes(metrics).items()
+        for k, v in service.passes_by_result(metrics).items()
         if v - results_before.get(k, 0.0)
     }
     events = [e for e in service.events() if _event_time(e) >= started_wall]
@@ -906,16 +693,6 @@ def tracemalloc_passes(source: Source, settings: Settings, passes: int) -> dict[
     }
 
 
-def tree_digest() -> str:
-    """A digest of the reconciler's code and schemas as they are on disk now (other sessions
-    edit them while benchmarks run)."""
-    root = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted([*root.glob("reconciler/**/*.py"), *root.glob("schemas/*.json")]):
-        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
 IMPORT_STEPS = (
     ("python (bare)", ""),
     ("+ numpy", "numpy"),
@@ -972,16 +749,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result: dict[str, Any] = {}
         try:
             server.start()
-            index = Index(server.grpc_address)
+            index = Index(server.grpc_address, own_subchannel=True)
             version = str(index.client.get_server_metadata(as_json=True)["version"])
-            result["machine"] = machine(version) | {"busy_at_start": busy_before}
+            result["machine"] = machine(version) | {
+                "load_average_at_start": os.getloadavg(),
+                "busy_at_start": busy_before,
+            }
 
             # 1. webhook to serving
             print("1. webhook to serving", file=sys.stderr)
             manifests.write("servers.yaml", server_doc(SERVER, server.grpc_address, repository))
             manifests.write("echo.yaml", deployment_doc(MODEL, [1], [SERVER]))
             manifests.commit("deploy echo 1")
-            service = Service(manifests.url, root / "service-a", args.watch_interval)
+            service = measured_service(manifests.url, root / "service-a", args.watch_interval)
             code["service_a_tree"] = tree_digest()
             services.append(service.start())
             wait_for(lambda: index is not None and index.ready(MODEL) == {1}, 120, "echo 1")
@@ -1015,14 +795,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ),
             )
             manifests.commit(f"{args.models} idle models")
-            service = Service(manifests.url, root / "service-b", args.watch_interval)
+            service = measured_service(manifests.url, root / "service-b", args.watch_interval)
             code["service_b_tree"] = tree_digest()
             services.append(service.start())
             at_start = sample_process(service.pid, 0, time.monotonic())
             t0 = time.monotonic()
             service.wait_passes(0, 60 + 30 * args.models, "the deploying pass")
             deploy_seconds = time.monotonic() - t0
-            index = Index(server.grpc_address)
+            index = Index(server.grpc_address, own_subchannel=True)
             expected = {idle_name(i) for i in range(args.models)}
             if not expected <= index.ready_models():
                 missing = sorted(expected - index.ready_models())
@@ -1068,7 +848,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "code": code,
                 "service_exit_codes": [service_a_exit, service_b_exit],
             }
-        except BenchError as exc:
+        except VOID as exc:
             RESULTS.mkdir(parents=True, exist_ok=True)
             kept = []
             for name, path in [("tritonserver", server.log_file)] + [
@@ -1234,15 +1014,15 @@ def report(args: argparse.Namespace, raw: dict[str, Any], seconds: float) -> dic
 
 
 def _f(value: float | None, digits: int = 0) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
+    return _number(value, digits, thousands=True)
 
 
-def _row(name: str, stats: dict[str, float] | None) -> str:
-    if stats is None:
-        return f"| {name} | - | - | - | - |"
-    return (
-        f"| {name} | {_f(stats['median'])} | {_f(stats['p90'])} | {_f(stats['max'])} | "
-        f"{_f(stats['min'])} |"
+def _ms_table(rows: Sequence[tuple[str, dict[str, float] | None]]) -> list[str]:
+    """Milliseconds: median, p90, max and min per row ('-' where nothing was measured)."""
+    keys = ("median", "p90", "max", "min")
+    return md_table(
+        ("ms", *keys),
+        [(name, *(_f(stats[k]) if stats else "-" for k in keys)) for name, stats in rows],
     )
 
 
@@ -1364,24 +1144,27 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"**Webhook to serving**, {w['changes']} changes after {s['warmup']} warm-up (ms):",
         "",
-        "| ms | median | p90 | max | min |",
-        "|---|---:|---:|---:|---:|",
-        _row("webhook to serving", w["webhook_to_serving"]),
-        _row("floor: the same change by hand", w["floor"]),
-        _row("**our overhead** (change by change)", w["overhead"]),
-        _row("service: webhook to pass start", sp["webhook_to_pass_start"]),
-        _row(
-            "service: pass start to load step (fetch, parse, observe, plan)",
-            sp["pass_start_to_first_step"],
+        *_ms_table(
+            [
+                ("webhook to serving", w["webhook_to_serving"]),
+                ("floor: the same change by hand", w["floor"]),
+                ("**our overhead** (change by change)", w["overhead"]),
+                ("service: webhook to pass start", sp["webhook_to_pass_start"]),
+                (
+                    "service: pass start to load step (fetch, parse, observe, plan)",
+                    sp["pass_start_to_first_step"],
+                ),
+                ("service: load step", sp["load_step"]),
+                ("floor: load call", w["floor_parts"]["load_call"]),
+                ("service: verify step", sp["verify_step"]),
+                ("service: unload step", sp["unload_step"]),
+                (
+                    "floor: unload call + poll",
+                    _sum_stats(w["floor_parts"], "unload_call", "unload_poll"),
+                ),
+                ("service: after serving, rest of the pass", sp["after_serving_in_pass"]),
+            ]
         ),
-        _row("service: load step", sp["load_step"]),
-        _row("floor: load call", w["floor_parts"]["load_call"]),
-        _row("service: verify step", sp["verify_step"]),
-        _row("service: unload step", sp["unload_step"]),
-        _row(
-            "floor: unload call + poll", _sum_stats(w["floor_parts"], "unload_call", "unload_poll")
-        ),
-        _row("service: after serving, rest of the pass", sp["after_serving_in_pass"]),
         "",
         f"- Under 1 s of our own overhead per change: "
         f"{verdict[met['overhead_per_change_under_1_s']]}: median {_f(w['overhead']['median'])} "
@@ -1392,15 +1175,17 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"**Restart to restored**, {r['restarts']} kill -9 restarts (ms):",
         "",
-        "| ms | median | p90 | max | min |",
-        "|---|---:|---:|---:|---:|",
-        _row("**live to echo restored**", r["live_to_restored"]),
-        _row("live to `/v2/health/ready` 200", r["live_to_ready"]),
-        _row("ready to echo restored (see below)", r["ready_to_restored"]),
-        _row("service: watch triggered the pass, after live", r["watch_triggered_after_live"]),
-        _row("service: the restoring pass", r["restoring_pass"]),
-        _row("service: its load step", r["load_step"]),
-        _row("floor: live to READY by hand", r["floor_live_to_ready_by_hand"]),
+        *_ms_table(
+            [
+                ("**live to echo restored**", r["live_to_restored"]),
+                ("live to `/v2/health/ready` 200", r["live_to_ready"]),
+                ("ready to echo restored (see below)", r["ready_to_restored"]),
+                ("service: watch triggered the pass, after live", r["watch_triggered_after_live"]),
+                ("service: the restoring pass", r["restoring_pass"]),
+                ("service: its load step", r["load_step"]),
+                ("floor: live to READY by hand", r["floor_live_to_ready_by_hand"]),
+            ]
+        ),
         "",
         f"- Restored {_f(restore_gap)} ms (median) later than a hand load on the freshly "
         f"started server; the watch looks every {s['watch_interval']:g} s, so up to that "
@@ -1615,7 +1400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("triton_gitops").propagate = False
     try:
         result = run(args)
-    except BenchError as exc:
+    except VOID as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
     args.output.parent.mkdir(parents=True, exist_ok=True)

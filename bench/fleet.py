@@ -52,7 +52,7 @@ A models axis point, 10 instances x 1,000 models (the same 10,000 pairs as 100 x
 that planning is linear in the product, not in instances alone. Then real Triton: 1 and 4
 ``LocalTriton`` processes (Triton 2.51 from nvidia-pytriton) on 127.0.0.2..5 with one shared
 gRPC port, discovered the same way, serving 4 copies of the test model ``echo``
-(``tests.conftest.write_model_repository``; each Python model is a backend process, so few),
+(``testkit.manifests.write_model_repository``; each Python model is a backend process, so few),
 deployed by a first apply; then no-op passes, beside the same shape (1 and 4 instances x 4
 models) on simulated instances.
 
@@ -101,8 +101,11 @@ import tritonclient.grpc as triton_grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-import reconciler.loop as loop
-from bench.machine import host
+import reconciler.loop.reconcile as loop
+import reconciler.wiring as wiring
+from bench.harness.errors import VOID, BenchError
+from bench.harness.provenance import REPO_ROOT, busy_processes, host, provenance
+from bench.harness.stats import median_range as summary
 from reconciler.core.plan.changes import target_config
 from reconciler.core.plan.planner import plan as plan_fn
 from reconciler.core.triton_config import canonical, config_drift, merge, with_versions
@@ -118,7 +121,6 @@ from testkit.manifests import ManifestRepo, write_model_repository
 
 DNS = "triton-fleet.bench.test"
 RESULTS = Path(__file__).parent / "results"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 TARGET_S = 2.0
 REAL_ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 DEFAULT_PARALLEL: int = next(
@@ -152,11 +154,6 @@ def triton_config(name: str) -> dict[str, Any]:
 
 def model_names(count: int) -> list[str]:
     return [f"m{i:04d}" for i in range(count)]
-
-
-class BenchError(RuntimeError):
-    """Something was not as the measurement needs it (a pass that is not a no-op, a helper
-    that did not start); the numbers would be void."""
 
 
 # -- the simulated Triton (runs in helper processes) -------------------------------------------
@@ -403,7 +400,7 @@ class Probe:
         self.times: dict[str, float] = defaultdict(float)
         self.cpu: dict[str, float] = defaultdict(float)  # this process, all threads
         self.plan_args: tuple[Any, ...] | None = None
-        self._saved: dict[str, Any] = {}
+        self._saved: dict[tuple[Any, str], Any] = {}
 
     def reset(self) -> None:
         self.times = defaultdict(float)
@@ -427,7 +424,7 @@ class Probe:
         probe = self
         timed = self._timed
 
-        class TimedGitSource(loop.GitSource):
+        class TimedGitSource(wiring.GitSource):
             def fetch(self, *args: Any, **kwargs: Any) -> Any:
                 return timed("fetch", super().fetch)(*args, **kwargs)
 
@@ -456,7 +453,7 @@ class Probe:
             def close(self) -> None:
                 timed("state", super().close)()
 
-        class TimedClient(loop.TritonServerClient):
+        class TimedClient(wiring.TritonServerClient):
             @classmethod
             def for_server(cls, server: Any, **options: Any) -> Any:
                 started, cpu = time.perf_counter(), time.process_time()
@@ -476,12 +473,13 @@ class Probe:
             probe.plan_args = args[:5]
             return original_plan(*args, **kwargs)
 
-        patches: dict[str, Any] = {
-            "GitSource": TimedGitSource,
-            "StateStore": TimedStateStore,
-            "TritonServerClient": TimedClient,
-            "observe": timed("observe", loop.observe),
-            "plan": timed("plan", capturing_plan),
+        # wiring builds the Git source and the clients; the pass looks up the rest
+        patches: dict[tuple[Any, str], Any] = {
+            (wiring, "GitSource"): TimedGitSource,
+            (wiring, "TritonServerClient"): TimedClient,
+            (loop, "StateStore"): TimedStateStore,
+            (loop, "observe"): timed("observe", loop.observe),
+            (loop, "plan"): timed("plan", capturing_plan),
         }
         for name, phase in (
             ("check_approved", "approve"),
@@ -498,7 +496,7 @@ class Probe:
             ("write_back", "write_back"),
         ):
             if hasattr(loop, name):  # the reconciler moves on; wrap what is there
-                patches[name] = timed(phase, getattr(loop, name))
+                patches[loop, name] = timed(phase, getattr(loop, name))
         for name in (
             "next_managed",
             "expected_serving",
@@ -512,15 +510,15 @@ class Probe:
             "problem_alerts",
         ):
             if hasattr(loop, name):
-                patches[name] = timed("bookkeeping", getattr(loop, name))
-        for name, value in patches.items():
-            self._saved[name] = getattr(loop, name)
-            setattr(loop, name, value)
+                patches[loop, name] = timed("bookkeeping", getattr(loop, name))
+        for (module, name), value in patches.items():
+            self._saved[module, name] = getattr(module, name)
+            setattr(module, name, value)
         return self
 
     def uninstall(self) -> None:
-        for name, value in self._saved.items():
-            setattr(loop, name, value)
+        for (module, name), value in self._saved.items():
+            setattr(module, name, value)
         self._saved = {}
 
 
@@ -646,15 +644,6 @@ def one_pass(
     )
     check_no_op(target, report)
     return sample
-
-
-def summary(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "n": len(values),
-    }
 
 
 def pass_summary(samples: Sequence[PassSample]) -> dict[str, Any]:
@@ -1008,6 +997,7 @@ def deploy(target: Target) -> float:
 
 
 def machine() -> dict[str, Any]:
+    """``host()``, the client libraries the pass runs on, and how busy the machine is."""
     return {
         **host(),
         "grpcio": importlib.metadata.version("grpcio"),
@@ -1017,42 +1007,6 @@ def machine() -> dict[str, Any]:
         "ulimit_nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
         "load_average_at_start": os.getloadavg(),
         "busy_processes_at_start": busy_processes(),
-    }
-
-
-def busy_processes(limit: int = 5) -> list[str]:
-    """The processes (not ours) with the most CPU time, to say how shared the machine was."""
-    try:
-        done = subprocess.run(
-            ["ps", "-eo", "pid,pcpu,etime,comm", "--sort=-pcpu"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return []
-    own = os.getpid()
-    rows = []
-    for line in done.stdout.splitlines()[1:]:
-        fields = line.split(None, 3)
-        if len(fields) == 4 and int(fields[0]) != own and float(fields[1]) >= 5.0:
-            rows.append(" ".join(fields))
-    return rows[:limit]
-
-
-def provenance() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True
-            )
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-        return done.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "uncommitted_reconciler_files": git("status", "--porcelain", "reconciler").splitlines(),
     }
 
 
@@ -1818,7 +1772,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     try:
         result = run(args)
-    except BenchError as exc:
+    except VOID as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
     args.output.write_text(json.dumps(result, indent=2, default=str) + "\n")

@@ -38,15 +38,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import importlib.metadata
 import json
 import logging
-import math
 import os
 import re
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,10 +51,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import tritonclient.grpc as triton_grpc
-
-from bench.machine import host
-from reconciler.core.triton_config import with_versions
+from bench.harness.errors import VOID, BenchError
+from bench.harness.provenance import machine, provenance
+from bench.harness.report import fixed, number
+from bench.harness.stats import summary
+from bench.harness.triton import Index
 from reconciler.loop.reconcile import reconcile
 from reconciler.model.analysis import RolloutVerdict
 from reconciler.model.errors import ReconcileError
@@ -79,10 +76,6 @@ INTERVAL_S = 1.0
 DURATION_S = 10.0
 TARGET_MS = 50.0
 RESULTS = Path(__file__).parent / "results"
-
-
-class BenchError(RuntimeError):
-    """A rollout did not end where it should have; the measurement is void."""
 
 
 def deployment_doc(versions: list[int], failure_limit: bool) -> str:
@@ -112,75 +105,35 @@ def deployment_doc(versions: list[int], failure_limit: bool) -> str:
 # -- the server, as the benchmark sees it ------------------------------------------------------
 
 
-class Triton:
-    """The benchmark's own gRPC client: settling between rollouts, and the hand floor."""
+def settle(triton: Index) -> dict[int, str]:
+    """Version 1 alone READY; version 4 may stay UNLOADING (see ``Index.settle``)."""
+    return triton.settle(MODEL, GOOD, stuck_unloading=(BAD,))
 
-    def __init__(self, address: str) -> None:
-        self.client = triton_grpc.InferenceServerClient(address)
 
-    def close(self) -> None:
-        self.client.close()
+def hand_revert(triton: Index, poll_interval: float) -> dict[str, float]:
+    """The floor: [1, 4] loaded and serving; then load [1] in place and poll the index
+    until 4 is no longer READY (what the reconciler's revert load and verify do).
 
-    def states(self) -> dict[int, str]:
-        index = self.client.get_model_repository_index(as_json=True).get("models", [])
-        return {
-            int(m["version"]): str(m.get("state", ""))
-            for m in index
-            if m.get("name") == MODEL and m.get("version")
-        }
-
-    def ready(self) -> set[int]:
-        return {v for v, state in self.states().items() if state == "READY"}
-
-    def settle(self, expected: int, timeout: float = 60.0) -> dict[int, str]:
-        """Wait until ``expected`` alone is READY and nothing is LOADING or UNLOADING, except
-        version 4: Triton 2.51 never finishes unloading a Python-backend version whose
-        ``execute`` raised (it stays UNLOADING, its stub process alive; a later load of 4
-        starts a new instance beside it). Returns the states it settled on."""
-        deadline = time.monotonic() + timeout
-        while True:
-            states = self.states()
-            ready = {v for v, s in states.items() if s == "READY"}
-            busy = {
-                v for v, s in states.items() if s == "LOADING" or (s == "UNLOADING" and v != BAD)
-            }
-            if ready == {expected} and not busy:
-                return states
-            if time.monotonic() > deadline:
-                raise BenchError(f"server did not settle on {expected}: {states}")
-            time.sleep(0.02)
-
-    def _load(self, versions: list[int]) -> None:
-        config = dict(self.client.get_model_config(MODEL, as_json=True)["config"])
-        self.client.load_model(
-            MODEL, config=json.dumps(with_versions(config, MODEL, versions)), client_timeout=600
-        )
-
-    def hand_revert(self, poll_interval: float) -> dict[str, float]:
-        """The floor: [1, 4] loaded and serving; then load [1] in place and poll the index
-        until 4 is no longer READY (what the reconciler's revert load and verify do).
-
-        The config is read before the timed part, as the reconciler reads it at observe time.
-        """
-        self._load([GOOD, BAD])
-        deadline = time.monotonic() + 120
-        while BAD not in self.ready():
-            if time.monotonic() > deadline:
-                raise BenchError(f"version {BAD} did not become READY: {self.states()}")
-            time.sleep(poll_interval)
-        time.sleep(INTERVAL_S)  # version 4 takes the traffic for one analysis interval
-        config = dict(self.client.get_model_config(MODEL, as_json=True)["config"])
-        body = json.dumps(with_versions(config, MODEL, [GOOD]))
-        t0 = time.monotonic()
-        self.client.load_model(MODEL, config=body, client_timeout=600)
-        t1 = time.monotonic()
-        while True:
-            ready = self.ready()
-            if GOOD in ready and BAD not in ready:
-                break
-            time.sleep(poll_interval)
-        t2 = time.monotonic()
-        return {"started": t0, "load_ended": t1, "load": t1 - t0, "verify": t2 - t1}
+    The config is read before the timed part, as the reconciler reads it at observe time.
+    """
+    triton.load(MODEL, triton.config(MODEL), [GOOD, BAD])
+    deadline = time.monotonic() + 120
+    while BAD not in triton.ready(MODEL):
+        if time.monotonic() > deadline:
+            raise BenchError(f"version {BAD} did not become READY: {triton.states(MODEL)}")
+        time.sleep(poll_interval)
+    time.sleep(INTERVAL_S)  # version 4 takes the traffic for one analysis interval
+    config = triton.config(MODEL)
+    t0 = time.monotonic()
+    triton.load(MODEL, config, [GOOD])
+    t1 = time.monotonic()
+    while True:
+        ready = triton.ready(MODEL)
+        if GOOD in ready and BAD not in ready:
+            break
+        time.sleep(poll_interval)
+    t2 = time.monotonic()
+    return {"started": t0, "load_ended": t1, "load": t1 - t0, "verify": t2 - t1}
 
 
 def backend_stubs(server_pid: int) -> dict[int, int]:
@@ -285,7 +238,7 @@ def read_rollout(index: int, revision: str, change: ChangeResult) -> dict[str, A
     }
 
 
-def bad_rollout(manifests: Manifests, triton: Triton, index: int, gap: float) -> Rollout:
+def bad_rollout(manifests: Manifests, triton: Index, index: int, gap: float) -> Rollout:
     """Commit [4] (a spec the last one was not), apply, check it went back to 1, settle."""
     revision = manifests.commit([BAD], failure_limit=index % 2 == 0)
     started = time.monotonic()
@@ -294,9 +247,11 @@ def bad_rollout(manifests: Manifests, triton: Triton, index: int, gap: float) ->
     if report.result is None or len(report.result.changes) != 1:
         raise BenchError(f"rollout {index}: expected one change, got {report.plan}")
     figures = read_rollout(index, revision, report.result.changes[0])
-    if triton.ready() != {GOOD}:
-        raise BenchError(f"rollout {index}: after the revert the server serves {triton.ready()}")
-    triton.settle(GOOD)
+    if triton.ready(MODEL) != {GOOD}:
+        raise BenchError(
+            f"rollout {index}: after the revert the server serves {triton.ready(MODEL)}"
+        )
+    settle(triton)
     time.sleep(gap)  # version 1 answers alone for a while: the end of the final run
     rollout = Rollout(index, revision, started, seconds, time.monotonic(), **figures)
     print(
@@ -347,61 +302,6 @@ def _message(error: str) -> str:
     return re.sub(r"\d+", "N", error.strip().splitlines()[0] if error.strip() else "")
 
 
-# -- statistics ---------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """Nearest-rank percentile of ``values`` (not empty)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
-
-
-def summary(values: Sequence[float | None], scale: float = 1.0) -> dict[str, float] | None:
-    """median, p90, max, min, mean of the values that are not None (None if there are none)."""
-    present = [v * scale for v in values if v is not None]
-    if not present:
-        return None
-    return {
-        "median": statistics.median(present),
-        "p90": percentile(present, 90),
-        "max": max(present),
-        "min": min(present),
-        "mean": statistics.fmean(present),
-    }
-
-
-# -- machine ----------------------------------------------------------------------------------
-
-
-def provenance() -> dict[str, Any]:
-    """The reconciler code measured: commit, and files changed since (others edit it)."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=root, capture_output=True, text=True, check=True
-            )
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-        return done.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "uncommitted_reconciler_files": git("status", "--porcelain", "reconciler").splitlines(),
-    }
-
-
-def machine(server_version: str) -> dict[str, Any]:
-    return {
-        **host(),
-        "triton_server": server_version,
-        "nvidia_pytriton": importlib.metadata.version("nvidia-pytriton"),
-        "tritonclient": importlib.metadata.version("tritonclient"),
-        "load_average_at_start": os.getloadavg(),
-    }
-
-
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -410,14 +310,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         root = Path(tmp)
         repository = write_model_repository(root / "models")
         server = LocalTriton(repository, log_file=root / "tritonserver.log")
-        triton: Triton | None = None
+        triton: Index | None = None
         deploy_load: LoadGenerator | None = None
         load: LoadGenerator | None = None
         try:
             server.start()
-            triton = Triton(server.grpc_address)
-            server_version = str(triton.client.get_server_metadata(as_json=True)["version"])
-            machine_info = machine(server_version)
+            triton = Index(server.grpc_address)
+            machine_info = machine(triton.server_version()) | {
+                "load_average_at_start": os.getloadavg()
+            }
             manifests = Manifests(root, server, repository)
 
             # Deploy 1, analysed too: with noTraffic wait it needs clients already calling.
@@ -431,7 +332,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             deploy_load = None
             if not deployed.ok:
                 raise BenchError(f"deploying {GOOD} failed: {deployed.result}")
-            triton.settle(GOOD)
+            settle(triton)
             print(f"  deployed {GOOD} in {deploy_seconds:.1f} s", file=sys.stderr)
 
             load = LoadGenerator(server.grpc_address, MODEL, threads=args.threads).start()
@@ -445,16 +346,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ]
             floors: list[dict[str, float]] = []
             for _ in range(args.floor_reverts):
-                floor = triton.hand_revert(args.poll_interval)
-                triton.settle(GOOD)
+                floor = hand_revert(triton, args.poll_interval)
+                settle(triton)
                 time.sleep(args.gap)
                 floor["window_end"] = time.monotonic()
                 floors.append(floor)
             samples = load.stop()
             load = None
             assert server.process is not None
-            left = {"states": triton.states(), "backend_stubs": backend_stubs(server.process.pid)}
-        except BenchError as exc:
+            left = {
+                "states": triton.states(MODEL),
+                "backend_stubs": backend_stubs(server.process.pid),
+            }
+        except VOID as exc:
             RESULTS.mkdir(parents=True, exist_ok=True)
             kept = RESULTS / "rollback_latency-tritonserver.log"
             if server.log_file is not None and server.log_file.exists():
@@ -598,10 +502,6 @@ def report(
 # -- output -----------------------------------------------------------------------------------
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def print_result(result: dict[str, Any]) -> None:
     m = result["machine"]
     settings = result["settings"]
@@ -636,14 +536,12 @@ def print_result(result: dict[str, Any]) -> None:
         ("floor: verify poll", floor["verify_poll"]),
         ("floor: client, final run of 1", floor["client"]),
     ]
-    print(f"{'from the failing evaluation (ms)':<36}{'median':>9}{'p90':>9}{'max':>9}{'min':>9}")
+    widths = (36, 9, 9, 9, 9)
+    print(fixed(("from the failing evaluation (ms)", "median", "p90", "max", "min"), widths))
     for name, stats in rows:
-        if stats is None:
-            continue
-        print(
-            f"{name:<36}{_ms(stats['median']):>9}{_ms(stats['p90']):>9}{_ms(stats['max']):>9}"
-            f"{_ms(stats['min']):>9}"
-        )
+        if stats is not None:
+            cells = (number(stats[k], 1) for k in ("median", "p90", "max", "min"))
+            print(fixed((name, *cells), widths))
     met = result["targets_met"]["client_median_under_50_ms"]
     print(
         f"\nclient-observed median {rb['client']['median']:.1f} ms "
@@ -726,7 +624,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("triton_gitops").propagate = False
     try:
         result = run(args)
-    except BenchError as exc:
+    except VOID as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
     print_result(result)

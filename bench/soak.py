@@ -3,8 +3,8 @@
 For the reliability issue ("Soak"). Per arm: two real tritonservers (``LocalTriton``, from the
 nvidia-pytriton wheel, EXPLICIT mode) over one model repository, a bare Git remote
 (``ManifestRepo``, file://) declaring echo on both, and ``python -m reconciler run`` as a
-service (``bench.daemon.Service``: long ``--interval``, so only our ``POST /reconcile`` starts
-passes). Client threads (``tests.loadgen``) send unversioned requests to echo on every server
+service (``bench.harness.service``: long ``--interval``, so only our ``POST /reconcile`` starts
+passes). Client threads (``testkit.loadgen``) send unversioned requests to echo on every server
 all along. Then ``--swaps`` consecutive swaps, each a commit and a ``POST /reconcile``, awaited
 on the service's ``triton_gitops_passes_total``:
 
@@ -58,11 +58,16 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.daemon import BenchError, Index, Service, children, wait_for
-from bench.swap_under_load import machine, other_tritonservers, provenance
+from bench.harness.errors import VOID, BenchError
+from bench.harness.provenance import children, machine, other_tritonservers, provenance
+from bench.harness.report import md_row, md_table
+from bench.harness.service import measured_service
+from bench.harness.stats import slope_per_100
+from bench.harness.triton import Index, wait_for
 from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
+from testkit.service_process import Service
 
 MODEL = "echo"
 SERVERS = ("edge-a", "edge-b")
@@ -131,12 +136,6 @@ def preloaded(pid: int, library: Path) -> bool:
     return False
 
 
-def slope_kb_per_100(xs: Sequence[float], ys: Sequence[float]) -> float | None:
-    if len(xs) < 3 or len(set(xs)) < 2:
-        return None
-    return statistics.linear_regression(xs, ys).slope * 100
-
-
 def series_summary(swaps: Sequence[int], kb: Sequence[int], warmup: int) -> dict[str, Any]:
     """First/last/max in MB and least-squares slopes in KB per 100 swaps."""
     xs = [float(s) for s in swaps]
@@ -149,9 +148,9 @@ def series_summary(swaps: Sequence[int], kb: Sequence[int], warmup: int) -> dict
         "max_mb": max(ys) / 1024,
         "growth_mb": (ys[-1] - ys[0]) / 1024,
         "slope_kb_per_100_swaps": {
-            "all": slope_kb_per_100(xs, ys),
-            f"from_swap_{warmup}": slope_kb_per_100([xs[i] for i in warm], [ys[i] for i in warm]),
-            "second_half": slope_kb_per_100(xs[half:], ys[half:]),
+            "all": slope_per_100(xs, ys),
+            f"from_swap_{warmup}": slope_per_100([xs[i] for i in warm], [ys[i] for i in warm]),
+            "second_half": slope_per_100(xs[half:], ys[half:]),
         },
     }
 
@@ -243,10 +242,7 @@ def settled_on(indexes: Sequence[Index], version: int, timeout: float) -> str | 
     in BENCHMARKS.md). The leftover stubs are counted in the memory samples instead."""
 
     def settled(index: Index) -> bool:
-        states = index.states(MODEL)
-        ready = {v for v, s in states.items() if s == "READY"}
-        busy = {v for v, s in states.items() if s == "LOADING" or (s == "UNLOADING" and v != BAD)}
-        return ready == {version} and not busy
+        return index.is_settled(MODEL, version, stuck_unloading=(BAD,)) is not None
 
     try:
         for index in indexes:
@@ -293,8 +289,8 @@ def run_arm(arm: str, library: Path | None, args: argparse.Namespace) -> dict[st
     try:
         for server in servers:
             server.start()
-        indexes = [Index(s.grpc_address) for s in servers]
-        server_version = str(indexes[0].client.get_server_metadata(as_json=True)["version"])
+        indexes = [Index(s.grpc_address, own_subchannel=True) for s in servers]
+        server_version = indexes[0].server_version()
         mapped = [
             preloaded(s.process.pid, library) if library and s.process else None for s in servers
         ]
@@ -311,7 +307,7 @@ def run_arm(arm: str, library: Path | None, args: argparse.Namespace) -> dict[st
         doc = lambda version: soak_doc(version, args.interval, args.duration)  # noqa: E731
         manifests.write("echo.yaml", doc(GOOD[0]))
         manifests.commit(f"echo {GOOD[0]}")
-        service = Service(manifests.url, root / "service", args.watch_interval).start()
+        service = measured_service(manifests.url, root / "service", args.watch_interval).start()
         service.wait_passes(0, 300, "the first pass (deploys echo 1)")
         if problem := settled_on(indexes, GOOD[0], 120):
             raise BenchError(f"echo {GOOD[0]} not deployed on both servers: {problem}")
@@ -559,10 +555,13 @@ def _slope(summary: dict[str, Any], key: str) -> str:
 
 
 def _series_row(name: str, summary: dict[str, Any], warmup: int) -> str:
-    return (
-        f"| {name} | {summary['first_mb']:.1f} | {summary['last_mb']:.1f} | "
-        f"{summary['max_mb']:.1f} | {summary['growth_mb']:+.1f} | {_slope(summary, 'all')} | "
-        f"{_slope(summary, f'from_swap_{warmup}')} | {_slope(summary, 'second_half')} |"
+    return md_row(
+        (
+            name,
+            *(f"{summary[k]:.1f}" for k in ("first_mb", "last_mb", "max_mb")),
+            f"{summary['growth_mb']:+.1f}",
+            *(_slope(summary, k) for k in ("all", f"from_swap_{warmup}", "second_half")),
+        )
     )
 
 
@@ -630,11 +629,10 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(f"- Not as expected: {json.dumps(arm['not_as_expected'][:5])}")
         if c["failure_examples"]:
             lines.append(f"- Failure examples: {json.dumps(c['failure_examples'][:3])}")
+        header = ("RSS", "first MB", "last MB", "max MB", "growth MB", "slope all")
         lines += [
             "",
-            "| RSS | first MB | last MB | max MB | growth MB | slope all | "
-            f"slope from {warmup} | slope 2nd half |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            *md_table((*header, f"slope from {warmup}", "slope 2nd half"), []),
             _series_row("service (`triton-gitops run`)", mem["service"], warmup),
         ]
         for name, server in mem["servers"].items():
@@ -700,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("triton_gitops").propagate = False
     try:
         outcome = run(args)
-    except BenchError as exc:
+    except VOID as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
     write(args.output, outcome)

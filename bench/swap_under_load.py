@@ -33,16 +33,12 @@ import argparse
 import contextlib
 import cProfile
 import functools
-import importlib.metadata
 import inspect
 import io
 import json
-import math
 import os
 import pstats
-import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -53,16 +49,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import reconciler.apply as apply_module
-import tritonclient.grpc as triton_grpc
-
 import reconciler.adapters.triton as triton_adapter
 import reconciler.cli as cli_module
-import reconciler.loop as loop_module
-from bench.machine import host
+import reconciler.engine.change as change_module
+import reconciler.loop.reconcile as loop_module
+from bench.harness.errors import VOID, BenchError
+from bench.harness.provenance import machine, other_tritonservers, provenance
+from bench.harness.report import fixed, number
+from bench.harness.stats import bootstrap_ratio, percentile, time_stats
+from bench.harness.triton import Index
 from reconciler.adapters.git import GitSource
 from reconciler.adapters.state import StateStore
-from reconciler.core.triton_config import with_versions
 from testkit.cli_run import Reconciler
 from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
@@ -72,10 +69,6 @@ MODEL = "echo"
 SERVER = "edge-a"
 TARGET_RATIO = 1.1
 RESULTS = Path(__file__).parent / "results"
-
-
-class BenchError(RuntimeError):
-    """A swap did not end where it should have; the measurement is void."""
 
 
 # -- one swap of each kind ---------------------------------------------------------------------
@@ -96,65 +89,27 @@ class Swap:
         return (self.started, self.started + self.seconds)
 
 
-class Triton:
-    """The benchmark's own gRPC client: settling between swaps, and the hand floor."""
+def hand_floor(
+    triton: Index, config: dict[str, Any], old: int, new: int, poll: float
+) -> dict[str, float]:
+    """The floor: load [old, new]; wait until new is READY; load [new]. Timed per part.
 
-    def __init__(self, address: str, poll_interval: float) -> None:
-        self.client = triton_grpc.InferenceServerClient(address)
-        self.poll_interval = poll_interval
-        self.base_config: dict[str, Any] = {}
-
-    def close(self) -> None:
-        self.client.close()
-
-    def states(self) -> dict[int, str]:
-        index = self.client.get_model_repository_index(as_json=True).get("models", [])
-        return {
-            int(m["version"]): str(m.get("state", ""))
-            for m in index
-            if m.get("name") == MODEL and m.get("version")
-        }
-
-    def ready(self) -> set[int]:
-        return {v for v, state in self.states().items() if state == "READY"}
-
-    def settle(self, expected: int, timeout: float = 60.0) -> None:
-        """Wait until ``expected`` alone is READY and nothing is LOADING or UNLOADING."""
-        deadline = time.monotonic() + timeout
-        while True:
-            states = self.states()
-            ready = {v for v, s in states.items() if s == "READY"}
-            busy = {v for v, s in states.items() if s in ("LOADING", "UNLOADING")}
-            if ready == {expected} and not busy:
-                return
-            if time.monotonic() > deadline:
-                raise BenchError(f"server did not settle on {expected}: {states}")
-            time.sleep(0.02)
-
-    def remember_config(self) -> None:
-        """The config the model runs with: what the reconciler reads to build its loads."""
-        self.base_config = dict(self.client.get_model_config(MODEL, as_json=True)["config"])
-
-    def _load(self, versions: list[int]) -> None:
-        config = with_versions(self.base_config, MODEL, versions)
-        self.client.load_model(MODEL, config=json.dumps(config), client_timeout=600)
-
-    def hand_swap(self, old: int, new: int, timeout: float = 120.0) -> dict[str, float]:
-        """The floor: load [old, new]; wait until new is READY; load [new]. Timed per part."""
-        t0 = time.monotonic()
-        self._load([old, new])
-        t1 = time.monotonic()
-        while True:
-            states = self.states()
-            if states.get(new) == "READY":
-                break
-            if states.get(new) not in ("LOADING", None) or time.monotonic() - t1 > timeout:
-                raise BenchError(f"version {new} did not become READY: {states}")
-            time.sleep(self.poll_interval)
-        t2 = time.monotonic()
-        self._load([new])
-        t3 = time.monotonic()
-        return {"load_both": t1 - t0, "wait_ready": t2 - t1, "load_new": t3 - t2}
+    ``config``: the one the model runs with, read once before (the reconciler reads it at
+    observe time, before its loads)."""
+    t0 = time.monotonic()
+    triton.load(MODEL, config, [old, new])
+    t1 = time.monotonic()
+    while True:
+        states = triton.states(MODEL)
+        if states.get(new) == "READY":
+            break
+        if states.get(new) not in ("LOADING", None) or time.monotonic() - t1 > 120.0:
+            raise BenchError(f"version {new} did not become READY: {states}")
+        time.sleep(poll)
+    t2 = time.monotonic()
+    triton.load(MODEL, config, [new])
+    t3 = time.monotonic()
+    return {"load_both": t1 - t0, "wait_ready": t2 - t1, "load_new": t3 - t2}
 
 
 class Manifests:
@@ -183,21 +138,23 @@ class Manifests:
         return seconds
 
 
-def reconciler_swap(manifests: Manifests, triton: Triton, round_: int, old: int, new: int) -> Swap:
+def reconciler_swap(manifests: Manifests, triton: Index, round_: int, old: int, new: int) -> Swap:
     manifests.commit(new)  # the user's push: not part of the reconciler's time
     started = time.monotonic()
     seconds = manifests.apply()
-    if triton.ready() != {new}:
-        raise BenchError(f"after apply to {new} the server serves {triton.ready()}")
+    if triton.ready(MODEL) != {new}:
+        raise BenchError(f"after apply to {new} the server serves {triton.ready(MODEL)}")
     return Swap("reconciler", round_, old, new, started, seconds)
 
 
-def hand_swap(triton: Triton, round_: int, old: int, new: int) -> Swap:
+def hand_swap(
+    triton: Index, config: dict[str, Any], poll: float, round_: int, old: int, new: int
+) -> Swap:
     started = time.monotonic()
-    parts = triton.hand_swap(old, new)
+    parts = hand_floor(triton, config, old, new, poll)
     seconds = time.monotonic() - started
-    if triton.ready() != {new}:
-        raise BenchError(f"after the hand swap to {new} the server serves {triton.ready()}")
+    if triton.ready(MODEL) != {new}:
+        raise BenchError(f"after the hand swap to {new} the server serves {triton.ready(MODEL)}")
     return Swap("hand", round_, old, new, started, seconds, parts)
 
 
@@ -268,10 +225,10 @@ class Probe:
 
     def install(self) -> None:
         wrap = self.wrap
-        wrap(loop_module, "fetch", "fetch (git)")
+        wrap(loop_module, "git_source", "git source open")
         wrap(GitSource, "fetch", "git fetch + resolve ref")
         wrap(GitSource, "read", "read manifest blobs")
-        wrap(loop_module, "load_desired_state", "parse + validate manifests")
+        wrap(loop_module, "read_desired", "parse + validate manifests")
         wrap(StateStore, "__init__", "state store open")
         wrap(StateStore, "history", "state store history")
         wrap(triton_adapter.TritonServerClient, "__init__", "gRPC client create")
@@ -282,7 +239,7 @@ class Probe:
         wrap(loop_module, "plan", "plan")
         wrap(loop_module, "apply", "apply")
         wrap(
-            apply_module,
+            change_module,
             "execute_step",
             "",
             label_of=_step_label,
@@ -306,8 +263,8 @@ class Probe:
             ):
                 wrap(loop_module, name, f"loop.{name}")
         # apply() builds its Timing (poll interval, sleep) when none is given: count sleeps.
-        self._undo.append((apply_module, "Timing", apply_module.Timing))
-        apply_module.Timing = functools.partial(apply_module.Timing, sleep=self.sleep)  # type: ignore[misc,assignment]
+        self._undo.append((loop_module, "Timing", loop_module.Timing))
+        loop_module.Timing = functools.partial(loop_module.Timing, sleep=self.sleep)  # type: ignore[misc,assignment]
 
     def uninstall(self) -> None:
         while self._undo:
@@ -324,7 +281,7 @@ class Probe:
 
 
 def breakdown(
-    manifests: Manifests, triton: Triton, count: int, current: int, gap: float
+    manifests: Manifests, triton: Index, count: int, current: int, gap: float
 ) -> tuple[list[dict[str, Any]], int]:
     """``count`` instrumented applies; per apply: wall time and seconds/calls per label."""
     probe = Probe()
@@ -346,13 +303,13 @@ def breakdown(
                 }
             )
             current = new
-            triton.settle(current)
+            triton.settle(MODEL, current)
             time.sleep(gap)
     return runs, current
 
 
 def profile_one(
-    manifests: Manifests, triton: Triton, current: int, out: Path
+    manifests: Manifests, triton: Index, current: int, out: Path
 ) -> tuple[dict[str, Any], int]:
     """One apply under cProfile (its calling thread only: the pools' threads are not seen)."""
     new = 2 if current == 1 else 1
@@ -369,19 +326,11 @@ def profile_one(
     text = io.StringIO()
     stats = pstats.Stats(profiler, stream=text)
     stats.sort_stats("cumulative").print_stats(25)
-    triton.settle(new)
+    triton.settle(MODEL, new)
     return {"from": current, "to": new, "wall": wall, "top_cumulative": text.getvalue()}, new
 
 
 # -- statistics ---------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile of ``values`` (None when empty)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 def window_stats(
@@ -399,29 +348,6 @@ def window_stats(
         "p99_ms": percentile(ok, 99),
         "max_ms": max(ok) if ok else None,
     }
-
-
-def time_stats(values: Sequence[float]) -> dict[str, float]:
-    return {
-        "median": statistics.median(values),
-        "mean": statistics.fmean(values),
-        "min": min(values),
-        "max": max(values),
-        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-    }
-
-
-def bootstrap_ratio(
-    pairs: Sequence[tuple[float, float]], resamples: int = 5000, seed: int = 0
-) -> dict[str, float]:
-    """95% interval of median(apply) / median(floor), resampling whole rounds (paired)."""
-    rng = random.Random(seed)
-    ratios = []
-    for _ in range(resamples):
-        pick = [pairs[rng.randrange(len(pairs))] for _ in pairs]
-        ratios.append(statistics.median(r for r, _ in pick) / statistics.median(h for _, h in pick))
-    ratios.sort()
-    return {"low": ratios[int(0.025 * resamples)], "high": ratios[int(0.975 * resamples) - 1]}
 
 
 def summarize_breakdown(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -461,49 +387,6 @@ def summarize_breakdown(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-# -- machine ----------------------------------------------------------------------------------
-
-
-def provenance() -> dict[str, Any]:
-    """The reconciler code measured: commit, and files changed since (others edit it)."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *args], cwd=root, capture_output=True, text=True, check=True
-            )
-        except (OSError, subprocess.CalledProcessError):
-            return ""
-        return done.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "uncommitted_reconciler_files": git("status", "--porcelain", "reconciler").splitlines(),
-    }
-
-
-def other_tritonservers(own_pid: int | None = None) -> int:
-    """tritonserver processes on this machine not started by this run (read from /proc)."""
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == own_pid:
-            continue
-        with contextlib.suppress(OSError):
-            command = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
-            count += command.endswith(b"/tritonserver")
-    return count
-
-
-def machine(server_version: str) -> dict[str, Any]:
-    return {
-        **host(),
-        "triton_server": server_version,
-        "nvidia_pytriton": importlib.metadata.version("nvidia-pytriton"),
-        "tritonclient": importlib.metadata.version("tritonclient"),
-    }
-
-
 # -- the run ----------------------------------------------------------------------------------
 
 
@@ -514,17 +397,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         root = Path(tmp)
         repository = write_model_repository(root / "models")
         server = LocalTriton(repository, log_file=root / "tritonserver.log")
-        triton: Triton | None = None
+        triton: Index | None = None
         load: LoadGenerator | None = None
         try:
             server.start()
-            triton = Triton(server.grpc_address, args.poll_interval)
-            server_version = str(triton.client.get_server_metadata(as_json=True)["version"])
+            triton = Index(server.grpc_address)
+            server_version = triton.server_version()
             manifests = Manifests(root, server, repository, args.smoke)
             manifests.commit(1)
             manifests.apply()  # deploy echo 1; also warms the Git mirror and the imports
-            triton.settle(1)
-            triton.remember_config()
+            triton.settle(MODEL, 1)
+            config = triton.config(MODEL)  # what the reconciler reads to build its loads
 
             load = LoadGenerator(server.grpc_address, MODEL, threads=args.threads).start()
             load.wait_for_samples(100)
@@ -540,10 +423,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if kind == "reconciler":
                     swap = reconciler_swap(manifests, triton, round_, current, new)
                 else:
-                    swap = hand_swap(triton, round_, current, new)
+                    swap = hand_swap(triton, config, args.poll_interval, round_, current, new)
                 current = new
                 swaps.append(swap)
-                triton.settle(current)
+                triton.settle(MODEL, current)
                 time.sleep(args.gap)
                 print(
                     f"  round {round_:>2} {kind:<10} {swap.source}->{swap.target} "
@@ -575,7 +458,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "other_tritonservers": other_tritonservers(own),
             }
             load = None
-        except BenchError as exc:
+        except VOID as exc:
             raise BenchError(f"{exc}\ntritonserver log tail:\n{server.log_tail()}") from exc
         finally:
             if load is not None:
@@ -670,10 +553,6 @@ def report(
 # -- output -----------------------------------------------------------------------------------
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def print_result(result: dict[str, Any]) -> None:
     m = result["machine"]
     settings = result["settings"]
@@ -691,10 +570,9 @@ def print_result(result: dict[str, Any]) -> None:
         f"{before['other_tritonservers']}; at the end: other tritonservers "
         f"{after['other_tritonservers']}\n"
     )
-    print(
-        f"{'client requests':<28}{'window s':>9}{'requests':>10}{'failures':>10}"
-        f"{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-    )
+    widths = (28, 9, 10, 10, 9, 9, 9, 9)
+    header = ("client requests", "window s", "requests", "failures", "req/s", "p50 ms")
+    print(fixed((*header, "p99 ms", "max ms"), widths))
     names = {
         "baseline": "baseline (no swap)",
         "during_reconciler_applies": "during reconciler applies",
@@ -703,18 +581,22 @@ def print_result(result: dict[str, Any]) -> None:
     }
     for key, name in names.items():
         row = result["load"][key]
-        print(
-            f"{name:<28}{row['window_seconds']:>9.2f}{row['requests']:>10}{row['failures']:>10}"
-            f"{row['requests_per_second']:>9.0f}{_ms(row['p50_ms']):>9}{_ms(row['p99_ms']):>9}"
-            f"{_ms(row['max_ms']):>9}"
+        cells = (
+            f"{row['window_seconds']:.2f}",
+            row["requests"],
+            row["failures"],
+            f"{row['requests_per_second']:.0f}",
+            *(number(row[k], 1) for k in ("p50_ms", "p99_ms", "max_ms")),
         )
+        print(fixed((name, *cells), widths))
     load = result["load"]
     print(
         f"failures over the whole run (breakdown applies included): "
         f"{load['failures_whole_run_including_breakdown']}; versions seen: "
         f"{load['versions_seen']}\n"
     )
-    print(f"{'swap wall time (s)':<28}{'median':>9}{'mean':>9}{'min':>9}{'max':>9}{'stdev':>9}")
+    columns = ("median", "mean", "min", "max", "stdev")
+    print(fixed(("swap wall time (s)", *columns), (28, 9, 9, 9, 9, 9)))
     rows = [
         ("reconciler apply", result["swap_seconds"]["reconciler_apply"]),
         ("hand floor", result["swap_seconds"]["hand_floor"]),
@@ -724,10 +606,7 @@ def print_result(result: dict[str, Any]) -> None:
         ),
     ]
     for name, stats in rows:
-        print(
-            f"{name:<28}{stats['median']:>9.3f}{stats['mean']:>9.3f}{stats['min']:>9.3f}"
-            f"{stats['max']:>9.3f}{stats['stdev']:>9.3f}"
-        )
+        print(fixed((name, *(f"{stats[k]:.3f}" for k in columns)), (28, 9, 9, 9, 9, 9)))
     ratio = result["ratio"]
     met = result["targets_met"]
     print(
@@ -825,7 +704,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         result = run(args)
-    except BenchError as exc:
+    except VOID as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1
     print_result(result)
