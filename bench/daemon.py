@@ -53,7 +53,6 @@ import cProfile
 import gc
 import itertools
 import json
-import logging
 import os
 import pstats
 import shutil
@@ -70,14 +69,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
 from bench.harness.errors import VOID, BenchError
-from bench.harness.provenance import (
-    children,
-    machine,
-    other_tritonservers,
-    provenance,
-    tree_digest,
-)
+from bench.harness.procfs import children, cpu_seconds, status_kb
+from bench.harness.provenance import machine, other_tritonservers, provenance, tree_digest
 from bench.harness.report import md_table
 from bench.harness.report import number as _number
 from bench.harness.service import measured_service
@@ -105,7 +100,6 @@ RSS_TARGET_MB = 80.0
 FLAT_KB_PER_1000 = 1024.0  # "flat": under 1 MB per 1,000 passes once warmed up
 WARM_PASSES = 100  # samples before this pass are left out of the "after warm-up" slope
 RESULTS = Path(__file__).parent / "results"
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # -- the model repository and the manifests --------------------------------------------------
@@ -144,38 +138,23 @@ def _event_time(event: dict[str, Any]) -> float:
 # -- the process, as /proc sees it -------------------------------------------------------------
 
 
-def _status_kb(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def cpu_seconds(pid: int) -> tuple[float, float]:
-    """(utime+stime, cutime+cstime) of ``pid`` in seconds: itself, and its waited-for children."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    # fields[0] is field 3 (state): utime, stime, cutime, cstime are fields 14 to 17.
-    utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
-    return (utime + stime) / CLK_TCK, (cutime + cstime) / CLK_TCK
-
-
 def sample_process(pid: int, passes: int, started: float) -> dict[str, Any]:
     own, kids = cpu_seconds(pid)
     living = children(pid)
     child_rss = 0
     for child in living:
         with contextlib.suppress(OSError):
-            child_rss += _status_kb(child, "VmRSS")
+            child_rss += status_kb(child, "VmRSS")
     return {
         "pass": passes,
         "seconds": time.monotonic() - started,
-        "rss_kb": _status_kb(pid, "VmRSS"),
-        "hwm_kb": _status_kb(pid, "VmHWM"),
-        "rss_anon_kb": _status_kb(pid, "RssAnon"),
-        "rss_file_kb": _status_kb(pid, "RssFile"),
+        "rss_kb": status_kb(pid, "VmRSS"),
+        "hwm_kb": status_kb(pid, "VmHWM"),
+        "rss_anon_kb": status_kb(pid, "RssAnon"),
+        "rss_file_kb": status_kb(pid, "RssFile"),
         "cpu_s": own,
         "children_cpu_s": kids,
-        "threads": int(_status_kb(pid, "Threads")),
+        "threads": int(status_kb(pid, "Threads")),
         "open_files": len(os.listdir(f"/proc/{pid}/fd")),
         "child_processes": len(living),
         "child_rss_kb": child_rss,
@@ -1394,17 +1373,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report is not None:  # the section again from a saved result
-        print(markdown(json.loads(args.report.read_text())))
+        print(markdown(read_json(args.report)))
         return 0
-    logging.getLogger("triton_gitops").addHandler(logging.NullHandler())
-    logging.getLogger("triton_gitops").propagate = False
-    try:
-        result = run(args)
-    except VOID as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
+    quiet_reconciler_log()
+    result = measured(lambda: run(args))
+    if result is None:
         return 1
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.output, result)
     print(markdown(result))
     print(f"JSON result: {args.output}", file=sys.stderr)
     return 0

@@ -77,7 +77,6 @@ import gc
 import importlib.metadata
 import itertools
 import json
-import logging
 import os
 import pstats
 import resource
@@ -103,7 +102,9 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 import reconciler.loop.reconcile as loop
 import reconciler.wiring as wiring
-from bench.harness.errors import VOID, BenchError
+from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
+from bench.harness.errors import BenchError
+from bench.harness.procfs import cpu_seconds
 from bench.harness.provenance import REPO_ROOT, busy_processes, host, provenance
 from bench.harness.stats import median_range as summary
 from reconciler.core.plan.changes import target_config
@@ -248,10 +249,9 @@ class Group:
 def proc_cpu(pid: int) -> float:
     """utime + stime of a process, seconds (0 if it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)[0]
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class SimulatedFleet:
@@ -1765,17 +1765,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.markdown_from:
-        print_summary(json.loads(args.markdown_from.read_text()))
+        print_summary(read_json(args.markdown_from))
         return 0
-    logging.getLogger("triton_gitops").addHandler(logging.NullHandler())
-    logging.getLogger("triton_gitops").propagate = False
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        result = run(args)
-    except VOID as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
+    quiet_reconciler_log()
+    args.output.parent.mkdir(parents=True, exist_ok=True)  # the profile dump goes there too
+    result = measured(lambda: run(args))
+    if result is None:
         return 1
-    args.output.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    write_json(args.output, result, default=str)
     print_summary(result)
     print(f"\nJSON result: {args.output}", file=sys.stderr)
     return 0

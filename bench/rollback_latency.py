@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
-import json
-import logging
 import os
 import re
 import shutil
@@ -51,9 +49,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.harness.cli import measured, quiet_reconciler_log, write_json
 from bench.harness.errors import VOID, BenchError
 from bench.harness.provenance import machine, provenance
-from bench.harness.report import fixed, number
+from bench.harness.report import fixed, machine_line, number
 from bench.harness.stats import summary
 from bench.harness.triton import Index
 from reconciler.loop.reconcile import reconcile
@@ -511,9 +510,8 @@ def print_result(result: dict[str, Any]) -> None:
         f"success rate >= 0.95), {settings['threads']} client threads"
     )
     print(
-        f"machine: {m['nproc']} CPU ({m['cpu_model']}), {m['ram_gib']} GiB, Python {m['python']}, "
-        f"Triton {m['triton_server']} (nvidia-pytriton {m['nvidia_pytriton']}); load average "
-        f"{m['load_average_at_start'][0]:.2f} at start, {m['load_average_at_end'][0]:.2f} at end"
+        f"{machine_line(m)}; load average {m['load_average_at_start'][0]:.2f} at start, "
+        f"{m['load_average_at_end'][0]:.2f} at end"
     )
     load = result["load"]
     print(
@@ -619,17 +617,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    # One JSON alert line per reverted rollout would interleave with the progress lines.
-    logging.getLogger("triton_gitops").addHandler(logging.NullHandler())
-    logging.getLogger("triton_gitops").propagate = False
-    try:
-        result = run(args)
-    except VOID as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
+    quiet_reconciler_log()  # one JSON alert line per reverted rollout
+    result = measured(lambda: run(args))
+    if result is None:
         return 1
     print_result(result)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.output, result)
     print(f"\nJSON result: {args.output}")
     return 0
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import logging
 import os
 import shutil
 import sqlite3
@@ -58,8 +57,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.harness.errors import VOID, BenchError
-from bench.harness.provenance import children, machine, other_tritonservers, provenance
+from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
+from bench.harness.errors import BenchError
+from bench.harness.procfs import children, rss_kb
+from bench.harness.provenance import machine, other_tritonservers, provenance
 from bench.harness.report import md_row, md_table
 from bench.harness.service import measured_service
 from bench.harness.stats import slope_per_100
@@ -118,15 +119,6 @@ def soak_doc(version: int, interval: str, duration: str) -> str:
 
 
 # -- memory, as /proc sees it ------------------------------------------------------------------
-
-
-def rss_kb(pid: int) -> int:
-    """VmRSS of ``pid`` in KB; 0 once it has gone."""
-    with contextlib.suppress(OSError):
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 def preloaded(pid: int, library: Path) -> bool:
@@ -504,13 +496,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         arms[arm] = run_arm(arm, library, args)
         server_version = arms[arm]["triton_server"]
         # Written after every arm, so a run cut short keeps the arms it finished.
-        write(args.output, result(args, arms, before, code, server_version, started))
+        write_json(args.output, result(args, arms, before, code, server_version, started))
     return result(args, arms, before, code, server_version, started)
-
-
-def write(path: Path, value: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(value, indent=2) + "\n")
 
 
 def result(
@@ -692,16 +679,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report is not None:
-        print(markdown(json.loads(args.report.read_text())))
+        print(markdown(read_json(args.report)))
         return 0
-    logging.getLogger("triton_gitops").addHandler(logging.NullHandler())
-    logging.getLogger("triton_gitops").propagate = False
-    try:
-        outcome = run(args)
-    except VOID as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
+    quiet_reconciler_log()
+    outcome = measured(lambda: run(args))
+    if outcome is None:
         return 1
-    write(args.output, outcome)
+    write_json(args.output, outcome)
     print(markdown(outcome))
     print(f"JSON result: {args.output}", file=sys.stderr)
     return 0

@@ -35,7 +35,6 @@ import cProfile
 import functools
 import inspect
 import io
-import json
 import os
 import pstats
 import statistics
@@ -53,9 +52,10 @@ import reconciler.adapters.triton as triton_adapter
 import reconciler.cli as cli_module
 import reconciler.engine.change as change_module
 import reconciler.loop.reconcile as loop_module
+from bench.harness.cli import measured, write_json
 from bench.harness.errors import VOID, BenchError
 from bench.harness.provenance import machine, other_tritonservers, provenance
-from bench.harness.report import fixed, number
+from bench.harness.report import fixed, machine_line, number
 from bench.harness.stats import bootstrap_ratio, percentile, time_stats
 from bench.harness.triton import Index
 from reconciler.adapters.git import GitSource
@@ -560,10 +560,7 @@ def print_result(result: dict[str, Any]) -> None:
         f"\nSwap under load: {MODEL} 1<->2, {settings['swaps']} reconciler applies and "
         f"{settings['swaps']} hand swaps (interleaved ABBA), {settings['threads']} client threads"
     )
-    print(
-        f"machine: {m['nproc']} CPU ({m['cpu_model']}), {m['ram_gib']} GiB, Python {m['python']}, "
-        f"Triton {m['triton_server']} (nvidia-pytriton {m['nvidia_pytriton']})"
-    )
+    print(machine_line(m))
     before, after = m["before_run"], m["at_end"]
     print(
         f"before the run: load average {before['load_average'][0]:.2f}, other tritonservers "
@@ -702,14 +699,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        result = run(args)
-    except VOID as exc:
-        print(f"benchmark failed: {exc}", file=sys.stderr)
+    result = measured(lambda: run(args))
+    if result is None:
         return 1
     print_result(result)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.output, result)
     print(f"\nJSON result: {args.output}")
     return 0
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import compileall
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -27,6 +26,7 @@ from ruamel.yaml import YAML
 
 from reconciler.cli import main as triton_gitops
 from testkit.local_triton import LocalTriton
+from testkit.manifests import git
 
 EXAMPLES = Path(__file__).resolve().parent
 
@@ -40,12 +40,6 @@ def run(*args: str) -> int:
     code = triton_gitops(list(args))
     print(f"(exit {code})", flush=True)
     return code
-
-
-def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
-    ).stdout.strip()
 
 
 def edit_yaml(path: Path, change: dict[str, object], section: str = "spec") -> None:

@@ -106,15 +106,3 @@ def busy_processes(limit: int = 5) -> list[str]:
         if len(fields) == 4 and int(fields[0]) != own and float(fields[1]) >= 5.0:
             rows.append(" ".join(fields))
     return rows[:limit]
-
-
-def children(pid: int) -> list[int]:
-    """The process ids whose parent is ``pid`` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found

@@ -7,7 +7,8 @@ this module only lays them out, so that a report function is its rows and nothin
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 
 def md_row(cells: Iterable[object]) -> str:
@@ -35,3 +36,11 @@ def number(value: float | None, digits: int = 0, *, thousands: bool = False) -> 
     if value is None:
         return "-"
     return f"{value:,.{digits}f}" if thousands else f"{value:.{digits}f}"
+
+
+def machine_line(m: Mapping[str, Any]) -> str:
+    """``machine: ...``: the first line of a terminal report, from ``provenance.machine``."""
+    return (
+        f"machine: {m['nproc']} CPU ({m['cpu_model']}), {m['ram_gib']} GiB, Python {m['python']}, "
+        f"Triton {m['triton_server']} (nvidia-pytriton {m['nvidia_pytriton']})"
+    )

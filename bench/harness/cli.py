@@ -1,0 +1,43 @@
+"""What every scenario's ``main`` does around its run: quiet the reconciler's log, turn a
+void measurement into ``benchmark failed: ...`` and exit code 1, write the JSON result.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench.harness.errors import VOID
+
+R = TypeVar("R")
+
+
+def quiet_reconciler_log() -> None:
+    """Leave out the reconciler's JSON log lines (one per alert, per reverted rollout...):
+    they would interleave with the progress lines and the report."""
+    logging.getLogger("triton_gitops").addHandler(logging.NullHandler())
+    logging.getLogger("triton_gitops").propagate = False
+
+
+def measured(run: Callable[[], R]) -> R | None:
+    """``run()``; None, said on stderr, when the measurement is void."""
+    try:
+        return run()
+    except VOID as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return None
+
+
+def write_json(path: Path, value: Any, **options: Any) -> None:
+    """``value`` as indented JSON at ``path`` (its folder made first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(value, indent=2, **options) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    """A result saved by ``write_json``, for a report made again from it."""
+    return json.loads(path.read_text())
