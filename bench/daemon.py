@@ -71,6 +71,7 @@ from typing import Any
 
 from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
 from bench.harness.errors import VOID, BenchError
+from bench.harness.passes import pass_settings, run_pass
 from bench.harness.procfs import children, cpu_seconds, status_kb
 from bench.harness.provenance import machine, other_tritonservers, provenance, tree_digest
 from bench.harness.report import md_table
@@ -79,7 +80,6 @@ from bench.harness.service import measured_service
 from bench.harness.stats import slope_per_100, summary
 from bench.harness.triton import Index, wait_for
 from reconciler.core.triton_config import parse_pbtxt
-from reconciler.loop.reconcile import reconcile
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from testkit.local_triton import LocalTriton
@@ -531,13 +531,13 @@ def _where(key: tuple[str, int, str]) -> str:
 
 
 def profile_passes(source: Source, settings: Settings, passes: int) -> dict[str, Any]:
-    reconcile(source, settings, apply_changes=True)  # first pass: a fresh state store, clone
+    run_pass(source, settings)  # first pass: a fresh state store, clone
     walls = []
     profiler = cProfile.Profile()
     for _ in range(passes):
         t0 = time.monotonic()
         profiler.enable()
-        report = reconcile(source, settings, apply_changes=True)
+        report = run_pass(source, settings)
         profiler.disable()
         walls.append(time.monotonic() - t0)
         if report.plan.has_changes or not report.ok:
@@ -646,13 +646,13 @@ def tracemalloc_passes(source: Source, settings: Settings, passes: int) -> dict[
     tracemalloc.start(12)
     try:
         for _ in range(10):  # warm up caches first
-            reconcile(source, settings, apply_changes=True)
+            run_pass(source, settings)
         first, at_first = reading()
         for _ in range(half):
-            reconcile(source, settings, apply_changes=True)
+            run_pass(source, settings)
         middle, at_half = reading()
         for _ in range(passes - half):
-            reconcile(source, settings, apply_changes=True)
+            run_pass(source, settings)
         last, at_last = reading()
         peak = tracemalloc.get_traced_memory()[1]
     finally:
@@ -798,7 +798,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # Diagnosis in this process: where a pass goes, and whether its Python heap grows.
             print("diagnosis: in-process passes under cProfile and tracemalloc", file=sys.stderr)
             source = Source(manifests.url)
-            settings = Settings(cache_dir=root / "inproc" / "cache", state_path=root / "inproc.db")
+            settings = pass_settings(root / "inproc" / "cache", root / "inproc.db")
             profile = profile_passes(source, settings, args.profile_passes)
             traced = tracemalloc_passes(source, settings, args.tracemalloc_passes)
             direct = direct_timings(

@@ -104,6 +104,7 @@ import reconciler.loop.reconcile as loop
 import reconciler.wiring as wiring
 from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
 from bench.harness.errors import BenchError
+from bench.harness.passes import DEFAULT_PARALLEL, pass_settings, run_pass
 from bench.harness.procfs import cpu_seconds
 from bench.harness.provenance import REPO_ROOT, busy_processes, host, provenance
 from bench.harness.stats import median_range as summary
@@ -111,7 +112,6 @@ from reconciler.core.plan.changes import target_config
 from reconciler.core.plan.planner import plan as plan_fn
 from reconciler.core.triton_config import canonical, config_drift, merge, with_versions
 from reconciler.loop.memory import PassMemory
-from reconciler.loop.reconcile import reconcile
 from reconciler.model.errors import ReconcileError
 from reconciler.model.reports import PassReport
 from reconciler.model.settings import Settings
@@ -124,9 +124,6 @@ DNS = "triton-fleet.bench.test"
 RESULTS = Path(__file__).parent / "results"
 TARGET_S = 2.0
 REAL_ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
-DEFAULT_PARALLEL: int = next(
-    f.default for f in dataclasses.fields(Settings) if f.name == "max_parallel"
-)  # type: ignore[assignment]
 
 # What the manifests ask for, and (in Triton's JSON form) what Triton 2.51 reports for the test
 # model ``echo`` loaded with it: captured from a real server, the name substituted.
@@ -554,9 +551,9 @@ class Target:
     def settings(self, max_parallel: int = DEFAULT_PARALLEL) -> Settings:
         hosts = self.workdir / "hosts"
         hosts.write_text(f"{DNS} {' '.join(self.addresses)}\n")
-        return Settings(
-            cache_dir=self.workdir / "cache",
-            state_path=self.workdir / "state.db",
+        return pass_settings(
+            self.workdir / "cache",
+            self.workdir / "state.db",
             hosts_file=hosts,
             max_parallel=max_parallel,
         )
@@ -626,7 +623,7 @@ def one_pass(
     started = time.perf_counter()
     try:
         with GcTimer() as collector:
-            report = reconcile(source, settings, apply_changes=True, memory=memory)
+            report = run_pass(source, settings, memory=memory)
     except ReconcileError as exc:
         raise BenchError(f"{target.label}: reconcile raised {type(exc).__name__}: {exc}") from exc
     wall = time.perf_counter() - started
@@ -773,7 +770,7 @@ def profile_pass(target: Target, output: Path) -> dict[str, Any]:
     settings = target.settings()
     memory = PassMemory()
     for _ in range(2):
-        reconcile(Source(target.repo.url), settings, apply_changes=True, memory=memory)
+        run_pass(Source(target.repo.url), settings, memory=memory)
     workers: list[cProfile.Profile] = []
     lock = threading.Lock()
 
@@ -788,7 +785,7 @@ def profile_pass(target: Target, output: Path) -> dict[str, Any]:
     started = time.perf_counter()
     main.enable()
     try:
-        report = reconcile(Source(target.repo.url), settings, apply_changes=True, memory=memory)
+        report = run_pass(Source(target.repo.url), settings, memory=memory)
     finally:
         main.disable()
         threading.setprofile(None)  # type: ignore[arg-type]
@@ -985,7 +982,7 @@ def deploy(target: Target) -> float:
     """The first apply: loads every model on every instance; returns its wall time."""
     started = time.perf_counter()
     try:
-        report = reconcile(Source(target.repo.url), target.settings(), apply_changes=True)
+        report = run_pass(Source(target.repo.url), target.settings())
     except ReconcileError as exc:
         raise BenchError(f"{target.label}: deploy raised {exc}") from exc
     if not report.ok or report.result is None:

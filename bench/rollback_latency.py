@@ -51,17 +51,16 @@ from typing import Any
 
 from bench.harness.cli import measured, quiet_reconciler_log, write_json
 from bench.harness.errors import VOID, BenchError
+from bench.harness.passes import pass_settings, run_pass
 from bench.harness.provenance import machine, provenance
 from bench.harness.report import fixed, machine_line, number
 from bench.harness.stats import summary
 from bench.harness.triton import Index
-from reconciler.loop.reconcile import reconcile
 from reconciler.model.analysis import RolloutVerdict
 from reconciler.model.errors import ReconcileError
 from reconciler.model.plan import Action
 from reconciler.model.reports import PassReport
 from reconciler.model.results import ChangeResult, Outcome
-from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
@@ -160,8 +159,8 @@ class Manifests:
     def __init__(self, root: Path, triton: LocalTriton, repository: Path) -> None:
         self.repo = ManifestRepo(root / "git")
         self.source = Source(self.repo.url)
-        self.settings = Settings(
-            cache_dir=root / "reconciler" / "cache", state_path=root / "reconciler" / "state.db"
+        self.settings = pass_settings(
+            root / "reconciler" / "cache", root / "reconciler" / "state.db"
         )
         self.repo.write(
             "servers.yaml",
@@ -174,7 +173,7 @@ class Manifests:
 
     def apply(self) -> PassReport:
         try:
-            return reconcile(self.source, self.settings, apply_changes=True)
+            return run_pass(self.source, self.settings)
         except ReconcileError as exc:
             raise BenchError(f"reconcile raised {type(exc).__name__}: {exc}") from exc
 
