@@ -557,16 +557,17 @@ def profile_passes(source: Source, settings: Settings, passes: int) -> dict[str,
             for key, value in rows
         ]
 
-    # (file suffix, function, label): whichever of them the current code has
+    # (file suffix, function, label): whichever of them the current code has (the layout
+    # of 532e401: the old paths found nothing since)
     phases = (
         ("adapters/git.py", "fetch", "git fetch (GitSource.fetch)"),
         ("adapters/git.py", "read", "read manifests at the commit"),
         ("adapters/git.py", "revision", "fetch + read (GitSource.revision)"),
-        ("reconciler/spec/load.py", "load_desired_state", "parse + validate manifests"),
-        ("reconciler/loop.py", "check_approved", "check_approved"),
-        ("reconciler/loop.py", "observe", "observe (waits for the gRPC pool)"),
-        ("reconciler/plan.py", "plan", "plan"),
-        ("reconciler/apply.py", "apply", "apply (nothing to do)"),
+        ("reconciler/core/spec/desired.py", "load_desired_state", "parse + validate manifests"),
+        ("reconciler/loop/approval.py", "check_approved", "check_approved"),
+        ("reconciler/loop/phases.py", "observe", "observe (waits for the gRPC pool)"),
+        ("reconciler/core/plan/planner.py", "plan", "plan"),
+        ("reconciler/engine/apply.py", "apply", "apply (nothing to do)"),
         ("adapters/state.py", "record_pass", "StateStore.record_pass"),
         ("adapters/state.py", "history", "StateStore.history"),
         ("adapters/state.py", "last_pass", "StateStore.last_pass"),
