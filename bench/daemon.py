@@ -1007,21 +1007,23 @@ def _ms_table(rows: Sequence[tuple[str, dict[str, float] | None]]) -> list[str]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    m = result["machine"]
+    """The section BENCHMARKS.md carries: question, method, machine, results, diagnosis."""
+    idle = result["idle"]
+    return "\n".join(
+        [
+            *_method_lines(result),
+            *_machine_lines(result),
+            *_webhook_lines(result),
+            *_restart_lines(result),
+            *_idle_lines(result),
+            *diagnosis_lines(result["diagnosis"], idle["rss_mb"]["max"], idle["models"]),
+        ]
+    )
+
+
+def _method_lines(result: dict[str, Any]) -> list[str]:
     s = result["settings"]
-    w = result["webhook_to_serving_ms"]
-    r = result["restart_ms"]
-    i = result["idle"]
-    met = result["targets_met"]
-    d = result["diagnosis"]
-    code = result["code"]
-    verdict = {True: "**met**", False: "**missed**", None: "not measured (too few passes)"}
-    busy = m["busy_at_start"]
-    rss = i["rss_mb"]
-    slope = i["rss_slope_kb_per_100_passes"]
-    sp = w["service_parts"]
-    restore_gap = r["live_to_restored"]["median"] - r["floor_live_to_ready_by_hand"]["median"]
-    lines = [
+    return [
         "## Continuous operation (issue: continuous reconciliation)",
         "",
         "**Question:** run as a service (`triton-gitops run`), how much time does the reconciler "
@@ -1081,6 +1083,15 @@ def markdown(result: dict[str, Any]) -> str:
         "passes under cProfile and under tracemalloc, and the RSS of a fresh interpreter "
         "importing the service's dependencies one after another.",
         "",
+    ]
+
+
+def _machine_lines(result: dict[str, Any]) -> list[str]:
+    m = result["machine"]
+    i = result["idle"]
+    code = result["code"]
+    busy = m["busy_at_start"]
+    return [
         "### Machine",
         "",
         f'- {m["nproc"]} vCPU, `/proc/cpuinfo` model name "{m["cpu_model"]}", {m["ram_gib"]} '
@@ -1120,6 +1131,16 @@ def markdown(result: dict[str, Any]) -> str:
         )
         + ".",
         "",
+    ]
+
+
+def _webhook_lines(result: dict[str, Any]) -> list[str]:
+    s = result["settings"]
+    w = result["webhook_to_serving_ms"]
+    met = result["targets_met"]
+    verdict = {True: "**met**", False: "**missed**", None: "not measured (too few passes)"}
+    sp = w["service_parts"]
+    return [
         f"### Results (one run, {result['date'][:10]}, {result['run_seconds'] / 60:.1f} min)",
         "",
         f"**Webhook to serving**, {w['changes']} changes after {s['warmup']} warm-up (ms):",
@@ -1153,6 +1174,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"{w['floor']['median'] / w['webhook_to_serving']['median'] * 100:.0f}% of the "
         "webhook-to-serving time.",
         "",
+    ]
+
+
+def _restart_lines(result: dict[str, Any]) -> list[str]:
+    s = result["settings"]
+    r = result["restart_ms"]
+    restore_gap = r["live_to_restored"]["median"] - r["floor_live_to_ready_by_hand"]["median"]
+    return [
         f"**Restart to restored**, {r['restarts']} kill -9 restarts (ms):",
         "",
         *_ms_table(
@@ -1177,6 +1206,16 @@ def markdown(result: dict[str, Any]) -> str:
         "restored model ('ready to restored' near 0 or negative). Drift corrections counted "
         f"by the service: {_f(r['drift_corrections_counted'])}.",
         "",
+    ]
+
+
+def _idle_lines(result: dict[str, Any]) -> list[str]:
+    i = result["idle"]
+    met = result["targets_met"]
+    verdict = {True: "**met**", False: "**missed**", None: "not measured (too few passes)"}
+    rss = i["rss_mb"]
+    slope = i["rss_slope_kb_per_100_passes"]
+    return [
         f"**Idle passes**: {i['models']} models on the one server ({i['backend_stub_processes']} "
         f"backend stub processes), deployed by the first pass in {i['deploy_pass_s']:.0f} s. "
         f"{i['passes_run']:,} idle passes run (of {i['passes_requested']:,} requested) in "
@@ -1220,8 +1259,6 @@ def markdown(result: dict[str, Any]) -> str:
         f"{rss['end'] - rss['start']:+.1f} MB from idle pass 0 to the last.",
         "",
     ]
-    lines += diagnosis_lines(d, rss["max"], i["models"])
-    return "\n".join(lines)
 
 
 def _results(results: dict[str, float]) -> str:

@@ -1269,10 +1269,21 @@ def _s(value: float) -> str:
 
 
 def markdown(result: Mapping[str, Any]) -> str:
+    """The section BENCHMARKS.md carries."""
+    parts = (
+        _method_lines,
+        _results_lines,
+        _phase_lines,
+        _plan_alone_lines,
+        _where_time_goes_lines,
+        _verdict_lines,
+    )
+    return "\n".join(line for part in parts for line in part(result))
+
+
+def _method_lines(result: Mapping[str, Any]) -> list[str]:
+    """Question, command, method and machine."""
     m = result["machine"]
-    sizes = result["sizes"]
-    default = str(DEFAULT_PARALLEL)
-    largest = max(sizes, key=lambda s: s["pairs"])
     out: list[str] = []
     w = out.append
     w("## Fleet size (issue: progressive delivery across a fleet)\n")
@@ -1355,6 +1366,15 @@ def markdown(result: Mapping[str, Any]) -> str:
         )
         + f". Whole run: {result['run_seconds'] / 60:.1f} min.\n"
     )
+    return out
+
+
+def _results_lines(result: Mapping[str, Any]) -> list[str]:
+    """The no-op passes per size: one-shot at each max_parallel, and the service's."""
+    sizes = result["sizes"]
+    default = str(DEFAULT_PARALLEL)
+    out: list[str] = []
+    w = out.append
     w("### Results\n")
     w(
         "No-op pass, `reconcile(..., apply_changes=True)`, wall time (median, min-max); CPU "
@@ -1374,7 +1394,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     )
     w(header)
     w("|" + "---|" * (header.count("|") - 1))
-    for s in sizes + ([result["models_axis"]] if "models_axis" in result else []):
+    for s in _points(result):
         p = s["no_op_pass"][default]
         cells = [
             f"{s['instances']:,} x {s['models']:,}",
@@ -1404,11 +1424,19 @@ def markdown(result: Mapping[str, Any]) -> str:
         )
         w("| " + " | ".join(cells) + " |")
     w("")
+    return out
+
+
+def _phase_lines(result: Mapping[str, Any]) -> list[str]:
+    """The no-op passes' phases per size, one-shot and the service's."""
+    default = str(DEFAULT_PARALLEL)
+    out: list[str] = []
+    w = out.append
     w(
         "Phases of the no-op pass (median seconds at the default `max_parallel`; `other` is "
         "the wall time no wrapper covers):\n"
     )
-    columns = sizes + ([result["models_axis"]] if "models_axis" in result else [])
+    columns = _points(result)
     shown = [
         p
         for p in (*PHASES, "other")
@@ -1447,6 +1475,15 @@ def markdown(result: Mapping[str, Any]) -> str:
         if any(v is not None and v >= 0.0005 for v in values):
             w(f"| {phase} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values) + " |")
     w("")
+    return out
+
+
+def _plan_alone_lines(result: Mapping[str, Any]) -> list[str]:
+    """plan() alone per size, and the real Triton points."""
+    sizes = result["sizes"]
+    default = str(DEFAULT_PARALLEL)
+    out: list[str] = []
+    w = out.append
     w(
         "`plan()` alone, repeated on the state a real pass built (each run after a full "
         "collection; median wall, median CPU of the planning thread, of which the garbage "
@@ -1458,7 +1495,7 @@ def markdown(result: Mapping[str, Any]) -> str:
         "| per pair (CPU) | CPU per-pair ratio |"
     )
     w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows = sizes + ([result["models_axis"]] if "models_axis" in result else [])
+    rows = _points(result)
     for i, s in enumerate(rows):
         pa = s["plan_alone"]
         ratio = "-"
@@ -1498,6 +1535,21 @@ def markdown(result: Mapping[str, Any]) -> str:
                 f"| {sp['cpu_servers_mean_s'] * 1000:.1f} ms |"
             )
         w("")
+    return out
+
+
+def _points(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The sizes measured, and the models-axis point if there is one."""
+    return [*result["sizes"], *([result["models_axis"]] if "models_axis" in result else [])]
+
+
+def _where_time_goes_lines(result: Mapping[str, Any]) -> list[str]:
+    """The largest size's pass, phase by phase, and its profile."""
+    sizes = result["sizes"]
+    default = str(DEFAULT_PARALLEL)
+    largest = max(sizes, key=lambda s: s["pairs"])
+    out: list[str] = []
+    w = out.append
     w(f"### Where the time goes ({largest['instances']:,} x {largest['models']})\n")
     profile = largest.get("profile")
     lp = largest["no_op_pass"][default]
@@ -1583,6 +1635,15 @@ def markdown(result: Mapping[str, Any]) -> str:
             if name != "pairs":
                 w(f"| `{name}` | {value:.3f} |")
         w("")
+    return out
+
+
+def _verdict_lines(result: Mapping[str, Any]) -> list[str]:
+    """The findings and the verdict on the targets."""
+    sizes = result["sizes"]
+    largest = max(sizes, key=lambda s: s["pairs"])
+    out: list[str] = []
+    w = out.append
     t = result["targets"]
     met = t["no_op_pass_1000_under_2s"]
     lin = t["plan_linear"]
@@ -1609,7 +1670,7 @@ def markdown(result: Mapping[str, Any]) -> str:
             f"{b[0]} {b[1]:.1f} us ({axis['ratio']:.2f}x): linear in instances x models "
             + ("**yes**." if axis["met"] else "**no** (see Findings).")
         )
-    return "\n".join(out)
+    return out
 
 
 def variants_text(result: Mapping[str, Any]) -> str:
