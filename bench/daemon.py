@@ -69,7 +69,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
+from bench.harness.cli import markdown_main
 from bench.harness.errors import VOID, BenchError
 from bench.harness.passes import pass_settings, run_pass
 from bench.harness.procfs import children, cpu_seconds, status_kb
@@ -1409,18 +1409,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.report is not None:  # the section again from a saved result
-        print(markdown(read_json(args.report)))
-        return 0
-    quiet_reconciler_log()
-    result = measured(lambda: run(args))
-    if result is None:
-        return 1
-    write_json(args.output, result)
-    print(markdown(result))
-    print(f"JSON result: {args.output}", file=sys.stderr)
-    return 0
+    return markdown_main(parse_args(argv), run, markdown)
 
 
 if __name__ == "__main__":

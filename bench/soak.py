@@ -57,7 +57,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
+from bench.harness.cli import markdown_main, write_json
 from bench.harness.errors import BenchError
 from bench.harness.procfs import children, rss_kb
 from bench.harness.provenance import machine, other_tritonservers, provenance
@@ -677,18 +677,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.report is not None:
-        print(markdown(read_json(args.report)))
-        return 0
-    quiet_reconciler_log()
-    outcome = measured(lambda: run(args))
-    if outcome is None:
-        return 1
-    write_json(args.output, outcome)
-    print(markdown(outcome))
-    print(f"JSON result: {args.output}", file=sys.stderr)
-    return 0
+    return markdown_main(parse_args(argv), run, markdown)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ void measurement into ``benchmark failed: ...`` and exit code 1, write the JSON 
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import sys
@@ -41,3 +42,23 @@ def write_json(path: Path, value: Any, **options: Any) -> None:
 def read_json(path: Path) -> Any:
     """A result saved by ``write_json``, for a report made again from it."""
     return json.loads(path.read_text())
+
+
+def markdown_main(
+    args: argparse.Namespace,
+    run: Callable[[argparse.Namespace], dict[str, Any]],
+    markdown: Callable[[dict[str, Any]], str],
+) -> int:
+    """The ``main`` of a scenario whose report is a Markdown section: with ``--report JSON``
+    the section again from a saved result; else run, save the JSON, print the section."""
+    if args.report is not None:
+        print(markdown(read_json(args.report)))
+        return 0
+    quiet_reconciler_log()
+    result = measured(lambda: run(args))
+    if result is None:
+        return 1
+    write_json(args.output, result)
+    print(markdown(result))
+    print(f"JSON result: {args.output}", file=sys.stderr)
+    return 0
