@@ -554,6 +554,13 @@ def report(
 
 
 def print_result(result: dict[str, Any]) -> None:
+    """The terminal report: client load per window, swap times and ratio, breakdown."""
+    _print_load(result)
+    _print_swaps(result)
+    _print_breakdown(result)
+
+
+def _print_load(result: dict[str, Any]) -> None:
     m = result["machine"]
     settings = result["settings"]
     print(
@@ -592,6 +599,9 @@ def print_result(result: dict[str, Any]) -> None:
         f"{load['failures_whole_run_including_breakdown']}; versions seen: "
         f"{load['versions_seen']}\n"
     )
+
+
+def _print_swaps(result: dict[str, Any]) -> None:
     columns = ("median", "mean", "min", "max", "stdev")
     print(fixed(("swap wall time (s)", *columns), (28, 9, 9, 9, 9, 9)))
     rows = [
@@ -621,38 +631,41 @@ def print_result(result: dict[str, Any]) -> None:
     )
     print(f"failures: {'0 (target met)' if met['zero_failures'] else 'NOT zero'}")
 
+
+def _print_breakdown(result: dict[str, Any]) -> None:
     summary = result["breakdown"]
-    if summary:
-        print(
-            f"\nwhere one apply's time goes (median over {summary['applies']} instrumented "
-            f"applies, wall {summary['median_wall']:.3f} s):"
-        )
-        print(f"{'phase':<72}{'seconds':>9}{'calls':>7}")
-        hidden = 0
-        for label, row in summary["rows"].items():
-            if row["median_seconds"] < 0.0001:  # in the JSON; here they only clutter
-                hidden += 1
-                continue
-            depth = label.count(" > ")
-            name = "  " * depth + label.rsplit(" > ", 1)[-1]
-            print(f"{name:<72}{row['median_seconds']:>9.4f}{row['mean_calls']:>7.1f}")
-        print(
-            f"{'outside the phases above (CLI parsing, pools, output capture)':<72}"
-            f"{summary['unaccounted_median_seconds']:>9.4f}"
-        )
-        if hidden:
-            print(f"({hidden} phase(s) under 0.1 ms not shown; all are in the JSON)")
-        missing = sorted({m for r in result["breakdown_runs"] for m in r["not_instrumented"]})
-        if missing:
-            print(f"not instrumented (no longer in the reconciler): {', '.join(missing)}")
-        over = summary["overhead_beyond_floor_work"]
-        floor = result["swap_seconds"]["hand_floor"]["median"]
-        print(
-            f"reconciler time beyond the floor's own work (wall - loads - verify wait): "
-            f"median {over['median']:.4f} s (min {over['min']:.4f}, max {over['max']:.4f}); "
-            f"over the median floor {floor:.3f} s that is a ratio of "
-            f"{(floor + over['median']) / floor:.3f}"
-        )
+    if not summary:
+        return
+    print(
+        f"\nwhere one apply's time goes (median over {summary['applies']} instrumented "
+        f"applies, wall {summary['median_wall']:.3f} s):"
+    )
+    print(f"{'phase':<72}{'seconds':>9}{'calls':>7}")
+    hidden = 0
+    for label, row in summary["rows"].items():
+        if row["median_seconds"] < 0.0001:  # in the JSON; here they only clutter
+            hidden += 1
+            continue
+        depth = label.count(" > ")
+        name = "  " * depth + label.rsplit(" > ", 1)[-1]
+        print(f"{name:<72}{row['median_seconds']:>9.4f}{row['mean_calls']:>7.1f}")
+    print(
+        f"{'outside the phases above (CLI parsing, pools, output capture)':<72}"
+        f"{summary['unaccounted_median_seconds']:>9.4f}"
+    )
+    if hidden:
+        print(f"({hidden} phase(s) under 0.1 ms not shown; all are in the JSON)")
+    missing = sorted({m for r in result["breakdown_runs"] for m in r["not_instrumented"]})
+    if missing:
+        print(f"not instrumented (no longer in the reconciler): {', '.join(missing)}")
+    over = summary["overhead_beyond_floor_work"]
+    floor = result["swap_seconds"]["hand_floor"]["median"]
+    print(
+        f"reconciler time beyond the floor's own work (wall - loads - verify wait): "
+        f"median {over['median']:.4f} s (min {over['min']:.4f}, max {over['max']:.4f}); "
+        f"over the median floor {floor:.3f} s that is a ratio of "
+        f"{(floor + over['median']) / floor:.3f}"
+    )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
