@@ -296,7 +296,7 @@ def run_arm(arm: str, library: Path | None, args: argparse.Namespace) -> dict[st
                 for name, s in zip(SERVERS, servers, strict=True)
             ),
         )
-        doc = lambda version: soak_doc(version, args.interval, args.duration)  # noqa: E731
+        doc = partial(soak_doc, interval=args.interval, duration=args.duration)
         manifests.write("echo.yaml", doc(GOOD[0]))
         manifests.commit(f"echo {GOOD[0]}")
         service = measured_service(manifests.url, root / "service", args.watch_interval).start()
