@@ -65,6 +65,7 @@ import tracemalloc
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -715,6 +716,123 @@ def import_rss() -> list[dict[str, Any]]:
 # -- the run ------------------------------------------------------------------------------------
 
 
+@dataclass
+class Bench:
+    """What the three measurements share: one server, one manifest remote, the services."""
+
+    args: argparse.Namespace
+    root: Path
+    repository: Path
+    server: LocalTriton
+    manifests: ManifestRepo
+    code: dict[str, Any]  # digests of the code each service started from
+    services: list[Service] = field(default_factory=list)
+
+    def start_service(self, name: str) -> Service:
+        service = measured_service(self.manifests.url, self.root / name, self.args.watch_interval)
+        self.code[f"{name.replace('-', '_')}_tree"] = tree_digest()
+        self.services.append(service.start())
+        return service
+
+
+def webhook_part(bench: Bench) -> tuple[Service, list[dict[str, Any]]]:
+    """1. Webhook to serving: service A deploys echo 1, then the changes; A keeps running."""
+    args, server, manifests = bench.args, bench.server, bench.manifests
+    print("1. webhook to serving", file=sys.stderr)
+    manifests.write("servers.yaml", server_doc(SERVER, server.grpc_address, bench.repository))
+    manifests.write("echo.yaml", deployment_doc(MODEL, [1], [SERVER]))
+    manifests.commit("deploy echo 1")
+    service = bench.start_service("service-a")
+    index = Index(server.grpc_address, own_subchannel=True)
+    try:
+        wait_for(lambda: index.ready(MODEL) == {1}, 120, "echo 1")
+        service.wait_passes(0, 120, "the first pass")
+        index.settle(MODEL, 1)
+        floor_config = parse_pbtxt((bench.repository / FLOOR_MODEL / "config.pbtxt").read_text())
+        index.load(FLOOR_MODEL, floor_config, [1])
+        index.settle(FLOOR_MODEL, 1)
+        return service, webhook_changes(
+            service, manifests, index, args.changes, args.warmup, args.gap
+        )
+    finally:
+        index.close()
+
+
+def idle_part(bench: Bench) -> tuple[dict[str, Any], int]:
+    """3. Idle passes: a fresh server and service B over ``--models`` models; B's exit code."""
+    args, server, manifests = bench.args, bench.server, bench.manifests
+    print(f"3. idle passes over {args.models} models", file=sys.stderr)
+    server.kill()
+    server.start()  # nothing loaded
+    manifests.remove("echo.yaml")
+    manifests.write(
+        "idle/models.yaml",
+        "---\n".join(deployment_doc(idle_name(i), [1], [SERVER]) for i in range(args.models)),
+    )
+    manifests.commit(f"{args.models} idle models")
+    service = bench.start_service("service-b")
+    at_start = sample_process(service.pid, 0, time.monotonic())
+    t0 = time.monotonic()
+    service.wait_passes(0, 60 + 30 * args.models, "the deploying pass")
+    deploy_seconds = time.monotonic() - t0
+    index = Index(server.grpc_address, own_subchannel=True)
+    try:
+        expected = {idle_name(i) for i in range(args.models)}
+        if not expected <= index.ready_models():
+            missing = sorted(expected - index.ready_models())
+            raise BenchError(f"not deployed: {', '.join(missing[:5])} ({len(missing)})")
+    finally:
+        index.close()
+    assert server.process is not None
+    stubs = len(children(server.process.pid))
+    after_deploy = sample_process(service.pid, 0, time.monotonic())
+    cost = scrape_cost(service, args.scrapes)
+    idle = idle_passes(
+        service, server.process.pid, args.passes, args.sample_every, args.idle_max_seconds
+    )
+    return idle | {
+        "models": args.models,
+        "backend_stub_processes": stubs,
+        "deploy_pass_s": deploy_seconds,
+        "service_at_start": at_start,
+        "service_after_deploy": after_deploy,
+        "scrape_cost": cost,
+    }, service.stop()
+
+
+def diagnosis(bench: Bench) -> dict[str, Any]:
+    """In this process: where a pass goes, and whether its Python heap grows."""
+    args = bench.args
+    print("diagnosis: in-process passes under cProfile and tracemalloc", file=sys.stderr)
+    source = Source(bench.manifests.url)
+    settings = pass_settings(bench.root / "inproc" / "cache", bench.root / "inproc.db")
+    profile = profile_passes(source, settings, args.profile_passes)
+    traced = tracemalloc_passes(source, settings, args.tracemalloc_passes)
+    direct = direct_timings(
+        source, settings, bench.repository, bench.server.grpc_address, args.profile_passes
+    )
+    return {
+        "direct_ms": direct,
+        "profile": profile,
+        "tracemalloc": traced,
+        "import_rss": import_rss(),
+    }
+
+
+def keep_logs(bench: Bench) -> list[str]:
+    """The server's and the services' logs, copied to bench/results/ (the run failed)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for name, path in [("tritonserver", bench.server.log_file)] + [
+        (f"service-{i}", s.log) for i, s in enumerate(bench.services)
+    ]:
+        if path is not None and path.exists():
+            target = RESULTS / f"daemon-{name}.log"
+            shutil.copyfile(path, target)
+            kept.append(str(target))
+    return kept
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     busy_before = {"load_average": os.getloadavg(), "other_tritonservers": other_tritonservers()}
@@ -723,126 +841,38 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         root = Path(tmp)
         repository = model_repository(root / "models", args.models)
         server = LocalTriton(repository, log_file=root / "tritonserver.log")
-        manifests = ManifestRepo(root / "git")
-        services: list[Service] = []
-        index: Index | None = None
-        result: dict[str, Any] = {}
+        bench = Bench(args, root, repository, server, ManifestRepo(root / "git"), code)
         try:
             server.start()
             index = Index(server.grpc_address, own_subchannel=True)
-            version = str(index.client.get_server_metadata(as_json=True)["version"])
-            result["machine"] = machine(version) | {
+            try:
+                version = index.server_version()
+            finally:
+                index.close()
+            machine_info = machine(version) | {
                 "load_average_at_start": os.getloadavg(),
                 "busy_at_start": busy_before,
             }
-
-            # 1. webhook to serving
-            print("1. webhook to serving", file=sys.stderr)
-            manifests.write("servers.yaml", server_doc(SERVER, server.grpc_address, repository))
-            manifests.write("echo.yaml", deployment_doc(MODEL, [1], [SERVER]))
-            manifests.commit("deploy echo 1")
-            service = measured_service(manifests.url, root / "service-a", args.watch_interval)
-            code["service_a_tree"] = tree_digest()
-            services.append(service.start())
-            wait_for(lambda: index is not None and index.ready(MODEL) == {1}, 120, "echo 1")
-            service.wait_passes(0, 120, "the first pass")
-            index.settle(MODEL, 1)
-            floor_config = parse_pbtxt((repository / FLOOR_MODEL / "config.pbtxt").read_text())
-            index.load(FLOOR_MODEL, floor_config, [1])
-            index.settle(FLOOR_MODEL, 1)
-            changes = webhook_changes(
-                service, manifests, index, args.changes, args.warmup, args.gap
-            )
+            service, changes = webhook_part(bench)
             final = changes[-1]["to"] if changes else 1
-            index.close()
-            index = None
-
-            # 2. restart to restored
-            print("2. restart to restored", file=sys.stderr)
+            print("2. restart to restored", file=sys.stderr)  # on the same server, service A
             restored = restarts(service, server, args.restarts, final, args.gap)
             service_a_exit = service.stop()
             floors = restart_floors(server, repository, args.restarts, final)
-
-            # 3. idle passes
-            print(f"3. idle passes over {args.models} models", file=sys.stderr)
-            server.kill()
-            server.start()  # nothing loaded
-            manifests.remove("echo.yaml")
-            manifests.write(
-                "idle/models.yaml",
-                "---\n".join(
-                    deployment_doc(idle_name(i), [1], [SERVER]) for i in range(args.models)
-                ),
-            )
-            manifests.commit(f"{args.models} idle models")
-            service = measured_service(manifests.url, root / "service-b", args.watch_interval)
-            code["service_b_tree"] = tree_digest()
-            services.append(service.start())
-            at_start = sample_process(service.pid, 0, time.monotonic())
-            t0 = time.monotonic()
-            service.wait_passes(0, 60 + 30 * args.models, "the deploying pass")
-            deploy_seconds = time.monotonic() - t0
-            index = Index(server.grpc_address, own_subchannel=True)
-            expected = {idle_name(i) for i in range(args.models)}
-            if not expected <= index.ready_models():
-                missing = sorted(expected - index.ready_models())
-                raise BenchError(f"not deployed: {', '.join(missing[:5])} ({len(missing)})")
-            assert server.process is not None
-            stubs = len(children(server.process.pid))
-            after_deploy = sample_process(service.pid, 0, time.monotonic())
-            cost = scrape_cost(service, args.scrapes)
-            idle = idle_passes(
-                service, server.process.pid, args.passes, args.sample_every, args.idle_max_seconds
-            )
-            service_b_exit = service.stop()
-
-            # Diagnosis in this process: where a pass goes, and whether its Python heap grows.
-            print("diagnosis: in-process passes under cProfile and tracemalloc", file=sys.stderr)
-            source = Source(manifests.url)
-            settings = pass_settings(root / "inproc" / "cache", root / "inproc.db")
-            profile = profile_passes(source, settings, args.profile_passes)
-            traced = tracemalloc_passes(source, settings, args.tracemalloc_passes)
-            direct = direct_timings(
-                source, settings, repository, server.grpc_address, args.profile_passes
-            )
-            imports = import_rss()
-
-            result |= {
+            idle, service_b_exit = idle_part(bench)
+            result = {
+                "machine": machine_info,
                 "webhook": changes,
                 "restart": {"runs": restored, "floors": floors},
-                "idle": idle
-                | {
-                    "models": args.models,
-                    "backend_stub_processes": stubs,
-                    "deploy_pass_s": deploy_seconds,
-                    "service_at_start": at_start,
-                    "service_after_deploy": after_deploy,
-                    "scrape_cost": cost,
-                },
-                "diagnosis": {
-                    "direct_ms": direct,
-                    "profile": profile,
-                    "tracemalloc": traced,
-                    "import_rss": imports,
-                },
+                "idle": idle,
+                "diagnosis": diagnosis(bench),
                 "code": code,
                 "service_exit_codes": [service_a_exit, service_b_exit],
             }
         except VOID as exc:
-            RESULTS.mkdir(parents=True, exist_ok=True)
-            kept = []
-            for name, path in [("tritonserver", server.log_file)] + [
-                (f"service-{i}", s.log) for i, s in enumerate(services)
-            ]:
-                if path is not None and path.exists():
-                    target = RESULTS / f"daemon-{name}.log"
-                    shutil.copyfile(path, target)
-                    kept.append(str(target))
-            raise BenchError(f"{exc}\nlogs kept: {', '.join(kept)}") from exc
+            raise BenchError(f"{exc}\nlogs kept: {', '.join(keep_logs(bench))}") from exc
         finally:
-            if index is not None:
-                index.close()
-            for service in services:
+            for service in bench.services:
                 service.stop()
             server.stop()
     return report(args, result, time.monotonic() - started)
