@@ -265,6 +265,53 @@ def memory_sample(
     }
 
 
+def one_swap(
+    service: Service,
+    indexes: Sequence[Index],
+    attribution: Attribution,
+    number: int,
+    current: int,
+    target: int,
+    bad: bool,
+    sha: str,
+) -> dict[str, Any]:
+    """Swap ``number`` (committed at ``sha``): trigger the pass, wait until it is counted and
+    the servers settle, and read what the service recorded of it."""
+    before = service.pass_count()
+    attribution.collect()
+    t0 = time.monotonic()
+    attribution.open(t0)
+    status = service.reconcile_now()
+    if status != 202:
+        raise BenchError(f"POST /reconcile answered {status}")
+    service.wait_passes(before, 300, f"swap {number}'s pass is counted")
+    t1 = time.monotonic()
+    expected = current if bad else target
+    problem = settled_on(indexes, expected, 120)
+    attribution.close(time.monotonic())
+    record = state_record(service.workdir / "state.db", sha)
+    outcomes = set(record["outcomes"].values())
+    held = record["holds"].get(MODEL) == sha
+    want = "reverted" if bad else "converged"
+    return {
+        "swap": number,
+        "from": current,
+        "to": target,
+        "bad": bad,
+        "revision": sha,
+        "pass_s": round(t1 - t0, 3),
+        "settled": problem is None,
+        "unsettled": problem,
+        "outcomes": record["outcomes"],
+        "held": held,
+        "holds": record["holds"],
+        "as_expected": problem is None
+        and outcomes == {want}
+        and len(record["outcomes"]) == len(SERVERS)
+        and held == bad,
+    }
+
+
 def run_arm(arm: str, library: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     extra_env = {"LD_PRELOAD": str(library)} if library else {}
     print(f"arm {arm}: LD_PRELOAD={library or '(none)'}", file=sys.stderr)
@@ -319,41 +366,7 @@ def run_arm(arm: str, library: Path | None, args: argparse.Namespace) -> dict[st
             target = BAD if bad else (GOOD[1] if current == GOOD[0] else GOOD[0])
             manifests.write("echo.yaml", doc(target))
             sha = manifests.commit(f"echo {target}")
-            before = service.pass_count()
-            attribution.collect()
-            t0 = time.monotonic()
-            attribution.open(t0)
-            status = service.reconcile_now()
-            if status != 202:
-                raise BenchError(f"POST /reconcile answered {status}")
-            service.wait_passes(before, 300, f"swap {number}'s pass is counted")
-            t1 = time.monotonic()
-            expected = current if bad else target
-            problem = settled_on(indexes, expected, 120)
-            attribution.close(time.monotonic())
-            record = state_record(service.workdir / "state.db", sha)
-            outcomes = set(record["outcomes"].values())
-            held = record["holds"].get(MODEL) == sha
-            want = "reverted" if bad else "converged"
-            swaps.append(
-                {
-                    "swap": number,
-                    "from": current,
-                    "to": target,
-                    "bad": bad,
-                    "revision": sha,
-                    "pass_s": round(t1 - t0, 3),
-                    "settled": problem is None,
-                    "unsettled": problem,
-                    "outcomes": record["outcomes"],
-                    "held": held,
-                    "holds": record["holds"],
-                    "as_expected": problem is None
-                    and outcomes == {want}
-                    and len(record["outcomes"]) == len(SERVERS)
-                    and held == bad,
-                }
-            )
+            swaps.append(one_swap(service, indexes, attribution, number, current, target, bad, sha))
             memory.append(memory_sample(number, service, servers, started))
             if not bad:
                 current = target
