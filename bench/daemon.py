@@ -75,7 +75,7 @@ from bench.harness.errors import VOID, BenchError
 from bench.harness.passes import pass_settings, run_pass
 from bench.harness.procfs import children, cpu_seconds, status_kb
 from bench.harness.provenance import machine, other_tritonservers, provenance, tree_digest
-from bench.harness.report import md_table
+from bench.harness.report import md_table, short_path
 from bench.harness.report import number as _number
 from bench.harness.service import measured_service
 from bench.harness.stats import slope_per_100, summary
@@ -524,11 +524,7 @@ def idle_passes(
 
 def _where(key: tuple[str, int, str]) -> str:
     file, line, function = key
-    for marker in ("/site-packages/", "/work/main/", "/lib/python3"):
-        if marker in file:
-            file = file.split(marker, 1)[1]
-            break
-    return f"{file}:{line}({function})" if line else function
+    return f"{short_path(file)}:{line}({function})" if line else function
 
 
 def profile_passes(source: Source, settings: Settings, passes: int) -> dict[str, Any]:
@@ -1317,7 +1313,7 @@ def diagnosis_lines(d: dict[str, Any], max_rss_mb: float, models: int) -> list[s
     direct = d["direct_ms"]
     frames = traced["biggest_first_half_traceback"]
     ours = [f for f in frames if "/reconciler/" in f][-3:]
-    origin = " <- ".join(f"`{_short(f)}`" for f in reversed(ours + frames[-1:]))
+    origin = " <- ".join(f"`{short_path(f)}`" for f in reversed(ours + frames[-1:]))
     phases = "; ".join(
         f"{k} {v:.0f}" for k, v in profile["phases_cumulative_ms_per_pass"].items() if v >= 0.5
     )
@@ -1339,12 +1335,12 @@ def diagnosis_lines(d: dict[str, Any], max_rss_mb: float, models: int) -> list[s
         f"{traced['growth_kb_per_100_passes']['second_half']:.1f} KB per 100 passes in the two "
         "halves. Largest differences, first half: "
         + "; ".join(
-            f"`{_short(t['where'])}` {t['size_diff_kb']:+.1f} KB ({t['count']:+d} blocks)"
+            f"`{short_path(t['where'])}` {t['size_diff_kb']:+.1f} KB ({t['count']:+d} blocks)"
             for t in traced["top_growth_first_half"][:3]
         )
         + "; second half: "
         + "; ".join(
-            f"`{_short(t['where'])}` {t['size_diff_kb']:+.1f} KB ({t['count']:+d} blocks)"
+            f"`{short_path(t['where'])}` {t['size_diff_kb']:+.1f} KB ({t['count']:+d} blocks)"
             for t in traced["top_growth_second_half"][:3]
         )
         + f". The largest first-half block was allocated at {origin} (tracemalloc does not "
@@ -1370,13 +1366,6 @@ def diagnosis_lines(d: dict[str, Any], max_rss_mb: float, models: int) -> list[s
         "",
     ]
     return lines
-
-
-def _short(where: str) -> str:
-    for marker in ("/site-packages/", "/work/main/", "/lib/python3.11/"):
-        if marker in where:
-            return where.split(marker, 1)[1]
-    return where
 
 
 def _sum_stats(parts: dict[str, Any], a: str, b: str) -> dict[str, float] | None:

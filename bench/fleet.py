@@ -107,6 +107,7 @@ from bench.harness.errors import BenchError
 from bench.harness.passes import DEFAULT_PARALLEL, pass_settings, run_pass
 from bench.harness.procfs import cpu_seconds
 from bench.harness.provenance import REPO_ROOT, busy_processes, host, provenance
+from bench.harness.report import short_path
 from bench.harness.stats import median_range as summary
 from reconciler.core.plan.changes import target_config
 from reconciler.core.plan.planner import plan as plan_fn
@@ -824,13 +825,6 @@ def profile_pass(target: Target, output: Path) -> dict[str, Any]:
         "all_threads_top_own": top(merged, "tottime", 25),
         "functions": pick_functions(merged),
     }
-
-
-def short_path(file: str) -> str:
-    for marker in ("site-packages/", "/work/main/", "lib/python3.11/"):
-        if marker in file:
-            return file.split(marker, 1)[1]
-    return file
 
 
 # Functions whose cumulative time (summed over threads) explains the pass.

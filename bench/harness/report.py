@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from bench.harness.provenance import REPO_ROOT
+
 
 def md_row(cells: Iterable[object]) -> str:
     """``| a | b | c |``"""
@@ -44,3 +46,16 @@ def machine_line(m: Mapping[str, Any]) -> str:
         f"machine: {m['nproc']} CPU ({m['cpu_model']}), {m['ram_gib']} GiB, Python {m['python']}, "
         f"Triton {m['triton_server']} (nvidia-pytriton {m['nvidia_pytriton']})"
     )
+
+
+# Where the code a profile names lives: the installed packages, this checkout (and the main
+# one, where the results in BENCHMARKS.md were measured), the standard library.
+_PREFIXES = ("/site-packages/", "/work/main/", f"{REPO_ROOT}/", "/lib/python3.11/")
+
+
+def short_path(file: str) -> str:
+    """``file`` from its package or module path on, for a profile's or a trace's rows."""
+    for marker in _PREFIXES:
+        if marker in file:
+            return file.split(marker, 1)[1]
+    return file
