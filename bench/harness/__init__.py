@@ -1,6 +1,16 @@
-"""What the benchmark scenarios share, once: the Triton index they watch, provenance,
-statistics, report tables, their error, and the timing probe on the pass's hooks.
+"""What the benchmark scenarios share, once. Scenarios (``bench/*.py``) import this package
+and ``testkit`` only: never each other, never ``tests``.
 
-Scenarios (``bench/*.py``) import this package and ``testkit`` only: never each other, never
-``tests``.
+- ``triton``: the benchmark's own view of a server (``Index``: states, ready, settle, hand
+  loads) and ``wait_for``;
+- ``passes``: the one place a scenario runs a reconcile pass in its process and builds its
+  settings;
+- ``probe``: where a pass spends its time, through the pass's hooks and ports;
+- ``service``: the reconciler service as the service benchmarks start it;
+- ``provenance``: machine, versions, code measured, how busy the machine was;
+- ``procfs``: processes as /proc sees them (children, RSS, CPU time);
+- ``stats``: percentiles, summaries, slopes, a paired bootstrap;
+- ``report``: Markdown and fixed-width tables;
+- ``cli``: what every ``main`` does around its run;
+- ``errors``: ``BenchError``, the run is void.
 """
