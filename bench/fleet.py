@@ -1266,6 +1266,7 @@ def markdown(result: Mapping[str, Any]) -> str:
     """The section BENCHMARKS.md carries."""
     parts = (
         _method_lines,
+        _machine_lines,
         _results_lines,
         _phase_lines,
         _plan_alone_lines,
@@ -1276,8 +1277,7 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 
 def _method_lines(result: Mapping[str, Any]) -> list[str]:
-    """Question, command, method and machine."""
-    m = result["machine"]
+    """Question, command and method."""
     out: list[str] = []
     w = out.append
     w("## Fleet size (issue: progressive delivery across a fleet)\n")
@@ -1340,6 +1340,14 @@ def _method_lines(result: Mapping[str, Any]) -> list[str]:
         "model `echo` deployed by a first apply, then no-op passes, next to the same shapes "
         "on simulated instances.\n"
     )
+    return out
+
+
+def _machine_lines(result: Mapping[str, Any]) -> list[str]:
+    """The machine, the versions and the code measured."""
+    m = result["machine"]
+    out: list[str] = []
+    w = out.append
     w("### Machine\n")
     w(
         f'- {m["nproc"]} vCPU (`nproc`), `/proc/cpuinfo` model name "{m["cpu_model"]}", '
