@@ -73,6 +73,7 @@ from typing import Any
 from bench.harness.cli import markdown_main
 from bench.harness.errors import VOID, BenchError
 from bench.harness.passes import pass_settings, run_pass
+from bench.harness.probe import Probe
 from bench.harness.procfs import children, cpu_seconds, status_kb
 from bench.harness.provenance import machine, other_tritonservers, provenance, tree_digest
 from bench.harness.report import md_table, short_path
@@ -531,10 +532,11 @@ def profile_passes(source: Source, settings: Settings, passes: int) -> dict[str,
     run_pass(source, settings)  # first pass: a fresh state store, clone
     walls = []
     profiler = cProfile.Profile()
+    probe = Probe()  # the phases, as the pass reports them (under the profiler, as the rest)
     for _ in range(passes):
         t0 = time.monotonic()
         profiler.enable()
-        report = run_pass(source, settings)
+        report = run_pass(source, settings, probe=probe)
         profiler.disable()
         walls.append(time.monotonic() - t0)
         if report.plan.has_changes or not report.ok:
@@ -554,28 +556,11 @@ def profile_passes(source: Source, settings: Settings, passes: int) -> dict[str,
             for key, value in rows
         ]
 
-    # (file suffix, function, label): whichever of them the current code has (the layout
-    # of 532e401: the old paths found nothing since)
-    phases = (
-        ("adapters/git.py", "fetch", "git fetch (GitSource.fetch)"),
-        ("adapters/git.py", "read", "read manifests at the commit"),
-        ("adapters/git.py", "revision", "fetch + read (GitSource.revision)"),
-        ("reconciler/core/spec/desired.py", "load_desired_state", "parse + validate manifests"),
-        ("reconciler/loop/approval.py", "check_approved", "check_approved"),
-        ("reconciler/loop/phases.py", "observe", "observe (waits for the gRPC pool)"),
-        ("reconciler/core/plan/planner.py", "plan", "plan"),
-        ("reconciler/engine/apply.py", "apply", "apply (nothing to do)"),
-        ("adapters/state.py", "record_pass", "StateStore.record_pass"),
-        ("adapters/state.py", "history", "StateStore.history"),
-        ("adapters/state.py", "last_pass", "StateStore.last_pass"),
-        ("adapters/state.py", "close", "StateStore.close"),
-    )
-    named = {}
-    for key, value in table.items():
-        file, _, function = key
-        for suffix, name, label in phases:
-            if file.endswith(suffix) and function == name:
-                named[label] = value[3] / passes * 1000
+    named = {
+        label: seconds / passes * 1000
+        for label, seconds in probe.seconds.items()
+        if " > " not in label  # the phases and the calls between them, not calls within
+    }
     return {
         "passes": passes,
         "wall_s": summary(walls),
@@ -587,32 +572,17 @@ def profile_passes(source: Source, settings: Settings, passes: int) -> dict[str,
     }
 
 
-def direct_timings(
-    source: Source, settings: Settings, repository: Path, address: str, repeats: int
-) -> dict[str, Any]:
-    """The big parts of an idle pass timed one by one, without a profiler: fetch (and read),
-    parse + validate the manifests, observe the server (index, configs, config.pbtxt)."""
-    from reconciler.adapters.triton import TritonServerClient
-    from reconciler.core.spec.desired import load_desired_state
-    from reconciler.loop.approval import fetch
-
+def direct_timings(source: Source, settings: Settings, repeats: int) -> dict[str, Any]:
+    """The big parts of an idle pass, without a profiler, as the pass reports its phases:
+    fetch, read (the manifests' blobs, parsed and validated), observe the server (index,
+    configs, config.pbtxt)."""
+    probe = Probe()
     times: dict[str, list[float]] = {"fetch": [], "parse_validate": [], "observe": []}
-    try:
-        for _ in range(repeats):
-            t0 = time.monotonic()
-            revision = fetch(source, settings)
-            t1 = time.monotonic()
-            desired = load_desired_state(revision.files)
-            t2 = time.monotonic()
-            models = sorted(desired.placements[SERVER])
-            with TritonServerClient(SERVER, address, model_repository=str(repository)) as client:
-                client.observe(models)
-            t3 = time.monotonic()
-            times["fetch"].append(t1 - t0)
-            times["parse_validate"].append(t2 - t1)
-            times["observe"].append(t3 - t2)
-    except Exception as exc:  # the reconciler's API moved: say so, keep the rest
-        return {"error": f"{type(exc).__name__}: {exc}"}
+    for _ in range(repeats):
+        probe.reset()
+        run_pass(source, settings, probe=probe)
+        for key, phase in (("fetch", "fetch"), ("parse_validate", "read"), ("observe", "observe")):
+            times[key].append(probe.seconds[phase])
     return {"repeats": repeats} | {k: summary(v, 1000) for k, v in times.items()}
 
 
@@ -804,9 +774,7 @@ def diagnosis(bench: Bench) -> dict[str, Any]:
     settings = pass_settings(bench.root / "inproc" / "cache", bench.root / "inproc.db")
     profile = profile_passes(source, settings, args.profile_passes)
     traced = tracemalloc_passes(source, settings, args.tracemalloc_passes)
-    direct = direct_timings(
-        source, settings, bench.repository, bench.server.grpc_address, args.profile_passes
-    )
+    direct = direct_timings(source, settings, args.profile_passes)
     return {
         "direct_ms": direct,
         "profile": profile,
@@ -1354,7 +1322,7 @@ def diagnosis_lines(d: dict[str, Any], max_rss_mb: float, models: int) -> list[s
             "- **Parts of an idle pass**, timed one by one without a profiler "
             f"({direct['repeats']} times, median / max ms): fetch "
             f"{_f(direct['fetch']['median'])} / {_f(direct['fetch']['max'])}; "
-            "parse + validate the manifests "
+            "read + parse + validate the manifests "
             f"{_f(direct['parse_validate']['median'])} / {_f(direct['parse_validate']['max'])}; "
             f"observe (index, {models} configs, {models} config.pbtxt files) "
             f"{_f(direct['observe']['median'])} / {_f(direct['observe']['max'])}."

@@ -26,16 +26,16 @@ pass is a no-op (checked: no change, no problem, instances x models pairs in syn
 Per size (10, 100, 1,000 instances x 100 models), each with its own state store and Git cache:
 
 (a) ``plan()`` alone on the DesiredState, ServingState and History that a real pass built
-    (captured from the pass's own call), repeated after a full collection each time; median
+    (built again by the pass's own phases), repeated after a full collection each time; median
     wall and median CPU of the planning thread (this machine is shared, and CPU is less
     disturbed by the other sessions than wall); per (instance x model) pair.
-(b) the whole pass ``reconcile(source, settings, apply_changes=True)``: one warm-up, then
+(b) the whole pass ``reconcile(source, settings, ports, apply_changes=True)``: one warm-up, then
     ``--passes`` measured (``--large-passes`` for 1,000) at ``Settings.max_parallel``'s
     default, and ``--variant-passes`` each at the ``--variants`` (32, 64; at 1,000 only
-    ``--large-variants``, 64, once, to keep the run under 15 minutes). Every pass runs
-    with timing wrappers around the collaborators ``reconcile`` calls in
-    ``reconciler.loop`` (Git fetch and read, parse, discover, state store, client creation,
-    observe, plan, digest, apply, record, close), installed in this process only; the
+    ``--large-variants``, 64, once, to keep the run under 15 minutes). Every pass reports
+    its phases (fetch, approve, read, discover, guard, observe, plan, apply, record, alert,
+    revert) to a ``bench.harness.probe.Probe`` through ``ports.hooks``, and its state store
+    and gRPC clients are timed through its ports (opening, connecting, closing); the
     reconciler's code is not changed. CPU per pass: this process, its children (git), and
     the simulated instances (``/proc/PID/stat``), since all share the 2 cores; and the time
     spent in the garbage collector (``gc.callbacks``). These are one-shot passes (as
@@ -70,7 +70,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import compileall
-import contextlib
 import cProfile
 import dataclasses
 import gc
@@ -89,8 +88,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,11 +98,10 @@ import tritonclient.grpc as triton_grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-import reconciler.loop.reconcile as loop
-import reconciler.wiring as wiring
 from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
 from bench.harness.errors import BenchError
-from bench.harness.passes import DEFAULT_PARALLEL, pass_settings, run_pass
+from bench.harness.passes import DEFAULT_PARALLEL, pass_settings, plan_inputs, run_pass
+from bench.harness.probe import Probe
 from bench.harness.procfs import cpu_seconds
 from bench.harness.provenance import REPO_ROOT, busy_processes, host, provenance
 from bench.harness.report import short_path
@@ -365,168 +362,28 @@ def write_manifests(root: Path, models: Sequence[str], grpc_port: int) -> Manife
     return repo
 
 
-# -- timing wrappers around reconcile's collaborators -----------------------------------------
+# -- where a pass's time goes: its phases (ports.hooks) and its calls out -------------------
 
+# The pass's phases (``reconciler.loop.phases``), and the calls the pass makes outside any
+# phase (bench.harness.passes labels them): opening and closing the state store, creating
+# and closing the gRPC clients. "other" is the rest of the wall time.
 PHASES = (
+    "state store open",
     "fetch",
     "approve",
     "read",
-    "parse",
     "discover",
-    "state",
-    "history",
-    "clients",
+    "guard",
+    "triton connect",
     "observe",
-    "settle",
-    "memory",
     "plan",
-    "digest",
     "apply",
-    "bookkeeping",
+    "triton close",
     "record",
-    "close",
-    "write_back",
+    "alert",
+    "revert",
+    "state store close",
 )
-
-
-class Probe:
-    """Wraps the names ``reconcile`` looks up in ``reconciler.loop`` with timers (this process
-    only; nothing in the reconciler changes). Also keeps the arguments of the last ``plan``
-    call, for timing the planner alone on what a real pass built."""
-
-    def __init__(self) -> None:
-        self.times: dict[str, float] = defaultdict(float)
-        self.cpu: dict[str, float] = defaultdict(float)  # this process, all threads
-        self.plan_args: tuple[Any, ...] | None = None
-        self._saved: dict[tuple[Any, str], Any] = {}
-
-    def reset(self) -> None:
-        self.times = defaultdict(float)
-        self.cpu = defaultdict(float)
-        # the last pass's state must not stay alive through the next pass (it would double
-        # the heap the garbage collector walks); the reconciler keeps none of it
-        self.plan_args = None
-
-    def _timed(self, phase: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started, cpu = time.perf_counter(), time.process_time()
-            try:
-                return function(*args, **kwargs)
-            finally:
-                self.times[phase] += time.perf_counter() - started
-                self.cpu[phase] += time.process_time() - cpu
-
-        return wrapper
-
-    def install(self) -> Probe:
-        probe = self
-        timed = self._timed
-
-        class TimedGitSource(wiring.GitSource):
-            def fetch(self, *args: Any, **kwargs: Any) -> Any:
-                return timed("fetch", super().fetch)(*args, **kwargs)
-
-            def read(self, *args: Any, **kwargs: Any) -> Any:
-                return timed("read", super().read)(*args, **kwargs)
-
-        class TimedStateStore(loop.StateStore):
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                timed("state", super().__init__)(*args, **kwargs)
-
-            def history(self) -> Any:
-                return timed("history", super().history)()
-
-            def record_pass(self, *args: Any, **kwargs: Any) -> Any:
-                return timed("record", super().record_pass)(*args, **kwargs)
-
-            def last_pass(self) -> Any:
-                return timed("state", super().last_pass)()
-
-            def applied_spec(self, *args: Any, **kwargs: Any) -> Any:
-                return timed("state", super().applied_spec)(*args, **kwargs)
-
-            def open_alerts(self) -> Any:
-                return timed("state", super().open_alerts)()
-
-            def close(self) -> None:
-                timed("state", super().close)()
-
-        class TimedClient(wiring.TritonServerClient):
-            @classmethod
-            def for_server(cls, server: Any, **options: Any) -> Any:
-                started, cpu = time.perf_counter(), time.process_time()
-                try:
-                    return super().for_server(server, **options)
-                finally:
-                    probe.times["clients"] += time.perf_counter() - started
-                    probe.cpu["clients"] += time.process_time() - cpu
-
-            def close(self) -> None:
-                timed("close", super().close)()
-
-        original_plan = loop.plan
-
-        def capturing_plan(*args: Any, **kwargs: Any) -> Any:
-            # Without ``settled``: plan() alone measures planning every pair.
-            probe.plan_args = args[:5]
-            return original_plan(*args, **kwargs)
-
-        # wiring builds the Git source and the clients; the pass looks up the rest
-        patches: dict[tuple[Any, str], Any] = {
-            (wiring, "GitSource"): TimedGitSource,
-            (wiring, "TritonServerClient"): TimedClient,
-            (loop, "StateStore"): TimedStateStore,
-            (loop, "observe"): timed("observe", loop.observe),
-            (loop, "plan"): timed("plan", capturing_plan),
-        }
-        for name, phase in (
-            ("check_approved", "approve"),
-            ("load_desired_state", "parse"),
-            ("attach_shadow_requests", "parse"),
-            ("check_analysis_sources", "parse"),
-            ("discover", "discover"),
-            ("metrics_reader", "clients"),
-            ("serving_digest", "digest"),
-            ("read_desired", "parse"),
-            ("settle_key", "settle"),
-            ("with_free_memory", "memory"),
-            ("apply", "apply"),
-            ("write_back", "write_back"),
-        ):
-            if hasattr(loop, name):  # the reconciler moves on; wrap what is there
-                patches[loop, name] = timed(phase, getattr(loop, name))
-        for name in (
-            "next_managed",
-            "expected_serving",
-            "applied_from",
-            "rollouts_from",
-            "holds_from",
-            "alerts_from",
-            "drift_corrected",
-            "footprints_from",
-            "released_holds",
-            "problem_alerts",
-        ):
-            if hasattr(loop, name):
-                patches[loop, name] = timed("bookkeeping", getattr(loop, name))
-        for (module, name), value in patches.items():
-            self._saved[module, name] = getattr(module, name)
-            setattr(module, name, value)
-        return self
-
-    def uninstall(self) -> None:
-        for (module, name), value in self._saved.items():
-            setattr(module, name, value)
-        self._saved = {}
-
-
-@contextlib.contextmanager
-def probed() -> Iterator[Probe]:
-    probe = Probe().install()
-    try:
-        yield probe
-    finally:
-        probe.uninstall()
 
 
 # -- one shape of fleet -----------------------------------------------------------------------
@@ -624,7 +481,7 @@ def one_pass(
     started = time.perf_counter()
     try:
         with GcTimer() as collector:
-            report = run_pass(source, settings, memory=memory)
+            report = run_pass(source, settings, memory=memory, probe=probe)
     except ReconcileError as exc:
         raise BenchError(f"{target.label}: reconcile raised {type(exc).__name__}: {exc}") from exc
     wall = time.perf_counter() - started
@@ -634,9 +491,9 @@ def one_pass(
         time.process_time() - cpu0,
         children_cpu() - child0,
         target.server_cpu() - server0,
-        {p: probe.times.get(p, 0.0) for p in PHASES},
+        {p: probe.seconds.get(p, 0.0) for p in PHASES},
         {p: probe.cpu.get(p, 0.0) for p in PHASES},
-        settings.max_parallel,
+        settings.triton.max_parallel,
         collector.seconds,
         collector.collections,
     )
@@ -706,42 +563,39 @@ def measure(
 ) -> tuple[dict[str, Any], tuple[Any, ...]]:
     """Warm-up, measured passes at the default parallelism and the variants, plan() alone."""
     log(f"{target.label}: {len(target.addresses)} instances x {target.models} models")
-    with probed() as probe:
-        settings = target.settings()
-        warm = one_pass(target, settings, probe)
-        log(f"  warm-up pass {warm.wall:.3f} s")
-        samples = []
+    probe = Probe()
+    settings = target.settings()
+    warm = one_pass(target, settings, probe)
+    log(f"  warm-up pass {warm.wall:.3f} s")
+    samples = []
+    for _ in range(passes):
+        samples.append(one_pass(target, settings, probe))
+        log(f"  pass {samples[-1].wall:.3f} s (observe {samples[-1].phases['observe']:.3f})")
+    by_parallel = {str(DEFAULT_PARALLEL): pass_summary(samples)}
+    for parallel in variants:
+        if parallel == DEFAULT_PARALLEL or variant_passes < 1:
+            continue
+        extra = [one_pass(target, target.settings(parallel), probe) for _ in range(variant_passes)]
+        by_parallel[str(parallel)] = pass_summary(extra)
+        log(f"  max_parallel {parallel}: {[round(s.wall, 3) for s in extra]} s")
+    # The service (``triton-gitops run``) keeps a PassMemory from pass to pass: one
+    # warm-up pass fills it, then the measured passes.
+    memory = PassMemory()
+    try:
+        service_warm = one_pass(target, settings, probe, memory)
+        log(f"  service warm-up pass {service_warm.wall:.3f} s")
+        service = []
         for _ in range(passes):
-            samples.append(one_pass(target, settings, probe))
-            log(f"  pass {samples[-1].wall:.3f} s (observe {samples[-1].phases['observe']:.3f})")
-        by_parallel = {str(DEFAULT_PARALLEL): pass_summary(samples)}
-        for parallel in variants:
-            if parallel == DEFAULT_PARALLEL or variant_passes < 1:
-                continue
-            extra = [
-                one_pass(target, target.settings(parallel), probe) for _ in range(variant_passes)
-            ]
-            by_parallel[str(parallel)] = pass_summary(extra)
-            log(f"  max_parallel {parallel}: {[round(s.wall, 3) for s in extra]} s")
-        # The service (``triton-gitops run``) keeps a PassMemory from pass to pass: one
-        # warm-up pass fills it, then the measured passes.
-        memory = PassMemory()
-        try:
-            service_warm = one_pass(target, settings, probe, memory)
-            log(f"  service warm-up pass {service_warm.wall:.3f} s")
-            service = []
-            for _ in range(passes):
-                service.append(one_pass(target, settings, probe, memory))
-                top = sorted(service[-1].phases.items(), key=lambda kv: -kv[1])[:5]
-                log(
-                    f"  service pass {service[-1].wall:.3f} s ("
-                    + ", ".join(f"{k} {v:.3f}" for k, v in top)
-                    + ")"
-                )
-        finally:
-            memory.close()
-        args = probe.plan_args
-    assert args is not None
+            service.append(one_pass(target, settings, probe, memory))
+            top = sorted(service[-1].phases.items(), key=lambda kv: -kv[1])[:5]
+            log(
+                f"  service pass {service[-1].wall:.3f} s ("
+                + ", ".join(f"{k} {v:.3f}" for k, v in top)
+                + ")"
+            )
+    finally:
+        memory.close()
+    args = plan_inputs(Source(target.repo.url), settings)
     planned = time_plan(args, target.pairs, plan_runs, plan_budget_s)
     log(
         f"  plan() alone {planned['seconds']['median']:.4f} s "
@@ -1321,16 +1175,15 @@ def _method_lines(result: Mapping[str, Any]) -> list[str]:
         "the benchmark's process only runs the reconciler. Every pass is checked to be a "
         "no-op (no change, no problem, every pair in sync).\n"
         "3. Per size, its own state store and Git cache: one warm-up pass, then measured "
-        "`reconcile(source, settings, apply_changes=True)` passes (Git fetch, parse, "
+        "`reconcile(source, settings, ports, apply_changes=True)` passes (Git fetch, parse, "
         "discovery, observe over gRPC, plan, apply of nothing, record), at the default "
-        f"`max_parallel` ({DEFAULT_PARALLEL}) and at {variants_text(result)}. Timing "
-        "wrappers around the "
-        "collaborators `reconcile` looks up in `reconciler.loop` (installed in the "
-        "benchmark's process only) split each pass into phases. CPU per pass is read for "
+        f"`max_parallel` ({DEFAULT_PARALLEL}) and at {variants_text(result)}. The pass "
+        "reports its phases through `ports.hooks`, and its state store and gRPC clients "
+        "are timed through its ports, which splits each pass into phases. CPU per pass is read for "
         "the reconciler's process, its `git` children and the simulator's helpers: all "
         "share the 2 cores.\n"
         "4. `plan()` alone, on the `DesiredState`, `ServingState` and `History` the last "
-        "pass handed to it (captured from that call), repeated, each run after a full "
+        "pass handed to it (built again by the pass's own phases), repeated, each run after a full "
         "garbage collection; median wall and median CPU of the planning thread.\n"
         "5. For 1,000 instances, one more pass under cProfile (main thread and every worker "
         "thread, merged), then single calls timed against one simulated instance.\n"
@@ -1436,7 +1289,7 @@ def _phase_lines(result: Mapping[str, Any]) -> list[str]:
     w = out.append
     w(
         "Phases of the no-op pass (median seconds at the default `max_parallel`; `other` is "
-        "the wall time no wrapper covers):\n"
+        "the wall time no phase or call covers):\n"
     )
     columns = _points(result)
     shown = [

@@ -17,10 +17,10 @@ settled: no version LOADING or UNLOADING.
 Reported: requests, failures, p50/p99 latency in a baseline window before any swap and in the
 windows of each kind of swap (a request counts as "during" when it started inside a swap's
 wall-clock window); apply and floor wall times and their ratio. Targets: 0 failures, ratio
-(median apply / median floor) at most 1.1. Then a few more applies run instrumented (timing
-wrappers around the reconciler's phases, installed in this process only; the reconciler's code
-is not changed) and one under cProfile, to show where the reconciler's time beyond the floor
-goes.
+(median apply / median floor) at most 1.1. Then a few more applies run instrumented (the pass
+in this process, its phases timed through its hooks and its calls to Git, the state store and
+Triton through its ports; ``bench.harness.probe``) and one under cProfile, to show where the
+reconciler's time beyond the floor goes.
 
     python -m bench.swap_under_load [--swaps N] [--threads N] [--baseline-seconds S]
 
@@ -30,36 +30,29 @@ Every process started here (one tritonserver and its backend stubs) is stopped i
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
-import functools
-import inspect
 import io
 import os
 import pstats
 import statistics
 import sys
 import tempfile
-import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import reconciler.adapters.triton as triton_adapter
-import reconciler.cli as cli_module
-import reconciler.engine.change as change_module
-import reconciler.loop.reconcile as loop_module
 from bench.harness.cli import measured, write_json
 from bench.harness.errors import VOID, BenchError
+from bench.harness.passes import pass_settings, run_pass
+from bench.harness.probe import Probe
 from bench.harness.provenance import machine, other_tritonservers, provenance
 from bench.harness.report import fixed, machine_line, number
 from bench.harness.stats import bootstrap_ratio, percentile, time_stats
 from bench.harness.triton import Index
-from reconciler.adapters.git import GitSource
-from reconciler.adapters.state import StateStore
+from reconciler.model.errors import ReconcileError
+from reconciler.model.source import Source
 from testkit.cli_run import Reconciler
 from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
@@ -113,11 +106,16 @@ def hand_floor(
 
 
 class Manifests:
-    """The manifest remote and a reconciler (in-process CLI) pointed at it."""
+    """The manifest remote and a reconciler (in-process CLI) pointed at it; ``source`` and
+    ``settings`` are the same for a pass run without the CLI (the instrumented applies)."""
 
     def __init__(self, root: Path, triton: LocalTriton, repository: Path, smoke: bool) -> None:
         self.repo = ManifestRepo(root / "git")
         self.reconciler = Reconciler(self.repo.url, root / "reconciler")
+        self.source = Source(self.repo.url)
+        self.settings = pass_settings(
+            root / "reconciler" / "cache", root / "reconciler" / "state.db"
+        )
         self.smoke = smoke
         self.repo.write("servers.yaml", server_doc(SERVER, triton.grpc_address, repository))
 
@@ -158,153 +156,42 @@ def hand_swap(
     return Swap("hand", round_, old, new, started, seconds, parts)
 
 
-# -- instrumentation of the reconciler (in this process only) ---------------------------------
-
-
-def _step_label(*args: Any, **kwargs: Any) -> str:
-    """``step <action>`` for a call of ``execute_step``, whatever its other parameters."""
-    step = kwargs.get("step") or next((a for a in args if hasattr(a, "action")), None)
-    action = getattr(step, "action", None)
-    return f"step {getattr(action, 'value', action)}"
-
-
-class Probe:
-    """Timing wrappers around the reconciler's functions, nested by call order.
-
-    Labels nest as "outer > inner" through a call stack shared by all threads: right for this
-    benchmark (one server, one model, so the reconciler's pools run one task at a time).
-    """
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.calls: dict[str, int] = defaultdict(int)
-        self._stack: list[str] = []
-        self._lock = threading.Lock()
-        self._undo: list[tuple[Any, str, Any]] = []
-        self.missing: list[str] = []
-
-    def reset(self) -> None:
-        self.seconds.clear()
-        self.calls.clear()
-
-    def _record(self, label: str, elapsed: float) -> None:
-        with self._lock:
-            self.seconds[label] += elapsed
-            self.calls[label] += 1
-
-    def wrap(
-        self, owner: Any, name: str, label: str, label_of: Callable[..., str] | None = None
-    ) -> None:
-        original = getattr(owner, name, None)
-        if original is None:  # the reconciler changed under us: say so, measure the rest
-            self.missing.append(f"{getattr(owner, '__name__', owner)}.{name}")
-            return
-
-        @functools.wraps(original)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            own = label_of(*args, **kwargs) if label_of else label
-            path = " > ".join([*self._stack, own])
-            with self._lock:
-                self.seconds.setdefault(path, 0.0)  # rows in call-start order
-            self._stack.append(own)
-            start = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._record(path, time.perf_counter() - start)
-                self._stack.pop()
-
-        self._undo.append((owner, name, original))
-        setattr(owner, name, timed)
-
-    def sleep(self, seconds: float) -> None:
-        path = " > ".join([*self._stack, "poll sleep"])
-        start = time.perf_counter()
-        time.sleep(seconds)
-        self._record(path, time.perf_counter() - start)
-
-    def install(self) -> None:
-        wrap = self.wrap
-        wrap(loop_module, "git_source", "git source open")
-        wrap(GitSource, "fetch", "git fetch + resolve ref")
-        wrap(GitSource, "read", "read manifest blobs")
-        wrap(loop_module, "read_desired", "parse + validate manifests")
-        wrap(StateStore, "__init__", "state store open")
-        wrap(StateStore, "history", "state store history")
-        wrap(triton_adapter.TritonServerClient, "__init__", "gRPC client create")
-        wrap(loop_module, "observe", "observe")
-        wrap(triton_adapter.TritonServerClient, "index", "triton index")
-        wrap(triton_adapter.TritonServerClient, "_loaded_config", "triton get_model_config")
-        wrap(triton_adapter, "read_model", "read config.pbtxt")
-        wrap(loop_module, "plan", "plan")
-        wrap(loop_module, "apply", "apply")
-        wrap(
-            change_module,
-            "execute_step",
-            "",
-            label_of=_step_label,
-        )
-        wrap(triton_adapter.TritonServerClient, "load", "triton load")
-        wrap(triton_adapter.TritonServerClient, "unload", "triton unload")
-        wrap(triton_adapter.TritonServerClient, "infer", "triton infer (smoke)")
-        wrap(triton_adapter.TritonServerClient, "interface", "triton get_model_metadata")
-        wrap(triton_adapter.TritonServerClient, "close", "gRPC client close")
-        wrap(StateStore, "record_pass", "state store record")
-        wrap(StateStore, "close", "state store close")
-        wrap(cli_module, "report_text", "render report")
-        wrap(cli_module, "build_parser", "CLI argument parser")
-        # Every other function of the reconcile loop, so that phases added later show up.
-        done = {name for owner, name, _ in self._undo if owner is loop_module}
-        for name, value in sorted(vars(loop_module).items()):
-            if (
-                inspect.isfunction(value)
-                and value.__module__ == loop_module.__name__
-                and name not in done
-            ):
-                wrap(loop_module, name, f"loop.{name}")
-        # apply() builds its Timing (poll interval, sleep) when none is given: count sleeps.
-        self._undo.append((loop_module, "Timing", loop_module.Timing))
-        loop_module.Timing = functools.partial(loop_module.Timing, sleep=self.sleep)  # type: ignore[misc,assignment]
-
-    def uninstall(self) -> None:
-        while self._undo:
-            owner, name, original = self._undo.pop()
-            setattr(owner, name, original)
-
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[Probe]:
-        self.install()
-        try:
-            yield self
-        finally:
-            self.uninstall()
+# -- where one apply's time goes ------------------------------------------------------------
 
 
 def breakdown(
     manifests: Manifests, triton: Index, count: int, current: int, gap: float
 ) -> tuple[list[dict[str, Any]], int]:
-    """``count`` instrumented applies; per apply: wall time and seconds/calls per label."""
+    """``count`` instrumented applies: the pass run in this process (``bench.harness.passes``,
+    the same state store and Git cache as the CLI's), its phases timed through
+    ``ports.hooks`` and its calls to Git, the state store and Triton through the ports; per
+    apply: wall time and seconds/calls per label."""
     probe = Probe()
     runs: list[dict[str, Any]] = []
-    with probe.installed():
-        for _ in range(count):
-            new = 2 if current == 1 else 1
-            manifests.commit(new)
-            probe.reset()
-            wall = manifests.apply()
-            runs.append(
-                {
-                    "from": current,
-                    "to": new,
-                    "wall": wall,
-                    "seconds": dict(probe.seconds),
-                    "calls": dict(probe.calls),
-                    "not_instrumented": list(probe.missing),
-                }
-            )
-            current = new
-            triton.settle(MODEL, current)
-            time.sleep(gap)
+    for _ in range(count):
+        new = 2 if current == 1 else 1
+        manifests.commit(new)
+        probe.reset()
+        started = time.monotonic()
+        try:
+            report = run_pass(manifests.source, manifests.settings, probe=probe)
+        except ReconcileError as exc:
+            raise BenchError(f"instrumented apply raised {type(exc).__name__}: {exc}") from exc
+        wall = time.monotonic() - started
+        if not report.ok:
+            raise BenchError(f"instrumented apply to {new} failed: {report.result}")
+        runs.append(
+            {
+                "from": current,
+                "to": new,
+                "wall": wall,
+                "seconds": dict(probe.seconds),
+                "calls": dict(probe.calls),
+            }
+        )
+        current = new
+        triton.settle(MODEL, current)
+        time.sleep(gap)
     return runs, current
 
 
@@ -365,17 +252,17 @@ def summarize_breakdown(runs: list[dict[str, Any]]) -> dict[str, Any]:
     walls = [r["wall"] for r in runs]
     top = [label for label in labels if " > " not in label]
     accounted = statistics.median(sum(r["seconds"].get(t, 0.0) for t in top) for r in runs)
-    # The work the hand floor does too: both Triton loads and the wait for READY (index polls
-    # and sleeps); not the verify's other checks, which the floor does not make.
-    shared = (
-        "apply > step load > triton load",
-        "apply > step verify > triton index",
-        "apply > step verify > poll sleep",
-        "apply > step unload > triton load",
-    )
+    # The work the hand floor does too: both Triton loads and the wait for READY, i.e. the
+    # apply phase less the calls in it that the floor does not make (the interface check,
+    # the smoke inference, the state store's journal). The sleeps between the verify's index
+    # polls are in no call, so they count as the floor's, as the floor sleeps too.
+    floor_calls = ("apply > triton load", "apply > triton model_state")
 
     def floor_work(seconds: dict[str, float]) -> float:
-        return sum(v for k, v in seconds.items() if k.endswith(shared))
+        other = sum(
+            v for k, v in seconds.items() if k.startswith("apply > ") and k not in floor_calls
+        )
+        return seconds.get("apply", 0.0) - other
 
     overhead = [r["wall"] - floor_work(r["seconds"]) for r in runs]
     return {
@@ -650,14 +537,11 @@ def _print_breakdown(result: dict[str, Any]) -> None:
         name = "  " * depth + label.rsplit(" > ", 1)[-1]
         print(f"{name:<72}{row['median_seconds']:>9.4f}{row['mean_calls']:>7.1f}")
     print(
-        f"{'outside the phases above (CLI parsing, pools, output capture)':<72}"
+        f"{'outside the phases above (between phases, thread pools)':<72}"
         f"{summary['unaccounted_median_seconds']:>9.4f}"
     )
     if hidden:
         print(f"({hidden} phase(s) under 0.1 ms not shown; all are in the JSON)")
-    missing = sorted({m for r in result["breakdown_runs"] for m in r["not_instrumented"]})
-    if missing:
-        print(f"not instrumented (no longer in the reconciler): {', '.join(missing)}")
     over = summary["overhead_beyond_floor_work"]
     floor = result["swap_seconds"]["hand_floor"]["median"]
     print(
