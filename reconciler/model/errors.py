@@ -5,8 +5,15 @@
     │                                  (carries every Problem found: file, line, message)
     ├── SourceUnavailable              the Git remote or ref cannot be read (transient)
     ├── ServerUnavailable              a Triton server does not answer (transient)
+    ├── DiscoveryFailed                a server's DNS name does not resolve; nothing applied
+    ├── TrustedKeysError               --trusted-keys gives no keyring (configuration)
+    ├── ArtifactError                  a version folder cannot be hashed
     ├── UnsafeRevision                 a revision refused as a whole (e.g. it would empty a
-    │                                  server that serves models); nothing is applied
+    │   │                              server that serves models); nothing is applied
+    │   ├── HistoryRewritten           the branch was force-pushed (until --accept-rewrite)
+    │   ├── UnverifiedRevision         commits not signed by a trusted key
+    │   ├── NotApproved                too few approval trailers
+    │   └── StalePlan                  a saved plan no longer matches the branch or servers
     └── StepFailed                     one step of a model's change failed; the model goes back
         ├── LoadFailed                 Triton refused or failed the load (its own message)
         ├── VerifyFailed               a version did not become READY or a smoke case failed
