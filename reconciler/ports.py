@@ -37,8 +37,16 @@ class ModelControl(Protocol):
     def model_state(self, model: str) -> ModelState: ...
 
     def infer(
-        self, model: str, version: int, inputs: tuple[Tensor, ...], outputs: tuple[str, ...]
-    ) -> dict[str, npt.NDArray[np.generic]]: ...
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        timeout: float | None = None,
+    ) -> dict[str, npt.NDArray[np.generic]]:
+        """The answer of ``version``; VerifyFailed when the server answers with an error or,
+        with a ``timeout``, does not answer within it."""
+        ...
 
     def interface(self, model: str, version: int) -> ModelInterface: ...
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 MODELS = Path(__file__).resolve().parent / "models"
 # Versions written for every test model; see model.py for how 3, 4, 5, 6 and 9 misbehave.
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 9)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13)
 TEST_MODELS = ("echo", "other")
 # An ensemble over echo then other (answers INPUT0 * v_echo * v_other); its one version folder
 # is empty, as Triton requires.

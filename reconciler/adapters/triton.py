@@ -333,7 +333,12 @@ class TritonServerClient:
             raise UnloadFailed(f"server {self.name}: {exc.message()}") from exc
 
     def infer(
-        self, model: str, version: int, inputs: tuple[Tensor, ...], outputs: tuple[str, ...]
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        timeout: float | None = None,
     ) -> dict[str, npt.NDArray[np.generic]]:
         request = []
         for tensor in inputs:
@@ -347,9 +352,15 @@ class TritonServerClient:
                 request,
                 model_version=str(version),
                 outputs=[triton_grpc.InferRequestedOutput(name) for name in outputs] or None,
-                client_timeout=self.call_timeout,
+                client_timeout=timeout or self.call_timeout,
             )
         except InferenceServerException as exc:
+            if timeout is not None and str(exc.status()) == "StatusCode.DEADLINE_EXCEEDED":
+                # A probe's own deadline: the client would have given up, so it failed.
+                raise VerifyFailed(
+                    f"server {self.name}: inference on {model} version {version}: no answer "
+                    f"within {timeout:g}s"
+                ) from exc
             # "not at ready state" comes with the unreachable code too; the server answered.
             if _unreachable(exc) and not _not_ready(exc):
                 raise self._error(exc, f"inferring {model} version {version}") from exc

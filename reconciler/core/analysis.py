@@ -6,19 +6,30 @@ cumulative ``Figures``, and ``evaluate`` turns the difference between two of the
 ``Evaluation``: one ``CheckResult`` per check with its value, threshold and verdict. ``judge``
 turns the evaluations so far into a ``RolloutVerdict``.
 
+The success rate is what clients see, from two sources judged side by side: Triton's own
+counters (which miss a Python model's error *responses*: Triton 2.51 counts those a success,
+server#7713) and the reconciler's probes (``ProbeFigures``: its own requests pinned to the new
+versions, which see error responses, missing outputs and wrong outputs, but only for the
+requests they send). The check's value is the lower of the two rates; each must reach ``min``.
+
 Verdicts are explicit: NaN, a missing series, a counter that went backwards or no baseline
 give ``no-data`` (never a crash, never a silent pass); a window with no requests gives
 ``no-traffic``, which the deployment's ``noTraffic`` policy turns into a pass, a failure or an
-evaluation that does not count (``wait``). A rollout passes only when its time is up, at least
-one evaluation counted, and no more than ``failureLimit`` evaluations failed; it fails as soon
-as one evaluation too many fails; with nothing counted at the end it is ``inconclusive``,
-which the reconciler treats as a failure (the old versions serve again).
+evaluation that does not count (``wait``). A rollout passes only when its time is up, every
+counted evaluation passed but at most ``failureLimit`` failed and ``inconclusiveLimit`` had
+no data, at least one passed, and at least ``minEvidence`` requests or probes reached the new
+versions; it fails as soon as one evaluation too many fails, or at once on an early abort
+(``early_abort``: a run of failed probes, or a success rate since READY that is below the
+check's min with the configured confidence). An analysis that cannot pass is
+``inconclusive``, which the reconciler treats as a failure (the old versions serve again).
+Evaluations within ``initialDelay`` of READY are kept and shown but not counted.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 
 from reconciler.model.analysis import (
     AnalysisSpec,
@@ -28,9 +39,14 @@ from reconciler.model.analysis import (
     Evaluation,
     Figures,
     NoTraffic,
+    ProbeFigures,
     RolloutVerdict,
     Verdict,
 )
+
+# Fewer requests than this since READY are too few for the early abort's rate rule (a run of
+# failed probes still aborts).
+EARLY_ABORT_MIN_REQUESTS = 10
 
 
 def pooled(readings: Sequence[Figures]) -> Figures:
@@ -52,6 +68,43 @@ def pooled(readings: Sequence[Figures]) -> Figures:
         pending=total([f.pending for f in read]),
         inferences=total([f.inferences for f in read]),
     )
+
+
+def before_ready(figures: Figures) -> Figures:
+    """A reading of new versions taken before they load: where they have no series yet
+    (Triton reports none for a version it does not serve), their counts are zero, so that the
+    first window counts every request from the moment they are READY."""
+
+    def zero(value: float | None) -> float:
+        return 0.0 if value is None else value
+
+    return Figures(
+        success=zero(figures.success),
+        # Left absent: Triton has no failure series before the first failure, and an absent
+        # series on both sides already counts as none (``evaluate``).
+        failure=figures.failure,
+        duration_us=zero(figures.duration_us),
+        memory_bytes=figures.memory_bytes,
+        pending=figures.pending,
+        inferences=zero(figures.inferences),
+        memory_total_bytes=figures.memory_total_bytes,
+    )
+
+
+def since_ready(origin: Figures, current: Figures) -> tuple[float, float] | None:
+    """Triton's (successes, failures) on the new versions between two readings; None when
+    either could not be read or a counter went backwards."""
+    if origin.error or current.error:
+        return None
+    success = _delta(origin.success, current.success)
+    failure = (
+        0.0
+        if origin.failure is None and current.failure is None
+        else _delta(origin.failure or 0.0, current.failure)
+    )
+    if success is None or failure is None:
+        return None
+    return success, failure
 
 
 def baseline_from(old: Figures | None, at_start: Figures) -> Baseline:
@@ -82,22 +135,31 @@ def _delta(before: float | None, after: float | None) -> float | None:
     return after - before
 
 
-def _success_rate(check: Check, success: float | None, failure: float | None) -> CheckResult:
+def _success_rate(
+    check: Check, counters: tuple[float, float] | str, probes: ProbeFigures | None
+) -> CheckResult:
+    """Triton's counters (successes, failures; or why they cannot be read) and the probes
+    side by side: the lower rate is the value, and each source with requests must reach
+    ``min``. Counters that cannot be read leave the probes to judge."""
     threshold = f">= {check.min:g}"
-    if success is None:
-        return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no success counter")
-    if failure is None:
-        # evaluate() already counts a series absent before and after as zero failures; None
-        # here is a counter that vanished, went backwards or is not a number.
-        return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no failure counter")
-    total = success + failure
-    if total == 0:
+    minimum = check.min if check.min is not None else 0.0
+    rates: list[float] = []
+    details: list[str] = []
+    if isinstance(counters, str):
+        details.append(f"triton: {counters}")
+    elif sum(counters) > 0:
+        success, failure = counters
+        rates.append(success / (success + failure))
+        details.append(f"triton: {int(failure)} of {int(success + failure)} requests failed")
+    if probes is not None and probes.sent > 0:
+        rates.append((probes.sent - probes.failed) / probes.sent)
+        details.append(f"probes: {probes.failed} of {probes.sent} failed")
+    if not rates:
+        if isinstance(counters, str):
+            return CheckResult(check.name, Verdict.NO_DATA, None, threshold, counters)
         return CheckResult(check.name, Verdict.NO_TRAFFIC, None, threshold, "no requests")
-    rate = success / total
-    verdict = Verdict.PASS if check.min is None or rate >= check.min else Verdict.FAIL
-    return CheckResult(
-        check.name, verdict, rate, threshold, f"{int(failure)} of {int(total)} requests failed"
-    )
+    verdict = Verdict.PASS if all(rate >= minimum for rate in rates) else Verdict.FAIL
+    return CheckResult(check.name, verdict, min(rates), threshold, "; ".join(details))
 
 
 def _latency(
@@ -168,8 +230,11 @@ def evaluate(
     previous: Figures,
     current: Figures,
     baseline: Baseline,
+    probes: ProbeFigures | None = None,
+    counted: bool = True,
 ) -> Evaluation:
-    """Judge the new versions over the window between two figures."""
+    """Judge the new versions over the window between two figures (and the probes sent in
+    it). ``counted``: False for an evaluation within ``initialDelay``."""
     success = _delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
@@ -178,14 +243,24 @@ def evaluate(
         else _delta(previous.failure or 0.0, current.failure)
     )
     duration = _delta(previous.duration_us, current.duration_us)
+    unread = current.error or previous.error
+    counters: tuple[float, float] | str = (
+        unread
+        if unread
+        else "no success counter"
+        if success is None
+        # A series absent before and after is zero failures (above); None here is a counter
+        # that vanished, went backwards or is not a number.
+        else "no failure counter"
+        if failure is None
+        else (success, failure)
+    )
     results: list[CheckResult] = []
     for check in spec.checks:
-        if current.error or previous.error:
-            why = current.error or previous.error or ""
-            results.append(CheckResult(check.name, Verdict.NO_DATA, None, _bound(check), why))
-            continue
         if check.kind == "successRate":
-            results.append(_success_rate(check, success, failure))
+            results.append(_success_rate(check, counters, probes))
+        elif unread:
+            results.append(CheckResult(check.name, Verdict.NO_DATA, None, _bound(check), unread))
         elif check.kind == "latency":
             results.append(_latency(check, duration, success, baseline))
         elif check.kind == "memory":
@@ -205,30 +280,125 @@ def evaluate(
         }[spec.no_traffic]
     else:
         verdict = Verdict.PASS
-    return Evaluation(index, at, tuple(results), verdict)
+    return Evaluation(index, at, tuple(results), verdict, probes=probes, counted=counted)
 
 
 def judge(
-    spec: AnalysisSpec, evaluations: tuple[Evaluation, ...], elapsed: float
+    spec: AnalysisSpec,
+    evaluations: tuple[Evaluation, ...],
+    elapsed: float,
+    evidence: float | None = None,
 ) -> RolloutVerdict:
-    """The rollout's verdict after ``evaluations``, ``elapsed`` seconds into the analysis."""
-    failures = sum(e.verdict is Verdict.FAIL for e in evaluations)
-    if failures > spec.failure_limit:
+    """The rollout's verdict after ``evaluations``, ``elapsed`` seconds into the analysis;
+    ``evidence``: the requests or probes that reached the new versions since READY (None:
+    not known, not required)."""
+    if any(e.aborted for e in evaluations):
         return RolloutVerdict.FAILED
+    counted = [e for e in evaluations if e.counted]
+    if sum(e.verdict is Verdict.FAIL for e in counted) > spec.failure_limit:
+        return RolloutVerdict.FAILED
+    if sum(e.verdict is Verdict.NO_DATA for e in counted) > spec.inconclusive_limit:
+        return RolloutVerdict.INCONCLUSIVE
     if elapsed < spec.duration:
         return RolloutVerdict.RUNNING
-    if any(e.verdict is Verdict.PASS for e in evaluations):
-        return RolloutVerdict.PASSED
-    return RolloutVerdict.INCONCLUSIVE
+    if not any(e.verdict is Verdict.PASS for e in counted):
+        return RolloutVerdict.INCONCLUSIVE
+    if evidence is not None and evidence < spec.min_evidence:
+        return RolloutVerdict.INCONCLUSIVE
+    return RolloutVerdict.PASSED
 
 
 def concluded(
-    spec: AnalysisSpec, evaluations: tuple[Evaluation, ...], elapsed: float, unreadable: bool
+    spec: AnalysisSpec,
+    evaluations: tuple[Evaluation, ...],
+    elapsed: float,
+    unreadable: bool,
+    evidence: float | None = None,
 ) -> RolloutVerdict:
     """``judge``'s verdict, with an inconclusive end during which a metrics reading failed
     (``unreadable``) told apart as METRICS_UNAVAILABLE: nothing is known against the new
     versions then, so they are put back but not held."""
-    verdict = judge(spec, evaluations, elapsed)
+    verdict = judge(spec, evaluations, elapsed, evidence)
     if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
         return RolloutVerdict.METRICS_UNAVAILABLE
     return verdict
+
+
+def wilson_upper(successes: float, total: float, confidence: float) -> float:
+    """The upper end of the Wilson score interval for a success rate: with ``confidence``,
+    the true rate is at most this (one-sided)."""
+    z = NormalDist().inv_cdf(confidence)
+    p = successes / total
+    centre = p + z * z / (2 * total)
+    spread = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total))
+    return min(1.0, (centre + spread) / (1 + z * z / total))
+
+
+def early_abort(
+    spec: AnalysisSpec,
+    since_ready: tuple[float, float] | None,
+    probes: ProbeFigures | None,
+) -> CheckResult | None:
+    """Why the analysis must fail now, before its interval is up, or None.
+
+    ``since_ready``: Triton's (successes, failures) on the new versions since they became
+    READY (None: not readable now); ``probes``: the probes so far. Two rules: a run of
+    ``consecutive_probe_failures`` failed probes; and, for each successRate check, a source
+    (counters or probes) with at least ``EARLY_ABORT_MIN_REQUESTS`` requests whose success
+    rate is below ``min`` even at the upper end of its Wilson interval at the configured
+    confidence: a version failing 40% of 30 requests is not given the rest of the interval,
+    while a good version's rare failure is (one failure in 20 keeps the bound above 0.99).
+    The rate rule acts only with ``failureLimit: 0``.
+    """
+    rule = spec.early_abort
+    # A run of failed probes aborts whatever the failureLimit: such a version fails its
+    # clients now.
+    if probes is not None and probes.consecutive >= rule.consecutive_probe_failures:
+        detail = f"early abort: {probes.consecutive} probes in a row failed" + (
+            f", last: {probes.last_error}" if probes.last_error else ""
+        )
+        # Reported under the success-rate check when there is one: it is what clients see.
+        rate = next((c for c in spec.checks if c.kind == "successRate"), None)
+        if rate is not None and rate.min is not None:
+            return CheckResult(
+                rate.name,
+                Verdict.FAIL,
+                (probes.sent - probes.failed) / probes.sent,
+                f">= {rate.min:g}",
+                detail,
+            )
+        return CheckResult(
+            "probes",
+            Verdict.FAIL,
+            float(probes.consecutive),
+            f"< {rule.consecutive_probe_failures} failed in a row",
+            detail,
+        )
+    if rule.confidence <= 0 or spec.failure_limit > 0:
+        # A deployment that tolerates failed evaluations tolerates a bad stretch: the rate
+        # rule would judge an interval before it ends, so it is left to the evaluations.
+        return None
+    sources: list[tuple[str, float, float]] = []
+    if since_ready is not None:
+        sources.append(("triton", since_ready[0], since_ready[1]))
+    if probes is not None:
+        sources.append(("probes", float(probes.sent - probes.failed), float(probes.failed)))
+    for check in spec.checks:
+        if check.kind != "successRate" or check.min is None:
+            continue
+        for source, ok, failed in sources:
+            total = ok + failed
+            if total < EARLY_ABORT_MIN_REQUESTS or failed <= 0:
+                continue
+            upper = wilson_upper(ok, total, rule.confidence)
+            if upper < check.min:
+                return CheckResult(
+                    check.name,
+                    Verdict.FAIL,
+                    ok / total,
+                    f">= {check.min:g}",
+                    f"early abort: {source}: {int(failed)} of {int(total)} requests failed "
+                    f"since READY; at {rule.confidence:g} confidence the rate is at most "
+                    f"{upper:.3f}",
+                )
+    return None

@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from reconciler.core.analysis import before_ready
+from reconciler.engine.probes import Prober
 from reconciler.engine.steps import Timing, _ChangeContext, execute_step
 from reconciler.faults import fault_point
-from reconciler.model.errors import AnalysisFailed, ReconcileError
+from reconciler.model.errors import AnalysisFailed, ReconcileError, VerifyFailed
 from reconciler.model.plan import Action, ModelChange, OnFailure, RolloutPlan, Step
 from reconciler.model.results import ChangeResult, FailureKind, Outcome, Progress, StepResult
 from reconciler.ports import FiguresSource, ModelControl
@@ -96,6 +98,32 @@ def _read_interface(
     return None
 
 
+def _prepare_analysis(
+    control: ModelControl, change: ModelChange, context: _ChangeContext, timing: Timing
+) -> None:
+    """Before anything loads, what the analysis needs from the time the old versions alone
+    serve: the new versions' counters (so that their requests count from READY) and the
+    probes, with their synthesized requests tried on the old version."""
+    step = next((s for s in change.steps if s.action is Action.ANALYZE), None)
+    if step is None or step.analysis is None:
+        return
+    if context.source is not None and not set(step.versions) & set(change.serving):
+        # Brand-new versions have no counters yet. Versions already serving (a config
+        # change) are reloaded, and their counters with them: those count from the start.
+        before = context.source.figures(step.model, step.versions)
+        if before.error is None:
+            context.counted_from = before_ready(before)
+    if not step.analysis.probes.enabled:
+        return
+    interface = context.interface
+    if interface is None and step.baseline:
+        try:
+            interface = control.interface(step.model, max(step.baseline))
+        except VerifyFailed:
+            interface = None  # the probes read the new version's instead
+    context.prober = Prober.prepare(control, step, step.analysis.probes, timing.clock, interface)
+
+
 def apply_change(
     control: ModelControl,
     change: ModelChange,
@@ -108,6 +136,7 @@ def apply_change(
     unread = _read_interface(control, change, context)
     if unread is not None:
         return ChangeResult(change, Outcome.FAILED, (unread,))
+    _prepare_analysis(control, change, context, timing)
     results = _run(control, change.steps, timing, progress, context)
     if all(r.ok for r in results):
         return ChangeResult(change, Outcome.CONVERGED, tuple(results))

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from reconciler.core.analysis import pooled
-from reconciler.engine.change import _blame_restart, _read_interface, _run
+from reconciler.engine.change import _blame_restart, _prepare_analysis, _read_interface, _run
 from reconciler.engine.steps import Timing, _ChangeContext
 from reconciler.model.analysis import Figures
 from reconciler.model.errors import ReconcileError, StepFailed
@@ -134,6 +134,7 @@ def _run_stage(
         unread = _read_interface(run.controls[server], change, contexts[server])
         if unread is not None:
             return [unread]
+        _prepare_analysis(run.controls[server], change, contexts[server], run.timing)
         forward_steps = change.steps[: _finishing(change)]
         return _run(run.controls[server], forward_steps, run.timing, run.progress, contexts[server])
 

@@ -13,10 +13,25 @@ from typing import Any
 
 import numpy as np
 
-from reconciler.core.analysis import baseline_from, concluded, evaluate
+from reconciler.core.analysis import (
+    baseline_from,
+    concluded,
+    early_abort,
+    evaluate,
+    since_ready,
+)
 from reconciler.core.smoke import mismatches
+from reconciler.engine.probes import Prober
 from reconciler.faults import fault_point
-from reconciler.model.analysis import Evaluation, RolloutVerdict
+from reconciler.model.analysis import (
+    AnalysisSpec,
+    CheckResult,
+    Evaluation,
+    Figures,
+    ProbeFigures,
+    RolloutVerdict,
+    Verdict,
+)
 from reconciler.model.errors import (
     AnalysisFailed,
     DrainTimeout,
@@ -95,6 +110,10 @@ class _ChangeContext:
     # server's own old versions.
     baseline: FiguresSource | None = None
     hooks: StepHooks = field(default_factory=NoStepHooks)  # webhooks, replaceLibrary
+    # The analysis's: the new versions' counters read before they loaded (their requests
+    # count from READY), and the probes, prepared before the load too.
+    counted_from: Figures | None = None
+    prober: Prober | None = None
 
 
 # What a step's executor returns: an analyze step's evaluations and verdict, else nothing.
@@ -257,6 +276,10 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: _ChangeCo
 def _analyze(
     control: ModelControl, step: Step, timing: Timing, context: _ChangeContext
 ) -> StepDone:
+    """Watch the new versions for the analysis's duration: an evaluation every interval
+    (Triton's counters and the probes over the window), and between evaluations the probes
+    and, every ``earlyAbort.every``, the counters, so that a version clients see failing is
+    caught at once rather than at the end of the interval."""
     source, baseline_source = context.source, context.baseline
     spec = step.analysis
     assert spec is not None
@@ -264,44 +287,168 @@ def _analyze(
         raise AnalysisFailed(
             f"server {step.server}: no metrics source for the analysis", (), RolloutVerdict.FAILED
         )
-    queries = {c.name: c.query for c in spec.checks if c.query}
-    old = (baseline_source or source).figures(step.model, step.baseline) if step.baseline else None
-    previous = source.figures(step.model, step.versions, queries)
-    baseline = baseline_from(old, previous)
+    prober = context.prober
     started = timing.clock()
-    evaluations: list[Evaluation] = []
-    unreadable = previous.error is not None
-    while True:
-        # Ticks are measured from the start, so slow scrapes do not stretch the analysis.
-        next_tick = started + spec.interval * (len(evaluations) + 1)
-        timing.sleep(max(0.0, next_tick - timing.clock()))
-        if timing.stopping():
-            raise Interrupted(
-                f"server {step.server}: analysis of {step.model} interrupted by shutdown after "
-                f"{len(evaluations)} evaluation(s); the old versions serve again",
-                tuple(evaluations),
+    watch = _Watch(step, spec, source, timing, started)
+    try:
+        if prober is not None:
+            prober.volley(spec.early_abort.consecutive_probe_failures)
+            watch.check_abort(None, prober.figures)
+        queries = {c.name: c.query for c in spec.checks if c.query}
+        old = (
+            (baseline_source or source).figures(step.model, step.baseline)
+            if step.baseline
+            else None
+        )
+        at_start = source.figures(step.model, step.versions, queries)
+        watch.unreadable = at_start.error is not None
+        # Counting starts at READY: from the reading taken before the new versions loaded,
+        # when there is one (brand-new versions); else from now.
+        origin = context.counted_from if context.counted_from is not None else at_start
+        watch.origin = origin
+        watch.baseline = baseline_from(old, at_start)
+        if spec.early_abort.every > 0:  # else the counters are judged at evaluations only
+            watch.check_abort(at_start, prober.figures if prober else None)
+        return watch.run(origin, queries, prober)
+    finally:
+        if prober is not None:
+            prober.close()
+
+
+class _Watch:
+    """One analysis as it runs: its evaluations so far, and the early abort."""
+
+    def __init__(
+        self, step: Step, spec: AnalysisSpec, source: FiguresSource, timing: Timing, started: float
+    ) -> None:
+        self.step, self.spec, self.source, self.timing = step, spec, source, timing
+        self.started = started
+        self.evaluations: list[Evaluation] = []
+        self.unreadable = False
+        self.origin: Figures | None = None
+        self.baseline = baseline_from(None, Figures())
+        self.evidence = 0.0
+        self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
+
+    def _evidence(self, current: Figures | None, probes: ProbeFigures | None) -> None:
+        counted = (
+            since_ready(self.origin, current)
+            if self.origin is not None and current is not None
+            else None
+        )
+        self.evidence = max(
+            self.evidence,
+            sum(counted) if counted else 0.0,
+            float(probes.sent) if probes else 0.0,
+        )
+
+    def check_abort(self, current: Figures | None, probes: ProbeFigures | None) -> None:
+        """Fail now if the early abort says so (``current``: the counters just read)."""
+        counted = (
+            since_ready(self.origin, current)
+            if self.origin is not None and current is not None
+            else None
+        )
+        reason = early_abort(self.spec, counted, probes)
+        if reason is None:
+            return
+        self._abort(reason, probes)
+
+    def _abort(self, reason: CheckResult, probes: ProbeFigures | None) -> None:
+        window = probes.since(self._probes_at_last) if probes else None
+        evaluation = Evaluation(
+            len(self.evaluations),
+            self.timing.clock() - self.started,
+            (reason,),
+            reason.verdict,
+            probes=window,
+            aborted=True,
+        )
+        self.evaluations.append(evaluation)
+        raise _analysis_failed(self.step, RolloutVerdict.FAILED, tuple(self.evaluations), None)
+
+    def run(self, previous: Figures, queries: dict[str, str], prober: Prober | None) -> StepDone:
+        spec, step, timing = self.spec, self.step, self.timing
+        every = spec.early_abort.every
+        while True:
+            # Ticks are measured from the start, so slow scrapes do not stretch the analysis.
+            next_tick = self.started + spec.interval * (len(self.evaluations) + 1)
+            next_poll = timing.clock() + every if every > 0 else next_tick
+            while True:
+                now = timing.clock()
+                if now >= next_tick:
+                    break
+                if timing.stopping():
+                    self._interrupted()
+                due = prober.due() if prober is not None else None
+                if prober is not None and due is not None and due <= now:
+                    prober.round()
+                    self.check_abort(None, prober.figures)
+                    continue
+                if now >= next_poll:
+                    polled = self.source.figures(step.model, step.versions)
+                    self._evidence(polled, prober.figures if prober else None)
+                    self.check_abort(polled, prober.figures if prober else None)
+                    next_poll = timing.clock() + every
+                    continue
+                wake = min(t for t in (next_tick, next_poll, due) if t is not None)
+                timing.sleep(max(0.0, wake - now))
+            if timing.stopping():
+                self._interrupted()
+            current = self.source.figures(step.model, step.versions, queries)
+            self.unreadable = self.unreadable or current.error is not None
+            if self.baseline.memory_bytes is None and current.memory_bytes is not None:
+                # The first reading had no memory figure (a failed scrape, or Triton not yet
+                # sampling): measure growth from the first reading that has one.
+                self.baseline = replace(self.baseline, memory_bytes=current.memory_bytes)
+            elapsed = timing.clock() - self.started
+            probes = prober.figures if prober is not None else None
+            window = probes.since(self._probes_at_last) if probes else None
+            self._probes_at_last = probes or ProbeFigures()
+            self._evidence(current, probes)
+            self.evaluations.append(
+                evaluate(
+                    spec,
+                    len(self.evaluations),
+                    elapsed,
+                    previous,
+                    current,
+                    self.baseline,
+                    window,
+                    counted=elapsed >= spec.initial_delay,
+                )
             )
-        current = source.figures(step.model, step.versions, queries)
-        unreadable = unreadable or current.error is not None
-        if baseline.memory_bytes is None and current.memory_bytes is not None:
-            # The first reading had no memory figure (a failed scrape, or Triton not yet
-            # sampling): measure growth from the first reading that has one.
-            baseline = replace(baseline, memory_bytes=current.memory_bytes)
-        elapsed = timing.clock() - started
-        evaluations.append(evaluate(spec, len(evaluations), elapsed, previous, current, baseline))
-        previous = current
-        fault_point("apply.analysis")
-        verdict = concluded(spec, tuple(evaluations), elapsed, unreadable)
-        if verdict is RolloutVerdict.PASSED:
-            return tuple(evaluations), verdict
-        if verdict is not RolloutVerdict.RUNNING:
-            raise _analysis_failed(step, verdict, tuple(evaluations), current.error)
+            previous = current
+            fault_point("apply.analysis")
+            verdict = concluded(
+                spec, tuple(self.evaluations), elapsed, self.unreadable, self.evidence
+            )
+            if verdict is RolloutVerdict.PASSED:
+                return tuple(self.evaluations), verdict
+            if verdict is not RolloutVerdict.RUNNING:
+                raise _analysis_failed(
+                    step, verdict, tuple(self.evaluations), current.error, self.evidence
+                )
+            self.check_abort(current, probes)
+
+    def _interrupted(self) -> None:
+        step = self.step
+        raise Interrupted(
+            f"server {step.server}: analysis of {step.model} interrupted by shutdown after "
+            f"{len(self.evaluations)} evaluation(s); the old versions serve again",
+            tuple(self.evaluations),
+        )
 
 
 def _analysis_failed(
-    step: Step, verdict: RolloutVerdict, evaluations: tuple[Evaluation, ...], error: str | None
+    step: Step,
+    verdict: RolloutVerdict,
+    evaluations: tuple[Evaluation, ...],
+    error: str | None,
+    evidence: float | None = None,
 ) -> AnalysisFailed:
-    """The error an analysis ends with; ``error`` is the last reading's, if it failed."""
+    """The error an analysis ends with; ``error`` is the last reading's, if it failed;
+    ``evidence``: the requests or probes that reached the new versions."""
     spec = step.analysis
     assert spec is not None
     versions = ", ".join(map(str, step.versions))
@@ -314,12 +461,28 @@ def _analysis_failed(
             verdict,
         )
     last = evaluations[-1]
-    why = (
-        "; ".join(str(r) for r in last.failed)
-        if verdict is RolloutVerdict.FAILED
-        else "no evaluation counted in "
-        f"{spec.duration:g}s (last: {'; '.join(str(r) for r in last.results)})"
-    )
+    no_data = sum(e.counted and e.verdict is Verdict.NO_DATA for e in evaluations)
+    if verdict is RolloutVerdict.FAILED:
+        why = "; ".join(str(r) for r in last.failed)
+    elif no_data > spec.inconclusive_limit:
+        why = (
+            f"{no_data} evaluation(s) without data (inconclusiveLimit {spec.inconclusive_limit};"
+            f" last: {'; '.join(str(r) for r in last.results)})"
+        )
+    elif (
+        evidence is not None
+        and evidence < spec.min_evidence
+        and any(e.counted and e.verdict is Verdict.PASS for e in evaluations)
+    ):
+        why = (
+            f"only {evidence:.0f} request(s) or probe(s) reached the new versions in "
+            f"{spec.duration:g}s (minEvidence {spec.min_evidence})"
+        )
+    else:
+        why = (
+            f"no evaluation counted in {spec.duration:g}s "
+            f"(last: {'; '.join(str(r) for r in last.results)})"
+        )
     return AnalysisFailed(
         f"server {step.server}: analysis of {step.model} version(s) {versions} {verdict} "
         f"after {len(evaluations)} evaluation(s): {why}",

@@ -48,12 +48,42 @@ class Check:
 
 
 @dataclass(frozen=True)
+class ProbeSpec:
+    """The reconciler's own requests to the new versions during an analysis: how many, how
+    fast. Defaults are the schema's (``verify.analysis.probes``)."""
+
+    enabled: bool = True
+    rate: float = 20.0  # probes per second, at most
+    concurrency: int = 1  # probes in flight at once
+    timeout: float = 1.0  # a probe not answered by then failed
+    # One probe slot keeps the server busy at most this share of the time: after a probe
+    # that took t seconds, the next waits at least t / max_share - t.
+    max_share: float = 0.05
+
+
+@dataclass(frozen=True)
+class EarlyAbort:
+    """When an analysis fails before its interval is up (``verify.analysis.earlyAbort``)."""
+
+    consecutive_probe_failures: int = 3  # failed probes in a row
+    # The success rate since READY is below a successRate check's min with this confidence
+    # (the Wilson score bound); 0 turns the rule off.
+    confidence: float = 0.999
+    every: float = 0.1  # seconds between reads of the counters for it; 0: at evaluations only
+
+
+@dataclass(frozen=True)
 class AnalysisSpec:
     interval: float
     duration: float
     failure_limit: int = 0
     no_traffic: NoTraffic = NoTraffic.WAIT
     checks: tuple[Check, ...] = ()
+    inconclusive_limit: int = 0  # evaluations without data tolerated (one more: inconclusive)
+    min_evidence: int = 10  # requests or probes seen on the new versions before a pass
+    initial_delay: float = 0.0  # evaluations in this time after READY do not count
+    probes: ProbeSpec = field(default_factory=ProbeSpec)
+    early_abort: EarlyAbort = field(default_factory=EarlyAbort)
 
     @property
     def needs_prometheus(self) -> bool:
@@ -88,6 +118,54 @@ class Figures:
 
 
 @dataclass(frozen=True)
+class ProbeFigures:
+    """The reconciler's own probes so far (cumulative), to the new versions and, for a
+    baseline, to an old one. ``consecutive`` is the current run of failures on the new
+    versions; ``last_error`` says why the last failed probe failed."""
+
+    sent: int = 0
+    failed: int = 0
+    seconds: float = 0.0  # summed latency of the probes to the new versions
+    old_sent: int = 0
+    old_failed: int = 0
+    old_seconds: float = 0.0
+    consecutive: int = 0
+    last_error: str | None = None
+    skipped: int = 0  # synthesized requests left out: the old version fails them too
+    note: str | None = None  # why no probe was sent, when none could be
+
+    def since(self, before: ProbeFigures) -> ProbeFigures:
+        """The probes between ``before`` and these."""
+        return ProbeFigures(
+            self.sent - before.sent,
+            self.failed - before.failed,
+            self.seconds - before.seconds,
+            self.old_sent - before.old_sent,
+            self.old_failed - before.old_failed,
+            self.old_seconds - before.old_seconds,
+            self.consecutive,
+            self.last_error,
+            self.skipped,
+            self.note,
+        )
+
+    def __str__(self) -> str:
+        if self.note and not self.sent:
+            return f"probes: none sent ({self.note})"
+        text = f"probes: {self.failed} of {self.sent} failed"
+        if self.sent:
+            text += f", mean {self.seconds / self.sent * 1e3:.1f}ms"
+        if self.old_sent:
+            text += f" (old version {self.old_seconds / self.old_sent * 1e3:.1f}ms"
+            text += f", {self.old_failed} of {self.old_sent} failed)"
+        if self.skipped:
+            text += f"; {self.skipped} synthesized request(s) left out (the old version fails them)"
+        if self.failed and self.last_error:
+            text += f"; last failure: {self.last_error}"
+        return text
+
+
+@dataclass(frozen=True)
 class Baseline:
     """What the new versions are compared with, taken as the analysis starts."""
 
@@ -116,6 +194,11 @@ class Evaluation:
     at: float  # seconds since the analysis started
     results: tuple[CheckResult, ...]
     verdict: Verdict  # after the noTraffic policy: PASS, FAIL, NO_DATA or NO_TRAFFIC (wait)
+    probes: ProbeFigures | None = None  # the probes in this evaluation's window
+    # Ended the analysis before its interval was up (early abort): fails it whatever the
+    # failureLimit.
+    aborted: bool = False
+    counted: bool = True  # False within initialDelay: shown, not counted
 
     @property
     def failed(self) -> tuple[CheckResult, ...]:

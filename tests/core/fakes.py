@@ -219,7 +219,12 @@ class FakeTriton:
         return ModelState(model, tuple(state.versions[v] for v in sorted(state.versions)))
 
     def infer(
-        self, model: str, version: int, inputs: tuple[Tensor, ...], outputs: tuple[str, ...]
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        timeout: float | None = None,
     ) -> dict[str, npt.NDArray[np.generic]]:
         self._call(f"infer {model} {version}")
         self._record(f"infer {model} {version}")

@@ -96,13 +96,13 @@ def test_success_rate_is_judged_over_the_window(
     assert result.value == pytest.approx(rate)
     assert result.threshold == ">= 0.99"
     # Counted over the window, not over the cumulative counters (1000 ok, 10 failed before).
-    assert result.detail == f"{failures} of {successes + failures} requests failed"
+    assert result.detail == f"triton: {failures} of {successes + failures} requests failed"
 
 
 def test_a_check_result_renders_value_threshold_verdict_and_detail() -> None:
     result = check_result(SUCCESS_RATE, window(98, 2))
 
-    assert str(result) == "success-rate=0.98 (>= 0.99): fail, 2 of 100 requests failed"
+    assert str(result) == "success-rate=0.98 (>= 0.99): fail, triton: 2 of 100 requests failed"
     assert (
         str(CheckResult("kpi", Verdict.NO_DATA, None, "any value"))
         == "kpi=n/a (any value): no-data"
@@ -272,7 +272,7 @@ def test_the_failure_series_absent_on_both_sides_counts_as_zero_failures() -> No
     result = check_result(SUCCESS_RATE, current, previous=previous)
 
     assert (result.verdict, result.value) == (Verdict.PASS, 1.0)
-    assert result.detail == "0 of 50 requests failed"
+    assert result.detail == "triton: 0 of 50 requests failed"
 
 
 def test_a_failure_series_that_appears_counts_every_failure_in_it() -> None:
@@ -283,7 +283,7 @@ def test_a_failure_series_that_appears_counts_every_failure_in_it() -> None:
 
     assert result.verdict is Verdict.FAIL
     assert result.value == pytest.approx(0.97)
-    assert result.detail == "3 of 100 requests failed"
+    assert result.detail == "triton: 3 of 100 requests failed"
 
 
 @pytest.mark.parametrize("side", ["current", "previous", "both"])
@@ -425,7 +425,11 @@ P, F, N, W = Verdict.PASS, Verdict.FAIL, Verdict.NO_DATA, Verdict.NO_TRAFFIC
         (0, (P, P), 10.0, RolloutVerdict.RUNNING),
         (0, (P,), 59.999, RolloutVerdict.RUNNING),
         (0, (P,), 60.0, RolloutVerdict.PASSED),  # the end of the duration is inclusive
-        (0, (N, W, P), 60.0, RolloutVerdict.PASSED),  # one counted pass is enough
+        (0, (W, P, W), 60.0, RolloutVerdict.PASSED),  # windows without traffic do not count
+        # Every counted evaluation must pass: one without data is one more than
+        # inconclusiveLimit (0) allows, at once (test_judge_tolerates_...).
+        (0, (N, W, P), 60.0, RolloutVerdict.INCONCLUSIVE),
+        (0, (P, N), 10.0, RolloutVerdict.INCONCLUSIVE),
         (1, (F, P), 60.0, RolloutVerdict.PASSED),  # within the failure limit
         (0, (N, N, N), 60.0, RolloutVerdict.INCONCLUSIVE),
         (0, (W, W, W), 60.0, RolloutVerdict.INCONCLUSIVE),
@@ -438,6 +442,45 @@ def test_judge(
     limit: int, verdicts: tuple[Verdict, ...], elapsed: float, expected: RolloutVerdict
 ) -> None:
     assert judge(spec(failure_limit=limit), evs(*verdicts), elapsed) is expected
+
+
+@pytest.mark.parametrize(
+    ("limit", "verdicts", "elapsed", "expected"),
+    [
+        (1, (N,), 5.0, RolloutVerdict.RUNNING),
+        (1, (N, P, P), 60.0, RolloutVerdict.PASSED),
+        (1, (N, N), 10.0, RolloutVerdict.INCONCLUSIVE),  # one more than the limit, at once
+        (2, (N, N), 60.0, RolloutVerdict.INCONCLUSIVE),  # nothing passed
+    ],
+)
+def test_judge_tolerates_evaluations_without_data_up_to_the_inconclusive_limit(
+    limit: int, verdicts: tuple[Verdict, ...], elapsed: float, expected: RolloutVerdict
+) -> None:
+    tolerant = replace(spec(), inconclusive_limit=limit)
+    assert judge(tolerant, evs(*verdicts), elapsed) is expected
+
+
+def test_judge_passes_only_with_the_minimum_evidence() -> None:
+    needs = replace(spec(), min_evidence=50)
+    assert judge(needs, evs(P, P), 60.0, evidence=49) is RolloutVerdict.INCONCLUSIVE
+    assert judge(needs, evs(P, P), 60.0, evidence=50) is RolloutVerdict.PASSED
+    assert judge(needs, evs(P), 30.0, evidence=0) is RolloutVerdict.RUNNING  # not yet the end
+    assert judge(needs, evs(F), 5.0, evidence=0) is RolloutVerdict.FAILED  # failing needs none
+
+
+def test_evaluations_within_the_initial_delay_are_kept_but_not_counted() -> None:
+    warm = (
+        replace(ev(F, 0), counted=False),
+        replace(ev(N, 1), counted=False),
+        ev(P, 2),
+    )
+    assert judge(spec(), warm, 60.0) is RolloutVerdict.PASSED
+    assert judge(spec(), warm[:2], 60.0) is RolloutVerdict.INCONCLUSIVE  # nothing counted
+
+
+def test_an_aborted_evaluation_fails_the_rollout_whatever_the_failure_limit() -> None:
+    aborted = replace(ev(F, 0), aborted=True)
+    assert judge(spec(failure_limit=5), (aborted,), 1.0) is RolloutVerdict.FAILED
 
 
 def test_judge_counts_a_no_traffic_window_as_failed_under_the_fail_policy() -> None:

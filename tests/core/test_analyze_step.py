@@ -20,8 +20,10 @@ from reconciler.engine.steps import Timing
 from reconciler.model.analysis import (
     AnalysisSpec,
     Check,
+    EarlyAbort,
     Figures,
     NoTraffic,
+    ProbeSpec,
     RolloutVerdict,
     Verdict,
 )
@@ -38,7 +40,17 @@ KPI = Check("kpi", "promql", min=1, query="sum(rate(kpi_total[1m]))")
 
 
 def analysis(*checks: Check, interval: float = 5.0, duration: float = 20.0) -> AnalysisSpec:
-    return AnalysisSpec(interval, duration, 0, NoTraffic.WAIT, checks or (SUCCESS_RATE, LATENCY))
+    """Judged by the scripted counters alone: no probes, and the counters read at
+    evaluations only (tests/core/test_probing.py has the probes and the early abort)."""
+    return AnalysisSpec(
+        interval,
+        duration,
+        0,
+        NoTraffic.WAIT,
+        checks or (SUCCESS_RATE, LATENCY),
+        probes=ProbeSpec(enabled=False),
+        early_abort=EarlyAbort(every=0.0),
+    )
 
 
 def watched(
@@ -106,6 +118,8 @@ class ScriptedFigures:
         )
         if versions != (2,):
             return self.old
+        if 2 not in self.fake.ready(model):
+            return Figures()  # like Triton: no series for a version it does not serve
         reading = self.new[min(self.served, len(self.new) - 1)]
         self.served += 1
         return reading
@@ -180,10 +194,12 @@ def test_a_passing_analysis_converges_and_unloads_the_old_versions_only_after_it
     assert analyze.seconds == pytest.approx(20.0)
     assert clock.elapsed == pytest.approx(20.0)
     assert change.rollback_seconds is None
-    # Before the load, a server-wide memory read (versions ()) for the footprint; with no
-    # memory figure in it, no second read after the load.
-    assert source.calls[0].versions == () and source.calls[1].versions == (1,)
-    analysis_calls = [c for c in source.calls if c.versions]
+    # Before anything loads, the new version's counters (none yet: its requests count from
+    # READY); then a server-wide memory read (versions ()) for the footprint; with no memory
+    # figure in it, no second read after the load.
+    assert (source.calls[0].versions, source.calls[0].ready) == ((2,), {1})
+    assert source.calls[1].versions == () and source.calls[2].versions == (1,)
+    analysis_calls = [c for c in source.calls[1:] if c.versions]
     # One baseline read of the old versions, then the new ones at the start and every tick.
     assert [(c.versions, c.at - clock.start) for c in analysis_calls] == [
         ((1,), 0.0),
@@ -237,7 +253,7 @@ def test_a_failing_evaluation_reverts_at_once_without_waiting_for_the_duration()
     ]
     assert change.error == (
         "server s1: analysis of m version(s) 2 failed after 1 evaluation(s): "
-        "success-rate=0.5 (>= 0.99): fail, 50 of 100 requests failed"
+        "success-rate=0.5 (>= 0.99): fail, triton: 50 of 100 requests failed"
     )
     assert change.rollback_seconds == pytest.approx(0.0)  # set: measured on the fake clock
     assert fake.ready("m") == {1}
@@ -297,11 +313,13 @@ def test_metrics_that_cannot_be_read_end_inconclusive_and_revert_without_a_hold(
     # Inconclusive because the source was down: put back, but nothing is known against the
     # new versions, so they are not held (the next pass analyses again).
     assert analyze.verdict is RolloutVerdict.METRICS_UNAVAILABLE
-    assert len(analyze.evaluations) == 4
+    # One evaluation without data is one more than inconclusiveLimit (0) allows: the
+    # analysis ends there, not at the end of its duration.
+    assert len(analyze.evaluations) == 1
     assert {(r.verdict, r.detail) for e in analyze.evaluations for r in e.results} == {
         (Verdict.NO_DATA, down.error)
     }
-    assert clock.elapsed == pytest.approx(20.0)  # the whole duration: nothing ever failed
+    assert clock.elapsed == pytest.approx(5.0)
     assert change.error is not None
     assert change.error == (
         "server s1: analysis of m version(s) 2 inconclusive: metrics unavailable "

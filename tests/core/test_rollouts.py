@@ -21,7 +21,14 @@ from reconciler.core.records import (
 )
 from reconciler.engine.apply import apply
 from reconciler.engine.steps import Timing
-from reconciler.model.analysis import AnalysisSpec, Check, Figures, NoTraffic
+from reconciler.model.analysis import (
+    AnalysisSpec,
+    Check,
+    EarlyAbort,
+    Figures,
+    NoTraffic,
+    ProbeSpec,
+)
 from reconciler.model.errors import LoadFailed
 from reconciler.model.history import KINDS, AlertEvent, AppliedSpec, History, Hold
 from reconciler.model.plan import Action, Plan
@@ -40,6 +47,9 @@ ANALYSIS = AnalysisSpec(
         Check("success-rate", "successRate", min=0.99),
         Check("latency", "latency", max_increase=0.5),
     ),
+    # Judged by the scripted counters at evaluations only (no probes, no reads between).
+    probes=ProbeSpec(enabled=False),
+    early_abort=EarlyAbort(every=0.0),
 )
 
 
@@ -292,7 +302,8 @@ def test_a_reverted_rollout_is_recorded_with_its_checks_and_rollback_time() -> N
             "verdict": "fail",
             "value": 0.5,
             "threshold": ">= 0.99",
-            "detail": "50 of 100 requests failed",
+            # From READY: the reading before the load, to the first evaluation's (two reads).
+            "detail": "triton: 100 of 200 requests failed",
         },
         {
             "check": "latency",
@@ -381,7 +392,8 @@ def test_a_failed_analysis_alerts_rollout_failed_with_its_checks() -> None:
         "outcome": "reverted",
         "error": change.error,
         "action": "commit",
-        "checks": "success-rate=0.5 (>= 0.99): fail, 50 of 100 requests failed; "
+        # Counted from READY: from the read before the load (two reads of Counters).
+        "checks": "success-rate=0.5 (>= 0.99): fail, triton: 100 of 200 requests failed; "
         "latency=0 (increase <= 0.5): pass, mean 100us vs 100us before",
         "rollback_seconds": 0.0123,
     }

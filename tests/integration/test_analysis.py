@@ -39,6 +39,7 @@ def analysed(
     checks: str = CHECKS,
     duration: str = "4s",
     no_traffic: str = "wait",
+    extra: str = "",
 ) -> str:
     return (
         "# The echo model, watched after every swap.\n"
@@ -54,7 +55,7 @@ def analysed(
         "    analysis:\n"
         "      interval: 1s\n"
         f"      duration: {duration}\n"
-        f"      noTraffic: {no_traffic}\n" + checks
+        f"      noTraffic: {no_traffic}\n" + extra + checks
     )
 
 
@@ -310,17 +311,31 @@ def test_prometheus_source_with_a_promql_check(
     assert ready_versions(triton, "echo") == {2}
 
 
-@pytest.mark.parametrize(("policy", "code", "ready"), [("pass", 0, {2}), ("fail", 1, {1})])
+NO_PROBES = "      probes: {enabled: false}\n"
+
+
+@pytest.mark.parametrize(
+    ("policy", "extra", "code", "ready"),
+    [
+        # Judged by Triton's counters alone, no client means no traffic: the policy decides
+        # (and a pass without evidence needs minEvidence: 0).
+        ("pass", NO_PROBES + "      minEvidence: 0\n", 0, {2}),
+        ("fail", NO_PROBES, 1, {1}),
+        # The probes are traffic: with them, no window goes without requests.
+        ("fail", "", 0, {2}),
+    ],
+)
 def test_no_traffic_policy(
     setup: Reconciler,
     manifests: ManifestRepo,
     triton: LocalTriton,
     policy: str,
+    extra: str,
     code: int,
     ready: set[int],
 ) -> None:
     deploy_under_load(setup, triton)
-    manifests.write("echo.yaml", analysed([2], duration="2s", no_traffic=policy))
+    manifests.write("echo.yaml", analysed([2], duration="2s", no_traffic=policy, extra=extra))
     manifests.commit(f"echo 2, noTraffic {policy}")
     result = setup.apply()  # no client: the new version sees no request
     assert result.code == code, result.out

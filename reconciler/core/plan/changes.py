@@ -296,10 +296,26 @@ def _analyze_step(delta: _Delta) -> Step:
         Action.ANALYZE,
         _versions(watched),
         f"watch {', '.join(map(str, sorted(watched)))} for {spec.duration:g}s, every "
-        f"{spec.interval:g}s: {', '.join(c.name for c in spec.checks)}; old versions "
-        f"stay loaded{note}",
+        f"{spec.interval:g}s: {', '.join(c.name for c in spec.checks)}"
+        + (
+            f"; probes at most {spec.probes.rate:g}/s from "
+            + (
+                "the smoke cases"
+                if deployment.smoke
+                else "the recorded requests"
+                if deployment.shadow is not None
+                else "the model's inputs"
+            )
+            if spec.probes.enabled
+            else ""
+        )
+        + f"; old versions stay loaded{note}",
         analysis=spec,
         baseline=_versions(ready - delta.desired),
+        # What the probes send: the smoke cases, else the recorded requests (else requests
+        # synthesized from the model's inputs).
+        smoke=deployment.smoke,
+        shadow=deployment.shadow,
     )
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from reconciler.core.spec.schema import ANY, JsonPath, default
 from reconciler.core.spec.yaml import _Document
 from reconciler.core.triton_config import canonical
-from reconciler.model.analysis import AnalysisSpec, Check, NoTraffic
+from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
 from reconciler.model.errors import Problem
 from reconciler.model.spec import (
     BackendSpec,
@@ -329,10 +329,29 @@ def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
                     query=check["promql"],
                 )
             )
+    probes, abort = spec.get("probes", {}), spec.get("earlyAbort", {})
+    probe_path, abort_path = (*_ANALYSIS, "probes"), (*_ANALYSIS, "earlyAbort")
     return AnalysisSpec(
         interval=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "interval")),
         duration=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "duration")),
         failure_limit=_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "failureLimit"),
         no_traffic=NoTraffic(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "noTraffic")),
         checks=tuple(checks),
+        inconclusive_limit=_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "inconclusiveLimit"),
+        min_evidence=_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "minEvidence"),
+        initial_delay=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "initialDelay")),
+        probes=ProbeSpec(
+            enabled=_or_default(probes, _DEPLOYMENT, *probe_path, "enabled"),
+            rate=float(_or_default(probes, _DEPLOYMENT, *probe_path, "rate")),
+            concurrency=_or_default(probes, _DEPLOYMENT, *probe_path, "concurrency"),
+            timeout=_seconds(_or_default(probes, _DEPLOYMENT, *probe_path, "timeout")),
+            max_share=float(_or_default(probes, _DEPLOYMENT, *probe_path, "maxShare")),
+        ),
+        early_abort=EarlyAbort(
+            consecutive_probe_failures=_or_default(
+                abort, _DEPLOYMENT, *abort_path, "consecutiveProbeFailures"
+            ),
+            confidence=float(_or_default(abort, _DEPLOYMENT, *abort_path, "confidence")),
+            every=_seconds(_or_default(abort, _DEPLOYMENT, *abort_path, "every")),
+        ),
     )

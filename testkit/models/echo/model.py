@@ -13,6 +13,10 @@ each in a way the reconciler must catch:
   7  takes 3 s to initialize (a slow load), or as many seconds as the config's parameter
      ``init_seconds`` says (a load that outlasts the reconciler's load timeout)
   9  fails in initialize: Triton refuses to load it
+ 10  answers every request with an error response (Triton 2.51 counts those successes)
+ 11  answers 1% of its requests with an error response
+ 12, 13  good, but answer an all-zero input with an error response (a model that rejects
+     the probes' synthesized requests, old and new alike)
 """
 
 import json
@@ -22,6 +26,7 @@ import triton_python_backend_utils as pb_utils
 
 BROKEN_VERSIONS = {9}
 FAILING, SLOW, LEAKING, SLOW_LOAD = 4, 5, 6, 7
+ERROR_RESPONSES, RARE_ERROR_RESPONSES, ZEROS_REJECTED = 10, 11, {12, 13}
 
 
 class TritonPythonModel:
@@ -45,6 +50,18 @@ class TritonPythonModel:
         for request in requests:
             self.count += 1
             data = pb_utils.get_input_tensor_by_name(request, self.input_name).as_numpy()
+            error = None
+            if self.version == ERROR_RESPONSES:
+                error = f"version 10 answers request {self.count} with an error"
+            elif self.version == RARE_ERROR_RESPONSES and self.count % 100 == 7:
+                error = f"version 11 answers request {self.count} with an error"
+            elif self.version in ZEROS_REJECTED and not data.any():
+                error = "an all-zero input is not a valid request"
+            if error is not None:
+                # The documented per-request error: the client gets it, Triton's counters
+                # call the request a success.
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)))
+                continue
             if self.version == FAILING and self.count % 5 in (1, 3):
                 # Raising counts in nv_inference_request_failure; an error response does not
                 # (Triton 2.51 counts a Python-backend response carrying an error a success).

@@ -1,0 +1,98 @@
+"""What the analysis's probes send and when a probe failed. Pure: no I/O.
+
+The reconciler is a client of the versions it rolls out: during an analysis it sends its own
+requests, pinned to each new version, so that an error a client sees counts even where
+Triton's counters miss it (a Python model's error response is counted a success by Triton
+2.51, server#7713). Requests come from the deployment's smoke cases (with their
+expectations), else from its shadow request file, else they are synthesized from the
+model's inputs: zeros of each input's datatype, every variable dimension (-1) set to 1, and
+a batch of 1 for a batching model.
+
+A synthesized or recorded request has no expected answer, so it is judged against the old
+version: one the old version fails too is left out (a model that rejects zeros must not
+block every rollout). A smoke case is judged by its expectations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from reconciler.core.smoke import mismatches
+from reconciler.model.serving import ModelInterface
+from reconciler.model.spec import ShadowSpec, SmokeCase, Tensor
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One request the probes send: its inputs, the outputs asked for, and what makes its
+    answer wrong (a smoke case's expectations; none for a synthesized or recorded one)."""
+
+    name: str
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[str, ...]
+    case: SmokeCase | None = None  # the expectations, for a smoke case
+    # Judged against the old version: left out when the old version fails it too.
+    relative: bool = False
+
+
+def _zero(datatype: str) -> object:
+    if datatype == "BYTES":
+        return ""
+    if datatype == "BOOL":
+        return False
+    return 0
+
+
+def synthesized(interface: ModelInterface) -> ProbeRequest | None:
+    """A request made of zeros, from the model's inputs; None when an input's datatype
+    cannot be made up (none known)."""
+    inputs = []
+    for tensor in interface.inputs:
+        if not tensor.datatype or tensor.datatype == "INVALID":
+            return None
+        shape = tuple(1 if d < 0 else d for d in tensor.shape)
+        count = int(np.prod(shape)) if shape else 1
+        inputs.append(
+            Tensor(tensor.name, tensor.datatype, shape, (_zero(tensor.datatype),) * count)
+        )
+    outputs = tuple(t.name for t in interface.outputs)
+    return ProbeRequest("synthesized", tuple(inputs), outputs, relative=True)
+
+
+def declared(
+    smoke: Sequence[SmokeCase], shadow: ShadowSpec | None, outputs: tuple[str, ...]
+) -> tuple[ProbeRequest, ...]:
+    """The probe requests a deployment declares: its smoke cases, else its recorded
+    requests (``outputs``: the model's outputs, all asked for)."""
+    if smoke:
+        return tuple(
+            ProbeRequest(
+                f"smoke {case.name}",
+                case.inputs,
+                tuple(e.name for e in case.expect) or outputs,
+                case=case,
+            )
+            for case in smoke
+        )
+    if shadow is not None and shadow.requests:
+        return tuple(
+            ProbeRequest(f"recorded request {i + 1}", inputs, outputs, relative=True)
+            for i, inputs in enumerate(shadow.requests)
+        )
+    return ()
+
+
+def wrong(request: ProbeRequest, answer: Mapping[str, npt.NDArray[np.generic]]) -> str | None:
+    """Why an answered probe failed: an output missing, or outside the expectation."""
+    missing = [name for name in request.outputs if name not in answer]
+    if missing:
+        return f"{request.name}: output {', '.join(missing)} missing in the response"
+    if request.case is not None:
+        problems = mismatches(request.case, answer)
+        if problems:
+            return f"{request.name}: {'; '.join(problems)}"
+    return None

@@ -1,0 +1,200 @@
+"""The analysis's probes: the reconciler's own requests to the new versions, while they are
+watched. What to send and what counts as a failure is ``core/probes.py``; this module sends
+them, paced, and keeps the count (``ProbeFigures``) the analysis judges.
+
+Pacing: at most ``rate`` probe rounds a second, each of ``concurrency`` probes at once, and a
+probe slot never keeps the server busy more than ``max_share`` of the time (after a probe
+that took t, the next waits t / max_share - t), so a slow server gets fewer probes. One probe
+in ``OLD_EVERY`` goes to an old version instead, for a baseline. The first probes (the
+volley) are sent back to back as soon as the analysis starts, so a version that fails every
+request is caught within a few requests of becoming READY.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+from reconciler.core.probes import ProbeRequest, declared, synthesized, wrong
+from reconciler.model.analysis import ProbeFigures, ProbeSpec
+from reconciler.model.errors import VerifyFailed
+from reconciler.model.plan import Step
+from reconciler.model.serving import ModelInterface
+from reconciler.ports import ModelControl
+
+OLD_EVERY = 5  # one probe in five goes to an old version, for the baseline latency
+VOLLEY_MAX = 16  # at most this many (request, version) pairs in the first volley
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    error: str | None  # why the probe failed; None: it passed
+    seconds: float
+
+
+class Prober:
+    """Sends the probes of one analyze step and counts them. Built by ``prepare`` before
+    the new versions load, so that no request is spent on the old version's baseline after
+    the new ones take traffic."""
+
+    def __init__(
+        self,
+        control: ModelControl,
+        step: Step,
+        spec: ProbeSpec,
+        requests: tuple[ProbeRequest, ...],
+        clock: Callable[[], float],
+        skipped: int = 0,
+        note: str | None = None,  # why there are no probes, when there are none
+    ) -> None:
+        self.control, self.step, self.spec, self.clock = control, step, spec, clock
+        self.requests = requests
+        self.figures = ProbeFigures(skipped=skipped, note=note)
+        self._turn = 0
+        self._next_at: float | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    @classmethod
+    def prepare(
+        cls,
+        control: ModelControl,
+        step: Step,
+        spec: ProbeSpec,
+        clock: Callable[[], float],
+        interface: ModelInterface | None,
+    ) -> Prober:
+        """The probe requests: declared ones, else one synthesized from ``interface`` (the
+        old versions'; None for a first deployment, read from a new version later). A
+        request judged against the old version is tried on it now, and left out if the old
+        version fails it too."""
+        outputs = tuple(t.name for t in interface.outputs) if interface else ()
+        requests = declared(step.smoke, step.shadow, outputs)
+        if not requests and interface is not None:
+            made = synthesized(interface)
+            requests = (made,) if made is not None else ()
+        prober = cls(control, step, spec, requests, clock)
+        prober._against_old()
+        return prober
+
+    def _against_old(self) -> None:
+        old = max(self.step.baseline) if self.step.baseline else None
+        if old is None or not any(r.relative for r in self.requests):
+            return
+        kept = []
+        for request in self.requests:
+            if request.relative and self._send(request, old).error is not None:
+                continue
+            kept.append(request)
+        skipped = len(self.requests) - len(kept)
+        self.requests = tuple(kept)
+        note = (
+            f"version {old} fails the {skipped} synthesized or recorded request(s) too; "
+            "declare smoke cases to probe this model"
+            if not kept
+            else None
+        )
+        self.figures = replace(self.figures, skipped=skipped, note=note)
+
+    def _first_deployment_requests(self) -> None:
+        # Nothing served before: the new version's own metadata tells what to send.
+        if self.requests or self.figures.note or not self.step.versions:
+            return
+        try:
+            interface = self.control.interface(self.step.model, max(self.step.versions))
+        except VerifyFailed as exc:
+            self.figures = replace(self.figures, note=str(exc))
+            return
+        made = synthesized(interface)
+        if made is None:
+            self.figures = replace(self.figures, note="an input's datatype is unknown")
+            return
+        self.requests = (made,)
+
+    # -- sending -------------------------------------------------------------------------------
+
+    def _send(self, request: ProbeRequest, version: int) -> _Outcome:
+        started = self.clock()
+        try:
+            answer = self.control.infer(
+                self.step.model, version, request.inputs, request.outputs, self.spec.timeout
+            )
+        except VerifyFailed as exc:
+            return _Outcome(f"{request.name} on version {version}: {exc}", self.clock() - started)
+        took = self.clock() - started
+        why = wrong(request, answer)
+        return _Outcome(f"{why} (version {version})" if why else None, took)
+
+    def _count(self, outcome: _Outcome, old: bool) -> None:
+        f = self.figures
+        if old:
+            self.figures = replace(
+                f,
+                old_sent=f.old_sent + 1,
+                old_failed=f.old_failed + (outcome.error is not None),
+                old_seconds=f.old_seconds + outcome.seconds,
+            )
+            return
+        failed = outcome.error is not None
+        self.figures = replace(
+            f,
+            sent=f.sent + 1,
+            failed=f.failed + failed,
+            seconds=f.seconds + outcome.seconds,
+            consecutive=f.consecutive + 1 if failed else 0,
+            last_error=outcome.error if failed else f.last_error,
+        )
+
+    def volley(self, limit: int) -> None:
+        """Each request once on each new version, back to back; a failed one again at once,
+        until it passes or ``limit`` failed in a row (the early abort's run)."""
+        self._first_deployment_requests()
+        pairs = [(r, v) for v in self.step.versions for r in self.requests][:VOLLEY_MAX]
+        for request, version in pairs:
+            while True:
+                outcome = self._send(request, version)
+                self._count(outcome, old=False)
+                if outcome.error is None or self.figures.consecutive >= limit:
+                    break
+            if self.figures.consecutive >= limit:
+                return
+        self._next_at = self.clock()
+
+    def due(self) -> float | None:
+        """When the next round may be sent (None: no probes to send)."""
+        if not self.requests:
+            return None
+        return self._next_at if self._next_at is not None else self.clock()
+
+    def round(self) -> None:
+        """One paced round: ``concurrency`` probes at once, round robin over the new
+        versions and requests, one in ``OLD_EVERY`` to an old version."""
+        if not self.requests:
+            return
+        started = self.clock()
+        jobs = [self._next_job() for _ in range(self.spec.concurrency)]
+        if len(jobs) == 1:
+            outcomes = [self._send(jobs[0][0], jobs[0][1])]
+        else:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.spec.concurrency, "probe")
+            outcomes = list(self._pool.map(lambda job: self._send(job[0], job[1]), jobs))
+        for (_, _, old), outcome in zip(jobs, outcomes, strict=True):
+            self._count(outcome, old)
+        took = max(o.seconds for o in outcomes)
+        self._next_at = max(
+            started + 1.0 / self.spec.rate, self.clock() + took / self.spec.max_share - took
+        )
+
+    def _next_job(self) -> tuple[ProbeRequest, int, bool]:
+        self._turn += 1
+        if self.step.baseline and self._turn % OLD_EVERY == 0:
+            old = max(self.step.baseline)
+            return self.requests[self._turn % len(self.requests)], old, True
+        pairs = [(r, v) for v in self.step.versions for r in self.requests]
+        request, version = pairs[self._turn % len(pairs)]
+        return request, version, False
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)

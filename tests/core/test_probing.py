@@ -1,0 +1,364 @@
+"""Judging a new version by what its clients see: the probes, the counting from READY, the
+early abort, and the success rate that combines Triton's counters with the probes.
+
+plan() + apply() on the Triton fake with a fake clock; the counters come from ``Traffic``,
+a FiguresSource whose clients send requests at a steady rate from the moment a version is
+READY (Triton-like: no series for a version it does not serve).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from reconciler.core.analysis import early_abort, evaluate, wilson_upper
+from reconciler.core.plan.planner import plan
+from reconciler.core.probes import declared, synthesized, wrong
+from reconciler.engine.apply import apply
+from reconciler.engine.steps import Timing
+from reconciler.model.analysis import (
+    AnalysisSpec,
+    Baseline,
+    Check,
+    EarlyAbort,
+    Figures,
+    NoTraffic,
+    ProbeFigures,
+    ProbeSpec,
+    RolloutVerdict,
+    Verdict,
+)
+from reconciler.model.errors import VerifyFailed
+from reconciler.model.history import History
+from reconciler.model.results import ApplyResult, ChangeResult, Outcome
+from reconciler.model.serving import ModelInterface, TensorSignature
+from reconciler.model.spec import Expectation, SmokeCase, Tensor
+from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
+
+NO_QUERIES: Mapping[str, str] = MappingProxyType({})
+SUCCESS = Check("success-rate", "successRate", min=0.99)
+
+
+def spec(**changes: Any) -> AnalysisSpec:
+    return replace(AnalysisSpec(1.0, 5.0, 0, NoTraffic.WAIT, (SUCCESS,)), **changes)
+
+
+class Clients(FakeTriton):
+    """The Triton fake with versions that answer badly, as a Python model can: ``errors``
+    answer every request with an error (which Triton counts a success), ``zeros_rejected``
+    answer an all-zero input with an error. Every infer advances the clock by ``latency``."""
+
+    def __init__(
+        self,
+        clock: FakeClock,
+        errors: frozenset[int] = frozenset(),
+        zeros_rejected: frozenset[int] = frozenset(),
+        latency: float = 0.002,
+    ) -> None:
+        super().__init__("s1", {"m": range(1, 7)})
+        self.clock, self.errors, self.zeros_rejected = clock, errors, zeros_rejected
+        self.latency = latency
+        self.probed: list[tuple[int, float]] = []  # (version, at) of every infer
+        self.loaded_at: float | None = None  # when version 2 was loaded (READY)
+
+    def load(self, model: str, config: Mapping[str, Any]) -> None:
+        super().load(model, config)
+        if self.loaded_at is None and 2 in self.ready(model):
+            self.loaded_at = self.clock.now
+
+    def infer(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        timeout: float | None = None,
+    ) -> dict[str, npt.NDArray[np.generic]]:
+        self.clock.now += self.latency
+        self.probed.append((version, self.clock.now))
+        if version in self.errors:
+            raise VerifyFailed(f"server s1: inference on m version {version}: model failed")
+        if version in self.zeros_rejected and not any(any(t.data) for t in inputs):
+            raise VerifyFailed(f"server s1: inference on m version {version}: zeros rejected")
+        return super().infer(model, version, inputs, outputs, timeout)
+
+
+class Traffic:
+    """Triton's counters for version 2, from clients sending ``rate`` requests a second from
+    the moment it is READY, ``failing`` of them failed (as Triton counts them)."""
+
+    def __init__(self, fake: Clients, clock: FakeClock, rate: float, failing: float) -> None:
+        self.fake, self.clock, self.rate, self.failing = fake, clock, rate, failing
+        self.reads: list[tuple[tuple[int, ...], float]] = []
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = NO_QUERIES
+    ) -> Figures:
+        self.reads.append((versions, self.clock.now))
+        if versions != (2,):
+            return Figures(success=1000.0, duration_us=100_000.0, memory_bytes=1e6)
+        if 2 not in self.fake.ready(model) or self.fake.loaded_at is None:
+            return Figures()
+        requests = self.rate * (self.clock.now - self.fake.loaded_at)
+        failed = requests * self.failing
+        return Figures(
+            success=requests - failed,
+            failure=failed or None,
+            duration_us=100.0 * requests,
+            memory_bytes=1e6,
+        )
+
+
+def rollout(
+    fake: Clients, clock: FakeClock, analysis: AnalysisSpec, source: Traffic, **kwargs: Any
+) -> ChangeResult:
+    fake.serve("m", [1])
+    deployment = replace(deploy("m", [2], **kwargs), analysis=analysis, fingerprint="fp")
+    p = plan(desired_state(deployment), {"s1": observe(fake)}, History(), "rev-2")
+    result: ApplyResult = apply(
+        p, {"s1": fake}, timing=Timing(clock.clock, clock.sleep), metrics={"s1": source}
+    )
+    (change,) = result.changes
+    return change
+
+
+# -- what the probes send, pure -----------------------------------------------------------------
+
+
+def test_a_synthesized_request_is_zeros_with_variable_dimensions_set_to_one() -> None:
+    interface = ModelInterface(
+        (TensorSignature("IDS", "INT64", (-1, 3)), TensorSignature("TEXT", "BYTES", (1,))),
+        (TensorSignature("SCORES", "FP32", (-1, 2)),),
+    )
+    request = synthesized(interface)
+    assert request is not None and request.relative
+    assert request.inputs == (
+        Tensor("IDS", "INT64", (1, 3), (0, 0, 0)),
+        Tensor("TEXT", "BYTES", (1,), ("",)),
+    )
+    assert request.outputs == ("SCORES",)
+
+
+def test_declared_probes_are_the_smoke_cases_with_their_expectations() -> None:
+    case = SmokeCase("ones", (Tensor("INPUT0", "FP32", (1, 2), (1.0, 1.0)),),
+                     (Expectation("OUTPUT0", (2.0, 2.0)),))  # fmt: skip
+    (request,) = declared((case,), None, ("OUTPUT0", "EXTRA"))
+    assert (request.name, request.outputs, request.relative) == ("smoke ones", ("OUTPUT0",), False)
+    right = {"OUTPUT0": np.array([[2.0, 2.0]], dtype=np.float32)}
+    assert wrong(request, right) is None
+    assert wrong(request, {"OUTPUT0": np.array([[3.0, 3.0]], dtype=np.float32)}) == (
+        "smoke ones: output OUTPUT0[0] is 3.0, expected 2.0 (tolerance 0.0)"
+    )
+    assert wrong(request, {}) == "smoke ones: output OUTPUT0 missing in the response"
+
+
+# -- the success rate: counters and probes side by side ------------------------------------------
+
+
+START = Figures(success=0.0, duration_us=0.0, memory_bytes=1e6)
+BASELINE = Baseline(100.0, 1e6)
+
+
+def test_error_responses_counted_as_successes_by_triton_fail_by_the_probes() -> None:
+    triton_says_fine = Figures(success=500.0, duration_us=50_000.0, memory_bytes=1e6)
+    probes = ProbeFigures(sent=10, failed=10, last_error="model failed")
+
+    (result,) = evaluate(spec(), 0, 1.0, START, triton_says_fine, BASELINE, probes).results
+
+    assert (result.verdict, result.value) == (Verdict.FAIL, 0.0)
+    assert result.detail == "triton: 0 of 500 requests failed; probes: 10 of 10 failed"
+
+
+def test_the_lower_of_the_two_rates_is_the_value_and_both_must_pass() -> None:
+    counters = Figures(success=90.0, failure=10.0, duration_us=9000.0, memory_bytes=1e6)
+    (result,) = evaluate(spec(), 0, 1.0, START, counters, BASELINE, ProbeFigures(20)).results
+    assert (result.verdict, result.value) == (Verdict.FAIL, 0.9)
+
+    healthy = Figures(success=100.0, duration_us=10_000.0, memory_bytes=1e6)
+    (result,) = evaluate(spec(), 0, 1.0, START, healthy, BASELINE, ProbeFigures(20)).results
+    assert (result.verdict, result.value) == (Verdict.PASS, 1.0)
+
+
+def test_unreadable_counters_leave_the_probes_to_judge() -> None:
+    down = Figures(error="connection refused")
+    (result,) = evaluate(spec(), 0, 1.0, START, down, BASELINE, ProbeFigures(20, 5)).results
+    assert (result.verdict, result.value) == (Verdict.FAIL, 0.75)
+    assert result.detail == "triton: connection refused; probes: 5 of 20 failed"
+    (result,) = evaluate(spec(), 0, 1.0, START, down, BASELINE, ProbeFigures()).results
+    assert result.verdict is Verdict.NO_DATA
+
+
+# -- the early abort, pure ----------------------------------------------------------------------
+
+
+def test_a_run_of_failed_probes_aborts_whatever_the_failure_limit() -> None:
+    tolerant = spec(failure_limit=3)
+    two = ProbeFigures(sent=4, failed=2, consecutive=2, last_error="boom")
+    assert early_abort(tolerant, None, two) is None
+    three = replace(two, sent=5, failed=3, consecutive=3)
+    reason = early_abort(tolerant, None, three)
+    assert reason is not None
+    # Under the success-rate check: what clients see.
+    assert (reason.check, reason.verdict, reason.value) == ("success-rate", Verdict.FAIL, 0.4)
+    assert reason.detail == "early abort: 3 probes in a row failed, last: boom"
+    latency_only = spec(checks=(Check("latency", "latency", max_increase=0.5),))
+    reason = early_abort(latency_only, None, three)
+    assert reason is not None and (reason.check, reason.value) == ("probes", 3.0)
+
+
+@pytest.mark.parametrize(
+    ("ok", "failed", "aborts"),
+    [
+        (6, 4, True),  # 40% failing: ten requests are enough
+        (5, 3, False),  # fewer than ten requests: not yet
+        (19, 1, False),  # one failure in twenty: the bound stays above 0.99
+        (1000, 0, False),
+        (990, 10, False),  # exactly at the min
+        (950, 50, True),
+    ],
+)
+def test_the_rate_rule_aborts_only_when_confident(ok: int, failed: int, aborts: bool) -> None:
+    reason = early_abort(spec(), (float(ok), float(failed)), None)
+    assert (reason is not None) is aborts
+    if reason is not None:
+        assert reason.check == "success-rate" and reason.verdict is Verdict.FAIL
+        assert "since READY" in reason.detail
+
+
+def test_the_rate_rule_is_off_with_a_failure_limit_or_no_confidence() -> None:
+    assert early_abort(spec(failure_limit=1), (60.0, 40.0), None) is None
+    assert early_abort(spec(early_abort=EarlyAbort(confidence=0.0)), (60.0, 40.0), None) is None
+
+
+def test_the_wilson_bound() -> None:
+    assert wilson_upper(60, 100, 0.999) == pytest.approx(0.736, abs=0.002)
+    assert wilson_upper(100, 100, 0.999) == 1.0
+
+
+# -- the analysis with probes, on the fakes ------------------------------------------------------
+
+
+def test_a_version_whose_every_answer_is_an_error_is_caught_by_the_first_probes() -> None:
+    clock = FakeClock()
+    fake = Clients(clock, errors=frozenset({2}))
+    source = Traffic(fake, clock, rate=1000.0, failing=0.0)  # Triton counts them successes
+
+    change = rollout(fake, clock, spec(), source)
+
+    assert change.outcome is Outcome.REVERTED
+    analysis = change.analysis
+    assert analysis is not None and analysis.verdict is RolloutVerdict.FAILED
+    (evaluation,) = analysis.evaluations
+    assert evaluation.aborted and evaluation.probes is not None
+    assert (evaluation.probes.sent, evaluation.probes.failed) == (3, 3)
+    assert "early abort: 3 probes in a row failed" in (change.error or "")
+    # Caught by the volley right after READY: three probes, not an interval.
+    assert analysis.seconds == pytest.approx(3 * fake.latency)
+    assert fake.ready("m") == {1}
+
+
+def test_failures_between_ready_and_the_analysis_start_count() -> None:
+    clock = FakeClock()
+    fake = Clients(clock)
+    # 40% of requests fail from READY; the probes pass (a request shape the version
+    # answers), so only the counters from READY can see it: 10,000 requests a second, so
+    # the few milliseconds of verify and probes before the analysis's first reading hold
+    # enough requests to judge by.
+    source = Traffic(fake, clock, rate=10_000.0, failing=0.4)
+
+    change = rollout(fake, clock, spec(), source)
+
+    assert change.outcome is Outcome.REVERTED
+    assert change.analysis is not None
+    (evaluation,) = change.analysis.evaluations
+    assert evaluation.aborted
+    (reason,) = evaluation.results
+    assert reason.detail.startswith("early abort: triton: ")
+    # Read before the load (no series), then at the analysis start: every request from READY.
+    assert source.reads[0] == ((2,), clock.start)
+    # Judged at the analysis's first reading, from READY: not at the one-second interval.
+    assert change.analysis.seconds == pytest.approx(fake.latency)
+
+
+def test_a_good_version_passes_with_the_probes_in_its_report() -> None:
+    clock = FakeClock()
+    fake = Clients(clock)
+    source = Traffic(fake, clock, rate=1000.0, failing=0.0)
+
+    change = rollout(fake, clock, spec(), source)
+
+    assert change.outcome is Outcome.CONVERGED
+    analysis = change.analysis
+    assert analysis is not None and analysis.verdict is RolloutVerdict.PASSED
+    assert len(analysis.evaluations) == 5
+    probes = [e.probes for e in analysis.evaluations]
+    assert all(p is not None and p.sent > 0 and p.failed == 0 for p in probes)
+    # Paced: at most rate (20/s) rounds, and one probe in five to the old version.
+    new = sum(v == 2 for v, _ in fake.probed)
+    old = sum(v == 1 for v, _ in fake.probed)
+    assert 60 <= new + old <= 5 * 20 + 3 and old >= 15
+    assert str(probes[-1]).startswith("probes: 0 of ")
+    assert "old version" in str(probes[-1])
+
+
+def test_a_model_that_rejects_zeros_is_not_blocked_by_synthesized_probes() -> None:
+    clock = FakeClock()
+    fake = Clients(clock, zeros_rejected=frozenset({1, 2}))
+    source = Traffic(fake, clock, rate=1000.0, failing=0.0)
+
+    change = rollout(fake, clock, spec(), source)
+
+    assert change.outcome is Outcome.CONVERGED
+    assert change.analysis is not None
+    last = change.analysis.evaluations[-1].probes
+    assert last is not None and last.sent == 0 and last.skipped == 1
+    assert "version 1 fails the 1 synthesized or recorded request(s) too" in str(last)
+
+
+def test_smoke_cases_are_the_probes_and_a_wrong_answer_fails_them() -> None:
+    clock = FakeClock()
+    fake = Clients(clock)
+    fake.wrong_answers.add(("m", 2))
+    source = Traffic(fake, clock, rate=1000.0, failing=0.0)
+    # Expect x2 from version 2 of the fake (OUTPUT0 = INPUT0 * version): the fake answers +1.
+    case = SmokeCase("ones", (Tensor("INPUT0", "FP32", (1, 2), (1.0, 1.0)),),
+                     (Expectation("OUTPUT0", (2.0, 2.0)),))  # fmt: skip
+
+    change = rollout(fake, clock, spec(), source, smoke=[case])
+
+    # The verify step's smoke case catches it first; the probes would, with the same case.
+    assert change.outcome is Outcome.REVERTED
+    assert "smoke ones on version 2" in (change.error or "")
+
+
+def test_without_probes_the_error_responses_go_unseen() -> None:
+    """The gap the probes close: Triton's counters alone pass this version."""
+    clock = FakeClock()
+    fake = Clients(clock, errors=frozenset({2}))
+    source = Traffic(fake, clock, rate=1000.0, failing=0.0)
+
+    change = rollout(fake, clock, spec(probes=ProbeSpec(enabled=False)), source)
+
+    assert change.outcome is Outcome.CONVERGED
+
+
+def test_too_little_evidence_is_no_pass() -> None:
+    clock = FakeClock()
+    fake = Clients(clock)
+    source = Traffic(fake, clock, rate=0.0, failing=0.0)  # no client at all
+
+    change = rollout(
+        fake, clock, spec(probes=ProbeSpec(enabled=False), min_evidence=1,
+                          no_traffic=NoTraffic.PASS), source
+    )  # fmt: skip
+
+    assert change.outcome is Outcome.REVERTED
+    assert change.analysis is not None
+    assert change.analysis.verdict is RolloutVerdict.INCONCLUSIVE
+    assert "only 0 request(s) or probe(s) reached the new versions" in (change.error or "")
