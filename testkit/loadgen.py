@@ -1,8 +1,9 @@
 """A client load generator for the zero-downtime tests and the benchmarks.
 
-Several threads send unversioned requests to one model in a loop (each with its own gRPC
-client) and record every outcome: which version answered (the test models multiply their
-input by their version), how long it took, and every failure with its message.
+Several threads send requests to one model in a loop (each with its own gRPC client),
+unversioned or pinned to one version, and record every outcome: which version answered (the
+test models multiply their input by their version), how long it took, and every failure with
+its message, a response without OUTPUT0 (a renamed output) included.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class LoadGenerator:
     address: str
     model: str
     threads: int = 4
+    version: int | None = None  # pin every request to this version; None: unversioned
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _workers: list[threading.Thread] = field(default_factory=list)
@@ -42,11 +44,22 @@ class LoadGenerator:
                 item.set_data_from_numpy(ones)
                 started = time.monotonic()
                 try:
-                    result = client.infer(self.model, [item], client_timeout=30)
+                    result = client.infer(
+                        self.model,
+                        [item],
+                        model_version=str(self.version) if self.version else "",
+                        client_timeout=30,
+                    )
                     output = result.as_numpy("OUTPUT0")
-                    sample = Sample(started, time.monotonic() - started, round(float(output[0][0])))
                 except InferenceServerException as exc:
                     sample = Sample(started, time.monotonic() - started, None, str(exc))
+                else:
+                    seconds = time.monotonic() - started
+                    if output is None:
+                        # What a client built for OUTPUT0 meets when the served config renames it.
+                        sample = Sample(started, seconds, None, "no output OUTPUT0 in the response")
+                    else:
+                        sample = Sample(started, seconds, round(float(output[0][0])))
                 with self._lock:
                     self.samples.append(sample)
 

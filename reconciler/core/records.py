@@ -264,7 +264,8 @@ def hold_reminders(
 
 def problem_alerts(plan: Plan) -> tuple[AlertEvent, ...]:
     """Plan problems people must hear about: an artifact changed under a released version,
-    no memory headroom, a dependency that would make Triton load or unload on its own."""
+    no memory headroom, a dependency that would make Triton load or unload on its own, a
+    config that would change the interface clients of the serving versions see."""
     return tuple(
         AlertEvent(
             p.kind,
@@ -276,7 +277,7 @@ def problem_alerts(plan: Plan) -> tuple[AlertEvent, ...]:
             {"revision": plan.revision, "problem": p.message},
         )
         for p in plan.problems
-        if p.kind in ("artifact-mismatch", "no-headroom", "dependency")
+        if p.kind in ("artifact-mismatch", "no-headroom", "dependency", "interface-change")
     )
 
 

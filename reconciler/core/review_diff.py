@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from reconciler.core.interface import interface_changes
 from reconciler.core.triton_config import canonical, config_drift
 from reconciler.model.plan import Action, ModelChange, Plan, Step
 from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
@@ -29,7 +30,6 @@ from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
 # any other key reloads every version of the model (in the background, the old instance
 # serving meanwhile). See triton-on-cpu.md, "Model-control facts".
 IN_PLACE_KEYS = frozenset({"version_policy", "instance_group"})
-INTERFACE_KEYS = ("input", "output")
 
 
 class Change(StrEnum):
@@ -154,71 +154,6 @@ def config_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> tuple[Fiel
 def reloading_keys(keys: Iterable[str]) -> tuple[str, ...]:
     """Of the config keys a load changes, those Triton cannot apply in place."""
     return tuple(sorted(set(keys) - IN_PLACE_KEYS))
-
-
-def _dims(tensor: Mapping[str, Any]) -> str:
-    return "[" + ", ".join(str(d) for d in tensor.get("dims", [])) + "]"
-
-
-def _tensor(tensor: Mapping[str, Any]) -> str:
-    datatype = str(tensor.get("data_type", "TYPE_INVALID")).removeprefix("TYPE_")
-    return f"{tensor.get('name', '?')} {datatype} {_dims(tensor)}"
-
-
-def _tensors(config: Mapping[str, Any], key: str) -> dict[str, Mapping[str, Any]]:
-    entries = config.get(key) or []
-    # Anything but a list of objects is a validation problem, reported there.
-    return {str(t.get("name", "?")): t for t in entries if isinstance(t, Mapping)}
-
-
-def interface_changes(
-    old: Mapping[str, Any], new: Mapping[str, Any], *, whole: bool
-) -> tuple[str, ...]:
-    """How the inputs and outputs clients see differ between two configs.
-
-    ``whole``: both are complete configs (as loaded), so a missing list means none and a missing
-    ``max_batch_size`` means 0. Otherwise they are ``spec.config``s, where a missing key means
-    "from the base config", which a diff cannot see.
-    """
-    found: list[str] = []
-    for key in INTERFACE_KEYS:
-        if not whole and (key in old) != (key in new):
-            if key in new:
-                listed = ", ".join(_tensor(t) for t in _tensors(new, key).values()) or "none"
-                found.append(
-                    f"{key} now declared in spec.config ({listed}); before, it came from the "
-                    "base config, which this diff does not see"
-                )
-            else:
-                listed = ", ".join(_tensor(t) for t in _tensors(old, key).values()) or "none"
-                found.append(
-                    f"{key} no longer declared in spec.config (was {listed}): where the model "
-                    "is loaded it keeps these; a first load takes config.pbtxt's"
-                )
-            continue
-        before, after = _tensors(old, key), _tensors(new, key)
-        for name in sorted(set(before) | set(after)):
-            if name not in after:
-                found.append(f"{key} {_tensor(before[name])} removed")
-            elif name not in before:
-                found.append(f"{key} {_tensor(after[name])} added")
-            else:
-                was, now = _tensor(before[name]), _tensor(after[name])
-                if was != now:
-                    found.append(f"{key} {was} -> {now.removeprefix(name + ' ')}")
-    if whole or ("max_batch_size" in old and "max_batch_size" in new):
-        was_batched = int(old.get("max_batch_size", 0) or 0) > 0
-        now_batched = int(new.get("max_batch_size", 0) or 0) > 0
-        if was_batched != now_batched:
-            found.append(
-                "max_batch_size "
-                + (
-                    "becomes 0: inputs and outputs lose their batch dimension"
-                    if was_batched
-                    else "becomes non-zero: every input and output gains a batch dimension"
-                )
-            )
-    return tuple(found)
 
 
 def _server_fields(old: TritonServer, new: TritonServer) -> tuple[FieldChange, ...]:

@@ -98,6 +98,7 @@ KINDS = (
     "no-headroom",
     "drain-timeout",
     "dependency",
+    "interface-change",
 )
 
 

@@ -91,7 +91,8 @@ class PlanProblem:
     server: str
     model: str | None
     message: str
-    kind: str = "problem"  # problem | artifact-mismatch | no-headroom | dependency
+    # problem | artifact-mismatch | no-headroom | dependency | interface-change
+    kind: str = "problem"
 
     def __str__(self) -> str:
         where = f"server {self.server}" + (f", model {self.model}" if self.model else "")

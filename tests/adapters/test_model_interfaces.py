@@ -18,6 +18,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.triton import TritonServerClient
+from reconciler.core.interface import config_interface
 from reconciler.core.triton_config import parse_pbtxt, with_versions
 from reconciler.model.errors import ServerUnavailable, VerifyFailed
 from reconciler.model.serving import ModelInterface, TensorSignature, interface_difference
@@ -132,6 +133,32 @@ def test_interface_of_a_sequence_model_leaves_out_its_control_inputs(
         inputs=(TensorSignature("INPUT0", "FP32", (-1, 1)),),  # the batch dimension included
         outputs=(TensorSignature("OUTPUT0", "FP32", (-1, 1)),),
     )
+
+
+@pytest.mark.parametrize(
+    ("model", "changes"),
+    [
+        ("echo", {}),
+        ("echo", {"max_batch_size": 8}),  # a batch dimension before the declared dims
+        ("echo", {"output": [{"name": "SCORES", "data_type": "TYPE_FP32", "dims": [-1, 4]}]}),
+        (SEQUENCE_MODEL, {}),  # its control inputs are not the config's inputs either
+    ],
+)
+def test_the_planner_reads_a_config_as_triton_metadata_does(
+    client: TritonServerClient,
+    raw: triton_grpc.InferenceServerClient,
+    model_repository: Path,
+    model: str,
+    changes: dict[str, Any],
+) -> None:
+    """The interface gate compares configs before they are loaded (``config_interface``):
+    what it reads from the config it sends must be what the model metadata shows once
+    loaded, the config sent and the config Triton reports alike."""
+    sent = {**_config(model_repository, model, [1]), **changes}
+    client.load(model, sent)
+    reported = raw.get_model_config(model, as_json=True)["config"]
+    served = client.interface(model, 1)
+    assert config_interface(sent) == config_interface(reported) == served
 
 
 def _signature(name: str, datatype: str = "FP32", shape: tuple[int, ...] = (-1, 4)) -> Any:

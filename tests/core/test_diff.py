@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reconciler.core.interface import interface_changes
 from reconciler.core.plan.planner import plan
 from reconciler.core.review_diff import (
     Change,
@@ -16,7 +17,6 @@ from reconciler.core.review_diff import (
     ReviewWarning,
     WarningKind,
     diff,
-    interface_changes,
     plan_warnings,
 )
 from reconciler.core.triton_config import merge
@@ -265,14 +265,23 @@ def test_new_versions_without_analysis_are_flagged_once_per_deployment() -> None
 
 
 def test_plan_warnings_see_the_loaded_config() -> None:
-    """spec.config declares no input, but the loaded one differs from config.pbtxt's: only a
-    plan, which sees the loaded config, can tell that the reload changes the interface."""
+    """spec.config declares the input config.pbtxt has, but the loaded one differs: only a
+    plan, which sees the loaded config, can tell that the reload changes the interface. Not
+    allowed, the plan refuses it (the interface gate); allowed, it warns the reviewer."""
     fake = FakeTriton("s1", {"m": range(1, 4)})
     loaded = merge(fake.configs["m"], {"input": [tensor("INPUT0", "FP32", 2)]})
     fake.serve("m", [1], loaded)
-    head = desired_state(deploy("m", [2], config={"input": [tensor("INPUT0", "FP32", 1)]}))
+    narrower = deploy("m", [2], config={"input": [tensor("INPUT0", "FP32", 1)]})
+    history = History(managed={"s1": frozenset({"m"})})
 
-    p = plan(head, {"s1": observe(fake)}, History(managed={"s1": frozenset({"m"})}), "rev")
+    refused = plan(desired_state(narrower), {"s1": observe(fake)}, history, "rev")
+    assert not refused.changes and plan_warnings(refused) == ()
+    (problem,) = refused.problems
+    assert problem.kind == "interface-change"
+    assert "input INPUT0 shape [-1, 2] -> [-1, 1]" in problem.message
+
+    head = desired_state(replace(narrower, allow_interface_change=True))
+    p = plan(head, {"s1": observe(fake)}, history, "rev")
 
     assert [(w.kind, w.message) for w in plan_warnings(p)] == [
         (WarningKind.INTERFACE, "input INPUT0 FP32 [2] -> FP32 [1]"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -328,6 +328,8 @@ def test_emptied_servers() -> None:
 
 SERVERS = ("s1", "s2")
 MODELS = ("m0", "m1", "m2")
+# Over base_config (batched, OUTPUT0 dims [1]). Two change the interface clients see:
+# max_batch_size 0 drops the batch dimension, dims [2] widens OUTPUT0.
 CONFIGS: tuple[Mapping[str, Any], ...] = (
     {},
     {"max_batch_size": 8},
@@ -341,6 +343,19 @@ ZEROS = SmokeCase(
     "zeros", (Tensor("INPUT0", "FP32", (1, 1), (0.0,)),), (Expectation("OUTPUT0", (0.0,)),)
 )
 version_sets = st.frozensets(st.integers(1, 6), max_size=4)
+
+
+def seen_by_clients(config: Mapping[str, Any]) -> tuple[bool, frozenset[tuple[str, ...]]]:
+    """What a client of a whole config meets: whether requests are batched, and each tensor
+    (input or output, name, datatype, dims in Triton's string form)."""
+    return (
+        int(config.get("max_batch_size", 0)) > 0,
+        frozenset(
+            (key, t["name"], t["data_type"], *(str(d) for d in t["dims"]))
+            for key in ("input", "output")
+            for t in config.get(key, [])
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -386,7 +401,26 @@ class Scenario:
         d = self.deployment(s, m)
         return frozenset(d.versions) if d is not None else None
 
+    def refused(self, s: str, m: str) -> bool:
+        """Whether the interface gate refuses the model here: something serves, the config to
+        be sent (spec.config over the served one) or the one the new versions come with
+        (spec.config over config.pbtxt, the fake's base_config) changes what clients see, and
+        spec.allowInterfaceChange is not set."""
+        d = self.deployment(s, m)
+        ready, config = self.observed[(s, m)]
+        if d is None or d.allow_interface_change or not ready:
+            return False
+        served = merge(base_config(m), CONFIGS[config])
+        if seen_by_clients(merge(served, d.config)) != seen_by_clients(served):
+            return True
+        new = frozenset(d.versions) - ready
+        return bool(new) and seen_by_clients(merge(base_config(m), d.config)) != seen_by_clients(
+            served
+        )
+
     def expected(self, s: str, m: str) -> frozenset[int]:
+        if self.refused(s, m):
+            return self.initial(s, m)
         wanted = self.wanted(s, m)
         if wanted is not None:
             return wanted
@@ -410,9 +444,8 @@ def scenarios(draw: st.DrawFn) -> Scenario:
             versions = draw(st.frozensets(st.integers(1, 6), min_size=1, max_size=4))
             config = CONFIGS[draw(st.integers(0, len(CONFIGS) - 1))]
             smoke = [ZEROS] if draw(st.booleans()) else []
-            deployments.append(
-                deploy(m, sorted(versions), servers=sorted(targets), config=config, smoke=smoke)
-            )
+            d = deploy(m, sorted(versions), servers=sorted(targets), config=config, smoke=smoke)
+            deployments.append(replace(d, allow_interface_change=draw(st.booleans())))
     managed = {s: draw(st.frozensets(st.sampled_from(MODELS))) for s in servers}
     loading = draw(
         st.dictionaries(
@@ -444,7 +477,8 @@ def observe_all(fakes: Mapping[str, FakeTriton]) -> dict[str, ServerState]:
 def assert_never_dropped_before_verified(
     scenario: Scenario, fakes: Mapping[str, FakeTriton], starts: Mapping[str, int]
 ) -> None:
-    """Every snapshot of a kept model holds all it served before, or all it must serve."""
+    """Every snapshot of a kept model holds all it served before, or all it must serve (a
+    refused one serves what it served before throughout)."""
     for s, fake in fakes.items():
         for m in MODELS:
             before, wanted = scenario.initial(s, m), scenario.wanted(s, m)
@@ -452,19 +486,38 @@ def assert_never_dropped_before_verified(
                 continue
             for snapshot in fake.timeline[starts[s] :]:
                 now = snapshot.of(m)
+                if scenario.refused(s, m):
+                    assert now == before, (s, m, snapshot, fake.calls)
                 assert before <= now or wanted <= now, (s, m, snapshot, fake.calls)
                 if before:
                     assert now, f"{s}/{m} served nothing after {snapshot.call}"
 
 
+def refusals(scenario: Scenario) -> set[tuple[str, str]]:
+    return {
+        (s, d.model)
+        for d in scenario.deployments
+        for s in d.server_names or ()
+        if scenario.refused(s, d.model)
+    }
+
+
+def interface_problems(p: Plan) -> set[tuple[str, str | None]]:
+    return {(q.server, q.model) for q in p.problems if q.kind == "interface-change"}
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_apply_of_plan_converges_without_a_gap_and_replans_empty(scenario: Scenario) -> None:
+    """Every model converges, except those whose change of interface the gate refuses: they
+    are the plan's only problems, and nothing of them is loaded or unloaded."""
     fakes = scenario.fakes()
     starts = {s: len(f.timeline) for s, f in fakes.items()}
+    refused = refusals(scenario)
+    loaded_before = {(s, m): fake.loaded_config(m) for s, fake in fakes.items() for m in MODELS}
 
     p = plan(scenario.desired(), observe_all(fakes), scenario.history(), "rev-1")
-    assert not p.problems
+    assert interface_problems(p) == refused and len(p.problems) == len(refused)
     result = apply(p, fakes, timing=fake_timing())
 
     assert result.ok, [(c.change.model, c.outcome, c.error) for c in result.changes]
@@ -472,7 +525,12 @@ def test_apply_of_plan_converges_without_a_gap_and_replans_empty(scenario: Scena
         for m in MODELS:
             assert fake.ready(m) == scenario.expected(s, m), (s, m)
             d = scenario.deployment(s, m)
-            if d is not None:
+            if (s, m) in refused:
+                # The old config stays, and nothing was sent to the server for it.
+                assert fake.loaded_config(m) == loaded_before[(s, m)], (s, m)
+                touched = [c for c in fake.calls if c in (f"load {m}", f"unload {m}")]
+                assert not touched, (s, m)
+            elif d is not None:
                 # spec.config's keys run as asked, in the form Triton reports them.
                 loaded = fake.loaded_config(m)
                 asked = as_reported(merge(base_config(m), d.config))
@@ -486,10 +544,12 @@ def test_apply_of_plan_converges_without_a_gap_and_replans_empty(scenario: Scena
     assert_never_dropped_before_verified(scenario, fakes, starts)
 
     again = plan(scenario.desired(), observe_all(fakes), scenario.history(), "rev-1")
-    assert not again.has_changes and not again.problems
-    assert set(again.in_sync) == {
-        (s, d.model) for d in scenario.deployments for s in d.server_names or ()
-    }
+    assert not again.has_changes
+    assert interface_problems(again) == refused and len(again.problems) == len(refused)
+    assert (
+        set(again.in_sync)
+        == {(s, d.model) for d in scenario.deployments for s in d.server_names or ()} - refused
+    )
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -504,6 +564,7 @@ def test_a_failed_version_reverts_that_model_and_others_converge(
         for s in d.server_names or ()
         for v in frozenset(d.versions) - scenario.initial(s, d.model)
         for how in (("load", "answer") if d.smoke else ("load",))
+        if not scenario.refused(s, d.model)  # refused: nothing of it is loaded to fail
     )
     assume(candidates)
     broken = data.draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=3, unique=True))

@@ -4,7 +4,8 @@ One realistic pull request: edge-a and edge-b serve echo 1 (with an analysis), e
 ranker 3 (no analysis), edge-b serves tagger 1 and 2. The change bumps echo to 2 with two
 instances (in place) and adds a server edge-c that gets it too; bumps ranker to 4 with a wider
 input, a bigger batch and dynamic batching (an interface change and a full reload, still with
-no analysis); and deletes the ModelDeployment of tagger (an unload).
+no analysis); and deletes the ModelDeployment of tagger (an unload). The plan refuses ranker's
+interface change (the interface gate), unless the head sets spec.allowInterfaceChange on it.
 
 If a golden differs after a deliberate change, read the new output as a reviewer would before
 pasting it here.
@@ -87,8 +88,9 @@ spec:
 """
 
 
-def ranker(version: int, width: int, batch: int, dynamic: bool) -> str:
+def ranker(version: int, width: int, batch: int, dynamic: bool, allow: bool = False) -> str:
     batching = "    dynamic_batching: {max_queue_delay_microseconds: 500}\n" if dynamic else ""
+    allowed = "  allowInterfaceChange: true\n" if allow else ""
     return f"""\
 apiVersion: triton-gitops/v1alpha1
 kind: ModelDeployment
@@ -103,7 +105,7 @@ spec:
   verify:
     smoke:
       - inputs: {{QUERY: {{datatype: FP32, shape: [1, {width}], data: {[0] * width}}}}}
-"""
+{allowed}"""
 
 
 TAGGER = """\
@@ -128,17 +130,19 @@ def base_state() -> DesiredState:
     )
 
 
-def head_state() -> DesiredState:
+def head_state(allow: bool = False) -> DesiredState:
+    """The pull request's head; ``allow``: ranker's interface change is intended
+    (spec.allowInterfaceChange), which the plan otherwise refuses."""
     return load_desired_state(
         {
             "servers.yaml": (SERVERS + EDGE_C).encode(),
             "models/echo.yaml": echo(2, 2).encode(),
-            "models/ranker.yaml": ranker(4, 32, 16, dynamic=True).encode(),
+            "models/ranker.yaml": ranker(4, 32, 16, dynamic=True, allow=allow).encode(),
         }
     )
 
 
-def head_plan() -> Plan:
+def head_plan(allow: bool = False) -> Plan:
     """The plan of the head revision against servers that serve what base asked for."""
     base = base_state()
     ranker_pbtxt = {
@@ -162,7 +166,7 @@ def head_plan() -> Plan:
         revision=BASE_REV, managed={s: frozenset(p) for s, p in base.placements.items()}
     )
     serving = {name: observe(fake) for name, fake in fakes.items()}
-    return plan(head_state(), serving, history, HEAD_REV)
+    return plan(head_state(allow), serving, history, HEAD_REV)
 
 
 DIFF_MARKDOWN = """\
@@ -366,7 +370,77 @@ DIFF_JSON = {
         },
     ],
 }
+
+# The pull request as it is: ranker's wider input is refused before anything loads (the
+# interface gate), its version 3 serving as before.
 PLAN_MARKDOWN = """\
+<!-- triton-gitops plan -->
+### triton-gitops plan at `9a8b7c6d5e4f`
+
+**4 model changes in 12 steps on 3 servers, 0 in sync, 0 held, 1 problem, 1 warning**
+
+#### Server `edge-a`
+
+| model | from | to | steps |
+| --- | --- | --- | --- |
+| `echo` | 1 | 2 | load 1, 2 → verify 2 (1 smoke case on 2) → analyze 2 for 60s → unload 1 |
+
+#### Server `edge-b`
+
+| model | from | to | steps |
+| --- | --- | --- | --- |
+| `echo` | 1 | 2 | load 1, 2 → verify 2 (1 smoke case on 2) → analyze 2 for 60s → unload 1 |
+| `tagger` | 1, 2 | — | unload the model |
+
+#### Server `edge-c`
+
+| model | from | to | steps |
+| --- | --- | --- | --- |
+| `echo` | — | 2 | load 2 → verify 2 (1 smoke case on 2) → analyze 2 for 60s |
+
+#### Problems
+
+- server edge-a, model ranker: version 4 changes the model's interface: input QUERY shape [-1, 16] -> [-1, 32]; refused before anything is loaded (Triton applies a config to the whole model, so version(s) 3 would answer with it too; set spec.allowInterfaceChange: true to accept)
+
+#### Warnings
+
+- **Unloads a model**: `tagger` on `edge-b`: unloaded (serving 1, 2): no ModelDeployment places it there any more
+
+<details>
+<summary>Full plan</summary>
+
+```text
+revision 9a8b7c6d5e4f30211203f4e5d6c7b8a990817263
+server edge-a
+  model echo: 1 -> 2
+    1. load         1, 2           serve new version(s) 2; config changed (instance_group); beside 1 which keep serving
+    2. verify       2              2 READY; 1 smoke case(s) against 2; inputs and outputs as the old versions'
+    3. analyze      2              watch 2 for 60s, every 5s: success-rate; old versions stay loaded
+    4. unload 1     keep 2         drop old version(s) 1 once the new ones are verified
+server edge-b
+  model echo: 1 -> 2
+    1. load         1, 2           serve new version(s) 2; config changed (instance_group); beside 1 which keep serving
+    2. verify       2              2 READY; 1 smoke case(s) against 2; inputs and outputs as the old versions'
+    3. analyze      2              watch 2 for 60s, every 5s: success-rate; old versions stay loaded
+    4. unload 1     keep 2         drop old version(s) 1 once the new ones are verified
+  model tagger: 1, 2 -> removed
+    1. unload       the model      no ModelDeployment places this model on this server any more
+server edge-c
+  model echo: none -> 2
+    1. load         2              serve new version(s) 2
+    2. verify       2              2 READY; 1 smoke case(s) against 2
+    3. analyze      2              watch 2 for 60s, every 5s: success-rate; old versions stay loaded
+problems:
+  server edge-a, model ranker: version 4 changes the model's interface: input QUERY shape [-1, 16] -> [-1, 32]; refused before anything is loaded (Triton applies a config to the whole model, so version(s) 3 would answer with it too; set spec.allowInterfaceChange: true to accept)
+plan: 4 model(s) to change in 12 step(s), 0 in sync, 0 held, 1 problem(s)
+```
+
+</details>
+"""  # noqa: E501
+
+# The same with spec.allowInterfaceChange on ranker: the change is planned, and the reviewer
+# is warned of it.
+PLAN_MARKDOWN_ALLOWED = """\
 <!-- triton-gitops plan -->
 ### triton-gitops plan at `9a8b7c6d5e4f`
 
@@ -412,7 +486,7 @@ server edge-a
     4. unload 1     keep 2         drop old version(s) 1 once the new ones are verified
   model ranker: 3 -> 4
     1. load         3, 4           serve new version(s) 4; config changed (dynamic_batching, input, max_batch_size); beside 3 which keep serving
-    2. verify       4              4 READY; 1 smoke case(s) against 4; inputs and outputs as the old versions'
+    2. verify       4              4 READY; 1 smoke case(s) against 4
     3. unload 3     keep 4         drop old version(s) 3 once the new ones are verified
 server edge-b
   model echo: 1 -> 2
@@ -448,6 +522,7 @@ def test_diff_json_golden() -> None:
 
 def test_plan_markdown_golden() -> None:
     assert plan_markdown(head_plan()) == PLAN_MARKDOWN
+    assert plan_markdown(head_plan(allow=True)) == PLAN_MARKDOWN_ALLOWED
 
 
 def test_text_diff_is_the_details_block_of_the_markdown() -> None:

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -343,28 +344,79 @@ def test_no_headroom_is_refused_or_replaced(
 # -- interface changes ----------------------------------------------------------------------
 
 
-def test_a_renamed_output_is_caught_unless_allowed(
-    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+def _echo_index(triton: LocalTriton) -> dict[int, str]:
+    """echo's versions in Triton's repository index, with their state: a version appears
+    there once a load has asked for it, and stays (UNAVAILABLE) after it is unloaded."""
+    with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+        index = client.get_model_repository_index(as_json=True).get("models", [])
+    return {int(m["version"]): m.get("state", "") for m in index if m.get("name") == "echo"}
+
+
+def _echo_config(triton: LocalTriton) -> dict[str, Any]:
+    with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+        config: dict[str, Any] = client.get_model_config("echo", as_json=True)["config"]
+    return config
+
+
+def test_a_renamed_output_is_refused_before_anything_is_loaded_unless_allowed(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    model_repository: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Triton applies a config to the whole model: loading [1, 2] with a config that renames
+    OUTPUT0 would make version 1 answer with the new name too. The plan refuses the change
+    before anything is loaded, so clients of version 1, pinned or not, never see it."""
     reconciler = Reconciler(manifests.url, tmp_path / "r")
     _servers(manifests, ("edge-a", triton, model_repository))
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
     manifests.commit("echo 1")
     assert reconciler.apply().code == 0
+    config_before = _echo_config(triton)
+    assert [t["name"] for t in config_before["output"]] == ["OUTPUT0"]
+    assert _echo_index(triton) == {1: "READY"}
     renamed = "  config:\n    output: [{name: SCORES, data_type: TYPE_FP32, dims: [-1, 4]}]\n"
     manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]) + renamed)
     manifests.commit("echo 2 names its output SCORES")
-    caught = reconciler.apply()
+
+    planned = reconciler.plan()
+    assert planned.code == 1
+    assert "version 2 changes the model's interface" in planned.out
+    assert "refused before anything is loaded" in planned.out
+
+    assert triton.log_file is not None
+    log_before = triton.log_file.read_text(errors="replace")
+    with (
+        LoadGenerator(triton.grpc_address, "echo", threads=2) as unversioned,
+        LoadGenerator(triton.grpc_address, "echo", threads=2, version=1) as pinned,
+    ):
+        unversioned.wait_for_samples(100)
+        pinned.wait_for_samples(100)
+        caught = reconciler.apply()
+        unversioned.wait_for_samples(len(unversioned.samples) + 100)
+        pinned.wait_for_samples(len(pinned.samples) + 100)
     assert caught.code == 1
     assert "version 2 changes the model's interface" in caught.out
     assert "output OUTPUT0 removed" in caught.out and "output SCORES added" in caught.out
+    assert alerted(caplog, "interface-change")
+    # No client failed, and every answer came from version 1 under its old output name.
+    assert unversioned.failures == [] and pinned.failures == []
+    assert unversioned.versions_seen() == {1} and pinned.versions_seen() == {1}
+    # Nothing was loaded: version 2 was never asked for, version 1 runs the config it had,
+    # and Triton logged no load at all during the refused apply.
     assert ready_versions(triton, "echo") == {1}
+    assert _echo_index(triton) == {1: "READY"}
+    assert _echo_config(triton) == config_before
+    during = triton.log_file.read_text(errors="replace")[len(log_before) :]
+    assert "echo" not in during, during
 
     allowed = deployment_doc("echo", [2], ["edge-a"]) + renamed + "  allowInterfaceChange: true\n"
     manifests.write("echo.yaml", allowed)
     manifests.commit("echo 2, the new output name is intended")
     assert reconciler.apply().code == 0
     assert ready_versions(triton, "echo") == {2}
+    assert [t["name"] for t in _echo_config(triton)["output"]] == ["SCORES"]
 
 
 # -- artifact digests -----------------------------------------------------------------------

@@ -1,6 +1,8 @@
 """One model on one server: the change that brings what it serves to
 what its ModelDeployment declares (load beside, verify, analyze, unload; or swap in place),
-its revert steps, its failure policy (``Step.on_failure``), and the problems that stop it.
+its revert steps, its failure policy (``Step.on_failure``), and the problems that stop it
+(a version the repository lacks, a changed artifact, a change of the interface clients see, no
+memory headroom).
 Called by ``core/plan/planner.py`` and ``core/plan/held.py``.
 """
 
@@ -10,10 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from reconciler.core.interface import config_interface, interface_part
 from reconciler.core.triton_config import config_drift, is_complete, merge, with_versions
 from reconciler.model.history import History
 from reconciler.model.plan import Action, ModelChange, OnFailure, PlanProblem, Step
-from reconciler.model.serving import ModelState, ServerState
+from reconciler.model.serving import ModelState, ServerState, interface_difference
 from reconciler.model.spec import BackendSpec, ModelDeployment, SequencePolicy
 
 
@@ -106,6 +109,73 @@ def _refusal(
     return _digest_problem(server, deployment, model)
 
 
+def _interface_refusal(
+    server: str,
+    deployment: ModelDeployment,
+    model: ModelState,
+    target: Mapping[str, Any],
+    desired: frozenset[int],
+) -> PlanProblem | None:
+    """A change of what clients see, refused before anything is loaded.
+
+    Triton applies a config to the whole model: loading [old, new] with a config that renames
+    an output reloads the serving versions with it too, and their clients get the new output
+    at once, long before the after-load check could revert. So the interface of the config to
+    be sent (``target``) is compared with the one the serving versions run, here, and so is
+    the interface the new versions come with in the model repository's config.pbtxt (when it
+    can be read): keys spec.config leaves out would be sent as they serve now, which the new
+    versions may not match. Nothing serving here (a first load), no loaded config to compare
+    with, or ``spec.allowInterfaceChange``: no gate. The executor's after-load check
+    (``interface_check`` on the verify step) stays behind it for what a config cannot tell.
+    """
+    if deployment.allow_interface_change or not model.ready or model.loaded_config is None:
+        return None
+    served = config_interface(model.loaded_config)
+    if served is None:
+        return None
+    new = sorted(desired - model.ready)
+    serving = ", ".join(map(str, sorted(model.ready)))
+    what = (
+        f"version {new[0]} changes"
+        if len(new) == 1
+        else f"versions {', '.join(map(str, new))} change"
+        if new
+        else "spec.config changes"
+    )
+    sent = config_interface(target)
+    changed = interface_difference(served, sent) if sent is not None else []
+    if changed:
+        return PlanProblem(
+            server,
+            deployment.model,
+            f"{what} the model's interface: {'; '.join(changed)}; refused before anything is "
+            f"loaded (Triton applies a config to the whole model, so version(s) {serving} would "
+            "answer with it too; set spec.allowInterfaceChange: true to accept)",
+            "interface-change",
+        )
+    if not new or model.repository_config is None:
+        return None
+    # The config a first load of the new versions would send (config.pbtxt under spec.config);
+    # what config.pbtxt leaves out (a backend's auto-complete fills it in) is not compared.
+    published = merge(
+        interface_part(model.loaded_config), merge(model.repository_config, deployment.config)
+    )
+    comes_with = config_interface(published)
+    changed = interface_difference(served, comes_with) if comes_with is not None else []
+    if not changed:
+        return None
+    return PlanProblem(
+        server,
+        deployment.model,
+        f"{what} the model's interface, as config.pbtxt in the model repository declares it: "
+        f"{'; '.join(changed)}; refused before anything is loaded (the load would send the "
+        f"inputs and outputs version(s) {serving} serve, which config.pbtxt does not declare "
+        "for the new versions; declare the interface in spec.config, with "
+        "spec.allowInterfaceChange: true to accept a change)",
+        "interface-change",
+    )
+
+
 @dataclass(frozen=True)
 class _Delta:
     """What one model on one server must go through, as read once: planned from."""
@@ -159,6 +229,9 @@ def _plan_model(
     if desired == ready and not drift and not backend_change:
         return None
     target = merge(base, deployment.config)
+    gate = _interface_refusal(server, deployment, model, target, desired)
+    if gate is not None:
+        return gate  # before anything is sent: the serving versions keep their config
     delta = _Delta(
         server,
         deployment,
