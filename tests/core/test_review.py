@@ -415,13 +415,13 @@ server edge-a
   model echo: 1 -> 2
     1. load         1, 2           serve new version(s) 2; config changed (instance_group); beside 1 which keep serving
     2. verify       2              2 READY; 1 smoke case(s) against 2; inputs and outputs as the old versions'
-    3. analyze      2              watch 2 for 60s, every 5s: success-rate; old versions stay loaded
+    3. analyze      2              watch 2 for 60s, every 5s: success-rate; probes at most 20/s from the smoke cases; old versions stay loaded
     4. unload 1     keep 2         drop old version(s) 1 once the new ones are verified
 server edge-b
   model echo: 1 -> 2
     1. load         1, 2           serve new version(s) 2; config changed (instance_group); beside 1 which keep serving
     2. verify       2              2 READY; 1 smoke case(s) against 2; inputs and outputs as the old versions'
-    3. analyze      2              watch 2 for 60s, every 5s: success-rate; old versions stay loaded
+    3. analyze      2              watch 2 for 60s, every 5s: success-rate; probes at most 20/s from the smoke cases; old versions stay loaded
     4. unload 1     keep 2         drop old version(s) 1 once the new ones are verified
   model tagger: 1, 2 -> removed
     1. unload       the model      no ModelDeployment places this model on this server any more
@@ -429,7 +429,7 @@ server edge-c
   model echo: none -> 2
     1. load         2              serve new version(s) 2
     2. verify       2              2 READY; 1 smoke case(s) against 2
-    3. analyze      2              watch 2 for 60s, every 5s: success-rate; old versions stay loaded
+    3. analyze      2              watch 2 for 60s, every 5s: success-rate; probes at most 20/s from the smoke cases; old versions stay loaded
 problems:
   server edge-a, model ranker: version 4 changes the model's interface: input QUERY shape [-1, 16] -> [-1, 32]; refused before anything is loaded (Triton applies a config to the whole model, so version(s) 3 would answer with it too; set spec.allowInterfaceChange: true to accept)
 plan: 4 model(s) to change in 12 step(s), 0 in sync, 0 held, 1 problem(s)
