@@ -31,6 +31,9 @@ class LoadGenerator:
     model: str
     threads: int = 4
     version: int | None = None  # pin every request to this version; None: unversioned
+    # Each thread stops at its first failed request, as perf_analyzer does: a client whose
+    # failures all fall in the first moments of a bad version.
+    stop_at_first_failure: bool = False
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _workers: list[threading.Thread] = field(default_factory=list)
@@ -62,6 +65,8 @@ class LoadGenerator:
                         sample = Sample(started, seconds, round(float(output[0][0])))
                 with self._lock:
                     self.samples.append(sample)
+                if sample.error is not None and self.stop_at_first_failure:
+                    return
 
     def start(self) -> LoadGenerator:
         for _ in range(self.threads):

@@ -65,16 +65,26 @@ class Prober:
         interface: ModelInterface | None,
     ) -> Prober:
         """The probe requests: declared ones, else one synthesized from ``interface`` (the
-        old versions'; None for a first deployment, read from a new version later). A
-        request judged against the old version is tried on it now, and left out if the old
-        version fails it too."""
+        old versions'). A request judged against the old version is tried on it now, and
+        left out if the old version fails it too; with no old version, only smoke cases."""
         outputs = tuple(t.name for t in interface.outputs) if interface else ()
         requests = declared(step.smoke, step.shadow, outputs)
         if not requests and interface is not None:
             made = synthesized(interface)
             requests = (made,) if made is not None else ()
-        prober = cls(control, step, spec, requests, clock)
+        note = None
+        if not requests:
+            note = (
+                "no old version to judge a synthesized request against; declare smoke cases "
+                "to probe a first deployment"
+                if not step.baseline
+                else "the model's inputs could not be read to synthesize a request"
+                if interface is None
+                else "an input's datatype is unknown: no request could be synthesized"
+            )
+        prober = cls(control, step, spec, requests, clock, note=note)
         prober._against_old()
+        prober._no_old_version()
         return prober
 
     def _against_old(self) -> None:
@@ -96,20 +106,19 @@ class Prober:
         )
         self.figures = replace(self.figures, skipped=skipped, note=note)
 
-    def _first_deployment_requests(self) -> None:
-        # Nothing served before: the new version's own metadata tells what to send.
-        if self.requests or self.figures.note or not self.step.versions:
+    def _no_old_version(self) -> None:
+        # A request with no expected answer is judged against the old version: with none
+        # (a first deployment) its failure says nothing about the new one (a model may reject
+        # zeros), so only declared smoke cases probe a first deployment.
+        if self.step.baseline or not any(r.relative for r in self.requests):
             return
-        try:
-            interface = self.control.interface(self.step.model, max(self.step.versions))
-        except VerifyFailed as exc:
-            self.figures = replace(self.figures, note=str(exc))
-            return
-        made = synthesized(interface)
-        if made is None:
-            self.figures = replace(self.figures, note="an input's datatype is unknown")
-            return
-        self.requests = (made,)
+        self.requests = tuple(r for r in self.requests if not r.relative)
+        if not self.requests:
+            self.figures = replace(
+                self.figures,
+                note="no old version to judge a synthesized or recorded request against; "
+                "declare smoke cases to probe a first deployment",
+            )
 
     # -- sending -------------------------------------------------------------------------------
 
@@ -148,7 +157,6 @@ class Prober:
     def volley(self, limit: int) -> None:
         """Each request once on each new version, back to back; a failed one again at once,
         until it passes or ``limit`` failed in a row (the early abort's run)."""
-        self._first_deployment_requests()
         pairs = [(r, v) for v in self.step.versions for r in self.requests][:VOLLEY_MAX]
         for request, version in pairs:
             while True:

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.core.records import checks_json
+from reconciler.model.analysis import ProbeFigures
 from reconciler.model.history import Rollout
 from reconciler.model.plan import Action, ModelChange, Plan, Step
 from reconciler.model.reports import PassReport, StatusReport
@@ -138,6 +139,8 @@ def _change_result_text(result: ChangeResult) -> list[str]:
                 f"{evaluation.verdict}"
             )
             lines.extend(f"        {check}" for check in evaluation.results)
+            if evaluation.probes is not None:
+                lines.append(f"        {evaluation.probes}")
         if r.error:
             lines.append(textwrap.indent(r.error.strip(), "      "))
     for r in result.revert:
@@ -215,9 +218,30 @@ def _analysis_json(change: ChangeResult) -> dict[str, Any] | None:
                 "at_seconds": round(e.at, 3),
                 "verdict": str(e.verdict),
                 "checks": list(checks_json(e)),
+                "probes": _probes_json(e.probes),
+                "counted": e.counted,
+                "aborted": e.aborted,
             }
             for e in analysis.evaluations
         ],
+    }
+
+
+def _probes_json(probes: ProbeFigures | None) -> dict[str, Any] | None:
+    if probes is None:
+        return None
+    return {
+        "sent": probes.sent,
+        "failed": probes.failed,
+        "mean_ms": round(probes.seconds / probes.sent * 1e3, 3) if probes.sent else None,
+        "old_sent": probes.old_sent,
+        "old_failed": probes.old_failed,
+        "old_mean_ms": (
+            round(probes.old_seconds / probes.old_sent * 1e3, 3) if probes.old_sent else None
+        ),
+        "skipped": probes.skipped,
+        "last_error": probes.last_error if probes.failed else None,
+        "note": probes.note,
     }
 
 

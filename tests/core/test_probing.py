@@ -362,3 +362,23 @@ def test_too_little_evidence_is_no_pass() -> None:
     assert change.analysis is not None
     assert change.analysis.verdict is RolloutVerdict.INCONCLUSIVE
     assert "only 0 request(s) or probe(s) reached the new versions" in (change.error or "")
+
+
+def test_a_first_deployment_is_probed_by_its_smoke_cases_only() -> None:
+    """With no old version, a failed synthesized request says nothing about the new one
+    (the model may reject zeros): it is not sent."""
+    clock = FakeClock()
+    fake = Clients(clock, zeros_rejected=frozenset({2}))
+    source = Traffic(fake, clock, rate=1000.0, failing=0.0)
+    deployment = replace(deploy("m", [2]), analysis=spec(), fingerprint="fp")
+    p = plan(desired_state(deployment), {"s1": observe(fake)}, History(), "rev-1")
+
+    result = apply(p, {"s1": fake}, timing=Timing(clock.clock, clock.sleep), metrics={"s1": source})
+
+    (change,) = result.changes
+    assert change.outcome is Outcome.CONVERGED
+    assert change.analysis is not None
+    last = change.analysis.evaluations[-1].probes
+    assert last is not None and last.sent == 0
+    assert "declare smoke cases to probe a first deployment" in str(last)
+    assert fake.probed == []
