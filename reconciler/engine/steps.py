@@ -20,6 +20,7 @@ from reconciler.core.analysis import (
     evaluate,
     since_ready,
 )
+from reconciler.core.probes import synthesized, wrong
 from reconciler.core.smoke import mismatches
 from reconciler.engine.probes import Prober
 from reconciler.faults import fault_point
@@ -146,6 +147,8 @@ def _verify(control: ModelControl, step: Step, timing: Timing, context: _ChangeC
                 raise VerifyFailed(f"smoke {case.name} on version {version}: {'; '.join(wrong)}")
     if step.shadow is not None and step.shadow_against is not None:
         _shadow(control, step, timing)
+    if step.probe_against is not None:
+        _probe_synthesized(control, step, step.probe_against, context)
     if step.interface_check and context.interface is not None:
         for version in step.smoke_versions:
             changed = interface_difference(
@@ -157,6 +160,55 @@ def _verify(control: ModelControl, step: Step, timing: Timing, context: _ChangeC
                     "(set spec.allowInterfaceChange: true to accept)"
                 )
     return _NOTHING
+
+
+VERIFY_PROBE_TRIES = 3  # a synthesized request that fails this many times in a row fails verify
+VERIFY_PROBE_TIMEOUT = 5.0
+
+
+def _probe_synthesized(
+    control: ModelControl, step: Step, old: int, context: _ChangeContext
+) -> None:
+    """One request made of zeros from the old version's inputs: if the old version answers
+    it, every new version must too (an error response, which Triton counts a success, or a
+    missing output fails verify). One the old version fails says nothing: skipped."""
+    interface = context.interface
+    if interface is None:
+        try:
+            interface = control.interface(step.model, old)
+        except VerifyFailed:
+            return  # unreadable: nothing to synthesize from (the interface check says so)
+    request = synthesized(interface)
+    if request is None:
+        return
+    try:
+        answer = control.infer(
+            step.model, old, request.inputs, request.outputs, VERIFY_PROBE_TIMEOUT
+        )
+    except VerifyFailed:
+        return
+    if wrong(request, answer) is not None:
+        return
+    for version in step.smoke_versions:
+        why = None
+        for _ in range(VERIFY_PROBE_TRIES):
+            try:
+                why = wrong(
+                    request,
+                    control.infer(
+                        step.model, version, request.inputs, request.outputs,
+                        VERIFY_PROBE_TIMEOUT,
+                    ),
+                )  # fmt: skip
+            except VerifyFailed as exc:
+                why = str(exc)
+            if why is None:
+                break
+        if why is not None:
+            raise VerifyFailed(
+                f"a request synthesized from the model's inputs, which version {old} answers, "
+                f"fails on version {version} {VERIFY_PROBE_TRIES} times in a row: {why}"
+            )
 
 
 def _unload(control: ModelControl, step: Step, timing: Timing, context: _ChangeContext) -> StepDone:

@@ -58,6 +58,9 @@ class Step:
     interface_check: bool = False  # verify: new versions must keep the old interface
     shadow: ShadowSpec | None = None  # verify: replay recorded requests on old and new
     shadow_against: int | None = None  # verify: the old version the replay compares with
+    # verify: the old version a request synthesized from the inputs is tried on first; the
+    # new versions must answer it if it does
+    probe_against: int | None = None
     until_unavailable: bool = False  # unload: wait until the model is fully gone
     dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
     on_failure: OnFailure = OnFailure.REVERT

@@ -382,3 +382,39 @@ def test_a_first_deployment_is_probed_by_its_smoke_cases_only() -> None:
     assert last is not None and last.sent == 0
     assert "declare smoke cases to probe a first deployment" in str(last)
     assert fake.probed == []
+
+
+def test_without_an_analysis_verify_asks_one_synthesized_question() -> None:
+    """No smoke case, no shadow, no analysis: the new version must still answer a request
+    synthesized from the inputs that the old version answers."""
+    clock = FakeClock()
+    fake = Clients(clock, errors=frozenset({2}))
+    fake.serve("m", [1])
+    p = plan(desired_state(deploy("m", [2])), {"s1": observe(fake)}, History(), "rev-2")
+    (verify,) = [s for s in p.changes[0].steps if s.action.value == "verify"]
+    assert verify.probe_against == 1
+    assert "a request synthesized from the inputs, if 1 answers it" in verify.reason
+
+    result = apply(p, {"s1": fake}, timing=Timing(clock.clock, clock.sleep))
+
+    (change,) = result.changes
+    assert change.outcome is Outcome.REVERTED
+    assert (change.error or "").startswith(
+        "a request synthesized from the model's inputs, which version 1 answers, fails on "
+        "version 2 3 times in a row: server s1: inference on m version 2: model failed"
+    )
+    assert [v for v, _ in fake.probed] == [1, 2, 2, 2]
+    assert fake.ready("m") == {1}
+
+
+def test_verify_skips_the_synthesized_question_the_old_version_fails_too() -> None:
+    clock = FakeClock()
+    fake = Clients(clock, zeros_rejected=frozenset({1, 2}))
+    fake.serve("m", [1])
+    p = plan(desired_state(deploy("m", [2])), {"s1": observe(fake)}, History(), "rev-2")
+
+    result = apply(p, {"s1": fake}, timing=Timing(clock.clock, clock.sleep))
+
+    (change,) = result.changes
+    assert change.outcome is Outcome.CONVERGED
+    assert [v for v, _ in fake.probed] == [1]

@@ -223,3 +223,22 @@ def test_probe_settings_are_validated(tmp_path: Path) -> None:
     result = cli("validate", str(tmp_path))
     assert result.code == 1
     assert "echo.yaml" in result.err and "probes" in result.err
+
+
+def test_without_an_analysis_verify_catches_error_responses(
+    setup: Reconciler, manifests: ManifestRepo, triton: LocalTriton
+) -> None:
+    """No smoke case and no analysis: verify still sends one synthesized request, which
+    version 1 answers and version 10 fails."""
+    plain = (
+        "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeployment\nmetadata: {name: echo}\n"
+        "spec:\n  servers: {names: [edge-a]}\n  versions: [VERSION]\n"
+    )
+    first(setup, manifests, triton, plain.replace("VERSION", "1"))
+    code, change, _, _ = roll(setup, manifests, triton, plain.replace("VERSION", "10"))
+
+    assert code == 1
+    assert change["outcome"] == "reverted"
+    assert ready_versions(triton, "echo") == {1}
+    assert "fails on version 10 3 times in a row" in str(change["error"])
+    assert "version 10 answers request" in str(change["error"])

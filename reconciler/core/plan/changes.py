@@ -446,6 +446,22 @@ def _verify_step(
             f"replay {len(shadow.requests)} recorded request(s) on {old_version} and the new "
             f"version(s): agreement >= {shadow.min_agreement:g}"
         )
+    # Nothing else declared asks the new versions a question: one request synthesized from
+    # the model's inputs, which the old version answers, must be answered (an analysis
+    # probes on its own, from its start).
+    probe = (
+        old_version
+        if old_version is not None
+        and not deployment.smoke
+        and shadow is None
+        and deployment.analysis is None
+        else None
+    )
+    if probe is not None:
+        notes.append(
+            f"a request synthesized from the inputs, if {probe} answers it, answered by "
+            f"{', '.join(map(str, sorted(smoke_versions)))}"
+        )
     return Step(
         server,
         deployment.model,
@@ -458,6 +474,7 @@ def _verify_step(
         interface_check=interface,
         shadow=shadow,
         shadow_against=old_version if shadow is not None else None,
+        probe_against=probe,
     )
 
 
