@@ -347,20 +347,21 @@ def _analyze(
             prober.volley(spec.early_abort.consecutive_probe_failures)
             watch.check_abort(None, prober.figures)
         queries = {c.name: c.query for c in spec.checks if c.query}
-        old = (
-            (baseline_source or source).figures(step.model, step.baseline)
-            if step.baseline
-            else None
-        )
         at_start = source.figures(step.model, step.versions, queries)
         watch.unreadable = at_start.error is not None
         # Counting starts at READY: from the reading taken before the new versions loaded,
         # when there is one (brand-new versions); else from now.
         origin = context.counted_from if context.counted_from is not None else at_start
         watch.origin = origin
-        watch.baseline = baseline_from(old, at_start)
         if spec.early_abort.every > 0:  # else the counters are judged at evaluations only
+            # Before the baseline's read: every read is a scrape, and clients are failing.
             watch.check_abort(at_start, prober.figures if prober else None)
+        old = (
+            (baseline_source or source).figures(step.model, step.baseline)
+            if step.baseline
+            else None
+        )
+        watch.baseline = baseline_from(old, at_start)
         return watch.run(origin, queries, prober)
     finally:
         if prober is not None:
