@@ -22,7 +22,7 @@ POINTS: tuple[str, ...] = (
     "apply.load.requested",  # a load step is about to call Triton
     "apply.load.accepted",  # Triton returned from a load; nothing recorded about it yet
     "apply.verify",  # a verify step is about to wait for READY and run smoke cases
-    "apply.analysis",  # an analysis step took its first evaluation (mid-analysis)
+    "apply.analysis",  # an analysis step has begun: new versions loaded and verified
     "apply.unload",  # an unload step is about to drop the old versions
     "apply.revert",  # a failed change is about to run its revert steps (mid-revert)
     "loop.record",  # apply is done; the pass's outcome is not recorded yet

@@ -140,7 +140,8 @@ def _success_rate(
 ) -> CheckResult:
     """Triton's counters (successes, failures; or why they cannot be read) and the probes
     side by side: the lower rate is the value, and each source with requests must reach
-    ``min``. Counters that cannot be read leave the probes to judge."""
+    ``min``. With counters that cannot be read, failing probes fail the check and passing
+    ones leave it without data."""
     threshold = f">= {check.min:g}"
     minimum = check.min if check.min is not None else 0.0
     rates: list[float] = []
@@ -158,7 +159,11 @@ def _success_rate(
         if isinstance(counters, str):
             return CheckResult(check.name, Verdict.NO_DATA, None, threshold, counters)
         return CheckResult(check.name, Verdict.NO_TRAFFIC, None, threshold, "no requests")
-    verdict = Verdict.PASS if all(rate >= minimum for rate in rates) else Verdict.FAIL
+    failing = any(rate < minimum for rate in rates)
+    if isinstance(counters, str) and not failing:
+        # Probes that pass are not enough: the counters see what the probes do not send.
+        return CheckResult(check.name, Verdict.NO_DATA, min(rates), threshold, "; ".join(details))
+    verdict = Verdict.FAIL if failing else Verdict.PASS
     return CheckResult(check.name, verdict, min(rates), threshold, "; ".join(details))
 
 

@@ -107,6 +107,7 @@ def _prepare_analysis(
     step = next((s for s in change.steps if s.action is Action.ANALYZE), None)
     if step is None or step.analysis is None:
         return
+    context.replaces = bool(change.serving)
     if context.source is not None and not set(step.versions) & set(change.serving):
         # Brand-new versions have no counters yet. Versions already serving (a config
         # change) are reloaded, and their counters with them: those count from the start.

@@ -115,6 +115,7 @@ class _ChangeContext:
     # count from READY), and the probes, prepared before the load too.
     counted_from: Figures | None = None
     prober: Prober | None = None
+    replaces: bool = True  # the change replaces serving versions (False: a first deployment)
 
 
 # What a step's executor returns: an analyze step's evaluations and verdict, else nothing.
@@ -340,8 +341,11 @@ def _analyze(
             f"server {step.server}: no metrics source for the analysis", (), RolloutVerdict.FAILED
         )
     prober = context.prober
+    # Killed here, the new versions are loaded and verified and their analysis has begun.
+    fault_point("apply.analysis")
     started = timing.clock()
     watch = _Watch(step, spec, source, timing, started)
+    watch.replaces = context.replaces
     try:
         if prober is not None:
             prober.volley(spec.early_abort.consecutive_probe_failures)
@@ -381,6 +385,7 @@ class _Watch:
         self.origin: Figures | None = None
         self.baseline = baseline_from(None, Figures())
         self.evidence = 0.0
+        self.replaces = True  # versions served before: minEvidence applies
         self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
 
     def _evidence(self, current: Figures | None, probes: ProbeFigures | None) -> None:
@@ -472,15 +477,14 @@ class _Watch:
                 )
             )
             previous = current
-            fault_point("apply.analysis")
-            verdict = concluded(
-                spec, tuple(self.evaluations), elapsed, self.unreadable, self.evidence
-            )
+            # A first deployment has nothing to go back to: judged by its evaluations alone.
+            evidence = self.evidence if self.replaces else None
+            verdict = concluded(spec, tuple(self.evaluations), elapsed, self.unreadable, evidence)
             if verdict is RolloutVerdict.PASSED:
                 return tuple(self.evaluations), verdict
             if verdict is not RolloutVerdict.RUNNING:
                 raise _analysis_failed(
-                    step, verdict, tuple(self.evaluations), current.error, self.evidence
+                    step, verdict, tuple(self.evaluations), current.error, evidence
                 )
             self.check_abort(current, probes)
 

@@ -35,7 +35,7 @@ def test_observe_before_and_after_loads(client: TritonServerClient, model_reposi
     echo = before.model("echo")
     assert echo.ready == frozenset()
     assert echo.loaded_config is None
-    assert echo.repository_versions == frozenset({1, 2, 3, 4, 5, 6, 7, 9})
+    assert echo.repository_versions == frozenset({1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13})
     assert echo.repository_config is not None and echo.repository_config["backend"] == "python"
 
     client.load("echo", _config(model_repository, [1, 2]))

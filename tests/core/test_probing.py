@@ -185,11 +185,14 @@ def test_the_lower_of_the_two_rates_is_the_value_and_both_must_pass() -> None:
     assert (result.verdict, result.value) == (Verdict.PASS, 1.0)
 
 
-def test_unreadable_counters_leave_the_probes_to_judge() -> None:
+def test_with_unreadable_counters_failing_probes_fail_and_passing_ones_are_no_data() -> None:
     down = Figures(error="connection refused")
     (result,) = evaluate(spec(), 0, 1.0, START, down, BASELINE, ProbeFigures(20, 5)).results
     assert (result.verdict, result.value) == (Verdict.FAIL, 0.75)
     assert result.detail == "triton: connection refused; probes: 5 of 20 failed"
+    # Passing probes do not stand in for the counters, which see what they do not send.
+    (result,) = evaluate(spec(), 0, 1.0, START, down, BASELINE, ProbeFigures(20)).results
+    assert (result.verdict, result.value) == (Verdict.NO_DATA, 1.0)
     (result,) = evaluate(spec(), 0, 1.0, START, down, BASELINE, ProbeFigures()).results
     assert result.verdict is Verdict.NO_DATA
 

@@ -221,7 +221,9 @@ def test_triton_restarted_during_analysis_puts_back_and_is_not_held(
         report = run_pass(source, settings, kill_after(triton, Action.VERIFY, restart=True))
         outcome, error, actions = the_change(report)
         assert (outcome, actions) == (Outcome.REVERTED, ["load", "verify", "analyze"]), error
-        assert error.startswith("server edge-a: analysis of echo version(s) 2 inconclusive")
+        # The probes meet "unknown model" (or the counters are gone): failed or inconclusive,
+        # either way blamed on the restart.
+        assert error.startswith("server edge-a: analysis of echo version(s) 2 "), error
         assert error.endswith(
             "; server edge-a lost every version of echo meanwhile (restarted?): not held, "
             "the next pass rolls out again"
