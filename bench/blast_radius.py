@@ -20,8 +20,9 @@ Every rollout's analysis: ``interval: 1s``, ``duration: 10s``, ``noTraffic: wait
 ``successRate`` check (min 0.95; 0.999 for ``error-1``, whose 99% is above 0.95), plus a
 ``latency`` check (``maxIncrease: 1.0``) for ``slow-3x`` and a smoke case for
 ``wrong-output``; probes and early abort at the reconciler's defaults. Then ``--good`` good
-rollouts, 1 <-> 2 alternating, with every check any mode used (success rate at least 0.999,
-latency, a smoke case expecting the new version's answer): a revert is a false revert. The
+rollouts, each to the other of 1 and 2 from what serves, with ``exception-40``'s manifest, and
+``--good-strict`` more with every check any mode used (success rate at least 0.999, latency, a
+smoke case expecting the new version's answer): a revert is a false revert. The
 "today" arm is the same manifest without the feature (``probes: {enabled: false}``,
 ``earlyAbort: {confidence: 0, every: 0s}``: judged by Triton's counters at each evaluation
 only), for ``exception-40`` and ``error-100``, its rollouts alternating with the new arm's.
@@ -39,10 +40,12 @@ and for ``slow-3x`` the requests it answered (affected, not failed); READY (the 
 call returned) to the revert (the in-place load of version 1 alone returned), split into
 READY to the analysis's start (the verify step: the first probe goes out as the analysis
 starts), the analysis's start to the failing evaluation, that to the revert load being sent,
-and the load call; the probes sent.
+and the load call; the probes sent; and every Triton and metrics call the pass made
+(``bench.harness.calls``), to say where the time between READY and the verdict went.
 
-    python -m bench.blast_radius [--rollouts N] [--good N] [--threads 4] [--modes ...]
-        [--today N] [--today-error N] [--output PATH] [--report JSON]
+    python -m bench.blast_radius [--rollouts N] [--good N] [--good-strict N] [--threads 4]
+        [--modes ...] [--today N] [--today-error N] [--slow-ms MS] [--output PATH]
+        [--report JSON]
 
 Every process started here (one tritonserver and its backend stubs) is stopped in ``finally``.
 """
@@ -66,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.calls import Call, CallLog, between, seconds_by_label
-from bench.harness.cli import markdown_main
+from bench.harness.cli import markdown_main, read_json, write_json
 from bench.harness.errors import VOID, BenchError
 from bench.harness.provenance import busy_processes, machine, other_tritonservers, provenance
 from bench.harness.report import md_table, number
@@ -153,12 +156,15 @@ class Analysis:
     latency: bool = False
     smoke_factor: int | None = None  # a smoke case expecting INPUT0 * this
     today: bool = False  # without probes and early abort: the counters at evaluations only
+    smoke_is_new_version: bool = False  # the smoke factor is the version rolled out
 
     def describe(self) -> str:
         checks = [f"successRate min {self.min_success:g}"]
         if self.latency:
             checks.append(f"latency maxIncrease {LATENCY_MAX_INCREASE:g}")
-        if self.smoke_factor is not None:
+        if self.smoke_is_new_version:
+            checks.append("smoke case expecting the new version's answer")
+        elif self.smoke_factor is not None:
             checks.append(f"smoke case expecting x{self.smoke_factor}")
         checks.append(
             "probes off, earlyAbort confidence 0, every 0s"
@@ -174,7 +180,7 @@ def mode_analysis(mode: Mode, today: bool = False) -> Analysis:
 
 def good_analysis(version: int) -> Analysis:
     """Every check any mode uses, at its strictest; the smoke case expects ``version``."""
-    return Analysis(max(m.min_success for m in MODES), True, version)
+    return Analysis(max(m.min_success for m in MODES), True, version, smoke_is_new_version=True)
 
 
 def deployment_doc(
@@ -753,19 +759,29 @@ def _calls_summary(figures: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def arm_summary(rollouts: Sequence[Rollout]) -> dict[str, Any]:
-    """The figures of one arm of one mode."""
-    t = [r.timeline for r in rollouts]
-    c = [r.client for r in rollouts]
+    """The figures of one arm of one mode. Where the time went (``parts_ms``, ``calls``, the
+    client's times) is over the detected rollouts, or over all of them when none was
+    (``timed_over`` says which): a rollout that was not detected ran the whole duration."""
     detected = [r for r in rollouts if r.detected]
+    timed = detected or list(rollouts)
+    t = [r.timeline for r in timed]
+    c = [r.client for r in rollouts]
+    ct = [r.client for r in timed]
+    directions = Counter(f"{r.old}->{r.new}" for r in rollouts)
     return {
         "rollouts": len(rollouts),
         "detected": len(detected),
+        "by_direction": {
+            d: {"rollouts": n, "reverted": sum(1 for r in detected if f"{r.old}->{r.new}" == d)}
+            for d, n in sorted(directions.items())
+        },
+        "timed_over": "detected" if detected else "all (none detected)",
         "manifest": rollouts[0].manifest,
         "failed_per_rollout": summary([x["failed"] for x in c]),
         "failed_until_verdict": summary([x["failed_until_verdict"] for x in c]),
         "affected_per_rollout": summary([x["affected"] for x in c]),
         "other_failures": sum(x["other_failures"] for x in c),
-        "rules": dict(Counter(x.rule for x in t).most_common()),
+        "rules": dict(Counter(r.timeline.rule for r in rollouts).most_common()),
         "ready_to_revert_ms": summary([_ms(x.ready, x.reverted_at) for x in t]),
         "parts_ms": {
             "ready_to_analysis_start": summary([_ms(x.ready, x.analysis_started) for x in t]),
@@ -778,20 +794,22 @@ def arm_summary(rollouts: Sequence[Rollout]) -> dict[str, Any]:
             "load_call": summary([_ms(x.load_sent, x.ready) for x in t]),
         },
         "client_ms": {
-            "first_new_after_ready": summary([x["first_new_after_ready_ms"] for x in c]),
+            "first_new_after_ready": summary([x["first_new_after_ready_ms"] for x in ct]),
             "last_new_started_after_revert": summary(
-                [x["last_new_started_after_revert_ms"] for x in c]
+                [x["last_new_started_after_revert_ms"] for x in ct]
             ),
-            "mean_latency_new": summary([x["mean_latency_new_ms"] for x in c]),
-            "exposure": summary([x["exposure_ms"] for x in c]),
+            "mean_latency_new": summary([x["mean_latency_new_ms"] for x in ct]),
+            "exposure": summary([x["exposure_ms"] for x in ct]),
         },
-        "calls": _calls_summary([r.calls for r in rollouts]),
-        "probes_sent": summary([x.probes_sent for x in t]),
-        "evaluations": summary([x.evaluations for x in t]),
+        "calls": _calls_summary([r.calls for r in timed]),
+        "probes_sent": summary([r.timeline.probes_sent for r in rollouts]),
+        "evaluations": summary([r.timeline.evaluations for r in rollouts]),
         "latency_increase": summary([x.latency_increase for x in t]),
         "apply_seconds": summary([r.apply_seconds for r in rollouts]),
         "messages": sorted({m for x in c for m in x["messages"]})[:4],
-        "example_failing_result": next((x.failing_result for x in t if x.failing_result), None),
+        "example_failing_result": next(
+            (r.timeline.failing_result for r in rollouts if r.timeline.failing_result), None
+        ),
     }
 
 
@@ -832,6 +850,58 @@ def report(
     apart = [s for s in in_window(ordered, starts, measured_from, measured_until) if outside(s)]
     seconds = measured_until - measured_from
     measured = in_window(ordered, starts, measured_from, measured_until)
+    return {
+        "benchmark": "blast_radius",
+        "command": " ".join(["python -m bench.blast_radius", *sys.argv[1:]]),
+        "settings": {
+            "rollouts_per_mode": args.rollouts,
+            "good_rollouts": args.good,
+            "good_strict_rollouts": args.good_strict,
+            "today_rollouts": {"exception-40": args.today, "error-100": args.today_error},
+            "threads": args.threads,
+            "warmup_rollouts": args.warmup,
+            "gap_seconds": args.gap,
+            "modes": list(args.modes),
+            "analysis": {
+                "interval_s": INTERVAL_S,
+                "duration_s": DURATION_S,
+                "noTraffic": "wait",
+                "latency_max_increase": LATENCY_MAX_INCREASE,
+                "metrics": "Triton's metrics endpoint, scraped directly",
+            },
+            "manifests": {
+                **{m.name: mode_analysis(m).describe() for m in MODES},
+                "today": mode_analysis(MODES[0], today=True).describe(),
+                "good": Analysis().describe(),
+                "good-strict": good_analysis(OTHER_GOOD).describe(),
+            },
+        },
+        "machine": machine_info,
+        "code": provenance(),
+        "calibration": calibration,
+        "load": {
+            "requests_per_second": len(measured) / seconds,
+            "measured_seconds": seconds,
+            "requests_outside_rollouts": len(apart),
+            "failures_outside_rollouts": sum(1 for s in apart if s.error is not None),
+            "version_1_mean_latency_ms_outside_rollouts": (
+                statistics.fmean(s.seconds for s in apart if s.version == OLD) * 1000
+                if any(s.version == OLD for s in apart)
+                else None
+            ),
+        },
+        "left_on_the_server": left,
+        "today_figure_from_benchmarks_md": TODAY_FIGURE,
+        **derived(rollouts),
+        "rollouts": [asdict(r) | {"detected": r.detected} for r in rollouts],
+    }
+
+
+def derived(rollouts: Sequence[Rollout]) -> dict[str, Any]:
+    """The summaries of a run, from its rollouts alone (so that ``--report`` can make them
+    again from a saved result): per arm and mode, the good arms and their false reverts, the
+    ratios and the targets."""
+    counted = [r for r in rollouts if r.arm != "warmup"]
     arms: dict[str, dict[str, Any]] = {}
     for arm in ("new", "today"):
         for mode in MODES:
@@ -865,46 +935,6 @@ def report(
         good_summary["good"]["detected"] == 0 if "good" in good_summary else None
     )
     return {
-        "benchmark": "blast_radius",
-        "command": "python -m bench.blast_radius " + " ".join(sys.argv[1:]),
-        "settings": {
-            "rollouts_per_mode": args.rollouts,
-            "good_rollouts": args.good,
-            "good_strict_rollouts": args.good_strict,
-            "today_rollouts": {"exception-40": args.today, "error-100": args.today_error},
-            "threads": args.threads,
-            "warmup_rollouts": args.warmup,
-            "gap_seconds": args.gap,
-            "modes": list(args.modes),
-            "analysis": {
-                "interval_s": INTERVAL_S,
-                "duration_s": DURATION_S,
-                "noTraffic": "wait",
-                "latency_max_increase": LATENCY_MAX_INCREASE,
-                "metrics": "Triton's metrics endpoint, scraped directly",
-            },
-            "manifests": {
-                **{m.name: mode_analysis(m).describe() for m in MODES},
-                "today": mode_analysis(MODES[0], today=True).describe(),
-                "good": Analysis().describe(),
-                "good-strict": good_analysis(OTHER_GOOD).describe()
-                + " (the smoke case expects the new version's answer)",
-            },
-        },
-        "machine": machine_info,
-        "code": provenance(),
-        "calibration": calibration,
-        "load": {
-            "requests_per_second": len(measured) / seconds,
-            "measured_seconds": seconds,
-            "requests_outside_rollouts": len(apart),
-            "failures_outside_rollouts": sum(1 for s in apart if s.error is not None),
-            "version_1_mean_latency_ms_outside_rollouts": (
-                statistics.fmean(s.seconds for s in apart if s.version == OLD) * 1000
-                if any(s.version == OLD for s in apart)
-                else None
-            ),
-        },
         "arms": arms,
         "good": good_summary,
         "false_reverts": {
@@ -920,12 +950,33 @@ def report(
             ]
             for arm, chosen in goods.items()
         },
-        "today_figure_from_benchmarks_md": TODAY_FIGURE,
         "ratio_today_over_new": ratios,
         "targets_met": targets,
-        "left_on_the_server": left,
-        "rollouts": [asdict(r) | {"detected": r.detected} for r in rollouts],
     }
+
+
+def rollouts_of(result: Mapping[str, Any]) -> list[Rollout]:
+    """A saved result's rollouts, as the run made them."""
+    rollouts = []
+    for saved in result["rollouts"]:
+        fields = {k: v for k, v in saved.items() if k != "detected"}
+        fields["timeline"] = Timeline(**fields["timeline"])
+        rollouts.append(Rollout(**fields))
+    return rollouts
+
+
+def refreshed(result: dict[str, Any]) -> dict[str, Any]:
+    """A saved result with its summaries made again from its rollouts (and each rollout's
+    manifest described as this version of the code describes it)."""
+    rollouts = rollouts_of(result)
+    for r in rollouts:
+        if r.arm == "good-strict":
+            r.manifest = good_analysis(r.new).describe()
+    return (
+        result
+        | derived(rollouts)
+        | {"rollouts": [asdict(r) | {"detected": r.detected} for r in rollouts]}
+    )
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -933,6 +984,13 @@ def report(
 
 def _cell(figures: Mapping[str, Any] | None, key: str = "median", digits: int = 0) -> str:
     return number(figures[key] if figures else None, digits, thousands=True)
+
+
+def _count(figures: Mapping[str, Any] | None, key: str = "median") -> str:
+    """A count's figure: a median between two counts keeps its .5."""
+    value = figures[key] if figures else None
+    fractional = value is not None and value != int(value)
+    return number(value, 1 if fractional else 0, thousands=True)
 
 
 def _rules(rules: Mapping[str, int]) -> str:
@@ -970,7 +1028,7 @@ def markdown(result: dict[str, Any]) -> str:
         "## Blast radius of a bad rollout (issue 13)",
         "",
         "```sh",
-        f"{result['command']}",
+        f"{result['command'].strip()}",
         "```",
         "",
         f"**Machine:** {m['nproc']} CPUs ({m['cpu_model']}), {m['ram_gib']} GiB RAM, "
@@ -1022,9 +1080,9 @@ def markdown(result: dict[str, Any]) -> str:
                 (
                     f"`{name}` ({BY_NAME[name].version}): {a['manifest']}",
                     f"{a['detected']}/{a['rollouts']}",
-                    _cell(a["failed_per_rollout"]),
-                    _cell(a["failed_per_rollout"], "p90"),
-                    _cell(a["failed_per_rollout"], "max"),
+                    _count(a["failed_per_rollout"]),
+                    _count(a["failed_per_rollout"], "p90"),
+                    _count(a["failed_per_rollout"], "max"),
                     _cell(a["ready_to_revert_ms"], digits=1),
                     _rules(a["rules"]),
                 )
@@ -1046,7 +1104,9 @@ def markdown(result: dict[str, Any]) -> str:
         ]
     lines += [
         "",
-        "Where the time goes, READY to the revert (ms, medians):",
+        "Where the time goes, READY to the revert (ms, medians over the detected rollouts; "
+        "for the today arm's `error-100`, none detected, over all of them, to the end of the "
+        "analysis; a negative client time is before READY or before the revert):",
         "",
         *md_table(
             (
@@ -1116,6 +1176,7 @@ def markdown(result: dict[str, Any]) -> str:
                 "failed median",
                 "p90",
                 "max",
+                "until the verdict (median)",
                 "READY->revert ms",
                 "caught by",
                 "today / new (median)",
@@ -1124,12 +1185,17 @@ def markdown(result: dict[str, Any]) -> str:
                 (
                     f"`{name}`",
                     f"{a['detected']}/{a['rollouts']}",
-                    _cell(a["failed_per_rollout"]),
-                    _cell(a["failed_per_rollout"], "p90"),
-                    _cell(a["failed_per_rollout"], "max"),
+                    _count(a["failed_per_rollout"]),
+                    _count(a["failed_per_rollout"], "p90"),
+                    _count(a["failed_per_rollout"], "max"),
+                    _count(a["failed_until_verdict"]),
                     _cell(a["ready_to_revert_ms"], digits=1),
                     _rules(a["rules"]),
-                    number(result["ratio_today_over_new"].get(name), 1) + "x"
+                    (
+                        number(result["ratio_today_over_new"].get(name), 1)
+                        + "x"
+                        + (" (today: not detected)" if a["detected"] == 0 else "")
+                    )
                     if result["ratio_today_over_new"].get(name) is not None
                     else "-",
                 )
@@ -1139,15 +1205,18 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for arm, good in result["good"].items():
         false = result["false_reverts"][arm]
+        rules = Counter(f["rule"] for f in false)
+        directions = ", ".join(
+            f"{d}: {x['rollouts']} ({x['reverted']} reverted)"
+            for d, x in good["by_direction"].items()
+        )
         lines += [
             "",
-            f"**Good rollouts, `{arm}`** (1 <-> 2 alternating; {good['manifest']}): "
-            f"{good['rollouts']} rollouts, **{good['detected']} false revert(s)**"
-            + (
-                " (" + "; ".join(f"{f['rollout']}: {f['rule']}" for f in false) + ")"
-                if false
-                else ""
-            )
+            f"**Good rollouts, `{arm}`** ({good['manifest']}; each goes to the other of 1 and "
+            f"2 from what serves, so a reverted 2->1 is followed by 2->1 again): "
+            f"{good['rollouts']} rollouts ({directions}), "
+            f"**{good['detected']} false revert(s)**"
+            + (f" ({_rules(dict(rules.most_common()))})" if false else "")
             + f"; failed client requests at most {_cell(good['failed_per_rollout'], 'max')} per "
             f"rollout; probes sent {_cell(good['probes_sent'])} median.",
         ]
@@ -1211,7 +1280,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--output", type=Path, default=RESULTS / "blast_radius.json", help="JSON result"
     )
     parser.add_argument(
-        "--report", type=Path, metavar="JSON", help="print the section from a saved result"
+        "--report",
+        type=Path,
+        metavar="JSON",
+        help="print the section from a saved result (its summaries made again, written back)",
     )
     args = parser.parse_args(argv)
     if (
@@ -1225,7 +1297,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return markdown_main(parse_args(argv), run, markdown)
+    args = parse_args(argv)
+    if args.report is not None:  # the summaries made again from the saved rollouts
+        result = refreshed(read_json(args.report))
+        write_json(args.report, result)
+        print(markdown(result))
+        return 0
+    return markdown_main(args, run, markdown)
 
 
 if __name__ == "__main__":

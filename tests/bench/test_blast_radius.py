@@ -5,6 +5,7 @@ rollout's window."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from bench.blast_radius import (
     BY_NAME,
     Analysis,
+    Rollout,
     call_figures,
     caught_by,
     client_counts,
@@ -20,6 +22,7 @@ from bench.blast_radius import (
     in_window,
     mode_analysis,
     read_change,
+    rollouts_of,
 )
 from bench.harness.calls import Call, CallLog, between, seconds_by_label
 from reconciler.core.spec.desired import load_desired_state
@@ -280,3 +283,18 @@ def test_failed_requests_in_a_rollouts_window() -> None:
         [sample(1.0, 2), sample(1.1, None, "anything")], "good", 2, None, 1.0, None, None
     )
     assert (good["failed"], good["other_failures"], good["failed_after_verdict"]) == (1, 0, 1)
+
+
+def test_a_saved_rollout_comes_back_as_the_run_made_it() -> None:
+    change = ChangeResult(
+        ModelChange("edge-a", "echo", "echo", (1,), (4,), ()),
+        Outcome.CONVERGED,
+        (StepResult(step(Action.LOAD), True, 1.5, ended_at=101.5),),
+    )
+    rollout = Rollout(
+        "new", "error-1", 3, 1, 11, "abc", "manifest", 99.0, 12.0, read_change(change), True,
+        {"probes": 1}, 113.0, {"failed": 2},
+    )  # fmt: skip
+    saved = asdict(rollout) | {"detected": rollout.detected}
+    assert rollouts_of({"rollouts": [saved]}) == [rollout]
+    assert not rollout.detected
