@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
-import contextlib
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -51,20 +49,18 @@ from typing import Any
 
 from bench.harness.cli import measured, quiet_reconciler_log, write_json
 from bench.harness.errors import VOID, BenchError
-from bench.harness.passes import pass_settings, run_pass
 from bench.harness.provenance import machine, provenance
 from bench.harness.report import fixed, machine_line, number
+from bench.harness.rollouts import ManifestRemote, backend_stubs, masked
 from bench.harness.stats import summary
 from bench.harness.triton import Index
 from reconciler.model.analysis import RolloutVerdict
-from reconciler.model.errors import ReconcileError
 from reconciler.model.plan import Action
 from reconciler.model.reports import PassReport
 from reconciler.model.results import ChangeResult, Outcome
-from reconciler.model.source import Source
 from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
-from testkit.manifests import ManifestRepo, server_doc, write_model_repository
+from testkit.manifests import write_model_repository
 
 MODEL = "echo"
 SERVER = "edge-a"
@@ -134,48 +130,17 @@ def hand_revert(triton: Index, poll_interval: float) -> dict[str, float]:
     return {"started": t0, "load_ended": t1, "load": t1 - t0, "verify": t2 - t1}
 
 
-def backend_stubs(server_pid: int) -> dict[int, int]:
-    """The server's Python backend stub processes, counted by the echo version they run."""
-    counts: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid != server_pid:
-                continue
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            # The stub's first argument is the model file: <repository>/echo/<version>/model.py
-            *_, model, version, script = argv[1].split("/")
-            if model != MODEL or script != "model.py":
-                continue
-            counts[int(version)] = counts.get(int(version), 0) + 1
-    return dict(sorted(counts.items()))
-
-
 class Manifests:
     """The manifest remote; ``reconcile`` runs in this process against it."""
 
     def __init__(self, root: Path, triton: LocalTriton, repository: Path) -> None:
-        self.repo = ManifestRepo(root / "git")
-        self.source = Source(self.repo.url)
-        self.settings = pass_settings(
-            root / "reconciler" / "cache", root / "reconciler" / "state.db"
-        )
-        self.repo.write(
-            "servers.yaml",
-            server_doc(SERVER, triton.grpc_address, repository, metrics=triton.metrics_url),
-        )
+        self.remote = ManifestRemote(root, triton, repository, SERVER, "echo.yaml")
 
     def commit(self, versions: list[int], failure_limit: bool) -> str:
-        self.repo.write("echo.yaml", deployment_doc(versions, failure_limit))
-        return self.repo.commit(f"echo {versions}")
+        return self.remote.commit(deployment_doc(versions, failure_limit), f"echo {versions}")
 
     def apply(self) -> PassReport:
-        try:
-            return run_pass(self.source, self.settings)
-        except ReconcileError as exc:
-            raise BenchError(f"reconcile raised {type(exc).__name__}: {exc}") from exc
+        return self.remote.apply()
 
 
 # -- one rollout --------------------------------------------------------------------------------
@@ -291,13 +256,8 @@ def client_view(
         "client_rollback": first_good.started - t0,
         "last_bad_started": last_bad.started - t0 if last_bad else None,
         "last_bad_ended": last_bad.started + last_bad.seconds - t0 if last_bad else None,
-        "failure_messages": sorted({_message(s.error or "") for s in failed}),
+        "failure_messages": sorted({masked(s.error or "") for s in failed}),
     }
-
-
-def _message(error: str) -> str:
-    """An error's first line, numbers masked (the test model numbers its failures)."""
-    return re.sub(r"\d+", "N", error.strip().splitlines()[0] if error.strip() else "")
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -354,7 +314,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             assert server.process is not None
             left = {
                 "states": triton.states(MODEL),
-                "backend_stubs": backend_stubs(server.process.pid),
+                "backend_stubs": backend_stubs(server.process.pid, MODEL),
             }
         except VOID as exc:
             RESULTS.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,9 @@ call ``reconciler.loop.reconcile``, build its ``Settings`` and its ``Ports``.
 applies) run passes here. With a ``Probe``, the pass reports its phases to it
 (``ports.hooks``) and every call to Git, the state store and Triton is timed by it (the
 ports wrapped in ``Probe.timed``): nothing in the reconciler is replaced. When the pass's
-signature or the settings' shape changes, this module changes, not the scenarios.
+signature or the settings' shape changes, this module changes, not the scenarios. With a
+``CallLog`` (``bench.blast_radius``), every call to Triton and to the metrics source is kept
+with its start and end instead, on the clients' clock.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from bench.harness.calls import CallLog
 from bench.harness.probe import Probe
 from reconciler.loop import phases
 from reconciler.loop.memory import PassMemory
@@ -23,7 +26,7 @@ from reconciler.model.reports import PassReport
 from reconciler.model.settings import Settings, TritonSettings
 from reconciler.model.source import Source
 from reconciler.model.spec import TritonServer
-from reconciler.ports import Ports, StateStore, TritonClient
+from reconciler.ports import FiguresSource, Ports, StateStore, TritonClient
 from reconciler.wiring import ports
 
 # Servers handled at once when nothing says otherwise (the CLI's and the service's default).
@@ -43,13 +46,22 @@ def pass_settings(
     return Settings(cache_dir=cache_dir, state_path=state_path, triton=triton)
 
 
-def pass_ports(source: Source, settings: Settings, probe: Probe | None = None) -> Ports:
-    """The real adapters (``reconciler.wiring``); with ``probe``, timed by it.
+def pass_ports(
+    source: Source,
+    settings: Settings,
+    probe: Probe | None = None,
+    calls: CallLog | None = None,
+) -> Ports:
+    """The real adapters (``reconciler.wiring``); with ``probe``, timed by it; with
+    ``calls``, their Triton and metrics calls logged (``triton <method>``, ``metrics
+    figures``).
 
     Labels: ``git <method>`` (fetch, read...), ``state store open``/``close`` and
     ``state <method>``, ``triton connect``/``close`` and ``triton <method>`` (load, unload,
     model_state...), each under the phase that called it."""
     real = ports(settings, source, hooks=probe)
+    if calls is not None:
+        real = _logged(real, calls)
     if probe is None:
         return real
 
@@ -70,18 +82,34 @@ def pass_ports(source: Source, settings: Settings, probe: Probe | None = None) -
     )
 
 
+def _logged(real: Ports, calls: CallLog) -> Ports:
+    def connect(server: TritonServer) -> TritonClient:
+        return calls.timed(real.triton(server), "triton")
+
+    def metrics(server: TritonServer) -> FiguresSource | None:
+        reader = real.metrics(server)
+        return None if reader is None else calls.timed(reader, "metrics")
+
+    return replace(real, triton=connect, metrics=metrics)
+
+
 def run_pass(
     source: Source,
     settings: Settings,
     *,
     memory: PassMemory | None = None,
     probe: Probe | None = None,
+    calls: CallLog | None = None,
 ) -> PassReport:
     """One pass that applies what it plans (as ``triton-gitops apply``; with ``memory``, as
-    the service's passes), timed by ``probe`` if given. ReconcileError propagates: each
-    scenario says what it voids."""
+    the service's passes), timed by ``probe`` if given, its Triton and metrics calls logged
+    in ``calls`` if given. ReconcileError propagates: each scenario says what it voids."""
     return reconcile(
-        source, settings, pass_ports(source, settings, probe), apply_changes=True, memory=memory
+        source,
+        settings,
+        pass_ports(source, settings, probe, calls),
+        apply_changes=True,
+        memory=memory,
     )
 
 

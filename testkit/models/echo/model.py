@@ -8,7 +8,8 @@ The fixture copies this file into every version folder. Some versions misbehave 
 each in a way the reconciler must catch:
   3  loads and answers, x3 (wrong for a smoke case that expects x2)
   4  fails 40% of its requests
-  5  answers correctly but 25 ms late (several times slower)
+  5  answers correctly but 25 ms late (several times slower), or as many milliseconds late
+     as the config's parameter ``slow_ms`` says
   6  keeps 8 MB of memory per request, up to 1.5 GB (a leak)
   7  takes 3 s to initialize (a slow load), or as many seconds as the config's parameter
      ``init_seconds`` says (a load that outlasts the reconciler's load timeout)
@@ -42,6 +43,10 @@ class TritonPythonModel:
             time.sleep(float(seconds or 3))
         if self.version in BROKEN_VERSIONS:
             raise RuntimeError(f"version {self.version} is broken on purpose")
+        self.slow_seconds = 0.025
+        if self.version == SLOW:
+            slow_ms = config.get("parameters", {}).get("slow_ms", {}).get("string_value")
+            self.slow_seconds = float(slow_ms) / 1000 if slow_ms else 0.025
         self.count = 0
         self.kept = []
 
@@ -69,7 +74,7 @@ class TritonPythonModel:
             if self.version == SLOW:
                 import time
 
-                time.sleep(0.025)
+                time.sleep(self.slow_seconds)
             if self.version == LEAKING and len(self.kept) < 192:
                 self.kept.append(np.full(8 << 20, 1, dtype=np.uint8))  # touched, so resident
             output = pb_utils.Tensor(self.output_name, (data * self.version).astype(np.float32))
