@@ -108,6 +108,10 @@ class Mode:
     latency: bool = False  # add the latency check
     smoke: bool = False  # add a smoke case expecting x2
     targeted: bool = False  # the median-at-most-50 target applies
+    # The probes' settings when not the defaults: one error in a hundred needs several
+    # hundred probes in the analysis's 10 s to be seen (at the default 20 rounds a second,
+    # about 145 reach the new version: a 1% failure is missed about a quarter of the time).
+    probes: str | None = None
 
 
 MODES: tuple[Mode, ...] = (
@@ -134,6 +138,7 @@ MODES: tuple[Mode, ...] = (
         "error",
         "version 11 answers request",
         min_success=0.999,
+        probes="{rate: 100, maxShare: 0.25}",
     ),
     Mode("wrong-output", 3, "answers x3, the smoke case expects x2", "wrong", smoke=True),
     Mode("slow-3x", 5, "correct answers, about 3x version 1's latency", "slow", latency=True),
@@ -157,6 +162,7 @@ class Analysis:
     smoke_factor: int | None = None  # a smoke case expecting INPUT0 * this
     today: bool = False  # without probes and early abort: the counters at evaluations only
     smoke_is_new_version: bool = False  # the smoke factor is the version rolled out
+    probes: str | None = None  # the probes' settings, when not the defaults
 
     def describe(self) -> str:
         checks = [f"successRate min {self.min_success:g}"]
@@ -169,13 +175,21 @@ class Analysis:
         checks.append(
             "probes off, earlyAbort confidence 0, every 0s"
             if self.today
+            else f"probes {self.probes}, earlyAbort at its defaults"
+            if self.probes
             else "probes and earlyAbort at their defaults"
         )
         return ", ".join(checks)
 
 
 def mode_analysis(mode: Mode, today: bool = False) -> Analysis:
-    return Analysis(mode.min_success, mode.latency, 2 if mode.smoke else None, today)
+    return Analysis(
+        mode.min_success,
+        mode.latency,
+        2 if mode.smoke else None,
+        today,
+        probes=None if today else mode.probes,
+    )
 
 
 def good_analysis(version: int) -> Analysis:
@@ -232,6 +246,8 @@ def deployment_doc(
                 "        - name: latency",
                 f"          latency: {{maxIncrease: {LATENCY_MAX_INCREASE:g}}}",
             ]
+        if analysis.probes and not analysis.today:
+            lines.append(f"      probes: {analysis.probes}")
         if analysis.today:
             lines += [
                 "      probes: {enabled: false}",

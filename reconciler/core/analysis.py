@@ -237,9 +237,13 @@ def evaluate(
     baseline: Baseline,
     probes: ProbeFigures | None = None,
     counted: bool = True,
+    latency_from: Figures | None = None,
 ) -> Evaluation:
     """Judge the new versions over the window between two figures (and the probes sent in
-    it). ``counted``: False for an evaluation within ``initialDelay``."""
+    it). ``counted``: False for an evaluation within ``initialDelay``. ``latency_from``: where
+    the latency window starts when not at ``previous`` (the first window's failures count
+    from READY, its latency from the analysis's start: a fresh version's cold first requests,
+    the first probes among them, are not its steady latency)."""
     success = _delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
@@ -260,6 +264,12 @@ def evaluate(
         if failure is None
         else (success, failure)
     )
+    latency_window = (duration, success)
+    if latency_from is not None:
+        latency_window = (
+            _delta(latency_from.duration_us, current.duration_us),
+            _delta(latency_from.success, current.success),
+        )
     results: list[CheckResult] = []
     for check in spec.checks:
         if check.kind == "successRate":
@@ -267,7 +277,7 @@ def evaluate(
         elif unread:
             results.append(CheckResult(check.name, Verdict.NO_DATA, None, _bound(check), unread))
         elif check.kind == "latency":
-            results.append(_latency(check, duration, success, baseline))
+            results.append(_latency(check, *latency_window, baseline))
         elif check.kind == "memory":
             results.append(_memory(check, current.memory_bytes, baseline))
         else:

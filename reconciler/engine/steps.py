@@ -366,6 +366,7 @@ def _analyze(
             else None
         )
         watch.baseline = baseline_from(old, at_start)
+        watch.latency_from = at_start if at_start.error is None else None
         return watch.run(origin, queries, prober)
     finally:
         if prober is not None:
@@ -386,6 +387,7 @@ class _Watch:
         self.baseline = baseline_from(None, Figures())
         self.evidence = 0.0
         self.replaces = True  # versions served before: minEvidence applies
+        self.latency_from: Figures | None = None  # the first window's latency starts here
         self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
 
     def _evidence(self, current: Figures | None, probes: ProbeFigures | None) -> None:
@@ -474,6 +476,7 @@ class _Watch:
                     self.baseline,
                     window,
                     counted=elapsed >= spec.initial_delay,
+                    latency_from=self.latency_from if not self.evaluations else None,
                 )
             )
             previous = current

@@ -421,3 +421,21 @@ def test_verify_skips_the_synthesized_question_the_old_version_fails_too() -> No
     (change,) = result.changes
     assert change.outcome is Outcome.CONVERGED
     assert [v for v, _ in fake.probed] == [1]
+
+
+def test_the_first_windows_latency_starts_at_the_analysis_not_at_ready() -> None:
+    """A fresh version's first request is cold: 50 ms, then 2 ms each. Its failures count
+    from READY, its latency from the analysis's start (after the first probes)."""
+    latency = Check("latency", "latency", max_increase=0.5)
+    watched = spec(checks=(SUCCESS, latency))
+    ready = Figures(success=0.0, duration_us=0.0, memory_bytes=1e6)
+    at_start = Figures(success=1.0, duration_us=50_000.0, memory_bytes=1e6)
+    later = Figures(success=11.0, duration_us=70_000.0, memory_bytes=1e6)
+    old = Baseline(2000.0, 1e6)
+
+    cold = evaluate(watched, 0, 1.0, ready, later, old)
+    warm = evaluate(watched, 0, 1.0, ready, later, old, latency_from=at_start)
+
+    assert cold.results[1].verdict is Verdict.FAIL  # mean 6.4 ms against 2 ms
+    assert warm.results[1].verdict is Verdict.PASS  # mean 2 ms
+    assert warm.results[0].detail == "triton: 0 of 11 requests failed"  # from READY
