@@ -198,6 +198,28 @@ def _latency(
     )
 
 
+def _pinned_latency(check: Check, probes: ProbeFigures) -> CheckResult:
+    """The new versions against the old, both by the probes: for new versions that see only
+    version-pinned requests (lower than the old, which keep the unversioned traffic), whose
+    counters would compare an idle instance with a busy one."""
+    threshold = f"increase <= {check.max_increase:g}"
+    new, old = probes.seconds / probes.sent, probes.old_seconds / probes.old_sent
+    if old <= 0:
+        return CheckResult(
+            check.name, Verdict.NO_DATA, None, threshold, "the old version's probes read 0ms"
+        )
+    increase = new / old - 1.0
+    limit = check.max_increase if check.max_increase is not None else math.inf
+    return CheckResult(
+        check.name,
+        Verdict.PASS if increase <= limit else Verdict.FAIL,
+        increase,
+        threshold,
+        f"probes: mean {new * 1e3:.2f}ms vs {old * 1e3:.2f}ms on the old version (the new "
+        "versions see only pinned requests)",
+    )
+
+
 def _memory(check: Check, now: float | None, baseline: Baseline) -> CheckResult:
     threshold = f"growth <= {check.max_increase_bytes:g} bytes"
     now = _finite(now)
@@ -238,12 +260,14 @@ def evaluate(
     probes: ProbeFigures | None = None,
     counted: bool = True,
     latency_from: Figures | None = None,
+    pinned: ProbeFigures | None = None,
 ) -> Evaluation:
     """Judge the new versions over the window between two figures (and the probes sent in
     it). ``counted``: False for an evaluation within ``initialDelay``. ``latency_from``: where
     the latency window starts when not at ``previous`` (the first window's failures count
     from READY, its latency from the analysis's start: a fresh version's cold first requests,
-    the first probes among them, are not its steady latency)."""
+    the first probes among them, are not its steady latency). ``pinned``: the probes so far,
+    when the new versions see only version-pinned requests: latency is judged by them."""
     success = _delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
@@ -276,6 +300,8 @@ def evaluate(
             results.append(_success_rate(check, counters, probes))
         elif unread:
             results.append(CheckResult(check.name, Verdict.NO_DATA, None, _bound(check), unread))
+        elif check.kind == "latency" and pinned is not None and pinned.sent and pinned.old_sent:
+            results.append(_pinned_latency(check, pinned))
         elif check.kind == "latency":
             results.append(_latency(check, *latency_window, baseline))
         elif check.kind == "memory":

@@ -388,6 +388,9 @@ class _Watch:
         self.evidence = 0.0
         self.replaces = True  # versions served before: minEvidence applies
         self.latency_from: Figures | None = None  # the first window's latency starts here
+        # New versions below the old ones: unversioned requests keep reaching the old, so
+        # the new see only pinned ones (the probes), and their latency is judged by those.
+        self.pinned_only = bool(step.baseline) and max(step.versions) < max(step.baseline)
         self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
 
     def _evidence(self, current: Figures | None, probes: ProbeFigures | None) -> None:
@@ -477,6 +480,7 @@ class _Watch:
                     window,
                     counted=elapsed >= spec.initial_delay,
                     latency_from=self.latency_from if not self.evaluations else None,
+                    pinned=probes if self.pinned_only else None,
                 )
             )
             previous = current

@@ -439,3 +439,22 @@ def test_the_first_windows_latency_starts_at_the_analysis_not_at_ready() -> None
     assert cold.results[1].verdict is Verdict.FAIL  # mean 6.4 ms against 2 ms
     assert warm.results[1].verdict is Verdict.PASS  # mean 2 ms
     assert warm.results[0].detail == "triton: 0 of 11 requests failed"  # from READY
+
+
+def test_new_versions_below_the_old_are_judged_slow_or_not_by_the_probes() -> None:
+    """Rolling back 2 -> 1: version 1 sees only pinned requests (its idle instance wakes up
+    for each), version 2 the clients'. The counters would call 1 slower; the probes, sent
+    to both at the same pace, compare like with like."""
+    latency = Check("latency", "latency", max_increase=1.0)
+    watched = spec(checks=(latency,))
+    start = Figures(success=0.0, duration_us=0.0, memory_bytes=1e6)
+    idle = Figures(success=16.0, duration_us=16 * 5000.0, memory_bytes=1e6)  # 5 ms each
+    busy = Baseline(1000.0, 1e6)  # the old version's clients: 1 ms
+    probes = ProbeFigures(sent=16, seconds=16 * 0.004, old_sent=4, old_seconds=4 * 0.0035)
+
+    (counted,) = evaluate(watched, 0, 1.0, start, idle, busy).results
+    (pinned,) = evaluate(watched, 0, 1.0, start, idle, busy, pinned=probes).results
+
+    assert counted.verdict is Verdict.FAIL
+    assert pinned.verdict is Verdict.PASS and pinned.value == pytest.approx(4 / 3.5 - 1)
+    assert pinned.detail.startswith("probes: mean 4.00ms vs 3.50ms on the old version")
