@@ -193,7 +193,7 @@ def test_good_swap_killed_at(
     with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
         load.wait_for_samples(50)
         killed = reconciler.spawn(point)
-        assert killed.code == -9, (killed.code, killed.err)  # it died at the point
+        assert killed.code == -9, (killed.code, killed.out, killed.err)  # it died at the point
         settle(reconciler)
         load.wait_for_samples(len(load.samples) + 50)
     assert ready_versions(triton, "echo") == {2}
@@ -242,7 +242,7 @@ def test_bad_version_killed_at(
     with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
         load.wait_for_samples(50)
         killed = reconciler.spawn(case.point)
-        assert killed.code == -9, (killed.code, killed.err)
+        assert killed.code == -9, (killed.code, killed.out, killed.err)
         held = [reconciler.holds()]
         reconciler.run()
         held.append(reconciler.holds())
