@@ -47,6 +47,9 @@ from reconciler.model.analysis import (
 # Fewer requests than this since READY are too few for the early abort's rate rule (a run of
 # failed probes still aborts).
 EARLY_ABORT_MIN_REQUESTS = 10
+# Probes each side, new and old, before new versions that see only pinned requests are
+# judged slower or not by them.
+PINNED_LATENCY_MIN_PROBES = 5
 
 
 def pooled(readings: Sequence[Figures]) -> Figures:
@@ -203,6 +206,13 @@ def _pinned_latency(check: Check, probes: ProbeFigures) -> CheckResult:
     version-pinned requests (lower than the old, which keep the unversioned traffic), whose
     counters would compare an idle instance with a busy one."""
     threshold = f"increase <= {check.max_increase:g}"
+    if min(probes.sent, probes.old_sent) < PINNED_LATENCY_MIN_PROBES:
+        # One slow wake-up among a handful of probes is not a slower version: wait for more.
+        return CheckResult(
+            check.name, Verdict.SKIPPED, None, threshold,
+            f"too few probes yet ({probes.sent} new, {probes.old_sent} old; "
+            f"{PINNED_LATENCY_MIN_PROBES} each needed)",
+        )  # fmt: skip
     new, old = probes.seconds / probes.sent, probes.old_seconds / probes.old_sent
     if old <= 0:
         return CheckResult(
@@ -300,7 +310,7 @@ def evaluate(
             results.append(_success_rate(check, counters, probes))
         elif unread:
             results.append(CheckResult(check.name, Verdict.NO_DATA, None, _bound(check), unread))
-        elif check.kind == "latency" and pinned is not None and pinned.sent and pinned.old_sent:
+        elif check.kind == "latency" and pinned is not None:
             results.append(_pinned_latency(check, pinned))
         elif check.kind == "latency":
             results.append(_latency(check, *latency_window, baseline))

@@ -350,6 +350,7 @@ def _analyze(
         if prober is not None:
             prober.volley(spec.early_abort.consecutive_probe_failures)
             watch.check_abort(None, prober.figures)
+            watch.probes_after_volley = prober.figures
         queries = {c.name: c.query for c in spec.checks if c.query}
         at_start = source.figures(step.model, step.versions, queries)
         watch.unreadable = at_start.error is not None
@@ -391,6 +392,8 @@ class _Watch:
         # New versions below the old ones: unversioned requests keep reaching the old, so
         # the new see only pinned ones (the probes), and their latency is judged by those.
         self.pinned_only = bool(step.baseline) and max(step.versions) < max(step.baseline)
+        # The probes after the first volley: its probe of a fresh version is cold.
+        self.probes_after_volley = ProbeFigures()
         self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
 
     def _evidence(self, current: Figures | None, probes: ProbeFigures | None) -> None:
@@ -480,7 +483,11 @@ class _Watch:
                     window,
                     counted=elapsed >= spec.initial_delay,
                     latency_from=self.latency_from if not self.evaluations else None,
-                    pinned=probes if self.pinned_only else None,
+                    pinned=(
+                        probes.since(self.probes_after_volley)
+                        if self.pinned_only and probes is not None
+                        else None
+                    ),
                 )
             )
             previous = current

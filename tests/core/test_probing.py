@@ -450,7 +450,7 @@ def test_new_versions_below_the_old_are_judged_slow_or_not_by_the_probes() -> No
     start = Figures(success=0.0, duration_us=0.0, memory_bytes=1e6)
     idle = Figures(success=16.0, duration_us=16 * 5000.0, memory_bytes=1e6)  # 5 ms each
     busy = Baseline(1000.0, 1e6)  # the old version's clients: 1 ms
-    probes = ProbeFigures(sent=16, seconds=16 * 0.004, old_sent=4, old_seconds=4 * 0.0035)
+    probes = ProbeFigures(sent=16, seconds=16 * 0.004, old_sent=5, old_seconds=5 * 0.0035)
 
     (counted,) = evaluate(watched, 0, 1.0, start, idle, busy).results
     (pinned,) = evaluate(watched, 0, 1.0, start, idle, busy, pinned=probes).results
@@ -458,3 +458,7 @@ def test_new_versions_below_the_old_are_judged_slow_or_not_by_the_probes() -> No
     assert counted.verdict is Verdict.FAIL
     assert pinned.verdict is Verdict.PASS and pinned.value == pytest.approx(4 / 3.5 - 1)
     assert pinned.detail.startswith("probes: mean 4.00ms vs 3.50ms on the old version")
+    few = replace(probes, old_sent=4, old_seconds=4 * 0.001)
+    (waiting,) = evaluate(watched, 0, 1.0, start, idle, busy, pinned=few).results
+    assert waiting.verdict is Verdict.SKIPPED  # four old probes: too few to judge by
+    assert waiting.detail == "too few probes yet (16 new, 4 old; 5 each needed)"
