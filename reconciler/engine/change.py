@@ -98,6 +98,18 @@ def _read_interface(
     return None
 
 
+def _lingering(control: ModelControl, step: Step) -> bool:
+    """Whether Triton still lists one of the versions about to load as anything but gone."""
+    try:
+        state = control.model_state(step.model)
+    except ReconcileError:
+        return True  # unknown: count from the analysis's start, as a config change does
+    return any(
+        v.version in step.versions and v.state in ("READY", "LOADING", "UNLOADING")
+        for v in state.versions
+    )
+
+
 def _prepare_analysis(
     control: ModelControl, change: ModelChange, context: _ChangeContext, timing: Timing
 ) -> None:
@@ -108,9 +120,12 @@ def _prepare_analysis(
     if step is None or step.analysis is None:
         return
     context.replaces = bool(change.serving)
-    if context.source is not None and not set(step.versions) & set(change.serving):
-        # Brand-new versions have no counters yet. Versions already serving (a config
-        # change) are reloaded, and their counters with them: those count from the start.
+    # Brand-new versions have no counters yet. Versions already serving (a config change)
+    # are reloaded, and their counters with them: those count from the start. So does a
+    # version an earlier instance of which is still going (UNLOADING: its last requests may
+    # still fail, and its series with them).
+    brand_new = not set(step.versions) & set(change.serving)
+    if context.source is not None and brand_new and not _lingering(control, step):
         before = context.source.figures(step.model, step.versions)
         if before.error is None:
             context.counted_from = before_ready(before)
