@@ -274,9 +274,10 @@ def evaluate(
 ) -> Evaluation:
     """Judge the new versions over the window between two figures (and the probes sent in
     it). ``counted``: False for an evaluation within ``initialDelay``. ``latency_from``: where
-    the latency window starts when not at ``previous`` (the first window's failures count
-    from READY, its latency from the analysis's start: a fresh version's cold first requests,
-    the first probes among them, are not its steady latency). ``pinned``: the probes so far,
+    the latency window starts when not at ``previous``: the engine passes the analysis's
+    start, so latency is the mean since then (failures count from READY and per window; a
+    fresh version's cold first requests, the first probes among them, are not its steady
+    latency, and one noisy second is not a slower version). ``pinned``: the probes so far,
     when the new versions see only version-pinned requests: latency is judged by them."""
     success = _delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.

@@ -388,7 +388,7 @@ class _Watch:
         self.baseline = baseline_from(None, Figures())
         self.evidence = 0.0
         self.replaces = True  # versions served before: minEvidence applies
-        self.latency_from: Figures | None = None  # the first window's latency starts here
+        self.latency_from: Figures | None = None  # where every evaluation's latency starts
         # New versions below the old ones: unversioned requests keep reaching the old, so
         # the new see only pinned ones (the probes), and their latency is judged by those.
         self.pinned_only = bool(step.baseline) and max(step.versions) < max(step.baseline)
@@ -482,7 +482,9 @@ class _Watch:
                     self.baseline,
                     window,
                     counted=elapsed >= spec.initial_delay,
-                    latency_from=self.latency_from if not self.evaluations else None,
+                    # Latency over everything since the analysis began, not the window:
+                    # one noisy second on a busy host is not a slower version.
+                    latency_from=self.latency_from,
                     pinned=(
                         probes.since(self.probes_after_volley)
                         if self.pinned_only and probes is not None
