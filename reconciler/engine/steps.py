@@ -374,6 +374,9 @@ def _analyze(
             prober.close()
 
 
+FIRST_POLL_GAP = 0.01  # seconds; doubled after each read, up to earlyAbort.every
+
+
 class _Watch:
     """One analysis as it runs: its evaluations so far, and the early abort."""
 
@@ -392,6 +395,11 @@ class _Watch:
         # New versions below the old ones: unversioned requests keep reaching the old, so
         # the new see only pinned ones (the probes), and their latency is judged by those.
         self.pinned_only = bool(step.baseline) and max(step.versions) < max(step.baseline)
+        # The counters are read soon after the analysis starts, then less often, up to
+        # earlyAbort.every: when counting could not start at READY (a config change, an old
+        # instance of the version still unloading), the first reading has no request of the
+        # new versions, and a failing one should not wait the whole ``every``.
+        self.poll_gap = FIRST_POLL_GAP
         # The probes after the first volley: its probe of a fresh version is cold.
         self.probes_after_volley = ProbeFigures()
         self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
@@ -439,7 +447,7 @@ class _Watch:
         while True:
             # Ticks are measured from the start, so slow scrapes do not stretch the analysis.
             next_tick = self.started + spec.interval * (len(self.evaluations) + 1)
-            next_poll = timing.clock() + every if every > 0 else next_tick
+            next_poll = timing.clock() + min(every, self.poll_gap) if every > 0 else next_tick
             while True:
                 now = timing.clock()
                 if now >= next_tick:
@@ -455,7 +463,8 @@ class _Watch:
                     polled = self.source.figures(step.model, step.versions)
                     self._evidence(polled, prober.figures if prober else None)
                     self.check_abort(polled, prober.figures if prober else None)
-                    next_poll = timing.clock() + every
+                    self.poll_gap = min(every, self.poll_gap * 2)
+                    next_poll = timing.clock() + self.poll_gap
                     continue
                 wake = min(t for t in (next_tick, next_poll, due) if t is not None)
                 timing.sleep(max(0.0, wake - now))
