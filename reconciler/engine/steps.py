@@ -344,8 +344,7 @@ def _analyze(
     # Killed here, the new versions are loaded and verified and their analysis has begun.
     fault_point("apply.analysis")
     started = timing.clock()
-    watch = _Watch(step, spec, source, timing, started)
-    watch.replaces = context.replaces
+    watch = _Watch(step, spec, source, timing, started, context.replaces)
     try:
         if prober is not None:
             prober.volley(spec.early_abort.consecutive_probe_failures)
@@ -381,7 +380,13 @@ class _Watch:
     """One analysis as it runs: its evaluations so far, and the early abort."""
 
     def __init__(
-        self, step: Step, spec: AnalysisSpec, source: FiguresSource, timing: Timing, started: float
+        self,
+        step: Step,
+        spec: AnalysisSpec,
+        source: FiguresSource,
+        timing: Timing,
+        started: float,
+        replaces: bool,
     ) -> None:
         self.step, self.spec, self.source, self.timing = step, spec, source, timing
         self.started = started
@@ -390,7 +395,7 @@ class _Watch:
         self.origin: Figures | None = None
         self.baseline = baseline_from(None, Figures())
         self.evidence = 0.0
-        self.replaces = True  # versions served before: minEvidence applies
+        self.replaces = replaces  # versions served before: minEvidence applies
         self.latency_from: Figures | None = None  # where every evaluation's latency starts
         # New versions below the old ones: unversioned requests keep reaching the old, so
         # the new see only pinned ones (the probes), and their latency is judged by those.
@@ -404,12 +409,13 @@ class _Watch:
         self.probes_after_volley = ProbeFigures()
         self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
 
+    def _since_ready(self, current: Figures | None) -> tuple[float, float] | None:
+        if self.origin is None or current is None:
+            return None
+        return since_ready(self.origin, current)
+
     def _evidence(self, current: Figures | None, probes: ProbeFigures | None) -> None:
-        counted = (
-            since_ready(self.origin, current)
-            if self.origin is not None and current is not None
-            else None
-        )
+        counted = self._since_ready(current)
         self.evidence = max(
             self.evidence,
             sum(counted) if counted else 0.0,
@@ -418,15 +424,9 @@ class _Watch:
 
     def check_abort(self, current: Figures | None, probes: ProbeFigures | None) -> None:
         """Fail now if the early abort says so (``current``: the counters just read)."""
-        counted = (
-            since_ready(self.origin, current)
-            if self.origin is not None and current is not None
-            else None
-        )
-        reason = early_abort(self.spec, counted, probes)
-        if reason is None:
-            return
-        self._abort(reason, probes)
+        reason = early_abort(self.spec, self._since_ready(current), probes)
+        if reason is not None:
+            self._abort(reason, probes)
 
     def _abort(self, reason: CheckResult, probes: ProbeFigures | None) -> None:
         window = probes.since(self._probes_at_last) if probes else None
