@@ -366,7 +366,9 @@ def _analyze(
             else None
         )
         watch.baseline = baseline_from(old, at_start)
-        watch.latency_from = at_start if at_start.error is None else None
+        # Prometheus may have no series of a brand-new version yet: then from READY.
+        has_series = at_start.duration_us is not None and at_start.success is not None
+        watch.latency_from = at_start if at_start.error is None and has_series else origin
         return watch.run(origin, queries, prober)
     finally:
         if prober is not None:
