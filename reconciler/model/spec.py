@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from reconciler.model.analysis import AnalysisSpec
+
+if TYPE_CHECKING:
+    from reconciler.model.traffic import RouterSpec, TrafficSpec
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,8 @@ class RolloutSpec:
     preview_labels: Mapping[str, str] | None = None
     pre_step: str | None = None
     post_step: str | None = None
+    # Traffic moved through a Router (``model/traffic.py``) instead of whole servers.
+    traffic: TrafficSpec | None = None
 
     def previews(self, server: TritonServer) -> bool:
         if self.preview_names is not None:
@@ -122,6 +127,7 @@ class RolloutSpec:
             or self.preview_labels is not None
             or self.pre_step
             or self.post_step
+            or self.traffic is not None
         )
 
 
@@ -185,9 +191,14 @@ class DesiredState:
     deployments: Mapping[str, ModelDeployment]
     # server name -> model name -> placement; every server appears, possibly with no models.
     placements: Mapping[str, Mapping[str, Placement]]
+    routers: Mapping[str, RouterSpec] = field(default_factory=dict)
 
     @staticmethod
-    def build(servers: list[TritonServer], deployments: list[ModelDeployment]) -> DesiredState:
+    def build(
+        servers: list[TritonServer],
+        deployments: list[ModelDeployment],
+        routers: Sequence[RouterSpec] = (),
+    ) -> DesiredState:
         placements: dict[str, dict[str, Placement]] = {s.name: {} for s in servers}
         for deployment in deployments:
             for server in servers:
@@ -197,6 +208,7 @@ class DesiredState:
             servers={s.name: s for s in servers},
             deployments={d.name: d for d in deployments},
             placements=placements,
+            routers={r.name: r for r in routers},
         )
 
     @property
@@ -230,4 +242,4 @@ class DesiredState:
                     model: Placement(instance, p.deployment)
                     for model, p in self.placements[name].items()
                 }
-        return DesiredState(servers, self.deployments, placements)
+        return DesiredState(servers, self.deployments, placements, self.routers)

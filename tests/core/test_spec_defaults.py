@@ -50,6 +50,44 @@ MANIFESTS = textwrap.dedent(
         shadow: {requests: r.jsonl, compare: {}}
       sequence: {}
       rollout: {}
+    ---
+    apiVersion: triton-gitops/v1alpha1
+    kind: TritonServer
+    metadata: {name: blue}
+    spec: {grpc: "127.0.0.1:1"}
+    ---
+    apiVersion: triton-gitops/v1alpha1
+    kind: TritonServer
+    metadata: {name: green}
+    spec: {grpc: "127.0.0.1:2"}
+    ---
+    apiVersion: triton-gitops/v1alpha1
+    kind: Router
+    metadata: {name: envoy}
+    spec:
+      envoy: {admin: "http://127.0.0.1:9901"}
+      pools:
+        - {name: blue, servers: {names: [blue]}}
+        - {name: green, servers: {names: [green]}}
+    ---
+    apiVersion: triton-gitops/v1alpha1
+    kind: Router
+    metadata: {name: gateway}
+    spec:
+      gatewayAPI: {namespace: ml, grpcRoute: triton}
+      pools:
+        - {name: blue, servers: {names: [blue]}}
+        - {name: green, servers: {names: [green]}}
+    ---
+    apiVersion: triton-gitops/v1alpha1
+    kind: ModelDeployment
+    metadata: {name: switched}
+    spec:
+      servers: {names: [blue, green]}
+      versions: [1]
+      config: {backend: python}
+      rollout:
+        traffic: {router: envoy, strategy: blueGreen, pools: [blue, green]}
     """
 )
 
@@ -76,6 +114,15 @@ def test_left_out_fields_take_the_defaults_they_always_had() -> None:
     assert deployment.sequence is not None
     assert (deployment.sequence.drain_timeout, deployment.sequence.idle) == (300.0, 10.0)
     assert deployment.when_no_headroom == "refuse"
+    envoy, gateway = state.routers["envoy"].envoy, state.routers["gateway"].gateway
+    assert envoy is not None and (envoy.weight_prefix, envoy.mirror_prefix) == (
+        "routing.triton",
+        "mirror.triton",
+    )
+    assert gateway is not None and gateway.rule == 0
+    traffic = state.deployments["switched"].rollout.traffic
+    assert traffic is not None
+    assert (traffic.mirror, traffic.keep_old, traffic.steps) == (0, 0.0, (10_000,))
 
 
 def test_the_builder_reads_every_schema_default_and_only_those(

@@ -33,6 +33,15 @@ from reconciler.model.spec import (
     Tensor,
     TritonServer,
 )
+from reconciler.model.traffic import (
+    WEIGHT_SCALE,
+    EnvoyRoute,
+    GatewayRoute,
+    Pool,
+    RouterSpec,
+    Strategy,
+    TrafficSpec,
+)
 
 _DURATION = re.compile(r"^([0-9]+)(ms|s|m|h)$")
 _SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
@@ -53,7 +62,7 @@ def _bytes(value: int | str) -> int:
     return int(match.group(1)) << {None: 0, "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[match.group(2)]
 
 
-_SERVER, _DEPLOYMENT = "TritonServer", "ModelDeployment"
+_SERVER, _DEPLOYMENT, _ROUTER = "TritonServer", "ModelDeployment", "Router"
 _VERIFY = ("spec", "verify")
 _ANALYSIS = (*_VERIFY, "analysis")
 
@@ -132,7 +141,7 @@ def _build_deployment(
         when_no_headroom=_or_default(
             body.get("rollout", {}), _DEPLOYMENT, "spec", "rollout", "whenNoHeadroom"
         ),
-        rollout=_rollout(body.get("rollout", {})),
+        rollout=_rollout(doc, body.get("rollout", {})),
         shadow=_shadow(doc, verify),
         location=Location(doc.file, doc.start_line),
         analysis_location=(
@@ -289,10 +298,74 @@ def fingerprint_of(spec: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _rollout(spec: dict[str, Any]) -> RolloutSpec:
+def _share(text: str) -> int:
+    """``"1%"``, ``"0.25%"`` out of WEIGHT_SCALE (the schema's pattern guarantees the form)."""
+    return round(float(text.rstrip("%")) * WEIGHT_SCALE / 100)
+
+
+def _traffic(doc: _Document, spec: dict[str, Any]) -> TrafficSpec:
+    path = ("spec", "rollout", "traffic")
+    strategy = Strategy(spec["strategy"])
+    if strategy is Strategy.CANARY:
+        pools = (spec["stablePool"], spec["canaryPool"])
+    else:
+        pools = (spec["pools"][0], spec["pools"][1])
+    # blueGreen without steps switches at once.
+    steps = tuple(_share(step) for step in spec["steps"]) if "steps" in spec else (WEIGHT_SCALE,)
+    return TrafficSpec(
+        router=spec["router"],
+        strategy=strategy,
+        pools=pools,
+        steps=steps,
+        mirror=_share(_or_default(spec, _DEPLOYMENT, *path, "mirror")),
+        keep_old=_seconds(_or_default(spec, _DEPLOYMENT, *path, "keepOld")),
+        location=Location(doc.file, doc.line(path)),
+    )
+
+
+def _build_router(doc: _Document, spec: dict[str, Any]) -> RouterSpec:
+    metadata, body = spec["metadata"], spec["spec"]
+    envoy, gateway = body.get("envoy"), body.get("gatewayAPI")
+    where = ("spec", "envoy")
+    return RouterSpec(
+        name=metadata["name"],
+        pools=tuple(
+            Pool(
+                pool["name"],
+                server_names=tuple(pool["servers"]["names"])
+                if "names" in pool["servers"]
+                else None,
+                match_labels=dict(pool["servers"]["matchLabels"])
+                if "matchLabels" in pool["servers"]
+                else None,
+                port=pool.get("port"),
+            )
+            for pool in body["pools"]
+        ),
+        envoy=EnvoyRoute(
+            envoy["admin"].rstrip("/"),
+            _or_default(envoy, _ROUTER, *where, "weightPrefix"),
+            _or_default(envoy, _ROUTER, *where, "mirrorPrefix"),
+        )
+        if envoy is not None
+        else None,
+        gateway=GatewayRoute(
+            gateway["namespace"],
+            gateway["grpcRoute"],
+            _or_default(gateway, _ROUTER, "spec", "gatewayAPI", "rule"),
+            gateway.get("kubeconfig"),
+        )
+        if gateway is not None
+        else None,
+        location=Location(doc.file, doc.start_line),
+    )
+
+
+def _rollout(doc: _Document, spec: dict[str, Any]) -> RolloutSpec:
     preview = spec.get("preview", {}).get("servers", {})
     webhooks = spec.get("webhooks", {})
     return RolloutSpec(
+        traffic=_traffic(doc, spec["traffic"]) if "traffic" in spec else None,
         steps=tuple(step["servers"] for step in spec.get("steps", ())),
         max_parallel=spec.get("maxParallel"),
         preview_names=tuple(preview["names"]) if "names" in preview else None,

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler.core.spec.build import _build_deployment, _build_server
-from reconciler.core.spec.rules import _cross_check, _dependency_problems
+from reconciler.core.spec.build import _build_deployment, _build_router, _build_server
+from reconciler.core.spec.rules import _cross_check, _dependency_problems, _traffic_problems
 from reconciler.core.spec.schema import API_VERSION, KIND_SCHEMAS, _schema_message, _validators
 from reconciler.core.spec.yaml import _Document, _documents, plain
 from reconciler.model.errors import Problem, ValidationError
 from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
+from reconciler.model.traffic import RouterSpec
 
 
 def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
@@ -19,6 +20,7 @@ def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
     problems: list[Problem] = []
     servers: list[tuple[_Document, TritonServer]] = []
     deployments: list[tuple[_Document, ModelDeployment]] = []
+    routers: list[tuple[_Document, RouterSpec]] = []
     validators = _validators()
     for doc in _documents(files, problems):
         api_version, kind = doc.root.get("apiVersion"), doc.root.get("kind")
@@ -49,10 +51,15 @@ def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
             continue
         if kind == "TritonServer":
             servers.append((doc, _build_server(doc, data)))
+        elif kind == "Router":
+            routers.append((doc, _build_router(doc, data)))
         else:
             deployments.append((doc, _build_deployment(doc, data, problems)))
     problems.extend(_cross_check(servers, deployments))
     problems.extend(_dependency_problems(deployments))
+    problems.extend(_traffic_problems(servers, deployments, routers))
     if problems:
         raise ValidationError(problems)
-    return DesiredState.build([s for _, s in servers], [d for _, d in deployments])
+    return DesiredState.build(
+        [s for _, s in servers], [d for _, d in deployments], [r for _, r in routers]
+    )

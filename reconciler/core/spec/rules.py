@@ -5,10 +5,12 @@ deployment per model and server, dependency cycles, analysis sources.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import pairwise
 
 from reconciler.core.spec.yaml import _Document
 from reconciler.model.errors import Problem
 from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
+from reconciler.model.traffic import RouterSpec, TrafficSpec, share_text
 
 
 def _cross_check(
@@ -156,4 +158,112 @@ def _dependency_problems(
     if cycle:
         yield where[cycle[0]].problem(
             ("spec",), f"dependency cycle: {' -> '.join(cycle)} (through dependsOn and ensembles)"
+        )
+
+
+def _traffic_problems(
+    servers: list[tuple[_Document, TritonServer]],
+    deployments: list[tuple[_Document, ModelDeployment]],
+    routers: list[tuple[_Document, RouterSpec]],
+) -> Iterator[Problem]:
+    """Routers whose pools name unknown servers or share one, and ModelDeployments whose
+    ``rollout.traffic`` names an unknown router or pool, selects a server in neither of its
+    pools, or mixes traffic steps with server steps."""
+    known = {server.name: server for _, server in servers}
+    by_name: dict[str, RouterSpec] = {}
+    for doc, router in routers:
+        if router.name in by_name:
+            first = by_name[router.name].location
+            yield doc.problem(
+                ("metadata", "name"),
+                f"duplicate Router name {router.name!r} (first defined at {first})",
+            )
+            continue
+        by_name[router.name] = router
+        holder: dict[str, str] = {}
+        for index, pool in enumerate(router.pools):
+            if [p.name for p in router.pools].count(pool.name) > 1:
+                yield doc.problem(
+                    ("spec", "pools", index, "name"),
+                    f"Router {router.name!r}: pool {pool.name!r} is declared twice",
+                )
+            for position, name in enumerate(pool.server_names or ()):
+                if name not in known:
+                    yield doc.problem(
+                        ("spec", "pools", index, "servers", "names", position),
+                        f"Router {router.name!r}, pool {pool.name!r}: unknown TritonServer "
+                        f"{name!r}",
+                    )
+            for server in known.values():
+                if not pool.holds(server):
+                    continue
+                if server.name in holder:
+                    yield doc.problem(
+                        ("spec", "pools", index),
+                        f"Router {router.name!r}: server {server.name!r} is in pools "
+                        f"{holder[server.name]!r} and {pool.name!r}; a server stands behind "
+                        "one pool",
+                    )
+                holder.setdefault(server.name, pool.name)
+    for doc, deployment in deployments:
+        traffic = deployment.rollout.traffic
+        if traffic is None:
+            continue
+        yield from _deployment_traffic(doc, deployment, traffic, by_name, known)
+
+
+def _deployment_traffic(
+    doc: _Document,
+    deployment: ModelDeployment,
+    traffic: TrafficSpec,
+    routers: Mapping[str, RouterSpec],
+    servers: Mapping[str, TritonServer],
+) -> Iterator[Problem]:
+    path = ("spec", "rollout", "traffic")
+    name = f"ModelDeployment {deployment.name!r}"
+    rollout = deployment.rollout
+    if rollout.steps or rollout.preview_names is not None or rollout.preview_labels is not None:
+        yield doc.problem(
+            path,
+            f"{name}: rollout.traffic moves traffic through the router; leave out "
+            "rollout.steps and rollout.preview (server steps)",
+        )
+    steps = traffic.steps
+    if any(b <= a for a, b in pairwise(steps)) or steps[0] <= 0:
+        yield doc.problem(
+            (*path, "steps"),
+            f"{name}: traffic steps must grow, each above 0% "
+            f"(got {', '.join(share_text(s) for s in steps)})",
+        )
+    router = routers.get(traffic.router)
+    if router is None:
+        known = ", ".join(sorted(routers)) or "none declared"
+        yield doc.problem(
+            (*path, "router"), f"{name}: unknown Router {traffic.router!r} (known: {known})"
+        )
+        return
+    pools = {p.name for p in router.pools}
+    field_names = ("stablePool", "canaryPool") if traffic.strategy == "canary" else ("pools",)
+    for index, pool in enumerate(traffic.pools):
+        if pool not in pools:
+            where = (
+                (*path, field_names[index]) if len(field_names) == 2 else (*path, "pools", index)
+            )
+            yield doc.problem(
+                where,
+                f"{name}: Router {router.name!r} has no pool {pool!r} "
+                f"(it has {', '.join(sorted(pools))})",
+            )
+    if traffic.pools[0] == traffic.pools[1]:
+        yield doc.problem(path, f"{name}: the two pools must differ")
+    outside = sorted(
+        server.name
+        for server in servers.values()
+        if deployment.selects(server) and router.pool_of(server) not in traffic.pools
+    )
+    if outside:
+        yield doc.problem(
+            ("spec", "servers"),
+            f"{name}: server(s) {', '.join(outside)} are selected but stand in neither pool "
+            f"{' nor '.join(traffic.pools)} of Router {router.name!r}",
         )

@@ -25,6 +25,7 @@ API_VERSION = "triton-gitops/v1alpha1"
 KIND_SCHEMAS = {
     "TritonServer": "triton-server.schema.json",
     "ModelDeployment": "model-deployment.schema.json",
+    "Router": "router.schema.json",
 }
 
 

