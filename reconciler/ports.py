@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from reconciler.model.analysis import Figures
+from reconciler.model.analysis import Figures, PoolFigures
 from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, PassRecord, Rollout
 from reconciler.model.plan import Step
 from reconciler.model.serving import ModelInterface, ModelState, ServerState
@@ -25,7 +25,7 @@ from reconciler.model.source import (
     SignaturePolicy,
 )
 from reconciler.model.spec import Tensor, TritonServer
-from reconciler.model.traffic import PoolFigures, RouterSpec, RouteState
+from reconciler.model.traffic import RouterSpec, RouteState
 
 
 class ModelControl(Protocol):

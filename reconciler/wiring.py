@@ -19,6 +19,8 @@ from reconciler.adapters.alerts import (
 )
 from reconciler.adapters.artifacts import version_digests
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
+from reconciler.adapters.envoy import EnvoyRouter
+from reconciler.adapters.gateway import GatewayRouter
 from reconciler.adapters.git import GitManifests, GitSource, GitWriter
 from reconciler.adapters.hooks import HttpStepHooks
 from reconciler.adapters.metrics import metrics_reader
@@ -27,7 +29,8 @@ from reconciler.adapters.triton import TritonServerClient
 from reconciler.model.settings import Settings
 from reconciler.model.source import GitCredentials, Source
 from reconciler.model.spec import TritonServer
-from reconciler.ports import FiguresSource, NoPassHooks, PassHooks, Ports
+from reconciler.model.traffic import RouterSpec
+from reconciler.ports import FiguresSource, NoPassHooks, PassHooks, Ports, TrafficRouter
 
 
 def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
@@ -92,7 +95,16 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
         digests=version_digests,
         hooks=hooks or NoPassHooks(),
         step_hooks=HttpStepHooks(),
+        routers=router_client,
     )
+
+
+def router_client(spec: RouterSpec) -> TrafficRouter:
+    """The client of one Router manifest: Envoy's admin API, or the Kubernetes API for a
+    Gateway API GRPCRoute."""
+    if spec.envoy is not None:
+        return EnvoyRouter(spec)
+    return GatewayRouter(spec)
 
 
 def review_manifests(

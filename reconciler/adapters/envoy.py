@@ -31,8 +31,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from reconciler.model.analysis import PoolFigures
 from reconciler.model.errors import RouterUnavailable
-from reconciler.model.traffic import WEIGHT_SCALE, PoolFigures, RouterSpec, RouteState
+from reconciler.model.traffic import WEIGHT_SCALE, RouterSpec, RouteState
 
 _DENOMINATORS = {"HUNDRED": 100, "TEN_THOUSAND": 10_000, "MILLION": 1_000_000}
 

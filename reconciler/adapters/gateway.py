@@ -33,8 +33,9 @@ import urllib3.exceptions
 from kubernetes import client as kube
 from kubernetes import config as kube_config
 
+from reconciler.model.analysis import PoolFigures
 from reconciler.model.errors import RouterUnavailable
-from reconciler.model.traffic import WEIGHT_SCALE, PoolFigures, RouterSpec, RouteState
+from reconciler.model.traffic import WEIGHT_SCALE, RouterSpec, RouteState
 
 GROUP = "gateway.networking.k8s.io"
 VERSION = "v1"

@@ -110,6 +110,20 @@ def since_ready(origin: Figures, current: Figures) -> tuple[float, float] | None
     return success, failure
 
 
+def routed_since(origin: Figures | None, current: Figures | None) -> tuple[float, float] | None:
+    """The router's (answered OK, failed) requests to the new versions' pool between two
+    readings; None outside a traffic rollout, or when a counter went backwards (a
+    restarted Envoy starts its statistics again)."""
+    if origin is None or current is None or origin.routed is None or current.routed is None:
+        return None
+    before, after = origin.routed, current.routed
+    total = _delta(before.total, after.total)
+    success = _delta(before.success, after.success)
+    if total is None or success is None or success > total:
+        return None
+    return success, total - success
+
+
 def baseline_from(old: Figures | None, at_start: Figures) -> Baseline:
     """The old versions' cumulative mean latency, and the memory as analysis begins.
 
@@ -139,12 +153,16 @@ def _delta(before: float | None, after: float | None) -> float | None:
 
 
 def _success_rate(
-    check: Check, counters: tuple[float, float] | str, probes: ProbeFigures | None
+    check: Check,
+    counters: tuple[float, float] | str,
+    probes: ProbeFigures | None,
+    routed: tuple[float, float] | None = None,
 ) -> CheckResult:
-    """Triton's counters (successes, failures; or why they cannot be read) and the probes
-    side by side: the lower rate is the value, and each source with requests must reach
-    ``min``. With counters that cannot be read, failing probes fail the check and passing
-    ones leave it without data."""
+    """Triton's counters (successes, failures; or why they cannot be read), the probes and,
+    in a traffic rollout, the router's statistics for the new pool (``routed``) side by
+    side: the lower rate is the value, and each source with requests must reach ``min``.
+    With counters that cannot be read, failing probes or routed requests fail the check and
+    passing ones leave it without data."""
     threshold = f">= {check.min:g}"
     minimum = check.min if check.min is not None else 0.0
     rates: list[float] = []
@@ -158,6 +176,9 @@ def _success_rate(
     if probes is not None and probes.sent > 0:
         rates.append((probes.sent - probes.failed) / probes.sent)
         details.append(f"probes: {probes.failed} of {probes.sent} failed")
+    if routed is not None and sum(routed) > 0:
+        rates.append(routed[0] / sum(routed))
+        details.append(f"router: {int(routed[1])} of {int(sum(routed))} client requests failed")
     if not rates:
         if isinstance(counters, str):
             return CheckResult(check.name, Verdict.NO_DATA, None, threshold, counters)
@@ -299,6 +320,7 @@ def evaluate(
         if failure is None
         else (success, failure)
     )
+    routed = routed_since(previous, current)
     latency_window = (duration, success)
     if latency_from is not None:
         latency_window = (
@@ -308,7 +330,7 @@ def evaluate(
     results: list[CheckResult] = []
     for check in spec.checks:
         if check.kind == "successRate":
-            results.append(_success_rate(check, counters, probes))
+            results.append(_success_rate(check, counters, probes, routed))
         elif unread:
             results.append(CheckResult(check.name, Verdict.NO_DATA, None, _bound(check), unread))
         elif check.kind == "latency" and pinned is not None:
@@ -390,16 +412,19 @@ def early_abort(
     spec: AnalysisSpec,
     since_ready: tuple[float, float] | None,
     probes: ProbeFigures | None,
+    routed: tuple[float, float] | None = None,
 ) -> CheckResult | None:
     """Why the analysis must fail now, before its interval is up, or None.
 
     ``since_ready``: Triton's (successes, failures) on the new versions since they became
-    READY (None: not readable now); ``probes``: the probes so far. Two rules: a run of
-    ``consecutive_probe_failures`` failed probes; and, for each successRate check, a source
-    (counters or probes) with at least ``EARLY_ABORT_MIN_REQUESTS`` requests whose success
-    rate is below ``min`` even at the upper end of its Wilson interval at the configured
-    confidence: a version failing 40% of 30 requests is not given the rest of the interval,
-    while a good version's rare failure is (one failure in 20 keeps the bound above 0.99).
+    READY (None: not readable now); ``probes``: the probes so far; ``routed``: in a traffic
+    rollout, the router's (OK, failed) client requests to the new pool since the phase
+    began. Two rules: a run of ``consecutive_probe_failures`` failed probes; and, for each
+    successRate check, a source (counters, probes or the router) with at least
+    ``EARLY_ABORT_MIN_REQUESTS`` requests whose success rate is below ``min`` even at the
+    upper end of its Wilson interval at the configured confidence: a version failing 40% of
+    30 requests is not given the rest of the interval, while a good version's rare failure
+    is (one failure in 20 keeps the bound above 0.99).
     The rate rule acts only with ``failureLimit: 0``.
     """
     rule = spec.early_abort
@@ -435,6 +460,8 @@ def early_abort(
         sources.append(("triton", since_ready[0], since_ready[1]))
     if probes is not None:
         sources.append(("probes", float(probes.sent - probes.failed), float(probes.failed)))
+    if routed is not None:
+        sources.append(("router", routed[0], routed[1]))
     for check in spec.checks:
         if check.kind != "successRate" or check.min is None:
             continue

@@ -12,9 +12,19 @@ from concurrent.futures import ThreadPoolExecutor
 from reconciler.engine.change import _ignore, _ignore_stage, apply_change
 from reconciler.engine.staged import _server_lost, _staged
 from reconciler.engine.steps import NoStepHooks, Timing, _ChangeContext
-from reconciler.model.plan import ModelChange, Plan
-from reconciler.model.results import ApplyResult, ChangeResult, Outcome, Progress, StagedProgress
-from reconciler.ports import FiguresSource, ModelControl, StepHooks
+from reconciler.engine.traffic import _traffic
+from reconciler.model.errors import RouterUnavailable
+from reconciler.model.plan import Action, ModelChange, Plan, Step
+from reconciler.model.results import (
+    ApplyResult,
+    ChangeResult,
+    Outcome,
+    Progress,
+    StagedProgress,
+    StepResult,
+)
+from reconciler.model.traffic import RouteUpdate
+from reconciler.ports import FiguresSource, ModelControl, StepHooks, TrafficRouter
 
 
 def apply(
@@ -27,16 +37,20 @@ def apply(
     metrics: Mapping[str, FiguresSource] | None = None,
     staged_progress: StagedProgress | None = None,
     hooks: StepHooks | None = None,
+    routers: Mapping[str, TrafficRouter] | None = None,
 ) -> ApplyResult:
     """Execute every change of ``plan``; servers concurrently, each server's changes in order.
 
     ``progress`` is called with each step's result as it finishes (from worker threads).
     ``hooks`` calls the webhooks and replaceLibrary commands the plan's steps name (the
     caller passes ``adapters.hooks.HttpStepHooks()``); None: the executor was given none, and
-    a step that needs one fails saying so.
+    a step that needs one fails saying so. ``routers``: a client per Router the plan names
+    (its steady-route updates run first; its traffic rollouts through them).
     """
     timing = timing or Timing()
     step_hooks: StepHooks = hooks or NoStepHooks()
+    routers = routers or {}
+    routes = tuple(_steady(routers, update, timing) for update in plan.routes)
     staged: dict[str, dict[str, ModelChange]] = {r.deployment: {} for r in plan.rollouts}
     members = {
         (r.deployment, server) for r in plan.rollouts for stage in r.stages for server in stage
@@ -75,6 +89,21 @@ def apply(
         per_server = list(pool.map(run_server, sorted(by_server)))
     results = [r for server_results in per_server for r in server_results]
     for rollout in plan.rollouts:
+        if rollout.traffic is not None:
+            results.extend(
+                _traffic(
+                    rollout,
+                    staged[rollout.deployment],
+                    controls,
+                    timing,
+                    progress,
+                    metrics,
+                    staged_progress or _ignore_stage,
+                    step_hooks,
+                    routers[rollout.traffic.router],
+                )
+            )
+            continue
         results.extend(
             _staged(
                 rollout,
@@ -89,4 +118,17 @@ def apply(
         )
     order = {(c.server, c.model): i for i, c in enumerate(plan.changes)}
     results.sort(key=lambda r: order[(r.change.server, r.change.model)])
-    return ApplyResult(plan.revision, tuple(results))
+    return ApplyResult(plan.revision, tuple(results), routes)
+
+
+def _steady(
+    routers: Mapping[str, TrafficRouter], update: RouteUpdate, timing: Timing
+) -> StepResult:
+    """A router put back to its steady route (``Plan.routes``)."""
+    step = Step("", "", Action.ROUTE, (), f"router {update.router}: {update.reason}")
+    started = timing.clock()
+    try:
+        routers[update.router].route(update.weights, update.mirror)
+    except RouterUnavailable as exc:
+        return StepResult(step, False, timing.clock() - started, str(exc), exc.failure)
+    return StepResult(step, True, timing.clock() - started, ended_at=timing.clock())

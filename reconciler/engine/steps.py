@@ -18,6 +18,7 @@ from reconciler.core.analysis import (
     concluded,
     early_abort,
     evaluate,
+    routed_since,
     since_ready,
 )
 from reconciler.core.probes import synthesized, wrong
@@ -418,15 +419,18 @@ class _Watch:
 
     def _evidence(self, current: Figures | None, probes: ProbeFigures | None) -> None:
         counted = self._since_ready(current)
+        routed = routed_since(self.origin, current)
         self.evidence = max(
             self.evidence,
             sum(counted) if counted else 0.0,
+            sum(routed) if routed else 0.0,
             float(probes.sent) if probes else 0.0,
         )
 
     def check_abort(self, current: Figures | None, probes: ProbeFigures | None) -> None:
         """Fail now if the early abort says so (``current``: the counters just read)."""
-        reason = early_abort(self.spec, self._since_ready(current), probes)
+        routed = routed_since(self.origin, current)
+        reason = early_abort(self.spec, self._since_ready(current), probes, routed)
         if reason is not None:
             self._abort(reason, probes)
 

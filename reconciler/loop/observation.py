@@ -6,7 +6,7 @@ Everything outside comes in as a port (a resolver, clients, digest reader, metri
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -15,7 +15,8 @@ from reconciler.model.errors import UnsafeRevision
 from reconciler.model.history import History
 from reconciler.model.serving import ServerState
 from reconciler.model.spec import DesiredState
-from reconciler.ports import FiguresSource, Resolver, TritonClient, VersionDigests
+from reconciler.model.traffic import RouterSpec, RouteState
+from reconciler.ports import FiguresSource, Resolver, TrafficRouter, TritonClient, VersionDigests
 
 # Per discovered server: its DNS name, how often to resolve it again, the addresses found.
 Discovered = dict[str, tuple[str, float, tuple[str, ...]]]
@@ -98,3 +99,19 @@ def with_free_memory(
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
         return dict(zip(serving, pool.map(one, serving), strict=True))
+
+
+def observe_routers(
+    desired: DesiredState, connect: Callable[[RouterSpec], TrafficRouter] | None
+) -> tuple[dict[str, TrafficRouter], dict[str, RouteState]]:
+    """A client per Router manifest and what each reports now (a router that does not
+    answer is data: the rollouts through it wait)."""
+    routers: dict[str, TrafficRouter] = {}
+    routes: dict[str, RouteState] = {}
+    for name, spec in sorted(desired.routers.items()):
+        if connect is None:
+            routes[name] = RouteState(name, False, error=f"router {name}: no router client")
+            continue
+        routers[name] = connect(spec)
+        routes[name] = routers[name].observe()
+    return routers, routes

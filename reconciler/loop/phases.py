@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reconciler.core.plan.planner import plan as make_plan
 from reconciler.core.records import (
@@ -47,6 +47,7 @@ from reconciler.loop.memory import PassMemory
 from reconciler.loop.observation import (
     Discovered,
     instances,
+    observe_routers,
     observe_servers,
     refuse_emptying,
     with_free_memory,
@@ -68,7 +69,8 @@ from reconciler.model.serving import ServerState
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from reconciler.model.spec import DesiredState
-from reconciler.ports import Alerts, FiguresSource, Ports, StateStore, TritonClient
+from reconciler.model.traffic import RouteState
+from reconciler.ports import Alerts, FiguresSource, Ports, StateStore, TrafficRouter, TritonClient
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,8 @@ class Observed:
     readers: dict[str, FiguresSource]  # metric readers of the servers not settled
     settled: frozenset[str]  # servers whose last plan had nothing to do (PassMemory)
     keys: dict[str, tuple[object, ...]]  # this pass's settle keys, for the memory
+    routes: dict[str, RouteState] = field(default_factory=dict)  # what each Router reports
+    routers: dict[str, TrafficRouter] = field(default_factory=dict)  # a client per Router
 
 
 @dataclass(frozen=True)
@@ -262,7 +266,8 @@ def observe(run: PassRun, target: Target, clients: Mapping[str, TritonClient]) -
         if name not in settled and (reader := run.ports.metrics(server)) is not None
     }
     serving = with_free_memory(serving, readers, parallel)
-    return Observed(serving, readers, settled, keys)
+    routers, routes = observe_routers(desired, run.ports.routers)
+    return Observed(serving, readers, settled, keys, routes, routers)
 
 
 def plan(run: PassRun, target: Target, observed: Observed) -> Planned:
@@ -274,6 +279,7 @@ def plan(run: PassRun, target: Target, observed: Observed) -> Planned:
         target.revision,
         run.skip,
         observed.settled,
+        observed.routes,
     )
     if run.memory:
         run.memory.remember_plan(observed.keys, plan_)
@@ -313,6 +319,7 @@ def apply(
             rollout.deployment, rollout.fingerprint, revision, completed, started
         ),
         hooks=run.ports.step_hooks,
+        routers=observed.routers,
     )
     return Applied(result, journal, before)
 

@@ -91,6 +91,18 @@ class AnalysisSpec:
 
 
 @dataclass(frozen=True)
+class PoolFigures:
+    """A router's cumulative statistics for one pool, as its clients saw them: gRPC
+    requests answered (``total``), those answered OK, and the summed upstream request time
+    (``time_ms`` over ``timed`` requests). None where the router reports none."""
+
+    total: float | None = None
+    success: float | None = None
+    time_ms: float | None = None
+    timed: float | None = None
+
+
+@dataclass(frozen=True)
 class Figures:
     """Cumulative figures at one instant, for some versions of one model on one server.
 
@@ -115,6 +127,9 @@ class Figures:
     pending: float | None = None
     inferences: float | None = None
     memory_total_bytes: float | None = None
+    # In a traffic rollout: the router's statistics for the new versions' pool, what its
+    # clients saw (a gRPC error response included, which Triton's counters miss).
+    routed: PoolFigures | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any
 from reconciler.model.analysis import AnalysisSpec
 from reconciler.model.history import Held
 from reconciler.model.spec import BackendSpec, SequencePolicy, ShadowSpec, SmokeCase
+from reconciler.model.traffic import RouteUpdate, TrafficPlan
 
 
 class Action(StrEnum):
@@ -21,6 +22,9 @@ class Action(StrEnum):
     LOAD = "load"
     VERIFY = "verify"
     ANALYZE = "analyze"
+    # A traffic rollout's router update (a phase's weights and mirror shares, the switch
+    # back, the final route): planned in RolloutPlan.traffic, shown in results like a step.
+    ROUTE = "route"
     # In results only, never planned: the staged rollout failed elsewhere (another server's
     # step, a step webhook, shutdown) and took this server back with it.
     ROLLOUT = "rollout"
@@ -119,6 +123,11 @@ class RolloutPlan:
     # production servers of later stages, still on the old versions, as a canary's baseline).
     # Empty for a stage: each server compares with its own old versions.
     baselines: tuple[tuple[str, ...], ...] = ()
+    # Traffic moved through a router (``rollout.traffic``): the stages are then the new
+    # pool's servers and the old pool's, with the route's phases between them.
+    traffic: TrafficPlan | None = None
+    # A traffic rollout: per server of the new pool, the analysis each phase runs.
+    analyses: tuple[Step, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,9 @@ class Plan:
     held: tuple[Held, ...] = ()
     suspended: tuple[tuple[str, str], ...] = ()  # (server, model) left alone: spec.suspend
     rollouts: tuple[RolloutPlan, ...] = ()  # staged changes, coordinated across servers
+    # Routers put back to their steady route before anything else (drift: a restarted
+    # Envoy, a hand edit, a rollout cut short).
+    routes: tuple[RouteUpdate, ...] = ()
 
     @property
     def steps(self) -> tuple[Step, ...]:
@@ -137,4 +149,4 @@ class Plan:
 
     @property
     def has_changes(self) -> bool:
-        return bool(self.changes)
+        return bool(self.changes or self.routes)

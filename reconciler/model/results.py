@@ -90,7 +90,8 @@ class ChangeResult:
 
     @property
     def analysis(self) -> StepResult | None:
-        return next((r for r in self.steps if r.step.action is Action.ANALYZE), None)
+        """The last analysis (a traffic rollout runs one per phase; a failed one is last)."""
+        return next((r for r in reversed(self.steps) if r.step.action is Action.ANALYZE), None)
 
     @property
     def rollback_seconds(self) -> float | None:
@@ -105,10 +106,13 @@ class ChangeResult:
 class ApplyResult:
     revision: str
     changes: tuple[ChangeResult, ...]
+    routes: tuple[StepResult, ...] = ()  # the plan's steady-route updates (Plan.routes)
 
     @property
     def ok(self) -> bool:
-        return all(c.outcome is Outcome.CONVERGED for c in self.changes)
+        return all(c.outcome is Outcome.CONVERGED for c in self.changes) and all(
+            r.ok for r in self.routes
+        )
 
 
 Progress = Callable[[StepResult], None]

@@ -122,18 +122,6 @@ class RouteState:
 
 
 @dataclass(frozen=True)
-class PoolFigures:
-    """A router's cumulative statistics for one pool, as its clients saw them: gRPC
-    requests answered (``total``), those answered OK, and the summed upstream request time
-    (``time_ms`` over ``timed`` requests). None where the router reports none."""
-
-    total: float | None = None
-    success: float | None = None
-    time_ms: float | None = None
-    timed: float | None = None
-
-
-@dataclass(frozen=True)
 class RouteUpdate:
     """A planned router change: the weights and mirror shares to set, and why."""
 
@@ -141,3 +129,31 @@ class RouteUpdate:
     weights: Mapping[str, int]
     mirror: Mapping[str, int]
     reason: str
+
+
+@dataclass(frozen=True)
+class TrafficPhase:
+    """One setting of the route in a traffic rollout, and whether the new pool's analysis
+    runs under it (for at least ``watch`` seconds: the analysis's duration, or blueGreen's
+    keepOld when longer)."""
+
+    name: str  # "mirror 10%", "step 2 of 4: canary 5%", "switch: green 100%"
+    weights: Mapping[str, int]
+    mirror: Mapping[str, int]
+    watch: float  # seconds the analysis runs under this setting; 0: none
+
+
+@dataclass(frozen=True)
+class TrafficPlan:
+    """How a staged rollout moves traffic through its router: the new pool's servers take
+    the new versions at ``restore`` (no traffic), then each phase sets the route and the
+    analysis watches, then the old pool's servers take the new versions and the route is
+    set to ``final``. Any failure sets ``restore`` in one router update first."""
+
+    router: str
+    strategy: Strategy
+    old_pool: str  # canary: the stable pool; blueGreen: the pool with the traffic now
+    new_pool: str  # canary: the canary pool; blueGreen: the idle pool
+    phases: tuple[TrafficPhase, ...]
+    restore: RouteUpdate  # every request to the old pool, nothing mirrored
+    final: RouteUpdate  # canary: back to the stable pool; blueGreen: all on the new pool

@@ -13,6 +13,7 @@ from reconciler.model.history import Rollout
 from reconciler.model.plan import Action, ModelChange, Plan, Step
 from reconciler.model.reports import PassReport, StatusReport
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome, StepResult
+from reconciler.model.traffic import TrafficPlan
 from reconciler.views.steps import step_json
 
 FORMAT_VERSION = "1"
@@ -51,8 +52,18 @@ def plan_json(plan: Plan) -> dict[str, Any]:
                         r.stage_names, r.stages, r.max_parallel, strict=True
                     )
                 ],
+                **({"traffic": _traffic_json(r.traffic)} if r.traffic is not None else {}),
             }
             for r in plan.rollouts
+        ],
+        "routes": [
+            {
+                "router": u.router,
+                "weights": dict(u.weights),
+                "mirror": dict(u.mirror),
+                "reason": u.reason,
+            }
+            for u in plan.routes
         ],
         "suspended": [{"server": s, "model": m} for s, m in plan.suspended],
         "held": [
@@ -66,6 +77,26 @@ def plan_json(plan: Plan) -> dict[str, Any]:
             }
             for h in plan.held
         ],
+    }
+
+
+def _traffic_json(plan: TrafficPlan) -> dict[str, Any]:
+    return {
+        "router": plan.router,
+        "strategy": str(plan.strategy),
+        "old_pool": plan.old_pool,
+        "new_pool": plan.new_pool,
+        "phases": [
+            {
+                "name": p.name,
+                "weights": dict(p.weights),
+                "mirror": dict(p.mirror),
+                "watch_seconds": p.watch,
+            }
+            for p in plan.phases
+        ],
+        "on_failure": dict(plan.restore.weights),
+        "final": dict(plan.final.weights),
     }
 
 
@@ -98,6 +129,24 @@ def plan_text(plan: Plan) -> str:
             rollout.stage_names, rollout.stages, rollout.max_parallel, strict=True
         ):
             lines.append(f"  {name}: {', '.join(stage)} ({parallel} at once)")
+            traffic = rollout.traffic
+            if traffic is not None and name == f"{traffic.new_pool} pool":
+                lines.append(
+                    f"  then through router {traffic.router} ({traffic.strategy}), the "
+                    f"analysis watching {traffic.new_pool} under each:"
+                )
+                lines.extend(
+                    f"    {phase.name}" + (f" ({phase.watch:g}s)" if phase.watch else "")
+                    for phase in traffic.phases
+                )
+        if rollout.traffic is not None:
+            lines.append(
+                f"  then router {rollout.traffic.router}: {rollout.traffic.final.reason}; on "
+                f"any failure at once: {rollout.traffic.restore.reason}"
+            )
+    if plan.routes:
+        lines.append("routers:")
+        lines.extend(f"  {u.reason}" for u in plan.routes)
     if plan.held:
         lines.append("held (a rollout of this spec failed; kept at what served before):")
         for h in plan.held:
@@ -117,7 +166,7 @@ def plan_text(plan: Plan) -> str:
         f"plan: {len(plan.changes)} model(s) to change in {len(plan.steps)} step(s), "
         f"{len(plan.in_sync)} in sync, {len(plan.held)} held, {len(plan.problems)} problem(s)"
     )
-    if not plan.changes and not plan.problems:
+    if not plan.changes and not plan.problems and not plan.routes:
         lines.append(
             "nothing to do: every server serves what the manifests ask for"
             if not plan.held

@@ -86,6 +86,8 @@ MANIFESTS = textwrap.dedent(
       servers: {names: [blue, green]}
       versions: [1]
       config: {backend: python}
+      verify:
+        analysis: {interval: 1s, duration: 2s, checks: [{name: ok, successRate: {min: 0.9}}]}
       rollout:
         traffic: {router: envoy, strategy: blueGreen, pools: [blue, green]}
     """

@@ -11,10 +11,12 @@ from reconciler.core.plan.held import _plan_held, _plan_removal
 from reconciler.core.plan.order import _order
 from reconciler.core.plan.settle import _as_before, _await_load_in_progress
 from reconciler.core.plan.stages import _rollouts, with_restarted_finish
+from reconciler.core.plan.traffic import steady_routes, unroutable
 from reconciler.model.history import Held, History
 from reconciler.model.plan import ModelChange, Plan, PlanProblem
 from reconciler.model.serving import ServingState
 from reconciler.model.spec import DesiredState
+from reconciler.model.traffic import RouteState
 
 
 def plan(
@@ -24,6 +26,7 @@ def plan(
     revision: str,
     skip: Mapping[str, str] | None = None,
     settled: frozenset[str] = frozenset(),
+    routes: Mapping[str, RouteState] | None = None,
 ) -> Plan:
     """Diff what the manifests ask for against what the servers serve.
 
@@ -31,7 +34,8 @@ def plan(
     problems and left alone. Servers in ``settled`` are known to plan nothing: an earlier
     plan of the same ``settle_key`` had no change and no problem for them. They are reported
     in sync (or held, or suspended) without planning each model again, which is what keeps a
-    no-op pass over a large fleet cheap.
+    no-op pass over a large fleet cheap. ``routes``: what each Router reports (a traffic
+    rollout whose router is missing here, or unreachable, waits).
     """
     changes: list[ModelChange] = []
     problems: list[PlanProblem] = []
@@ -86,7 +90,11 @@ def plan(
         ordered, dependency_problems = _order(server, server_changes, placements, observed)
         changes.extend(ordered)
         problems.extend(dependency_problems)
-    rollouts = _rollouts(desired, changes, history)
+    routes = routes or {}
+    changes, waiting = unroutable(desired, changes, routes)
+    problems.extend(waiting)
+    rollouts, changes = _rollouts(desired, changes, history, routes)
+    moving = {r.traffic.router for r in rollouts if r.traffic is not None}
     return Plan(
         revision,
         tuple(with_restarted_finish(changes, rollouts)),
@@ -95,4 +103,5 @@ def plan(
         tuple(held),
         tuple(suspended),
         rollouts,
+        steady_routes(desired, routes, moving),
     )

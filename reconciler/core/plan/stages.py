@@ -6,12 +6,15 @@ plans, ``engine/staged.py`` only runs.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
+from reconciler.core.plan.traffic import traffic_rollout
 from reconciler.core.triton_config import with_versions
 from reconciler.model.history import History
 from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
 from reconciler.model.spec import DesiredState, RolloutSpec
+from reconciler.model.traffic import RouteState
 
 
 def _count(value: int | str, total: int) -> int:
@@ -21,14 +24,27 @@ def _count(value: int | str, total: int) -> int:
 
 
 def _rollouts(
-    desired: DesiredState, changes: list[ModelChange], history: History
-) -> tuple[RolloutPlan, ...]:
+    desired: DesiredState,
+    changes: list[ModelChange],
+    history: History,
+    routes: Mapping[str, RouteState],
+) -> tuple[tuple[RolloutPlan, ...], list[ModelChange]]:
+    """The staged rollouts, and ``changes`` as they run in them (a traffic rollout's
+    without their analyze steps, which run under the router's phases)."""
     by_deployment, resumed = _staged_changes(desired, changes, history)
     plans = []
+    replaced: dict[tuple[str, str], ModelChange] = {}
     for name, staged in sorted(by_deployment.items()):
         deployment = desired.deployments[name]
         spec = deployment.rollout
         if not spec.staged:
+            continue
+        if spec.traffic is not None:
+            rollout, stripped = traffic_rollout(
+                desired, deployment, staged, routes[spec.traffic.router]
+            )
+            plans.append(rollout)
+            replaced.update({(c.server, c.model): c for c in stripped})
             continue
         already = sorted(resumed.get(name, ()))
         servers = sorted(c.server for c in staged if c.server not in already)
@@ -49,7 +65,7 @@ def _rollouts(
                 _baselines(stages, names),
             )
         )
-    return tuple(plans)
+    return tuple(plans), [replaced.get((c.server, c.model), c) for c in changes]
 
 
 def _staged_changes(

@@ -228,6 +228,12 @@ def _deployment_traffic(
             f"{name}: rollout.traffic moves traffic through the router; leave out "
             "rollout.steps and rollout.preview (server steps)",
         )
+    if deployment.analysis is None:
+        yield doc.problem(
+            path,
+            f"{name}: rollout.traffic needs spec.verify.analysis: each traffic step is judged "
+            "by it before the next",
+        )
     steps = traffic.steps
     if any(b <= a for a, b in pairwise(steps)) or steps[0] <= 0:
         yield doc.problem(

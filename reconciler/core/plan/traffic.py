@@ -1,0 +1,251 @@
+"""Rollouts that move traffic through a router: which pool is old and which new, the
+route's phases (mirror, each step's share, blue-green's switch) with the analysis each
+runs, the route a failure goes back to, and the steady route of every router that no
+rollout is moving this pass (the drift a restarted Envoy or a hand edit leaves). Called by
+``core/plan/planner.py`` and ``core/plan/stages.py``; ``engine/traffic.py`` only runs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from reconciler.model.plan import Action, ModelChange, PlanProblem, RolloutPlan, Step
+from reconciler.model.spec import DesiredState, ModelDeployment
+from reconciler.model.traffic import (
+    WEIGHT_SCALE,
+    RouterSpec,
+    RouteState,
+    RouteUpdate,
+    Strategy,
+    TrafficPhase,
+    TrafficPlan,
+    TrafficSpec,
+    share_text,
+)
+
+
+def live_pool(traffic: TrafficSpec, state: RouteState) -> str:
+    """blueGreen: the pool of the two with the larger share now (the first on a tie)."""
+    return max(traffic.pools, key=lambda pool: (state.share(pool), -traffic.pools.index(pool)))
+
+
+def _only(router: RouterSpec, pool: str) -> dict[str, int]:
+    return {p.name: WEIGHT_SCALE if p.name == pool else 0 for p in router.pools}
+
+
+def _none_mirrored(router: RouterSpec) -> dict[str, int]:
+    return {p.name: 0 for p in router.pools}
+
+
+def routes_as(state: RouteState, weights: Mapping[str, int], mirror: Mapping[str, int]) -> bool:
+    """The router routes by ``weights`` (as shares) and mirrors ``mirror``'s shares."""
+    total = sum(weights.values())
+    return all(
+        state.share(pool) == round(weight * WEIGHT_SCALE / total)
+        for pool, weight in weights.items()
+    ) and all(state.mirror.get(pool, 0) == share for pool, share in mirror.items())
+
+
+def steady_routes(
+    desired: DesiredState, routes: Mapping[str, RouteState], moving: set[str]
+) -> tuple[RouteUpdate, ...]:
+    """For every reachable router no rollout moves this pass (``moving``) and that does not
+    route as it should when at rest, the update that puts it back: every request to the
+    stable pool of a canary deployment, or to the pool a blue-green deployment left live,
+    nothing mirrored."""
+    updates = []
+    for name, router in sorted(desired.routers.items()):
+        state = routes.get(name)
+        if name in moving or state is None or not state.reachable:
+            continue
+        uses = [
+            d.rollout.traffic
+            for d in sorted(desired.deployments.values(), key=lambda d: d.name)
+            if d.rollout.traffic is not None and d.rollout.traffic.router == name
+        ]
+        if not uses:
+            continue
+        canary = next((t for t in uses if t.strategy is Strategy.CANARY), None)
+        pool = canary.pools[0] if canary is not None else live_pool(uses[0], state)
+        weights, mirror = _only(router, pool), _none_mirrored(router)
+        if not routes_as(state, weights, mirror):
+            updates.append(
+                RouteUpdate(
+                    name,
+                    weights,
+                    mirror,
+                    f"router {name} routes {state}; at rest it sends every request to "
+                    f"{pool}, nothing mirrored",
+                )
+            )
+    return tuple(updates)
+
+
+def unroutable(
+    desired: DesiredState, changes: list[ModelChange], routes: Mapping[str, RouteState]
+) -> tuple[list[ModelChange], list[PlanProblem]]:
+    """``changes`` without those of traffic rollouts that cannot run this pass: their
+    router did not answer (nothing of theirs is touched, traffic stays where it is), or
+    another deployment's rollout moves the same router's traffic (it waits its turn)."""
+    kept: list[ModelChange] = []
+    problems: list[PlanProblem] = []
+    moving: dict[str, str] = {}  # router -> the deployment whose rollout moves it
+    for change in sorted(changes, key=lambda c: (c.deployment or "", c.server)):
+        deployment = desired.deployments.get(change.deployment or "")
+        traffic = deployment.rollout.traffic if deployment is not None else None
+        if deployment is None or traffic is None:
+            kept.append(change)
+            continue
+        state = routes.get(traffic.router)
+        if state is None or not state.reachable:
+            why = state.error if state is not None and state.error else "not observed"
+            problems.append(
+                PlanProblem(
+                    change.server,
+                    change.model,
+                    f"{why}; the rollout of {deployment.name} waits, nothing touched, traffic "
+                    "left where it is",
+                )
+            )
+            continue
+        owner = moving.setdefault(traffic.router, deployment.name)
+        if owner != deployment.name:
+            problems.append(
+                PlanProblem(
+                    change.server,
+                    change.model,
+                    f"waits: router {traffic.router} moves traffic for {owner} this pass",
+                )
+            )
+            continue
+        kept.append(change)
+    order = {id(c): i for i, c in enumerate(changes)}
+    return sorted(kept, key=lambda c: order[id(c)]), problems
+
+
+def traffic_rollout(
+    desired: DesiredState,
+    deployment: ModelDeployment,
+    changes: list[ModelChange],
+    state: RouteState,
+) -> tuple[RolloutPlan, list[ModelChange]]:
+    """The rollout of ``deployment``'s ``changes`` through its router, and the changes as
+    they run in it (without analyze steps: the analysis runs under each phase)."""
+    traffic = deployment.rollout.traffic
+    assert traffic is not None
+    router = desired.routers[traffic.router]
+    if traffic.strategy is Strategy.CANARY:
+        old, new = traffic.pools
+    else:
+        old = live_pool(traffic, state)
+        new = next(p for p in traffic.pools if p != old)
+    pool_of = {c.server: router.pool_of(desired.servers[c.server]) for c in changes}
+    stripped = [
+        replace(c, steps=tuple(s for s in c.steps if s.action is not Action.ANALYZE))
+        for c in changes
+    ]
+    analyses = tuple(
+        _analysis(deployment, change) for change in changes if pool_of[change.server] == new
+    )
+    new_servers = tuple(sorted(c.server for c in changes if pool_of[c.server] == new))
+    old_servers = tuple(sorted(c.server for c in changes if pool_of[c.server] == old))
+    stages = tuple(s for s in (new_servers, old_servers) if s)
+    names = tuple(
+        name
+        for name, servers in ((f"{new} pool", new_servers), (f"{old} pool", old_servers))
+        if servers
+    )
+    restore = RouteUpdate(
+        router.name,
+        _only(router, old),
+        _none_mirrored(router),
+        f"every request to {old}, nothing mirrored",
+    )
+    plan = TrafficPlan(
+        router.name,
+        traffic.strategy,
+        old,
+        new,
+        _phases(router, traffic, deployment, old, new) if analyses else (),
+        restore,
+        restore
+        if traffic.strategy is Strategy.CANARY
+        else RouteUpdate(router.name, _only(router, new), _none_mirrored(router), f"all to {new}"),
+    )
+    rollout = RolloutPlan(
+        deployment.name,
+        deployment.model,
+        deployment.fingerprint,
+        stages,
+        names,
+        tuple(len(stage) for stage in stages),
+        deployment.rollout.pre_step,
+        deployment.rollout.post_step,
+        # The new pool's servers are compared with the old pool's, still on the old versions.
+        tuple(old_servers if stage is new_servers else () for stage in stages),
+        traffic=plan,
+        analyses=analyses,
+    )
+    return rollout, stripped
+
+
+def _phases(
+    router: RouterSpec,
+    traffic: TrafficSpec,
+    deployment: ModelDeployment,
+    old: str,
+    new: str,
+) -> tuple[TrafficPhase, ...]:
+    analysis = deployment.analysis
+    duration = analysis.duration if analysis is not None else 0.0
+    nothing = _none_mirrored(router)
+    phases = []
+    if traffic.mirror:
+        phases.append(
+            TrafficPhase(
+                f"mirror {share_text(traffic.mirror)} to {new}",
+                _only(router, old),
+                {**nothing, new: traffic.mirror},
+                duration,
+            )
+        )
+    elif traffic.strategy is Strategy.BLUE_GREEN:
+        phases.append(
+            TrafficPhase(f"{new} at no traffic (probes)", _only(router, old), nothing, duration)
+        )
+    for index, share in enumerate(traffic.steps):
+        weights = {**_only(router, old), old: WEIGHT_SCALE - share, new: share}
+        last = index == len(traffic.steps) - 1
+        watch = max(duration, traffic.keep_old) if last else duration
+        label = "switch" if traffic.strategy is Strategy.BLUE_GREEN else "step"
+        phases.append(
+            TrafficPhase(
+                f"{label} {index + 1} of {len(traffic.steps)}: {new} {share_text(share)}",
+                weights,
+                nothing,
+                watch,
+            )
+        )
+    return tuple(phases)
+
+
+def _analysis(deployment: ModelDeployment, change: ModelChange) -> Step:
+    """The analysis a phase runs on one server of the new pool: the change's own, or, for
+    a server whose versions were loaded by a pass cut short (no analyze step planned), one
+    made the same way over its new versions."""
+    planned = next((s for s in change.steps if s.action is Action.ANALYZE), None)
+    if planned is not None:
+        return planned
+    assert deployment.analysis is not None  # validation: rollout.traffic needs an analysis
+    new = tuple(v for v in change.desired if v not in change.serving) or change.desired
+    old = tuple(v for v in change.serving if v not in change.desired)
+    return Step(
+        change.server,
+        change.model,
+        Action.ANALYZE,
+        new,
+        f"watch {', '.join(map(str, new))} under the router's traffic",
+        analysis=deployment.analysis,
+        baseline=old,
+    )

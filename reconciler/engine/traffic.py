@@ -1,0 +1,281 @@
+"""Traffic rollouts: the new pool's servers take the new versions while the router sends
+them nothing, then each planned phase sets the route (a mirror share, a canary share, the
+blue-green switch) and the analysis watches the new pool under it, reading the router's own
+statistics for that pool beside Triton's counters and the probes; then the old pool's
+servers take the new versions and the route is set to its final form. Any failure sets
+the route back to the old pool in one router update, before anything else is put back.
+Called by ``engine/apply.py``; everything it runs is planned (``RolloutPlan.traffic``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from functools import partial
+
+from reconciler.core.plan.traffic import routes_as
+from reconciler.engine.change import _prepare_analysis, _run
+from reconciler.engine.staged import (
+    PooledFigures,
+    _call_hook,
+    _finish,
+    _hook_step,
+    _Rollout,
+    _run_stage,
+    _take_back,
+)
+from reconciler.engine.steps import Timing, _ChangeContext
+from reconciler.model.analysis import Figures
+from reconciler.model.errors import RouterUnavailable
+from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
+from reconciler.model.results import (
+    ChangeResult,
+    FailureKind,
+    Progress,
+    StagedProgress,
+    StepResult,
+)
+from reconciler.model.traffic import TrafficPhase, TrafficPlan
+from reconciler.ports import FiguresSource, ModelControl, StepHooks, TrafficRouter
+
+
+@dataclass(frozen=True)
+class RoutedFigures:
+    """A server's figures with the router's statistics for its pool beside them: what the
+    pool's clients saw. RouterUnavailable when the router does not answer."""
+
+    source: FiguresSource
+    router: TrafficRouter
+    pool: str
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = {}
+    ) -> Figures:
+        figures = self.source.figures(model, versions, queries)
+        routed = self.router.figures((self.pool,))
+        return replace(figures, routed=routed[self.pool]) if routed else figures
+
+
+def _route_step(plan: TrafficPlan, server: str, model: str, what: str) -> Step:
+    return Step(server, model, Action.ROUTE, (), f"router {plan.router}: {what}")
+
+
+def _set_route(
+    router: TrafficRouter,
+    plan: TrafficPlan,
+    weights: Mapping[str, int],
+    mirror: Mapping[str, int],
+    step: Step,
+    timing: Timing,
+    reverting: bool = False,
+) -> StepResult:
+    started = timing.clock()
+    try:
+        router.route(weights, mirror)
+    except RouterUnavailable as exc:
+        ended = timing.clock()
+        return StepResult(
+            step, False, ended - started, str(exc), exc.failure, reverting, ended_at=ended
+        )
+    ended = timing.clock()
+    return StepResult(step, True, ended - started, reverting=reverting, ended_at=ended)
+
+
+def _traffic(
+    rollout: RolloutPlan,
+    changes: Mapping[str, ModelChange],
+    controls: Mapping[str, ModelControl],
+    timing: Timing,
+    progress: Progress,
+    metrics: Mapping[str, FiguresSource] | None,
+    staged_progress: StagedProgress,
+    hooks: StepHooks,
+    router: TrafficRouter,
+) -> list[ChangeResult]:
+    """Run one ModelDeployment's traffic rollout (see the module's docstring)."""
+    plan = rollout.traffic
+    assert plan is not None
+    run = _Rollout(rollout, changes, controls, timing, progress, metrics or {}, hooks)
+    done: dict[str, list[StepResult]] = {}
+    contexts: dict[str, _ChangeContext] = {}
+    first = rollout.stages[0][0] if rollout.stages else ""
+    model = rollout.model
+    # The route at rest first: a rollout cut short may have left the new pool with traffic.
+    failure: StepResult | None = _checked(
+        _set_route(
+            router,
+            plan,
+            plan.restore.weights,
+            plan.restore.mirror,
+            _route_step(plan, first, model, plan.restore.reason),
+            timing,
+        )
+    )
+    for index, stage in enumerate(rollout.stages):
+        if failure is not None:
+            break
+        if timing.stopping():
+            failure = StepResult(_hook_step(rollout, stage, "shutdown"), False, 0.0, "shutdown")
+            break
+        failure = _call_hook(run, index, "preStep")
+        if failure is not None:
+            break
+        started = {server: changes[server].serving for server in stage}
+        staged_progress(rollout, tuple(sorted(done)), started)
+        failure = _run_stage(run, index, contexts, done)
+        if failure is None and index == 0 and rollout.stage_names[0] == f"{plan.new_pool} pool":
+            failure = _phases(run, plan, router, done)
+        if failure is None:
+            failure = _call_hook(run, index, "postStep")
+    if failure is None:
+        final = _set_route(
+            router,
+            plan,
+            plan.final.weights,
+            plan.final.mirror,
+            _route_step(plan, first, model, plan.final.reason),
+            timing,
+        )
+        for results in done.values():
+            results.append(_on(final, results[0].step.server))
+        failure = _checked(final)
+    if failure is None:
+        return [_finish(run, server, done[server], contexts[server]) for server in sorted(changes)]
+    return _switch_back(run, plan, router, failure, done)
+
+
+def _on(result: StepResult, server: str) -> StepResult:
+    """A router step's result as one server's step (each touched server shows it)."""
+    return replace(result, step=replace(result.step, server=server))
+
+
+def _checked(result: StepResult) -> StepResult | None:
+    return None if result.ok else result
+
+
+def _switch_back(
+    run: _Rollout,
+    plan: TrafficPlan,
+    router: TrafficRouter,
+    failure: StepResult,
+    done: Mapping[str, list[StepResult]],
+) -> list[ChangeResult]:
+    """Every request back to the old pool in one router update, then every server touched
+    put back as a staged rollout does; the switch back is the first step of each revert."""
+    back = _set_route(
+        router,
+        plan,
+        plan.restore.weights,
+        plan.restore.mirror,
+        _route_step(
+            plan, failure.step.server, run.plan.model, f"switch back: {plan.restore.reason}"
+        ),
+        run.timing,
+        reverting=True,
+    )
+    run.progress(back)
+    outcome = _take_back(run, failure, done)
+    return [
+        replace(
+            result, revert=(replace(back, step=replace(back.step, server=server)), *result.revert)
+        )
+        if (server := result.change.server) in done
+        else result
+        for result in outcome
+    ]
+
+
+def _phases(
+    run: _Rollout, plan: TrafficPlan, router: TrafficRouter, done: dict[str, list[StepResult]]
+) -> StepResult | None:
+    """Each phase: set the route, then the new pool's analyses under it, concurrently; then
+    check the router still routes as set. The first failure, if any."""
+    analyses = run.plan.analyses
+    for phase in plan.phases:
+        if run.timing.stopping():
+            return StepResult(
+                _route_step(plan, analyses[0].server, run.plan.model, phase.name),
+                False,
+                0.0,
+                "shutdown",
+            )
+        routed = _set_route(
+            router,
+            plan,
+            phase.weights,
+            phase.mirror,
+            _route_step(plan, analyses[0].server, run.plan.model, phase.name),
+            run.timing,
+        )
+        for step in analyses:
+            done[step.server].append(_on(routed, step.server))
+        run.progress(routed)
+        if not routed.ok:
+            return routed
+        if phase.watch <= 0:
+            continue
+        with ThreadPoolExecutor(max_workers=max(1, len(analyses))) as workers:
+            watched = list(workers.map(partial(_watch, run, plan, router, phase), analyses))
+        failure = None
+        for step, results in zip(analyses, watched, strict=True):
+            done[step.server].extend(results)
+            if results and not results[-1].ok:
+                failure = failure or results[-1]
+        if failure is not None:
+            return failure
+        drift = _drifted(router, plan, phase, analyses[0])
+        if drift is not None:
+            for step in analyses:
+                done[step.server].append(
+                    replace(drift, step=replace(drift.step, server=step.server))
+                )
+            return drift
+    return None
+
+
+def _watch(
+    run: _Rollout, plan: TrafficPlan, router: TrafficRouter, phase: TrafficPhase, step: Step
+) -> list[StepResult]:
+    """One new-pool server's analysis under ``phase``, for the phase's time; its figures
+    carry the router's statistics for the new pool, its baseline is the old pool's servers."""
+    server = step.server
+    source = run.metrics.get(server)
+    old = run.plan.baselines[0] if run.plan.baselines else ()
+    pool = tuple(m for s in old if (m := run.metrics.get(s)) is not None)
+    context = _ChangeContext(
+        RoutedFigures(source, router, plan.new_pool) if source is not None else None,
+        baseline=PooledFigures(pool) if pool else None,
+        hooks=run.hooks,
+    )
+    assert step.analysis is not None
+    watched = replace(
+        step,
+        reason=f"{phase.name}: {step.reason}",
+        analysis=replace(step.analysis, duration=phase.watch),
+    )
+    change = replace(run.changes[server], steps=(watched,))
+    _prepare_analysis(run.controls[server], change, context, run.timing)
+    return _run(run.controls[server], (watched,), run.timing, run.progress, context)
+
+
+def _drifted(
+    router: TrafficRouter, plan: TrafficPlan, phase: TrafficPhase, step: Step
+) -> StepResult | None:
+    """A failure when the router no longer routes as the phase set it (restarted: its
+    runtime starts again from the config's defaults; or changed by hand): what the analysis
+    watched is not what was set, so nothing is known against the versions."""
+    state = router.observe()
+    what = _route_step(plan, step.server, step.model, f"{phase.name}: read back")
+    if not state.reachable:
+        return StepResult(what, False, 0.0, state.error, FailureKind.SERVER_LOST)
+    if not routes_as(state, phase.weights, phase.mirror):
+        return StepResult(
+            what,
+            False,
+            0.0,
+            f"router {plan.router} no longer routes as set ({state}; restarted or changed "
+            "by hand?): the analysis did not watch the share it was set for",
+            FailureKind.SERVER_LOST,
+        )
+    return None
