@@ -145,8 +145,15 @@ def traffic_rollout(
         replace(c, steps=tuple(s for s in c.steps if s.action is not Action.ANALYZE))
         for c in changes
     ]
-    analyses = tuple(
-        _analysis(deployment, change) for change in changes if pool_of[change.server] == new
+    # A first deployment has no old versions to send traffic back to, and no client calls
+    # a model that is not there yet: it loads everywhere, with no phase and no analysis.
+    first = not any(c.serving for c in changes)
+    analyses = (
+        ()
+        if first
+        else tuple(
+            _analysis(deployment, change) for change in changes if pool_of[change.server] == new
+        )
     )
     new_servers = tuple(sorted(c.server for c in changes if pool_of[c.server] == new))
     old_servers = tuple(sorted(c.server for c in changes if pool_of[c.server] == old))
@@ -210,7 +217,10 @@ def _phases(
                 duration,
             )
         )
-    elif traffic.strategy is Strategy.BLUE_GREEN:
+    elif (
+        traffic.strategy is Strategy.BLUE_GREEN and analysis is not None and analysis.probes.enabled
+    ):
+        # The idle pool takes no request but the probes: judged by them before the switch.
         phases.append(
             TrafficPhase(f"{new} at no traffic (probes)", _only(router, old), nothing, duration)
         )

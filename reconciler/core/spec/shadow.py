@@ -80,4 +80,6 @@ def attach_shadow_requests(
         deployments.append(replace(deployment, shadow=replace(shadow, requests=tuple(requests))))
     if problems:
         raise ValidationError(problems)
-    return DesiredState.build(list(desired.servers.values()), deployments)
+    return DesiredState.build(
+        list(desired.servers.values()), deployments, list(desired.routers.values())
+    )
