@@ -122,3 +122,24 @@ def test_a_pool_the_route_does_not_have_and_a_wrong_prefix_are_named(envoy: Loca
     )
     state = EnvoyRouter(wrong).observe()
     assert state.error is not None and "runtime_key_prefix 'routing.other'" in state.error
+
+
+@pytest.mark.parametrize(("share", "requests"), [(100, 5_000), (500, 5_000), (2_500, 20_000)])
+def test_measured_traffic_shares_are_within_a_point_of_the_weights(
+    envoy: LocalEnvoy, share: int, requests: int
+) -> None:
+    # Envoy picks a cluster at random per request: over n requests the canary's share has a
+    # standard deviation of sqrt(p(1-p)/n), 0.3 points for 25% of 20,000 (1 point: 3.3 sd).
+    router = EnvoyRouter(_spec(envoy))
+    router.route({"stable": 10_000 - share, "canary": share}, {})
+    load = LoadGenerator(envoy.address, "echo", threads=4).start()
+    deadline = time.monotonic() + 120
+    while len(load.samples) < requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    samples = load.stop()[:requests]
+    assert len(samples) == requests
+    # The canary pool serves echo 10 (an error response), the stable pool echo 1.
+    canary = sum(s.error is not None and "version 10" in s.error for s in samples)
+    stable = sum(s.version == 1 for s in samples)
+    assert canary + stable == requests  # every request answered by one pool or the other
+    assert abs(canary / requests - share / 10_000) < 0.01, canary / requests

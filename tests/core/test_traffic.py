@@ -1,0 +1,409 @@
+"""Traffic rollouts on the fakes: what the planner decides (pools, phases, the route back,
+drift, a router that does not answer or is busy), what the executor does with a router
+(the order of its updates, the switch back before anything is put back, the router's
+figures in the analysis), and the manifest checks, each naming its file and line."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+import pytest
+
+from reconciler.core.plan.planner import plan
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.engine.apply import apply
+from reconciler.engine.steps import Timing
+from reconciler.model.analysis import (
+    AnalysisSpec,
+    Check,
+    EarlyAbort,
+    Figures,
+    NoTraffic,
+    PoolFigures,
+    ProbeSpec,
+)
+from reconciler.model.errors import RouterUnavailable, ValidationError
+from reconciler.model.history import History
+from reconciler.model.plan import Action, Plan
+from reconciler.model.results import ApplyResult, FailureKind, Outcome
+from reconciler.model.spec import DesiredState, RolloutSpec, TritonServer
+from reconciler.model.traffic import (
+    EnvoyRoute,
+    Pool,
+    RouterSpec,
+    RouteState,
+    Strategy,
+    TrafficSpec,
+)
+from tests.core.fakes import FakeClock, FakeTriton, deploy, observe
+
+NO_QUERIES: Mapping[str, str] = MappingProxyType({})
+ANALYSIS = AnalysisSpec(
+    1.0,
+    2.0,
+    0,
+    NoTraffic.WAIT,
+    (Check("success-rate", "successRate", min=0.99),),
+    probes=ProbeSpec(enabled=False),
+    early_abort=EarlyAbort(every=0.0),
+)
+ROUTER = RouterSpec(
+    "edge",
+    (Pool("stable", server_names=("a", "b")), Pool("canary", server_names=("c",))),
+    envoy=EnvoyRoute("http://127.0.0.1:1", "routing.triton", "mirror.triton"),
+)
+CANARY = TrafficSpec("edge", Strategy.CANARY, ("stable", "canary"), (100, 5_000), mirror=1_000)
+
+
+class FakeRouter:
+    """A TrafficRouter in memory: every update recorded; ``failing``: the share of routed
+    requests to the canary pool that fail, as the router counts them."""
+
+    def __init__(self, weights: Mapping[str, int], failing: float = 0.0) -> None:
+        self.weights = dict(weights)
+        self.mirror = {p: 0 for p in weights}
+        self.updates: list[tuple[dict[str, int], dict[str, int]]] = []
+        self.failing = failing
+        self.down = False
+        self.reads = 0
+
+    def observe(self) -> RouteState:
+        if self.down:
+            return RouteState("edge", False, error="router edge: not reachable (refused)")
+        return RouteState("edge", True, dict(self.weights), dict(self.mirror))
+
+    def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        if self.down:
+            raise RouterUnavailable("router edge: not reachable (refused)")
+        self.weights, self.mirror = dict(weights), {**self.mirror, **mirror}
+        self.updates.append((dict(weights), dict(mirror)))
+
+    def figures(self, pools: Iterable[str]) -> Mapping[str, PoolFigures]:
+        self.reads += 1
+        total = 100.0 * self.reads if self.weights.get("canary") else 0.0
+        ok = total * (1 - self.failing)
+        return {p: PoolFigures(total, ok, None, None) for p in pools}
+
+
+class Counters:
+    """Triton's counters: every read, 100 more requests answered OK (in 100us each)."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = NO_QUERIES
+    ) -> Figures:
+        self.reads += 1
+        return Figures(success=100.0 * self.reads, duration_us=1e4 * self.reads, memory_bytes=1e6)
+
+
+def desired(traffic: TrafficSpec = CANARY, router: RouterSpec = ROUTER) -> DesiredState:
+    deployment = replace(
+        deploy("m", [2], servers=("a", "b", "c")),
+        analysis=ANALYSIS,
+        rollout=RolloutSpec(traffic=traffic),
+        fingerprint="fp-2",
+    )
+    servers = [TritonServer(s, f"{s}:8001", model_repository=f"/models/{s}") for s in "abc"]
+    return DesiredState.build(servers, [deployment], [router])
+
+
+def fakes(serving: Sequence[int] = (1,)) -> dict[str, FakeTriton]:
+    out = {}
+    for name in "abc":
+        fake = FakeTriton(name, {"m": range(1, 5)})
+        if serving:
+            fake.serve("m", serving)
+        out[name] = fake
+    return out
+
+
+@dataclass
+class Pass:
+    desired: DesiredState
+    fakes: dict[str, FakeTriton]
+    router: FakeRouter
+    clock: FakeClock = field(default_factory=FakeClock)
+
+    def plan(self) -> Plan:
+        serving = {name: observe(fake) for name, fake in self.fakes.items()}
+        return plan(self.desired, serving, History(), "rev", routes={"edge": self.router.observe()})
+
+    def run(self) -> tuple[Plan, ApplyResult]:
+        planned = self.plan()
+        timing = Timing(clock=self.clock.clock, sleep=self.clock.sleep)
+        metrics = {name: Counters() for name in self.fakes}
+        result = apply(
+            planned, self.fakes, timing=timing, metrics=metrics, routers={"edge": self.router}
+        )
+        return planned, result
+
+
+def at_rest() -> FakeRouter:
+    return FakeRouter({"stable": 10_000, "canary": 0})
+
+
+# -- the plan ------------------------------------------------------------------------------
+
+
+def test_a_canary_is_planned_pool_by_pool_with_its_phases_and_the_route_back() -> None:
+    planned = Pass(desired(), fakes(), at_rest()).plan()
+    (rollout,) = planned.rollouts
+    assert rollout.stages == (("c",), ("a", "b"))
+    assert rollout.stage_names == ("canary pool", "stable pool")
+    assert rollout.baselines == (("a", "b"), ())  # the canary is compared with the stable pool
+    traffic = rollout.traffic
+    assert traffic is not None
+    assert [p.name for p in traffic.phases] == [
+        "mirror 10% to canary",
+        "step 1 of 2: canary 1%",
+        "step 2 of 2: canary 50%",
+    ]
+    assert dict(traffic.phases[0].weights) == {"stable": 10_000, "canary": 0}
+    assert dict(traffic.phases[0].mirror) == {"stable": 0, "canary": 1_000}
+    assert dict(traffic.phases[1].weights) == {"stable": 9_900, "canary": 100}
+    assert (
+        dict(traffic.restore.weights)
+        == dict(traffic.final.weights)
+        == {
+            "stable": 10_000,
+            "canary": 0,
+        }
+    )
+    # The analysis runs under each phase on the canary, not as a step of any change.
+    assert [s.server for s in rollout.analyses] == ["c"]
+    assert all(s.action is not Action.ANALYZE for s in planned.steps)
+    assert planned.routes == ()
+
+
+def test_blue_green_loads_the_idle_pool_and_switches_to_it() -> None:
+    pools = RouterSpec(
+        "edge",
+        (Pool("blue", server_names=("a",)), Pool("green", server_names=("b", "c"))),
+        envoy=ROUTER.envoy,
+    )
+    switch = TrafficSpec("edge", Strategy.BLUE_GREEN, ("blue", "green"), (10_000,), keep_old=30)
+    analysis = replace(ANALYSIS, probes=ProbeSpec())
+    state = desired(switch, pools)
+    state = replace(
+        state,
+        deployments={"m": replace(state.deployments["m"], analysis=analysis)},
+        placements={
+            s: {m: replace(p, deployment=replace(p.deployment, analysis=analysis))}
+            for s, ps in state.placements.items()
+            for m, p in ps.items()
+        },
+    )
+    # green is live now: blue is idle and takes the new versions first.
+    planned = Pass(state, fakes(), FakeRouter({"blue": 0, "green": 10_000})).plan()
+    (rollout,) = planned.rollouts
+    traffic = rollout.traffic
+    assert traffic is not None
+    assert (traffic.old_pool, traffic.new_pool) == ("green", "blue")
+    assert rollout.stages == (("a",), ("b", "c"))
+    assert [(p.name, p.watch) for p in traffic.phases] == [
+        ("blue at no traffic (probes)", 2.0),
+        ("switch 1 of 1: blue 100%", 30.0),  # keepOld outlasts the analysis
+    ]
+    assert dict(traffic.final.weights) == {"blue": 10_000, "green": 0}
+    assert dict(traffic.restore.weights) == {"blue": 0, "green": 10_000}
+
+
+def test_a_router_that_does_not_answer_holds_its_rollouts_and_touches_nothing() -> None:
+    router = at_rest()
+    router.down = True
+    planned = Pass(desired(), fakes(), router).plan()
+    assert planned.changes == () and planned.rollouts == ()
+    assert {p.server for p in planned.problems} == {"a", "b", "c"}
+    assert all("router edge: not reachable" in p.message for p in planned.problems)
+    assert all("traffic left where it is" in p.message for p in planned.problems)
+
+
+def test_drift_from_the_route_at_rest_is_planned_back() -> None:
+    router = FakeRouter({"stable": 7_000, "canary": 3_000})
+    planned = Pass(desired(), fakes((2,)), router).plan()
+    assert planned.changes == ()
+    (update,) = planned.routes
+    assert dict(update.weights) == {"stable": 10_000, "canary": 0}
+    assert "routes canary 30%, stable 70%" in update.reason
+    assert planned.has_changes
+    assert Pass(desired(), fakes((2,)), at_rest()).plan().routes == ()
+
+
+def test_a_first_deployment_loads_everywhere_without_phases() -> None:
+    (rollout,) = Pass(desired(), fakes(()), at_rest()).plan().rollouts
+    assert rollout.traffic is not None and rollout.traffic.phases == ()
+    assert rollout.analyses == ()
+
+
+# -- the executor --------------------------------------------------------------------------
+
+
+def test_a_good_canary_sets_each_phase_then_the_final_route() -> None:
+    run = Pass(desired(), fakes(), at_rest())
+    _, result = run.run()
+    assert result.ok, [c.error for c in result.changes]
+    canary = [w["canary"] for w, _ in run.router.updates]
+    mirrored = [m.get("canary", 0) for _, m in run.router.updates]
+    # At rest, the mirror phase, 1%, 50%, then back to the stable pool (now on 2 too).
+    assert canary == [0, 0, 100, 5_000, 0]
+    assert mirrored == [0, 1_000, 0, 0, 0]
+    for fake in run.fakes.values():
+        assert observe(fake).model("m").ready == {2}
+    c = next(r for r in result.changes if r.change.server == "c")
+    assert [s.step.action for s in c.steps].count(Action.ANALYZE) == 3
+    # The router's figures were read in the analysis and judged.
+    assert run.router.reads > 0
+    last = c.analysis
+    assert last is not None and "router: 0 of" in str(last.evaluations[-1].results[0])
+
+
+def test_a_failing_canary_is_switched_back_before_anything_is_put_back() -> None:
+    run = Pass(replace_traffic(desired(), replace(CANARY, mirror=0)), fakes(), at_rest())
+    run.router.failing = 0.5  # half the canary's routed requests fail, as clients see them
+    _, result = run.run()
+    outcomes = {c.change.server: c.outcome for c in result.changes}
+    assert outcomes == {"a": Outcome.SKIPPED, "b": Outcome.SKIPPED, "c": Outcome.REVERTED}
+    # At rest, 1%: failed; then the switch back.
+    assert [w["canary"] for w, _ in run.router.updates] == [0, 100, 0]
+    c = next(r for r in result.changes if r.change.server == "c")
+    assert c.revert[0].step.action is Action.ROUTE and "switch back" in c.revert[0].step.reason
+    assert c.failure is FailureKind.AGAINST_VERSIONS
+    assert "router: " in (c.error or "")
+    assert observe(run.fakes["c"]).model("m").ready == {1}
+
+
+def test_a_router_lost_mid_rollout_stops_it_as_transient() -> None:
+    run = Pass(replace_traffic(desired(), replace(CANARY, mirror=0)), fakes(), at_rest())
+
+    class Flaky(FakeRouter):
+        def figures(self, pools: Iterable[str]) -> Mapping[str, PoolFigures]:
+            if self.weights.get("canary"):
+                raise RouterUnavailable("router edge: not reachable (refused)")
+            return super().figures(pools)
+
+    run.router = Flaky({"stable": 10_000, "canary": 0})
+    _, result = run.run()
+    c = next(r for r in result.changes if r.change.server == "c")
+    assert c.outcome is Outcome.REVERTED
+    assert c.failure is FailureKind.SERVER_LOST  # nothing known against version 2: no hold
+
+
+def replace_traffic(state: DesiredState, traffic: TrafficSpec) -> DesiredState:
+    deployment = replace(
+        state.deployments["m"],
+        rollout=replace(state.deployments["m"].rollout, traffic=traffic),
+    )
+    return DesiredState.build(
+        list(state.servers.values()), [deployment], list(state.routers.values())
+    )
+
+
+# -- the manifests -------------------------------------------------------------------------
+
+SERVERS = "".join(
+    f"apiVersion: triton-gitops/v1alpha1\nkind: TritonServer\nmetadata: {{name: {s}}}\n"
+    f"spec: {{grpc: '127.0.0.1:{i}', modelRepository: /m}}\n---\n"
+    for i, s in enumerate("abc", 1)
+)
+ROUTER_DOC = """\
+apiVersion: triton-gitops/v1alpha1
+kind: Router
+metadata: {name: edge}
+spec:
+  envoy: {admin: "http://127.0.0.1:9901"}
+  pools:
+    - {name: stable, servers: {names: [a, b]}}
+    - {name: canary, servers: {names: [c]}}
+"""
+
+
+def deployment_doc(traffic: str, analysis: bool = True, servers: str = "[a, b, c]") -> str:
+    return (
+        "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeployment\nmetadata: {name: m}\n"
+        f"spec:\n  servers: {{names: {servers}}}\n  versions: [2]\n"
+        + (
+            "  verify:\n    analysis: {interval: 1s, duration: 2s, checks: "
+            "[{name: ok, successRate: {min: 0.9}}]}\n"
+            if analysis
+            else ""
+        )
+        + f"  rollout:\n    traffic: {traffic}\n"
+    )
+
+
+def problems(*docs: str) -> list[str]:
+    files = {"servers.yaml": SERVERS.encode(), "router.yaml": ROUTER_DOC.encode()}
+    files.update({f"d{i}.yaml": doc.encode() for i, doc in enumerate(docs)})
+    with pytest.raises(ValidationError) as caught:
+        load_desired_state(files)
+    return [str(p) for p in caught.value.problems]
+
+
+CANARY_DOC = "{router: edge, strategy: canary, stablePool: stable, canaryPool: canary, steps: [1%]}"
+
+
+def test_a_valid_traffic_rollout_loads() -> None:
+    files = {
+        "servers.yaml": SERVERS.encode(),
+        "router.yaml": ROUTER_DOC.encode(),
+        "m.yaml": deployment_doc(CANARY_DOC).encode(),
+    }
+    state = load_desired_state(files)
+    traffic = state.deployments["m"].rollout.traffic
+    assert traffic is not None and traffic.steps == (100,)
+    assert state.routers["edge"].pool_of(state.servers["c"]) == "canary"
+
+
+@pytest.mark.parametrize(
+    ("doc", "expected"),
+    [
+        (
+            deployment_doc(CANARY_DOC.replace("router: edge", "router: gone")),
+            "d0.yaml:10: ModelDeployment 'm': unknown Router 'gone' (known: edge)",
+        ),
+        (
+            deployment_doc(CANARY_DOC.replace("canaryPool: canary", "canaryPool: green")),
+            "d0.yaml:10: ModelDeployment 'm': Router 'edge' has no pool 'green'",
+        ),
+        (
+            deployment_doc(CANARY_DOC, analysis=False),
+            "d0.yaml:8: ModelDeployment 'm': rollout.traffic needs spec.verify.analysis",
+        ),
+        (
+            deployment_doc(CANARY_DOC.replace("steps: [1%]", "steps: [50%, 5%]")),
+            "d0.yaml:10: ModelDeployment 'm': traffic steps must grow",
+        ),
+        (
+            deployment_doc(
+                "{router: edge, strategy: canary, stablePool: stable, canaryPool: canary}"
+            ),
+            "d0.yaml:10: spec.rollout.traffic: 'steps' is a required property",
+        ),
+    ],
+)
+def test_traffic_mistakes_are_named_with_their_file_and_line(doc: str, expected: str) -> None:
+    found = problems(doc)
+    assert any(expected in p for p in found), found
+
+
+def test_a_selected_server_outside_the_pools_is_named() -> None:
+    extra = SERVERS + (
+        "apiVersion: triton-gitops/v1alpha1\nkind: TritonServer\nmetadata: {name: d}\n"
+        "spec: {grpc: '127.0.0.1:9', modelRepository: /m}\n"
+    )
+    files = {
+        "servers.yaml": extra.encode(),
+        "router.yaml": ROUTER_DOC.encode(),
+        "m.yaml": deployment_doc(CANARY_DOC, servers="[a, b, c, d]").encode(),
+    }
+    with pytest.raises(ValidationError) as caught:
+        load_desired_state(files)
+    assert any(
+        "m.yaml:5: ModelDeployment 'm': server(s) d are selected but stand in neither pool"
+        in str(p)
+        for p in caught.value.problems
+    ), caught.value.problems
