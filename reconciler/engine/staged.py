@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from reconciler.core.analysis import pooled
 from reconciler.engine.change import _blame_restart, _prepare_analysis, _read_interface, _run
@@ -29,9 +29,13 @@ from reconciler.model.results import (
 from reconciler.ports import FiguresSource, ModelControl, StepHooks
 
 
-def _finishing(change: ModelChange) -> int:
-    """Where the trailing unload of old versions starts: it waits for the whole rollout."""
+def _finishing(change: ModelChange, early: bool = False) -> int:
+    """Where the trailing unload of old versions starts: it waits for the whole rollout,
+    unless it ran ``early`` (a traffic rollout's new pool whose new versions are below the
+    old: see ``TrafficPlan.drop_old_first``), and nothing is left to finish."""
     index = len(change.steps)
+    if early:
+        return index
     while (
         index > 0
         and change.steps[index - 1].action is Action.UNLOAD
@@ -65,6 +69,8 @@ class _Rollout:
     progress: Progress
     metrics: Mapping[str, FiguresSource]
     hooks: StepHooks
+    # Servers whose old versions went before the finish (a traffic rollout adds them).
+    early: set[str] = field(default_factory=set)
 
 
 def _staged(
@@ -195,7 +201,7 @@ def _finish(
     if change.restarted_finish and _lost_every_version(control, change.model):
         finish = change.restarted_finish
     else:
-        finish = change.steps[_finishing(change) :]
+        finish = change.steps[_finishing(change, server in run.early) :]
     finished = _run(control, finish, run.timing, run.progress, context)
     every = (*forward, *finished)
     ok = all(r.ok for r in every)

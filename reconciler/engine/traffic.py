@@ -20,6 +20,7 @@ from reconciler.engine.staged import (
     PooledFigures,
     _call_hook,
     _finish,
+    _finishing,
     _hook_step,
     _Rollout,
     _run_stage,
@@ -96,7 +97,15 @@ def _traffic(
     """Run one ModelDeployment's traffic rollout (see the module's docstring)."""
     plan = rollout.traffic
     assert plan is not None
-    run = _Rollout(rollout, changes, controls, timing, progress, metrics or {}, hooks)
+    run = _Rollout(
+        rollout,
+        changes,
+        controls,
+        timing,
+        progress,
+        metrics or {},
+        hooks,
+    )
     done: dict[str, list[StepResult]] = {}
     contexts: dict[str, _ChangeContext] = {}
     first = rollout.stages[0][0] if rollout.stages else ""
@@ -193,6 +202,10 @@ def _phases(
     check the router still routes as set. The first failure, if any."""
     analyses = run.plan.analyses
     for phase in plan.phases:
+        if plan.drop_old_first and (phase.weights.get(plan.new_pool) or any(phase.mirror.values())):
+            failure = _drop_old(run, plan, done)
+            if failure is not None:
+                return failure
         if run.timing.stopping():
             return StepResult(
                 _route_step(plan, analyses[0].server, run.plan.model, phase.name),
@@ -200,6 +213,10 @@ def _phases(
                 0.0,
                 "shutdown",
             )
+        # Everything the analyses need is read before the route changes (the counters'
+        # origin, the probes' requests tried on the old version): from the moment the new
+        # pool takes its share, the first probes are out within milliseconds.
+        prepared = [_prepare(run, plan, router, phase, step) for step in analyses]
         routed = _set_route(
             router,
             plan,
@@ -211,12 +228,15 @@ def _phases(
         for step in analyses:
             done[step.server].append(_on(routed, step.server))
         run.progress(routed)
-        if not routed.ok:
-            return routed
-        if phase.watch <= 0:
+        if not routed.ok or phase.watch <= 0:
+            for _, context in prepared:
+                if context.prober is not None:
+                    context.prober.close()
+            if not routed.ok:
+                return routed
             continue
         with ThreadPoolExecutor(max_workers=max(1, len(analyses))) as workers:
-            watched = list(workers.map(partial(_watch, run, plan, router, phase), analyses))
+            watched = list(workers.map(partial(_analyse, run), prepared))
         failure = None
         for step, results in zip(analyses, watched, strict=True):
             done[step.server].extend(results)
@@ -227,18 +247,33 @@ def _phases(
         drift = _drifted(router, plan, phase, analyses[0])
         if drift is not None:
             for step in analyses:
-                done[step.server].append(
-                    replace(drift, step=replace(drift.step, server=step.server))
-                )
+                done[step.server].append(_on(drift, step.server))
             return drift
     return None
 
 
-def _watch(
+def _drop_old(
+    run: _Rollout, plan: TrafficPlan, done: dict[str, list[StepResult]]
+) -> StepResult | None:
+    """The old versions' unload on the new pool's servers that need it before the pool
+    takes any request (``TrafficPlan.drop_old_first``); once: their finish is then done."""
+    for server in sorted(set(plan.drop_old_first) - run.early):
+        change = run.changes[server]
+        finish = change.steps[_finishing(change) :]
+        results = _run(run.controls[server], finish, run.timing, run.progress, _ChangeContext())
+        done[server].extend(results)
+        if results and not results[-1].ok:
+            return results[-1]
+        run.early.add(server)
+    return None
+
+
+def _prepare(
     run: _Rollout, plan: TrafficPlan, router: TrafficRouter, phase: TrafficPhase, step: Step
-) -> list[StepResult]:
-    """One new-pool server's analysis under ``phase``, for the phase's time; its figures
-    carry the router's statistics for the new pool, its baseline is the old pool's servers."""
+) -> tuple[Step, _ChangeContext]:
+    """One new-pool server's analysis under ``phase``, ready to run: for the phase's time,
+    its figures carrying the router's statistics for the new pool, its baseline the old
+    pool's servers, its counters' origin read and its probes prepared."""
     server = step.server
     source = run.metrics.get(server)
     old = run.plan.baselines[0] if run.plan.baselines else ()
@@ -256,7 +291,12 @@ def _watch(
     )
     change = replace(run.changes[server], steps=(watched,))
     _prepare_analysis(run.controls[server], change, context, run.timing)
-    return _run(run.controls[server], (watched,), run.timing, run.progress, context)
+    return watched, context
+
+
+def _analyse(run: _Rollout, prepared: tuple[Step, _ChangeContext]) -> list[StepResult]:
+    step, context = prepared
+    return _run(run.controls[step.server], (step,), run.timing, run.progress, context)
 
 
 def _drifted(

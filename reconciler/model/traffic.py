@@ -157,3 +157,8 @@ class TrafficPlan:
     phases: tuple[TrafficPhase, ...]
     restore: RouteUpdate  # every request to the old pool, nothing mirrored
     final: RouteUpdate  # canary: back to the stable pool; blueGreen: all on the new pool
+    # New-pool servers whose old versions are unloaded before the first phase that sends
+    # the pool any request (after a no-traffic probe phase, which still compares with them):
+    # their new versions are below the old, and Triton sends unversioned requests to the
+    # highest READY version, so beside the old they would take none of the pool's share.
+    drop_old_first: tuple[str, ...] = ()

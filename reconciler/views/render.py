@@ -135,6 +135,11 @@ def plan_text(plan: Plan) -> str:
                     f"  then through router {traffic.router} ({traffic.strategy}), the "
                     f"analysis watching {traffic.new_pool} under each:"
                 )
+                if traffic.drop_old_first:
+                    lines.append(
+                        f"  (old versions leave {', '.join(traffic.drop_old_first)} first: the "
+                        "new ones are below them and would take none of the pool's requests)"
+                    )
                 lines.extend(
                     f"    {phase.name}" + (f" ({phase.watch:g}s)" if phase.watch else "")
                     for phase in traffic.phases

@@ -239,6 +239,21 @@ def test_a_first_deployment_loads_everywhere_without_phases() -> None:
     assert rollout.analyses == ()
 
 
+def test_a_version_below_the_old_takes_the_new_pool_alone_before_any_traffic() -> None:
+    run = Pass(replace_traffic(desired(), replace(CANARY, mirror=0)), fakes((3,)), at_rest())
+    planned = run.plan()
+    traffic = planned.rollouts[0].traffic
+    assert traffic is not None and traffic.drop_old_first == ("c",)
+    assert planned.rollouts[0].analyses[0].baseline == (3,)
+    _, result = run.run()
+    assert result.ok, [c.error for c in result.changes]
+    # c served 2 alone before the router sent it anything (Triton answers unversioned
+    # requests with the highest READY version: beside 3, 2 would have taken none).
+    c = next(r for r in result.changes if r.change.server == "c")
+    actions = [s.step.action for s in c.steps]
+    assert actions.index(Action.UNLOAD) < actions.index(Action.ROUTE, 1)
+
+
 # -- the executor --------------------------------------------------------------------------
 
 

@@ -148,6 +148,16 @@ def traffic_rollout(
     # A first deployment has no old versions to send traffic back to, and no client calls
     # a model that is not there yet: it loads everywhere, with no phase and no analysis.
     first = not any(c.serving for c in changes)
+    below = tuple(
+        sorted(
+            c.server
+            for c in changes
+            if pool_of[c.server] == new
+            and c.serving
+            and c.desired
+            and max(c.desired) < max(c.serving)
+        )
+    )
     analyses = (
         ()
         if first
@@ -179,6 +189,7 @@ def traffic_rollout(
         restore
         if traffic.strategy is Strategy.CANARY
         else RouteUpdate(router.name, _only(router, new), _none_mirrored(router), f"all to {new}"),
+        below,
     )
     rollout = RolloutPlan(
         deployment.name,
