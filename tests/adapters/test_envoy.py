@@ -143,3 +143,31 @@ def test_measured_traffic_shares_are_within_a_point_of_the_weights(
     stable = sum(s.version == 1 for s in samples)
     assert canary + stable == requests  # every request answered by one pool or the other
     assert abs(canary / requests - share / 10_000) < 0.01, canary / requests
+
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "envoy"
+
+
+def test_the_example_bootstrap_is_valid_envoy_config(tmp_path: Path) -> None:
+    import subprocess
+
+    binary = envoy_or_skip()
+    done = subprocess.run(
+        [binary, "--mode", "validate", "-c", str(EXAMPLES / "envoy.yaml"), "--base-id", "7",
+         "-l", "error"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "OK" in done.stdout
+
+
+def test_the_example_manifests_load_as_a_canary_through_the_router() -> None:
+    from reconciler.core.spec.desired import load_desired_state
+
+    files = {p.name: p.read_bytes() for p in (EXAMPLES / "manifests").glob("*.yaml")}
+    desired = load_desired_state(files)
+    traffic = desired.deployments["scaler"].rollout.traffic
+    assert traffic is not None and traffic.steps == (100, 500, 2_500, 5_000)
+    assert traffic.mirror == 500
+    router = desired.routers["edge"]
+    assert router.pool_of(desired.servers["canary-0"]) == "canary"

@@ -254,6 +254,18 @@ def test_a_version_below_the_old_takes_the_new_pool_alone_before_any_traffic() -
     assert actions.index(Action.UNLOAD) < actions.index(Action.ROUTE, 1)
 
 
+def test_a_canary_left_with_both_versions_by_a_stopped_pass_is_analysed_again() -> None:
+    cut_short = fakes()
+    cut_short["c"].serve("m", (1, 2))  # loaded beside 1, then the reconciler was killed
+    run = Pass(replace_traffic(desired(), replace(CANARY, mirror=0)), cut_short, at_rest())
+    (rollout,) = run.plan().rollouts
+    assert rollout.stages[0] == ("c",)
+    assert [(s.server, s.versions, s.baseline) for s in rollout.analyses] == [("c", (2,), (1,))]
+    _, result = run.run()
+    assert result.ok
+    assert [w["canary"] for w, _ in run.router.updates] == [0, 100, 5_000, 0]
+
+
 # -- the executor --------------------------------------------------------------------------
 
 

@@ -80,8 +80,11 @@ def _staged_changes(
             continue
         loads = any(s.action is Action.LOAD for s in change.steps)
         record = history.staged.get(change.deployment)
-        fingerprint = desired.deployments[change.deployment].fingerprint
-        if loads:
+        deployment = desired.deployments[change.deployment]
+        fingerprint = deployment.fingerprint
+        if loads or deployment.rollout.traffic is not None:
+            # Through a router every change takes part: a new-pool server a stopped pass
+            # left with both versions is analysed under the route again, never promoted.
             by_deployment.setdefault(change.deployment, []).append(change)
         elif record and record.fingerprint == fingerprint and change.server in record.completed:
             # Touched before the reconciler stopped: new versions loaded and verified, old
