@@ -11,8 +11,9 @@ time. Each rollout commits ``versions: [V]`` and runs one reconcile pass in this
 
 Bad versions (``testkit/models/echo/model.py``): ``error-100`` (version 10: an error
 response on every request; Triton counts those successes) and ``exception-40`` (version 4:
-40% raise). Both arms' analysis: ``interval: 1s``, ``duration: 5s``, ``successRate`` min
-0.99, probes and early abort at their defaults. The routed arm's rollout:
+40% raise); ``exception-40-unprobed`` is version 4 with the probes off in both arms, so that
+only client requests give the evidence. Both arms' analysis: ``interval: 1s``, ``duration:
+5s``, ``successRate`` min 0.99, probes and early abort at their defaults. The routed arm's rollout:
 ``traffic: {strategy: canary, steps: [1%, 5%, 25%]}``. Arms alternate rollout by rollout.
 Failed client requests are counted from the pass's start to its end.
 
@@ -52,7 +53,10 @@ from testkit.loadgen import LoadGenerator, Sample
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, server_doc, write_model_repository
 
-MODES = {"error-100": 10, "exception-40": 4}
+MODES = {"error-100": 10, "exception-40": 4, "exception-40-unprobed": 4}
+# Modes judged without the probes (both arms): only the clients' requests show the failure,
+# so the router arm's 1% share, not a probe, has to give the evidence.
+UNPROBED = "      probes: {enabled: false}\n"
 ANALYSIS = (
     "    analysis:\n      interval: 1s\n      duration: 5s\n{extra}"
     "      checks: [{{name: success-rate, successRate: {{min: 0.99}}}}]\n"
@@ -125,7 +129,8 @@ def canary_run(
                 with LoadGenerator(envoy.address, "echo", threads=threads) as load:
                     load.wait_for_samples(200)
                     start = time.monotonic()
-                    report = arm.roll(deployment(version, spec, arm.flip))
+                    extra = UNPROBED if mode.endswith("-unprobed") else ""
+                    report = arm.roll(deployment(version, spec, arm.flip, extra))
                     end = time.monotonic()
                     samples = list(load.samples)
                 reverted = report.result is not None and any(
@@ -140,12 +145,42 @@ def canary_run(
                     "requests": sum(1 for s in samples if start <= s.started <= end),
                     "seconds": round(end - start, 3),
                 }
+                if spec and report.result is not None:
+                    row.update(_exposure(report, samples))
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr)
                 arm.flip = not arm.flip
                 back = arm.roll(deployment(1, spec, arm.flip))  # the spec is held: a new one
                 assert back.result is None or back.result.ok or not back.result.changes
     return rows
+
+
+def _exposure(report: PassReport, samples: Sequence[Sample]) -> dict[str, Any]:
+    """Where a routed rollout's failed requests came from: the time from the first share
+    being set to the switch back returning, split at the failed analysis; and when the
+    failed requests were sent, relative to the first share."""
+    assert report.result is not None
+    change = next((c for c in report.result.changes if c.analysis is not None), None)
+    if change is None or not change.revert:
+        return {}
+    shared = next(
+        (s for s in change.steps if s.step.action is Action.ROUTE and "step 1 of" in s.step.reason),
+        None,
+    )
+    analysis = change.analysis
+    assert analysis is not None
+    caught = str(analysis.evaluations[-1].results[0]) if analysis.evaluations else ""
+    if shared is None:  # caught by the probes while the canary had no traffic
+        return {"caught_at_no_traffic": True, "caught_by": caught}
+    set_at, decided, back = shared.ended_at, analysis.ended_at, change.revert[0].ended_at
+    failed = sorted(s.started - set_at for s in samples if s.error is not None)
+    return {
+        "share_to_decision_ms": round((decided - set_at) * 1e3, 2),
+        "decision_to_switch_back_ms": round((back - decided) * 1e3, 2),
+        "failed_sent_ms_after_share": [round(t * 1e3, 1) for t in failed],
+        "caught_at_no_traffic": False,
+        "caught_by": caught,
+    }
 
 
 def blue_green_run(rounds: int, threads: int, arm: Arm, envoy: LocalEnvoy) -> list[dict[str, Any]]:

@@ -179,6 +179,17 @@ def test_a_canary_is_planned_pool_by_pool_with_its_phases_and_the_route_back() -
     assert planned.routes == ()
 
 
+def test_with_probes_a_canary_is_probed_at_no_traffic_for_an_interval_first() -> None:
+    state = desired(replace(CANARY, mirror=0))
+    probed = replace(state.deployments["m"], analysis=replace(ANALYSIS, probes=ProbeSpec()))
+    state = DesiredState.build(list(state.servers.values()), [probed], [ROUTER])
+    (rollout,) = Pass(state, fakes(), at_rest()).plan().rollouts
+    assert rollout.traffic is not None
+    first = rollout.traffic.phases[0]
+    assert (first.name, first.watch) == ("canary at no traffic (probes)", ANALYSIS.interval)
+    assert dict(first.weights) == {"stable": 10_000, "canary": 0}
+
+
 def test_blue_green_loads_the_idle_pool_and_switches_to_it() -> None:
     pools = RouterSpec(
         "edge",

@@ -196,14 +196,15 @@ def test_a_good_canary_moves_traffic_step_by_step_and_drops_no_request(
     routes = [s["reason"] for s in canary_steps if s["action"] == "route"]
     assert any("step 1 of 2: canary 5%" in r for r in routes), routes
     assert any("step 2 of 2: canary 50%" in r for r in routes), routes
+    assert any("canary at no traffic (probes)" in r for r in routes), routes
     analyses = [s for s in canary_steps if s["action"] == "analyze"]
-    assert len(analyses) == 2
+    assert len(analyses) == 3  # at no traffic (the probes), then at 5% and at 50%
     # While the canary had 5%, clients met version 2 on some requests, and 1 on the rest.
     versions = {s.version for s in load.samples}
     assert versions == {1, 2}
 
 
-def test_a_bad_version_at_a_5_percent_canary_is_switched_back_and_reverted(
+def test_a_bad_version_is_caught_by_the_probes_before_the_canary_takes_traffic(
     canary: tuple[Fleet, Reconciler], manifests: ManifestRepo
 ) -> None:
     fleet, reconciler = canary
@@ -219,9 +220,9 @@ def test_a_bad_version_at_a_5_percent_canary_is_switched_back_and_reverted(
         assert ready_versions(server, "echo") == {1}
     state = fleet.router(CANARY_POOLS).observe()
     assert dict(state.weights) == {"stable": 10_000, "canary": 0}
-    # Only the canary's share met the bad version, and only until the switch back.
-    failed = len(load.failures)
-    assert 0 < failed < 0.05 * len(load.samples), (failed, len(load.samples))
+    # The probes caught it while the canary had no traffic: no client met it.
+    assert load.failures == [], load.failures[:3]
+    assert "at no traffic (probes)" in json.dumps(changes)
     canary_change = next(c for c in changes if c["server"] == "c")
     assert canary_change["revert"][0]["action"] == "route"
     assert "switch back" in canary_change["revert"][0]["reason"]
@@ -229,6 +230,30 @@ def test_a_bad_version_at_a_5_percent_canary_is_switched_back_and_reverted(
     git(manifests.work, "fetch", "--quiet")
     log = git(manifests.work, "log", "--oneline", "origin/main", "-3")
     assert "revert" in log.lower(), log
+
+
+def test_a_bad_version_only_clients_show_is_switched_back_at_5_percent(
+    canary: tuple[Fleet, Reconciler], manifests: ManifestRepo
+) -> None:
+    fleet, reconciler = canary
+    # Probes off: only the clients' 5% (through Envoy's statistics) can show echo 10's
+    # error responses, which Triton's counters call successes.
+    doc = _deployment(10, CANARY, analysis="      probes: {enabled: false}\n")
+    code, report, load = _roll(manifests, reconciler, fleet, doc)
+    assert code != 0
+    changes = report["result"]["changes"]
+    outcomes = {c["server"]: c["outcome"] for c in changes}
+    assert outcomes == {"a": "skipped", "b": "skipped", "c": "reverted"}, changes
+    for server in fleet.tritons.values():
+        assert ready_versions(server, "echo") == {1}
+    assert dict(fleet.router(CANARY_POOLS).observe().weights) == {"stable": 10_000, "canary": 0}
+    failed = len(load.failures)
+    assert 0 < failed < 0.05 * len(load.samples), (failed, len(load.samples))
+    canary_change = next(c for c in changes if c["server"] == "c")
+    assert canary_change["revert"][0]["action"] == "route"
+    assert "switch back" in canary_change["revert"][0]["reason"]
+    analysis = [s for s in canary_change["steps"] if s["action"] == "analyze"][-1]
+    assert "router:" in json.dumps(analysis), analysis
 
 
 def test_a_mirrored_bad_version_is_caught_before_it_takes_any_request(

@@ -228,12 +228,13 @@ def _phases(
                 duration,
             )
         )
-    elif (
-        traffic.strategy is Strategy.BLUE_GREEN and analysis is not None and analysis.probes.enabled
-    ):
-        # The idle pool takes no request but the probes: judged by them before the switch.
+    elif analysis is not None and analysis.probes.enabled:
+        # The new pool takes no request but the probes first: a version that fails them
+        # is caught before any client meets it. blueGreen judges its idle pool so for the
+        # whole analysis; a canary for one interval, then by its clients' share.
+        watch = duration if traffic.strategy is Strategy.BLUE_GREEN else analysis.interval
         phases.append(
-            TrafficPhase(f"{new} at no traffic (probes)", _only(router, old), nothing, duration)
+            TrafficPhase(f"{new} at no traffic (probes)", _only(router, old), nothing, watch)
         )
     for index, share in enumerate(traffic.steps):
         weights = {**_only(router, old), old: WEIGHT_SCALE - share, new: share}
