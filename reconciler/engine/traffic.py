@@ -64,7 +64,6 @@ def _route_step(plan: TrafficPlan, server: str, model: str, what: str) -> Step:
 
 def _set_route(
     router: TrafficRouter,
-    plan: TrafficPlan,
     weights: Mapping[str, int],
     mirror: Mapping[str, int],
     step: Step,
@@ -97,15 +96,7 @@ def _traffic(
     """Run one ModelDeployment's traffic rollout (see the module's docstring)."""
     plan = rollout.traffic
     assert plan is not None
-    run = _Rollout(
-        rollout,
-        changes,
-        controls,
-        timing,
-        progress,
-        metrics or {},
-        hooks,
-    )
+    run = _Rollout(rollout, changes, controls, timing, progress, metrics or {}, hooks)
     done: dict[str, list[StepResult]] = {}
     contexts: dict[str, _ChangeContext] = {}
     first = rollout.stages[0][0] if rollout.stages else ""
@@ -114,7 +105,6 @@ def _traffic(
     failure: StepResult | None = _checked(
         _set_route(
             router,
-            plan,
             plan.restore.weights,
             plan.restore.mirror,
             _route_step(plan, first, model, plan.restore.reason),
@@ -140,14 +130,13 @@ def _traffic(
     if failure is None:
         final = _set_route(
             router,
-            plan,
             plan.final.weights,
             plan.final.mirror,
             _route_step(plan, first, model, plan.final.reason),
             timing,
         )
-        for results in done.values():
-            results.append(_on(final, results[0].step.server))
+        for server, results in done.items():
+            results.append(_on(final, server))
         failure = _checked(final)
     if failure is None:
         return [_finish(run, server, done[server], contexts[server]) for server in sorted(changes)]
@@ -174,7 +163,6 @@ def _switch_back(
     put back as a staged rollout does; the switch back is the first step of each revert."""
     back = _set_route(
         router,
-        plan,
         plan.restore.weights,
         plan.restore.mirror,
         _route_step(
@@ -219,7 +207,6 @@ def _phases(
         prepared = [_prepare(run, plan, router, phase, step) for step in analyses]
         routed = _set_route(
             router,
-            plan,
             phase.weights,
             phase.mirror,
             _route_step(plan, analyses[0].server, run.plan.model, phase.name),
