@@ -235,6 +235,8 @@ class TrafficRouter(Protocol):
         of router reports none; RouterUnavailable when it does not answer."""
         ...
 
+    def close(self) -> None: ...
+
 
 class FiguresSource(Protocol):
     """Where an analyze step reads metrics (``adapters/metrics.py`` has the real ones)."""

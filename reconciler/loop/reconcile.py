@@ -98,12 +98,16 @@ def _run(run: phases.PassRun) -> PassReport:
         with phases.connected(run, target.desired) as clients:
             with _phase(hooks, "observe"):
                 observed = phases.observe(run, target, clients)
-            with _phase(hooks, "plan"):
-                planned = phases.plan(run, target, observed)
-            if not run.apply_changes:
-                return PassReport(revision, planned.plan, served=planned.served)
-            with _phase(hooks, "apply"):
-                applied = phases.apply(run, target, planned.plan, clients, observed)
+            try:
+                with _phase(hooks, "plan"):
+                    planned = phases.plan(run, target, observed)
+                if not run.apply_changes:
+                    return PassReport(revision, planned.plan, served=planned.served)
+                with _phase(hooks, "apply"):
+                    applied = phases.apply(run, target, planned.plan, clients, observed)
+            finally:
+                for router in observed.routers.values():
+                    router.close()
         with _phase(hooks, "record"):
             recorded = phases.record(run, target, planned, applied)
         with _phase(hooks, "alert"):

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from reconciler.core.plan.planner import plan
 from reconciler.core.spec.desired import load_desired_state
-from reconciler.loop.observation import instances, observe_servers
+from reconciler.loop.observation import instances, observe_routers, observe_servers
 from reconciler.model.history import Held, History, Rollout
 from reconciler.model.plan import ModelChange, Plan
 from reconciler.model.reports import ModelStatus, StatusReport
@@ -34,7 +34,10 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
         finally:
             for client in clients.values():
                 client.close()
-        plan_ = plan(desired, serving, history, revision.sha)
+        routers, routes = observe_routers(desired, ports.routers)
+        for router in routers.values():
+            router.close()
+        plan_ = plan(desired, serving, history, revision.sha, routes=routes)
         last: dict[tuple[str, str], Rollout] = {}
         for rollout in state.rollouts(limit=1000):
             last.setdefault((rollout.server, rollout.model), rollout)
@@ -88,6 +91,10 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
         tuple(models),
         {p.server: p.message for p in plan_.problems if p.model is None},
         last_pass,
+        {
+            name: str(route) if route.reachable else f"UNREACHABLE ({route.error})"
+            for name, route in sorted(routes.items())
+        },
     )
 
 

@@ -62,3 +62,5 @@ class StatusReport:
     models: tuple[ModelStatus, ...]
     unreachable: Mapping[str, str]  # server -> why
     last_pass: Mapping[str, object] | None
+    # Router -> how it routes now ("canary 0%, stable 100%"), or why it could not be read.
+    routes: Mapping[str, str] = field(default_factory=dict)

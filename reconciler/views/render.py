@@ -387,6 +387,8 @@ def status_text(report: StatusReport) -> str:
                     else ""
                 )
             )
+    for router, route in report.routes.items():
+        lines.append(f"router {router}: {route}")
     if report.last_pass is not None:
         ok = "ok" if report.last_pass["ok"] else "with problems"
         lines.append(f"last pass: revision {str(report.last_pass['revision'])[:12]}, {ok}")
@@ -400,6 +402,7 @@ def status_json(report: StatusReport) -> str:
             "revision": report.revision,
             "last_applied": report.last_applied,
             "unreachable": dict(report.unreachable),
+            "routes": dict(report.routes),
             "last_pass": report.last_pass,
             "models": [
                 {

@@ -80,6 +80,9 @@ class FakeRouter:
         self.weights, self.mirror = dict(weights), {**self.mirror, **mirror}
         self.updates.append((dict(weights), dict(mirror)))
 
+    def close(self) -> None:
+        pass
+
     def figures(self, pools: Iterable[str]) -> Mapping[str, PoolFigures]:
         self.reads += 1
         total = 100.0 * self.reads if self.weights.get("canary") else 0.0

@@ -20,7 +20,7 @@ import pytest
 
 from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec
-from testkit.cli_run import CliRun, Reconciler
+from testkit.cli_run import CliRun, Reconciler, cli
 from testkit.envoy import LocalEnvoy
 from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
@@ -199,6 +199,9 @@ def test_a_good_canary_moves_traffic_step_by_step_and_drops_no_request(
     assert any("canary at no traffic (probes)" in r for r in routes), routes
     analyses = [s for s in canary_steps if s["action"] == "analyze"]
     assert len(analyses) == 3  # at no traffic (the probes), then at 5% and at 50%
+    status = cli("status", *reconciler.options)
+    assert "router edge: canary 0%, stable 100%" in status.out, status.out
+    assert "problem" not in status.out, status.out
     # While the canary had 5%, clients met version 2 on some requests, and 1 on the rest.
     versions = {s.version for s in load.samples}
     assert versions == {1, 2}
