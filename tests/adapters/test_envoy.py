@@ -50,7 +50,7 @@ def envoy(tmp_path: Path, triton: LocalTriton, triton_b: LocalTriton) -> Iterato
     _load(triton, 1)
     _load(triton_b, 10)  # echo 10 answers every request with an error response
     pools = {"stable": [triton.grpc_address], "canary": [triton_b.grpc_address]}
-    with LocalEnvoy(tmp_path / "envoy", pools, {"stable": 10_000}) as started:
+    with LocalEnvoy.of(tmp_path / "envoy", pools, {"stable": 10_000}) as started:
         yield started
 
 

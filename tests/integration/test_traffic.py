@@ -79,13 +79,13 @@ def fleet(
         for server in tritons.values():
             server.start()
         address = {n: t.grpc_address for n, t in tritons.items()}
-        canary = LocalEnvoy(
+        canary = LocalEnvoy.of(
             logs / "envoy-canary",
             {"stable": [address["a"], address["b"]], "canary": [address["c"]]},
             {"stable": 10_000},
         ).start()
         started.append(canary)
-        blue_green = LocalEnvoy(
+        blue_green = LocalEnvoy.of(
             logs / "envoy-blue-green",
             {"blue": [address["a"]], "green": [address["b"], address["c"]]},
             {"blue": 10_000},
