@@ -12,8 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from reconciler.engine.change import _ignore, _ignore_stage, apply_change
 from reconciler.engine.staged import _server_lost, _staged
 from reconciler.engine.steps import NoStepHooks, Timing, _ChangeContext
-from reconciler.engine.traffic import _traffic
-from reconciler.model.errors import RouterUnavailable
+from reconciler.engine.traffic import _set_route, _traffic
 from reconciler.model.plan import Action, ModelChange, Plan, Step
 from reconciler.model.results import (
     ApplyResult,
@@ -126,9 +125,4 @@ def _steady(
 ) -> StepResult:
     """A router put back to its steady route (``Plan.routes``)."""
     step = Step("", "", Action.ROUTE, (), f"router {update.router}: {update.reason}")
-    started = timing.clock()
-    try:
-        routers[update.router].route(update.weights, update.mirror)
-    except RouterUnavailable as exc:
-        return StepResult(step, False, timing.clock() - started, str(exc), exc.failure)
-    return StepResult(step, True, timing.clock() - started, ended_at=timing.clock())
+    return _set_route(routers[update.router], update.weights, update.mirror, step, timing)

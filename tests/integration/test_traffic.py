@@ -31,6 +31,7 @@ from tests.services import envoy_or_skip
 pytestmark = pytest.mark.triton
 
 SERVERS = ("a", "b", "c")
+NO_PROBES = "      probes: {enabled: false}\n"  # only clients (and mirrored copies) judge
 
 
 class Fleet:
@@ -241,7 +242,7 @@ def test_a_bad_version_only_clients_show_is_switched_back_at_5_percent(
     fleet, reconciler = canary
     # Probes off: only the clients' 5% (through Envoy's statistics) can show echo 10's
     # error responses, which Triton's counters call successes.
-    doc = _deployment(10, CANARY, analysis="      probes: {enabled: false}\n")
+    doc = _deployment(10, CANARY, analysis=NO_PROBES)
     code, report, load = _roll(manifests, reconciler, fleet, doc)
     assert code != 0
     changes = report["result"]["changes"]
@@ -266,7 +267,7 @@ def test_a_mirrored_bad_version_is_caught_before_it_takes_any_request(
     mirrored = CANARY.replace("steps:", "mirror: 100%, steps:")
     # Version 4 fails 40% of its requests (Triton counts those); probes off, so only the
     # mirrored copies of live requests can show it.
-    doc = _deployment(4, mirrored, analysis="      probes: {enabled: false}\n")
+    doc = _deployment(4, mirrored, analysis=NO_PROBES)
     code, report, load = _roll(manifests, reconciler, fleet, doc)
     assert code != 0
     assert load.failures == [], load.failures[:3]  # the mirrored answers went nowhere
@@ -340,7 +341,7 @@ def test_blue_green_switches_and_switches_back_in_one_router_update(
 
     # A bad version that only clients can show (probes off): the switch, then the switch
     # back in one update, measured from the failed analysis to the route set back.
-    doc = _deployment(10, BLUE_GREEN, analysis="      probes: {enabled: false}\n")
+    doc = _deployment(10, BLUE_GREEN, analysis=NO_PROBES)
     code, report, load = _roll(manifests, reconciler, chosen, doc)
     assert code != 0
     after = router.observe()
