@@ -5,7 +5,7 @@ plain fakes; ``wiring`` builds the real ``Ports`` value that ``loop.reconcile`` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -14,6 +14,7 @@ import numpy as np
 import numpy.typing as npt
 
 from reconciler.model.analysis import Figures, PoolFigures
+from reconciler.model.gate import LoadFigures
 from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, PassRecord, Rollout
 from reconciler.model.plan import Step
 from reconciler.model.serving import ModelInterface, ModelState, ServerState
@@ -259,3 +260,40 @@ class StepHooks(Protocol):
     def call_webhook(self, url: str, payload: Mapping[str, Any]) -> None: ...
 
     def replace_library(self, step: Step) -> None: ...
+
+
+# -- the pre-merge gate's isolated server (loop/gate.py) ------------------------------------
+
+
+class LoadTester(Protocol):
+    """Drives one version of a model with the same requests at one concurrency level:
+    ``adapters/triton_load.py`` (built in, gRPC) and ``adapters/perf_analyzer.py`` (Triton's
+    own load generator) are the real ones."""
+
+    name: str  # built-in | perf_analyzer
+
+    def measure(
+        self,
+        model: str,
+        version: int,
+        requests: Sequence[tuple[Tensor, ...]],
+        outputs: tuple[str, ...],
+        concurrency: int,
+        count: int,
+        batched: bool = False,
+    ) -> LoadFigures:
+        """``count`` requests (the given ones, round robin), ``concurrency`` at a time, after
+        a short warm-up; failures are counted, never raised. ``batched``: the model's config
+        has a batch dimension (the requests' first dimension)."""
+        ...
+
+
+class MemoryGauge(Protocol):
+    """What the isolated server's memory reads (``adapters/local_triton.LocalTriton``)."""
+
+    def version_memory(self, model: str, version: int) -> int | None:
+        """Bytes held by the processes that run only this version (Python-backend stubs);
+        None when the backend runs inside the server."""
+        ...
+
+    def server_memory(self) -> int | None: ...

@@ -2,12 +2,15 @@
 
 ``ports(settings, source)`` is the ``Ports`` value a pass is given (the CLI's ``plan``,
 ``apply`` and ``status``, and the service, call it); ``review_manifests`` is what ``diff``
-reads. The other functions build one adapter each, for those and for the service's watch.
+and ``gate`` read; ``isolated_server`` is the gate's tritonserver with its load generator.
+The other functions build one adapter each, for those and for the service's watch.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from reconciler.adapters.alerts import (
@@ -23,14 +26,25 @@ from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.adapters.gateway import GatewayRouter
 from reconciler.adapters.git import GitManifests, GitSource, GitWriter
 from reconciler.adapters.hooks import HttpStepHooks
+from reconciler.adapters.local_triton import LocalTriton
 from reconciler.adapters.metrics import metrics_reader
+from reconciler.adapters.perf_analyzer import PerfAnalyzer
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
+from reconciler.adapters.triton_load import GrpcLoadTester
+from reconciler.loop.gate import GATE_SERVER, IsolatedServer
 from reconciler.model.settings import Settings
 from reconciler.model.source import GitCredentials, Source
 from reconciler.model.spec import TritonServer
 from reconciler.model.traffic import RouterSpec
-from reconciler.ports import FiguresSource, NoPassHooks, PassHooks, Ports, TrafficRouter
+from reconciler.ports import (
+    FiguresSource,
+    LoadTester,
+    NoPassHooks,
+    PassHooks,
+    Ports,
+    TrafficRouter,
+)
 
 
 def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
@@ -115,3 +129,47 @@ def review_manifests(
     local = "://" not in repo and Path(repo).exists()
     source = GitSource(repo, cache_dir, credentials=credentials)
     return GitManifests(source, cache_dir / "gpg", in_place=local)
+
+
+@contextmanager
+def isolated_server(
+    model_repository: Path,
+    workdir: Path,
+    *,
+    tritonserver: Path | None = None,
+    perf_analyzer: str | None = None,
+    load_timeout: float = 600.0,
+) -> Iterator[IsolatedServer]:
+    """A tritonserver of its own on loopback over ``model_repository`` (EXPLICIT mode,
+    nothing loaded), with the gate's load generator: ``perf_analyzer`` (its binary) when
+    given, else the built-in one. Stopped by its pid on exit."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    server = LocalTriton(
+        model_repository.resolve(),
+        binary=tritonserver,
+        log_file=workdir / "tritonserver.log",
+    )
+    server.start()
+    client = TritonServerClient(
+        GATE_SERVER,
+        server.grpc_address,
+        load_timeout=load_timeout,
+        model_repository=str(model_repository.resolve()),
+    )
+    tester: LoadTester = (
+        PerfAnalyzer(perf_analyzer, server.grpc_address, workdir)
+        if perf_analyzer
+        else GrpcLoadTester(server.grpc_address)
+    )
+    try:
+        yield IsolatedServer(
+            control=client,
+            load_tester=tester,
+            memory=server,
+            digests=version_digests,
+            address=server.grpc_address,
+            model_repository=str(model_repository.resolve()),
+        )
+    finally:
+        client.close()
+        server.stop()

@@ -92,6 +92,24 @@ class ManifestRepo:
         return git(self.work, "rev-parse", "HEAD")
 
 
+# The gate's test model (models/scorer/model.py): good 1, 2 and 6; slow 3; failing 4; heavy 5.
+SCORER = "scorer"
+SCORER_VERSIONS = (1, 2, 3, 4, 5, 6)
+
+
+def write_scorer_repository(root: Path) -> Path:
+    """A model repository with the gate's test model ``scorer`` only, compiled ahead."""
+    folder = root / SCORER
+    folder.mkdir(parents=True)
+    config = (MODELS / "echo" / "config.pbtxt").read_text().replace('"echo"', f'"{SCORER}"')
+    (folder / "config.pbtxt").write_text(config)
+    for version in SCORER_VERSIONS:
+        (folder / str(version)).mkdir()
+        shutil.copy(MODELS / SCORER / "model.py", folder / str(version) / "model.py")
+    compileall.compile_dir(root, quiet=1)
+    return root
+
+
 def server_doc(
     name: str,
     address: str,

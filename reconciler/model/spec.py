@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from reconciler.model.analysis import AnalysisSpec
 
 if TYPE_CHECKING:
+    from reconciler.model.gate import GateSpec
     from reconciler.model.traffic import RouterSpec, TrafficSpec
 
 
@@ -152,8 +153,12 @@ class ModelDeployment:
     when_no_headroom: str = "refuse"  # refuse | replace
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     shadow: ShadowSpec | None = None
+    gate: GateSpec | None = None  # verify.gate: the pre-merge load test's bounds
     location: Location = Location("<memory>", 0)
     analysis_location: Location | None = None
+    # Lines of the document's keys a report points at ("versions", "config.output",
+    # "verify.gate.maxLatencyIncrease"...): those the document has.
+    lines: tuple[tuple[str, int], ...] = ()
     # A digest of the whole spec: a hold on a failed spec lasts until this changes.
     fingerprint: str = ""
 
@@ -163,6 +168,15 @@ class ModelDeployment:
         config, known only once a server's repository or loaded config is read)."""
         steps = self.config.get("ensemble_scheduling", {}).get("step", [])
         return tuple(sorted({str(step["model_name"]) for step in steps if "model_name" in step}))
+
+    def line(self, *keys: str) -> int:
+        """The line of the first of ``keys`` the document has (dotted, as in ``lines``),
+        else the document's first line."""
+        found = dict(self.lines)
+        for key in keys:
+            if key in found:
+                return found[key]
+        return self.location.line
 
     def selects(self, server: TritonServer) -> bool:
         if self.server_names is not None:

@@ -20,6 +20,7 @@ from reconciler.core.spec.yaml import _Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
 from reconciler.model.errors import Problem
+from reconciler.model.gate import GateSpec
 from reconciler.model.spec import (
     BackendSpec,
     Discovery,
@@ -143,14 +144,44 @@ def _build_deployment(
         ),
         rollout=_rollout(doc, body.get("rollout", {})),
         shadow=_shadow(doc, verify),
+        gate=_gate(verify["gate"]) if "gate" in verify else None,
         location=Location(doc.file, doc.start_line),
         analysis_location=(
             Location(doc.file, doc.line(("spec", "verify", "analysis")))
             if analysis is not None
             else None
         ),
+        lines=_lines(doc, body),
         fingerprint=fingerprint_of(body),
     )
+
+
+# The keys of a ModelDeployment whose lines reports point at (gate annotations).
+_POINTED_AT = (
+    ("versions",),
+    ("config",),
+    ("config", "input"),
+    ("config", "output"),
+    ("config", "max_batch_size"),
+    ("verify", "smoke"),
+    ("verify", "shadow"),
+    ("verify", "gate"),
+    *(
+        ("verify", "gate", key)
+        for key in ("maxLatencyIncrease", "minThroughputRatio", "maxMemoryIncrease", "maxErrorRate")
+    ),
+)
+
+
+def _lines(doc: _Document, body: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+    found = []
+    for path in _POINTED_AT:
+        node: Any = body
+        for key in path:
+            node = node.get(key) if isinstance(node, dict) else None
+        if node is not None:
+            found.append((".".join(path), doc.line(("spec", *path))))
+    return tuple(found)
 
 
 def _check_config(
@@ -289,6 +320,22 @@ def _shadow(doc: _Document, verify: dict[str, Any]) -> ShadowSpec | None:
         float(_or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "minAgreement")),
         compare.get("maxLatencyIncrease"),
         location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
+    )
+
+
+def _gate(gate: dict[str, Any]) -> GateSpec:
+    path = (*_VERIFY, "gate")
+    memory = gate.get("maxMemoryIncrease")
+    share = float(memory.rstrip("%")) / 100 if isinstance(memory, str) and "%" in memory else None
+    return GateSpec(
+        max_latency_increase=gate.get("maxLatencyIncrease"),
+        min_throughput_ratio=gate.get("minThroughputRatio"),
+        max_memory_increase=share,
+        max_memory_increase_bytes=_bytes(memory) if memory is not None and share is None else None,
+        max_error_rate=_or_default(gate, _DEPLOYMENT, *path, "maxErrorRate"),
+        concurrency=tuple(_or_default(gate, _DEPLOYMENT, *path, "concurrency")),
+        rounds=_or_default(gate, _DEPLOYMENT, *path, "rounds"),
+        requests=_or_default(gate, _DEPLOYMENT, *path, "requests"),
     )
 
 

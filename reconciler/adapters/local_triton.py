@@ -1,0 +1,261 @@
+"""Start and stop a real tritonserver on this machine: the ``gate`` command's isolated
+server, and the demo's, the test suite's and the benchmarks'.
+
+The server is a given ``tritonserver`` binary (as in Triton's own container image, with its
+``backends`` folder beside ``bin``), or the one the ``nvidia-pytriton`` wheel ships: the wheel
+has the server binary, the Python backend and one backend stub per Python version; it is
+copied once into a cache folder (never written into site-packages). Either way it runs as a
+plain process in EXPLICIT model-control mode on loopback, and every process started here is
+ended by its pid (``LocalTriton.stop``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class LocalTritonError(RuntimeError):
+    """The local tritonserver could not be found, started or made ready."""
+
+
+def _wheel_root() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or spec.origin is None:
+        raise LocalTritonError(
+            "nvidia-pytriton is not installed; install the 'local' extra: "
+            "pip install 'triton-gitops[local]'"
+        )
+    return Path(spec.origin).parent
+
+
+def _server_copy(cache_dir: Path | None = None) -> Path:
+    """Return a writable copy of the wheel's tritonserver with this Python's backend stub."""
+    wheel = _wheel_root()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    base = cache_dir or Path(
+        os.environ.get("TRITON_GITOPS_CACHE", Path.home() / ".cache" / "triton-gitops")
+    )
+    target = base / f"tritonserver-py{version}"
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    base.mkdir(parents=True, exist_ok=True)
+    # Copy into a temporary sibling first and rename, so concurrent starters never see a
+    # half-copied server.
+    staging = Path(tempfile.mkdtemp(prefix="tritonserver-", dir=base))
+    shutil.copytree(wheel / "tritonserver", staging / "server", symlinks=True)
+    stub = wheel / "tritonserver" / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.exists():
+        raise LocalTritonError(f"the wheel has no Python backend stub for Python {version}")
+    shutil.copy2(stub, staging / "server" / "backends" / "python" / "triton_python_backend_stub")
+    (staging / "server" / ".complete").touch()
+    try:
+        staging.joinpath("server").rename(target)
+    except OSError:
+        if not marker.exists():
+            raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def end_process_group(process: subprocess.Popen[bytes] | None, timeout: float) -> None:
+    """End a process started with start_new_session=True, and everything in its group, by
+    its pid: SIGTERM, then SIGKILL if it has not exited within ``timeout``."""
+    if process is None or process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _resident_bytes(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+@dataclass
+class LocalTriton:
+    """One tritonserver process in EXPLICIT mode over ``model_repository``."""
+
+    model_repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    log_file: Path | None = None
+    extra_args: tuple[str, ...] = ()
+    # Set in the server's environment only (its backend stubs inherit it), e.g. LD_PRELOAD
+    # of another malloc for the soak benchmark; never in this process's own environment.
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    # A tritonserver binary (its backends in ../backends); None: the nvidia-pytriton wheel's.
+    binary: Path | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def grpc_address(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http_address(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def start(self, ready_timeout: float = 60.0) -> LocalTriton:
+        env = dict(os.environ)
+        if self.binary is not None:
+            if not self.binary.is_file():
+                raise LocalTritonError(f"tritonserver binary {self.binary} not found")
+            server = self.binary.resolve().parent.parent
+            executable = self.binary
+        else:
+            server = _server_copy()
+            executable = server / "bin" / "tritonserver"
+            libs = _wheel_root().parent / "nvidia_pytriton.libs"
+            env["LD_LIBRARY_PATH"] = os.pathsep.join(
+                p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p
+            )
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            if not getattr(self, name):
+                setattr(self, name, free_port(self.host))
+        # The backend stub runs model.py with the first python on PATH; it must be the one
+        # that has numpy, i.e. this interpreter's environment.
+        env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+        env.update(self.extra_env)
+        command = [
+            str(executable),
+            f"--model-repository={self.model_repository}",
+            "--model-control-mode=explicit",
+            f"--backend-directory={server / 'backends'}",
+            f"--http-address={self.host}",
+            f"--grpc-address={self.host}",
+            f"--metrics-address={self.host}",
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--exit-timeout-secs=5",
+            *self.extra_args,
+        ]
+        if self.log_file is None:
+            self.log_file = Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        self._wait_ready(ready_timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://{self.http_address}/v2/health/ready"
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise LocalTritonError(
+                    f"tritonserver exited with {self.process.returncode}; log: {self.log_file}\n"
+                    + self.log_tail()
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise LocalTritonError(f"tritonserver not ready after {timeout}s; log: {self.log_file}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log_file is None or not self.log_file.exists():
+            return ""
+        return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """End the server by its pid: SIGTERM, then SIGKILL if it has not exited in time."""
+        process, self.process = self.process, None
+        # The server starts one backend stub process per model instance in its session;
+        # signalling the process group ends them together with the server.
+        end_process_group(process, timeout)
+
+    def kill(self) -> None:
+        """End the server at once (SIGKILL), as a crash would."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+    def version_memory(self, model: str, version: int) -> int | None:
+        """Resident memory of the Python-backend stub processes that run ``version`` of
+        ``model`` (one per instance; each runs ``<repository>/<model>/<version>/model.py``),
+        in bytes; None when no stub runs it (another backend runs inside the server)."""
+        total, found = 0, False
+        for pid, argv in self._group_processes():
+            if len(argv) > 1 and argv[0].endswith("triton_python_backend_stub"):
+                script = Path(argv[1])
+                if script.parent.name == str(version) and script.parent.parent.name == model:
+                    rss = _resident_bytes(pid)
+                    if rss is not None:
+                        total, found = total + rss, True
+        return total if found else None
+
+    def server_memory(self) -> int | None:
+        """Resident memory of the server process itself, in bytes (None: not running)."""
+        if self.process is None or self.process.poll() is not None:
+            return None
+        return _resident_bytes(self.process.pid)
+
+    def _group_processes(self) -> list[tuple[int, list[str]]]:
+        """(pid, argv) of every process in the server's process group (its backend stubs)."""
+        if self.process is None:
+            return []
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getpgid(int(entry.name)) != self.process.pid:
+                    continue
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except (OSError, ProcessLookupError):
+                continue  # ended meanwhile
+            found.append((int(entry.name), [a.decode(errors="replace") for a in argv if a]))
+        return found
+
+    def __enter__(self) -> LocalTriton:
+        return self.start() if self.process is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,156 @@
+"""The quality gate's judgement: interleaved load-test measurements of the old and the new
+versions in, one check per bound and concurrency level out. Pure: no Triton, no clock.
+
+Each round measures the old version, then the new, at every level (interleaved, so that a
+noisy moment of a shared machine falls on both). A check is judged on the median over the
+rounds of the per-round ratio (new against the old of the same round), and reports the
+spread of that ratio: a reviewer sees whether a verdict stands on a stable difference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from statistics import median
+
+from reconciler.model.gate import GateCheck, GateSpec, GateVerdict, LoadFigures
+
+
+def _ratios(pairs: Sequence[tuple[float | None, float | None]]) -> list[float]:
+    return [
+        new / old
+        for old, new in pairs
+        if old is not None and new is not None and math.isfinite(old) and old > 0
+    ]
+
+
+def _check(
+    name: str,
+    level: int,
+    pairs: Sequence[tuple[float | None, float | None]],
+    threshold: str,
+    passes: float,
+    *,
+    at_most: bool,
+    shift: float = 0.0,
+) -> GateCheck:
+    """A ratio check: ``value`` is the median per-round ratio new/old minus ``shift``; it
+    must be at most (or at least) ``passes``."""
+    ratios = [r - shift for r in _ratios(pairs)]
+    olds = [o for o, _ in pairs if o is not None]
+    news = [n for _, n in pairs if n is not None]
+    old = median(olds) if olds else None
+    new = median(news) if news else None
+    if not ratios:
+        return GateCheck(name, level, old, new, None, threshold, GateVerdict.NO_DATA)
+    value = median(ratios)
+    ok = value <= passes if at_most else value >= passes
+    verdict = GateVerdict.PASS if ok else GateVerdict.FAIL
+    return GateCheck(name, level, old, new, value, threshold, verdict, (min(ratios), max(ratios)))
+
+
+def judge(
+    spec: GateSpec, old: Sequence[LoadFigures], new: Sequence[LoadFigures]
+) -> tuple[GateCheck, ...]:
+    """Every bound the spec sets, at every concurrency level measured: ``old`` and ``new``
+    are the rounds' measurements, in the same order (round by round, level by level)."""
+    checks: list[GateCheck] = []
+    for level in sorted({f.concurrency for f in old} | {f.concurrency for f in new}):
+        rounds = [
+            (o, n)
+            for o, n in zip(old, new, strict=True)
+            if o.concurrency == level and n.concurrency == level
+        ]
+        errors = [n.errors / n.requests for _, n in rounds if n.requests]
+        rate = median(errors) if errors else None
+        checks.append(
+            GateCheck(
+                "errors",
+                level,
+                median([o.errors / o.requests for o, _ in rounds if o.requests])
+                if rounds
+                else None,
+                rate,
+                rate,
+                f"<= {spec.max_error_rate:g}",
+                GateVerdict.NO_DATA
+                if rate is None
+                else GateVerdict.PASS
+                if rate <= spec.max_error_rate
+                else GateVerdict.FAIL,
+                (min(errors), max(errors)) if errors else None,
+            )
+        )
+        if spec.max_latency_increase is not None:
+            checks.append(
+                _check(
+                    "latency",
+                    level,
+                    [(o.p95_ms, n.p95_ms) for o, n in rounds],
+                    f"p95 increase <= {spec.max_latency_increase:g}",
+                    spec.max_latency_increase,
+                    at_most=True,
+                    shift=1.0,
+                )
+            )
+        if spec.min_throughput_ratio is not None:
+            checks.append(
+                _check(
+                    "throughput",
+                    level,
+                    [(o.throughput, n.throughput) for o, n in rounds],
+                    f"ratio >= {spec.min_throughput_ratio:g}",
+                    spec.min_throughput_ratio,
+                    at_most=False,
+                )
+            )
+    if spec.max_memory_increase is not None or spec.max_memory_increase_bytes is not None:
+        checks.append(_memory(spec, old, new))
+    return tuple(checks)
+
+
+def _memory(spec: GateSpec, old: Sequence[LoadFigures], new: Sequence[LoadFigures]) -> GateCheck:
+    """What loading the new versions added against what the old added: as a share of the
+    old's (``maxMemoryIncrease: 30%``) or in bytes."""
+    olds = [f.memory_bytes for f in old if f.memory_bytes is not None]
+    news = [f.memory_bytes for f in new if f.memory_bytes is not None]
+    if not olds or not news:
+        threshold = "memory"
+        return GateCheck("memory", 0, None, None, None, threshold, GateVerdict.NO_DATA)
+    before, after = median(olds), median(news)
+    if spec.max_memory_increase_bytes is not None:
+        growth = after - before
+        limit = spec.max_memory_increase_bytes
+        ok = growth <= limit
+        return GateCheck(
+            "memory", 0, before, after, growth, f"increase <= {limit} bytes",
+            GateVerdict.PASS if ok else GateVerdict.FAIL,
+        )  # fmt: skip
+    assert spec.max_memory_increase is not None
+    if before <= 0:
+        return GateCheck("memory", 0, before, after, None, "memory", GateVerdict.NO_DATA)
+    share = after / before - 1.0
+    ok = share <= spec.max_memory_increase
+    return GateCheck(
+        "memory", 0, before, after, share, f"increase <= {spec.max_memory_increase:.0%}",
+        GateVerdict.PASS if ok else GateVerdict.FAIL,
+    )  # fmt: skip
+
+
+def judge_alone(spec: GateSpec, new: Sequence[LoadFigures]) -> tuple[GateCheck, ...]:
+    """A first deployment (no old version to compare with): only the error bound."""
+    checks = []
+    for level in sorted({f.concurrency for f in new}):
+        errors = [f.errors / f.requests for f in new if f.concurrency == level and f.requests]
+        rate = median(errors) if errors else None
+        verdict = (
+            GateVerdict.NO_DATA
+            if rate is None
+            else GateVerdict.PASS
+            if rate <= spec.max_error_rate
+            else GateVerdict.FAIL
+        )
+        spread = (min(errors), max(errors)) if errors else None
+        threshold = f"<= {spec.max_error_rate:g}"
+        checks.append(GateCheck("errors", level, None, rate, rate, threshold, verdict, spread))
+    return tuple(checks)

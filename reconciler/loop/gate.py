@@ -1,0 +1,354 @@
+"""The pre-merge quality gate (``triton-gitops gate``): each ModelDeployment a change gives new
+versions or a new config, tried in an isolated tritonserver before the change may merge.
+
+For one deployment, on a server that serves nothing else:
+1. the base ref's spec is brought up as apply would bring it up there (the planner's own load
+   and verify steps), so the old versions run with the config they run with today;
+2. the head ref's spec is planned against what that server now serves: the planner's
+   interface rules refuse a config that changes what clients see before anything is sent,
+   exactly as at apply time; otherwise its load step (the new versions beside the old, with
+   the whole config the reconciler would send) and its verify step (the new versions READY,
+   the smoke cases, the shadow replay against the old, a synthesized request, the after-load
+   interface check) run as the executor runs them;
+3. old and new are load-tested with the same requests (the smoke cases' and the recorded
+   ones, else one synthesized from the metadata), interleaved round by round and level by
+   level (old first in even rounds, new first in odd ones), so a noisy moment of a shared
+   machine falls on both; each version's memory is read after each measurement;
+4. ``core/gate.judge`` judges the figures against ``spec.verify.gate``.
+What the server, the load generator and the memory readings are comes in as ports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from reconciler.core.gate import judge, judge_alone
+from reconciler.core.plan import plan
+from reconciler.core.probes import synthesized
+from reconciler.core.review_diff import Change, diff
+from reconciler.core.smoke import mismatches
+from reconciler.engine.steps import Timing, _ChangeContext, execute_step
+from reconciler.loop.observation import observe_servers
+from reconciler.model.errors import ReconcileError, VerifyFailed
+from reconciler.model.gate import (
+    GateFinding,
+    GateSpec,
+    GateVerdict,
+    LoadFigures,
+    LoadTestSpec,
+    ModelGate,
+)
+from reconciler.model.history import History
+from reconciler.model.plan import Action, ModelChange, PlanProblem
+from reconciler.model.spec import DesiredState, ModelDeployment, RolloutSpec, Tensor, TritonServer
+from reconciler.ports import LoadTester, MemoryGauge, TritonClient, VersionDigests
+
+GATE_SERVER = "gate"  # the isolated server's name in plans and messages
+
+# The manifest line each load-test check points at: its bound, else the gate block.
+_CHECK_LINES = {
+    "errors": ("verify.gate.maxErrorRate", "verify.gate", "versions"),
+    "latency": ("verify.gate.maxLatencyIncrease", "verify.gate", "versions"),
+    "throughput": ("verify.gate.minThroughputRatio", "verify.gate", "versions"),
+    "memory": ("verify.gate.maxMemoryIncrease", "verify.gate", "versions"),
+}
+
+
+class GateError(ReconcileError):
+    """A deployment the gate cannot judge (not a verdict on it): the base ref's versions do
+    not come up, a version is not in the model repository, the server fails."""
+
+
+@dataclass(frozen=True)
+class GateTarget:
+    """One ModelDeployment to gate: its spec at head, and at base (None: new at head)."""
+
+    head: ModelDeployment
+    base: ModelDeployment | None
+
+
+@dataclass(frozen=True)
+class IsolatedServer:
+    """The ports of one gate run: a tritonserver serving nothing else, on loopback."""
+
+    control: TritonClient
+    load_tester: LoadTester
+    memory: MemoryGauge
+    digests: VersionDigests
+    address: str
+    model_repository: str
+    timing: Timing = field(default_factory=Timing)
+
+
+def gated(base: DesiredState, head: DesiredState) -> list[GateTarget]:
+    """The deployments whose versions or config change between ``base`` and ``head`` (on any
+    server), by name; one that leaves the manifests is not gated."""
+    changes = diff(base, head)
+    names = {
+        m.deployment
+        for m in changes.models
+        if m.change is not Change.REMOVED and (m.versions_added or m.config)
+    } | set(changes.deployments_added)
+    targets = []
+    for name in sorted(names):
+        deployment = head.deployments.get(name)
+        if deployment is None:
+            continue
+        before = base.deployments.get(name) or next(
+            (d for d in base.deployments.values() if d.model == deployment.model), None
+        )
+        targets.append(GateTarget(deployment, before))
+    return targets
+
+
+def _alone(deployment: ModelDeployment, server: IsolatedServer) -> DesiredState:
+    """The deployment placed on the isolated server only, rolled out in one step."""
+    isolated = replace(
+        deployment,
+        server_names=(GATE_SERVER,),
+        match_labels=None,
+        rollout=RolloutSpec(),
+        suspend=False,
+    )
+    gate_server = TritonServer(
+        GATE_SERVER, server.address, model_repository=server.model_repository
+    )
+    return DesiredState.build([gate_server], [isolated])
+
+
+def _planned(
+    deployment: ModelDeployment, server: IsolatedServer
+) -> ModelChange | PlanProblem | None:
+    desired = _alone(deployment, server)
+    observed = observe_servers({GATE_SERVER: server.control}, desired, History(), 1, server.digests)
+    found = plan(desired, observed, History(), "gate")
+    for problem in found.problems:
+        if problem.model in (None, deployment.model):
+            return problem
+    return next((c for c in found.changes if c.model == deployment.model), None)
+
+
+def _run_until_unload(
+    change: ModelChange, server: IsolatedServer, context: _ChangeContext
+) -> ReconcileError | None:
+    """The change's steps up to the first that would drop the old versions or watch traffic
+    (there is none here); the error of the step that failed, if one did."""
+    for step in change.steps:
+        if step.action in (Action.UNLOAD, Action.ANALYZE):
+            break
+        if step.action not in (Action.LOAD, Action.VERIFY):
+            continue  # a drain (no traffic here), a library swap (not the gate's to make)
+        try:
+            execute_step(server.control, step, server.timing, context)
+        except ReconcileError as exc:
+            return exc
+    return None
+
+
+def _where(deployment: ModelDeployment) -> str:
+    return f"{deployment.location}: ModelDeployment {deployment.name!r}"
+
+
+def _bring_up_base(base: ModelDeployment, server: IsolatedServer) -> None:
+    """The base ref's versions, up as apply brings them up; GateError when they do not come
+    up (the gate would judge the new against nothing)."""
+    planned = _planned(base, server)
+    if isinstance(planned, PlanProblem):
+        raise GateError(f"{_where(base)} at the base ref: {planned.message}")
+    if planned is None:
+        return
+    failed = _run_until_unload(planned, server, _ChangeContext(replaces=False))
+    if failed is not None:
+        raise GateError(
+            f"{_where(base)} at the base ref does not come up in the isolated server: {failed}"
+        )
+
+
+def _requests(
+    head: ModelDeployment, server: IsolatedServer, version: int
+) -> tuple[list[tuple[Tensor, ...]], str]:
+    requests = [case.inputs for case in head.smoke]
+    if requests:
+        return requests, "smoke cases"
+    if head.shadow is not None and head.shadow.requests:
+        return list(head.shadow.requests), "shadow requests"
+    made = synthesized(server.control.interface(head.model, version))
+    if made is None:
+        raise GateError(
+            f"{_where(head)}: no request to load-test with: no smoke case, no shadow request, "
+            "and an input whose datatype cannot be synthesized"
+        )
+    return [made.inputs], "synthesized from the metadata"
+
+
+def _measure(
+    server: IsolatedServer,
+    model: str,
+    versions: tuple[int, ...],
+    spec: GateSpec,
+    requests: list[tuple[Tensor, ...]],
+    batched: bool,
+) -> dict[int, list[LoadFigures]]:
+    """Every version at every level, ``spec.rounds`` times, interleaved: the order of the
+    versions flips from round to round."""
+    measured: dict[int, list[LoadFigures]] = {v: [] for v in versions}
+    for number in range(spec.rounds):
+        order = versions if number % 2 == 0 else tuple(reversed(versions))
+        for level in spec.concurrency:
+            for version in order:
+                figures = server.load_tester.measure(
+                    model, version, requests, (), level, spec.requests, batched
+                )
+                memory = server.memory.version_memory(model, version)
+                measured[version].append(replace(figures, memory_bytes=memory))
+    return measured
+
+
+def _finding(
+    name: str, exc: ReconcileError | str, deployment: ModelDeployment, *keys: str
+) -> GateFinding:
+    return GateFinding(name, GateVerdict.FAIL, str(exc), deployment.line(*keys, "versions"))
+
+
+def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
+    """The gate's verdicts on one deployment, one per new version (one with no figures when
+    the change is refused before any load). GateError when it cannot be judged."""
+    clock = server.timing.clock
+    started = clock()
+    head, model = target.head, target.head.model
+    if head.depends_on:
+        raise GateError(
+            f"{_where(head)} depends on {', '.join(head.depends_on)}: the gate does not bring "
+            "up the models a deployment depends on yet"
+        )
+    before_any = server.memory.server_memory()
+    if target.base is not None:
+        _bring_up_base(target.base, server)
+    after_base = server.memory.server_memory()
+    planned = _planned(head, server)
+
+    def verdict(new: int | None, old: int | None, *findings: GateFinding) -> ModelGate:
+        return ModelGate(
+            head.name, model, head.location.file, new, old, findings, seconds=clock() - started
+        )
+
+    if isinstance(planned, PlanProblem):
+        if planned.kind == "interface-change":
+            return [
+                verdict(
+                    None,
+                    None,
+                    _finding(
+                        "interface",
+                        planned.message,
+                        head,
+                        "config.output",
+                        "config.input",
+                        "config.max_batch_size",
+                        "config",
+                    ),
+                )
+            ]
+        raise GateError(f"{_where(head)}: {planned.message}")
+    if planned is None:
+        return []
+    new_versions = sorted(set(planned.desired) - set(planned.serving))
+    old = planned.interface_baseline or (max(planned.serving) if planned.serving else None)
+    context = _ChangeContext(replaces=bool(planned.serving))
+    if planned.interface_baseline is not None:
+        context.interface = server.control.interface(model, planned.interface_baseline)
+    failed = _run_until_unload(planned, server, context)
+    if failed is not None:
+        name = "verify" if isinstance(failed, VerifyFailed) else "load"
+        keys = ("verify.smoke", "verify.shadow") if name == "verify" else ()
+        finding = _finding(name, failed, head, *keys)
+        return [verdict(v, old, finding) for v in new_versions] or [verdict(None, old, finding)]
+    after_head = server.memory.server_memory()
+    if not new_versions:
+        note = GateFinding(
+            "note",
+            GateVerdict.PASS,
+            "a config change with no new version: loaded and verified with the head config; "
+            "not load-tested (Triton runs one config per model, so old and new configs cannot "
+            "serve side by side)",
+            head.line("config"),
+        )
+        return [verdict(None, old, note)]
+    load_config = next((s.config for s in planned.steps if s.action is Action.LOAD), None) or {}
+    batched = int(load_config.get("max_batch_size", 0) or 0) > 0
+    spec = head.gate or GateSpec()
+    results = []
+    for new in new_versions:
+        notes = _old_smoke(head, server, old)
+        requests, source = _requests(head, server, new)
+        versions = (old, new) if old is not None else (new,)
+        measured = _measure(server, model, versions, spec, requests, batched)
+        if old is not None:
+            old_figures, new_figures = _with_memory_fallback(
+                measured[old], measured[new], before_any, after_base, after_head
+            )
+            checks = judge(spec, old_figures, new_figures)
+        else:
+            old_figures, new_figures = [], measured[new]
+            checks = judge_alone(spec, new_figures)
+        results.append(
+            ModelGate(
+                head.name,
+                model,
+                head.location.file,
+                new,
+                old,
+                tuple(notes),
+                checks,
+                tuple(old_figures),
+                tuple(new_figures),
+                LoadTestSpec(server.load_tester.name, source),
+                clock() - started,
+                tuple((name, head.line(*keys)) for name, keys in _CHECK_LINES.items()),
+            )
+        )
+    return results
+
+
+def _old_smoke(head: ModelDeployment, server: IsolatedServer, old: int | None) -> list[GateFinding]:
+    """The head's smoke cases on the old version too: one the old fails as well says the case
+    (or the environment), not the new version, is off. Notes, never a failure."""
+    notes: list[GateFinding] = []
+    if old is None:
+        return notes
+    for case in head.smoke:
+        outputs = tuple(e.name for e in case.expect)
+        try:
+            wrong = mismatches(case, server.control.infer(head.model, old, case.inputs, outputs))
+        except ReconcileError as exc:
+            wrong = [str(exc)]
+        if wrong:
+            notes.append(
+                GateFinding(
+                    "note",
+                    GateVerdict.PASS,
+                    f"smoke {case.name} fails on the old version {old} too: {'; '.join(wrong)}",
+                    head.line("verify.smoke"),
+                )
+            )
+    return notes
+
+
+def _with_memory_fallback(
+    old: list[LoadFigures],
+    new: list[LoadFigures],
+    before_any: int | None,
+    after_base: int | None,
+    after_head: int | None,
+) -> tuple[list[LoadFigures], list[LoadFigures]]:
+    """Where no process runs one version alone (a backend inside the server), what the
+    server grew by when the old versions loaded, and when the new ones loaded beside them."""
+    if all(f.memory_bytes is not None for f in old + new):
+        return old, new
+    if before_any is None or after_base is None or after_head is None:
+        return old, new
+    old_growth, new_growth = after_base - before_any, after_head - after_base
+    return (
+        [replace(f, memory_bytes=float(old_growth)) for f in old],
+        [replace(f, memory_bytes=float(new_growth)) for f in new],
+    )
