@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -21,17 +22,22 @@ from ruamel.yaml.error import YAMLError
 
 from reconciler import __version__, wiring
 from reconciler.adapters.artifacts import tree_digest
+from reconciler.adapters.chart import ChartUnavailable, latency_chart
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
+from reconciler.adapters.local_triton import LocalTritonError
+from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.state import StateStore
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES, attach_shadow_requests
+from reconciler.loop.gate import gated, run_gate
 from reconciler.loop.reconcile import reconcile
-from reconciler.loop.review import diff_refs
+from reconciler.loop.review import desired_at, diff_refs
 from reconciler.loop.status import status
 from reconciler.model.errors import Problem, ReconcileError, ValidationError
+from reconciler.model.gate import GateReport
 from reconciler.model.settings import (
     AlertSettings,
     AnalysisSettings,
@@ -46,6 +52,7 @@ from reconciler.model.settings import (
 from reconciler.model.source import GitCredentials, SignaturePolicy, Source
 from reconciler.service.daemon import Daemon
 from reconciler.service.telemetry import JsonLogFormatter
+from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
 from reconciler.views.render import (
     history_json,
     history_text,
@@ -67,6 +74,7 @@ from reconciler.views.review import (
 from reconciler.views.steps import plan_steps_json
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
+EXIT_GATE_FAILED = 3  # gate: a deployment failed it (1 stays an error: not judged)
 
 
 def _default_state() -> Path:
@@ -364,6 +372,63 @@ def build_parser() -> argparse.ArgumentParser:
     diff_command.add_argument("--output", choices=("text", "json", "markdown"), default="text")
     diff_command.add_argument("--cache-dir", type=Path, default=_default_cache())
 
+    gate = commands.add_parser(
+        "gate",
+        help="pre-merge quality gate: new versions load-tested beside the old in an isolated "
+        "tritonserver; exit 0 pass, 3 failed, 1 error",
+        description="For every ModelDeployment whose versions or config change between --base "
+        "and --head: start a tritonserver of its own on loopback over --model-repository, bring "
+        "the base spec up as apply would, load the head's new versions beside the old with the "
+        "config the reconciler would send (the apply-time interface rules refuse a config that "
+        "changes what clients see), run the verify step (smoke cases, shadow replay, a "
+        "synthesized request), load-test old and new interleaved with the same requests at "
+        "spec.verify.gate's concurrency levels, and judge latency, throughput, errors and "
+        "memory against its bounds. Exit 0 every deployment passed (or none changed), 3 one "
+        "failed the gate, 1 error (one could not be judged).",
+    )
+    gate.add_argument("--repo", required=True, metavar="URL|PATH")
+    gate.add_argument("--base", required=True, metavar="REF", help="e.g. origin/main")
+    gate.add_argument("--head", required=True, metavar="REF", help="the change")
+    gate.add_argument("--path", default="", metavar="SUBDIR")
+    gate.add_argument(
+        "--model-repository",
+        required=True,
+        type=Path,
+        metavar="PATH",
+        help="a Triton model repository holding the old and the new version folders",
+    )
+    gate.add_argument(
+        "--output", choices=("text", "json", "markdown", "github"), default="text",
+        help="github: GitHub Actions annotations on the manifest lines that failed",
+    )  # fmt: skip
+    gate.add_argument(
+        "--report-dir",
+        type=Path,
+        metavar="DIR",
+        help="also write gate.md, gate.json and one latency chart (SVG) per version there",
+    )
+    gate.add_argument(
+        "--load-generator",
+        choices=("auto", "built-in", "perf_analyzer"),
+        default="auto",
+        help="auto: perf_analyzer when it is found (--perf-analyzer or on PATH), else the "
+        "built-in gRPC generator",
+    )
+    gate.add_argument(
+        "--perf-analyzer", metavar="PATH", help="perf_analyzer binary (default: on PATH)"
+    )
+    gate.add_argument(
+        "--tritonserver",
+        type=Path,
+        metavar="PATH",
+        help="tritonserver binary (backends in ../backends, as in Triton's image); default: "
+        "the nvidia-pytriton wheel's (pip install 'triton-gitops[local]')",
+    )
+    gate.add_argument(
+        "--deployment", action="append", metavar="NAME", help="only these (repeatable)"
+    )
+    gate.add_argument("--cache-dir", type=Path, default=_default_cache())
+
     digest = commands.add_parser(
         "digest",
         help="print the digest of a model version folder, to pin in a manifest",
@@ -558,6 +623,97 @@ def _diff(args: argparse.Namespace) -> int:
     return EXIT_CHANGES if changes.has_changes else EXIT_OK
 
 
+def _load_generator(args: argparse.Namespace) -> str | None:
+    """The perf_analyzer binary to use, or None for the built-in generator."""
+    if args.load_generator == "built-in":
+        return None
+    found = find_perf_analyzer(args.perf_analyzer)
+    if found is None and (args.load_generator == "perf_analyzer" or args.perf_analyzer):
+        raise ReconcileError(
+            f"perf_analyzer {args.perf_analyzer or '(on PATH)'} not found; "
+            "--load-generator built-in uses the gate's own"
+        )
+    return found
+
+
+def _gate(args: argparse.Namespace) -> int:
+    if not args.model_repository.is_dir():
+        print(f"error: model repository {args.model_repository} is not a folder", file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        perf_analyzer = _load_generator(args)
+        manifests = wiring.review_manifests(args.repo, args.cache_dir, _git_credentials(args))
+        base_sha, base = desired_at(manifests, args.base, args.path)
+        head_sha, head = desired_at(manifests, args.head, args.path)
+    except ValidationError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"{len(exc.problems)} problem(s) at {exc.revision}", file=sys.stderr)
+        return EXIT_ERROR
+    except ReconcileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    targets = [
+        t
+        for t in gated(base, head)
+        if not args.deployment or t.head.name in args.deployment or t.head.model in args.deployment
+    ]
+    workdir = Path(tempfile.mkdtemp(prefix="triton-gitops-gate-"))
+    gates, errors = [], 0
+    for target in targets:
+        print(f"gate: {target.head.name}: starting an isolated tritonserver", file=sys.stderr)
+        try:
+            with wiring.isolated_server(
+                args.model_repository,
+                workdir / target.head.name,
+                tritonserver=args.tritonserver,
+                perf_analyzer=perf_analyzer,
+            ) as server:
+                judged = run_gate(target, server)
+        except (ReconcileError, LocalTritonError) as exc:
+            errors += 1
+            print(f"error: gate: {exc} (server log: {workdir / target.head.name})", file=sys.stderr)
+            continue
+        for one in judged:
+            print(f"gate: {one.deployment}: {one.verdict} ({one.seconds:.1f} s)", file=sys.stderr)
+        gates += judged
+    report = GateReport(base_sha, head_sha, tuple(gates))
+    charts: list[str] = []
+    if args.report_dir is not None:
+        charts = _write_gate_reports(report, args.report_dir)
+    if args.output == "json":
+        print(json.dumps(gate_json(report), indent=2))
+    elif args.output == "markdown":
+        print(gate_markdown(report, charts), end="")
+    elif args.output == "github":
+        annotations = gate_annotations(report)
+        if annotations:
+            print(annotations)
+    else:
+        print(gate_text(report), end="")
+    if errors:
+        return EXIT_ERROR
+    return EXIT_OK if report.passed else EXIT_GATE_FAILED
+
+
+def _write_gate_reports(report: GateReport, folder: Path) -> list[str]:
+    """gate.md, gate.json and the charts (their file names) in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    charts = []
+    for one in report.models:
+        if one.new_figures and any(f.quantiles for f in one.new_figures):
+            name = f"{one.deployment}-v{one.new_version}-latency.svg"
+            try:
+                (folder / name).write_text(latency_chart(one))
+            except ChartUnavailable as exc:
+                print(f"gate: no chart: {exc}", file=sys.stderr)
+                break
+            charts.append(name)
+    (folder / "gate.json").write_text(json.dumps(gate_json(report), indent=2) + "\n")
+    (folder / "gate.md").write_text(gate_markdown(report, charts))
+    return charts
+
+
 def _git_credentials(args: argparse.Namespace) -> GitCredentials:
     return GitCredentials(
         token=_secret(getattr(args, "git_token_file", None), "TRITON_GITOPS_GIT_TOKEN"),
@@ -724,6 +880,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _status(args)
     if args.command == "diff":
         return _diff(args)
+    if args.command == "gate":
+        return _gate(args)
     if args.command == "digest":
         try:
             print(tree_digest(args.path))

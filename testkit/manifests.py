@@ -97,15 +97,17 @@ SCORER = "scorer"
 SCORER_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
-def write_scorer_repository(root: Path) -> Path:
-    """A model repository with the gate's test model ``scorer`` only, compiled ahead."""
-    folder = root / SCORER
-    folder.mkdir(parents=True)
-    config = (MODELS / "echo" / "config.pbtxt").read_text().replace('"echo"', f'"{SCORER}"')
-    (folder / "config.pbtxt").write_text(config)
-    for version in SCORER_VERSIONS:
-        (folder / str(version)).mkdir()
-        shutil.copy(MODELS / SCORER / "model.py", folder / str(version) / "model.py")
+def write_scorer_repository(root: Path, names: tuple[str, ...] = (SCORER,)) -> Path:
+    """A model repository of the gate's test model, under each of ``names`` (one model per
+    scenario, so one gate run can judge several), compiled ahead."""
+    for name in names:
+        folder = root / name
+        folder.mkdir(parents=True)
+        config = (MODELS / "echo" / "config.pbtxt").read_text().replace('"echo"', f'"{name}"')
+        (folder / "config.pbtxt").write_text(config)
+        for version in SCORER_VERSIONS:
+            (folder / str(version)).mkdir()
+            shutil.copy(MODELS / SCORER / "model.py", folder / str(version) / "model.py")
     compileall.compile_dir(root, quiet=1)
     return root
 

@@ -79,3 +79,17 @@ def envoy_or_skip() -> str:
     if os.environ.get("CI"):
         pytest.fail(f"{message}; CI must install it", pytrace=False)
     pytest.skip(message)
+
+
+def perf_analyzer_or_skip() -> str:
+    """Triton's perf_analyzer 2.51 ($TRITON_GITOPS_PERF_ANALYZER, which ./dev test sets up,
+    else on PATH); skips the test without it, or fails it in CI."""
+    import shutil
+
+    found = os.environ.get("TRITON_GITOPS_PERF_ANALYZER") or shutil.which("perf_analyzer")
+    if found:
+        return found
+    message = "perf_analyzer is not installed (see docs/gate.md; ./dev test sets it up)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI must install it", pytrace=False)
+    pytest.skip(message)

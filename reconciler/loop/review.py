@@ -1,12 +1,15 @@
-"""The desired-state diff between two refs (``diff``), for reviewers. Called by the CLI
-with the manifests ``wiring.review_manifests`` gives.
+"""The desired-state diff between two refs (``diff``), for reviewers, and the desired states
+the pre-merge ``gate`` compares. Called by the CLI with the manifests
+``wiring.review_manifests`` gives.
 """
 
 from __future__ import annotations
 
 from reconciler.core.review_diff import DesiredDiff, diff
 from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.shadow import attach_shadow_requests
 from reconciler.model.errors import ValidationError
+from reconciler.model.spec import DesiredState
 from reconciler.ports import ManifestSource
 
 
@@ -23,3 +26,17 @@ def diff_refs(
             raise ValidationError(exc.problems, revision.sha) from None
     (base_sha, base_state), (head_sha, head_state) = states
     return base_sha, head_sha, diff(base_state, head_state)
+
+
+def desired_at(manifests: ManifestSource, ref: str, path: str) -> tuple[str, DesiredState]:
+    """The validated desired state at ``ref`` with the shadow request files it names (the
+    gate replays them): (sha, state). ValidationError names the revision."""
+    revision = manifests.read(manifests.fetch(ref), path)
+    try:
+        desired = attach_shadow_requests(
+            load_desired_state(revision.files),
+            lambda name: manifests.read_file(revision.sha, f"{path.strip('/')}/{name}".lstrip("/")),
+        )
+    except ValidationError as exc:
+        raise ValidationError(exc.problems, revision.sha) from None
+    return revision.sha, desired

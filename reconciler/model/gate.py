@@ -116,3 +116,16 @@ class ModelGate:
 
     def line(self, check: str) -> int:
         return dict(self.lines).get(check, 0)
+
+
+@dataclass(frozen=True)
+class GateReport:
+    """One ``gate`` run: every deployment judged, between two revisions."""
+
+    base: str
+    head: str
+    models: tuple[ModelGate, ...] = ()
+
+    @property
+    def passed(self) -> bool:
+        return all(m.verdict is GateVerdict.PASS for m in self.models)

@@ -1,0 +1,255 @@
+"""Views of a ``gate`` run (``model/gate.GateReport``): text for a terminal, Markdown for the
+pull request (a table per model: old against new, the ratio, the bound, the spread over the
+rounds), JSON for tools (every figure of every round), and GitHub Actions annotations on the
+manifest lines that failed.
+
+Pure, like ``views/review.py``: the same report always renders the same bytes. The Markdown
+starts with ``<!-- triton-gitops gate -->`` so a workflow can edit its previous comment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from reconciler.model.errors import Problem
+from reconciler.model.gate import GateCheck, GateFinding, GateReport, GateVerdict, ModelGate
+from reconciler.views.render import FORMAT_VERSION
+from reconciler.views.review import _code, _md, _short, _table, github_annotations
+
+GATE_MARKER = "<!-- triton-gitops gate -->"
+
+_UNITS = {"latency": "ms", "throughput": "/s", "memory": "B", "errors": ""}
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if unit == "B":
+        return f"{value / (1 << 20):.1f} MiB"
+    if unit == "ms":
+        return f"{value:.2f} ms"
+    if unit == "/s":
+        return f"{value:.1f}/s"
+    return f"{value:.4g}"
+
+
+def _ratio(check: GateCheck) -> str:
+    """The judged value as a person reads it: a change in percent, a ratio, a share."""
+    if check.value is None or math.isnan(check.value):
+        return "n/a"
+    if check.name in ("latency",) or (check.name == "memory" and "%" in check.threshold):
+        return f"{check.value:+.1%}"
+    if check.name == "memory":
+        return f"{check.value / (1 << 20):+.1f} MiB"
+    if check.name == "errors":
+        return f"{check.value:.2%}"
+    return f"{check.value:.3f}"
+
+
+def _spread(check: GateCheck) -> str:
+    if check.spread is None:
+        return ""
+    low, high = check.spread
+    if check.name == "latency":
+        return f"{low:+.1%} … {high:+.1%}"
+    if check.name == "errors":
+        return f"{low:.2%} … {high:.2%}"
+    return f"{low:.3f} … {high:.3f}"
+
+
+def _level(check: GateCheck) -> str:
+    return "—" if check.name == "memory" else str(check.concurrency)
+
+
+def _title(gate: ModelGate) -> str:
+    what = f"{gate.model}"
+    if gate.deployment != gate.model:
+        what += f" (ModelDeployment {gate.deployment})"
+    if gate.new_version is not None and gate.old_version is not None:
+        what += f": version {gate.new_version} against {gate.old_version}"
+    elif gate.new_version is not None:
+        what += f": version {gate.new_version} (first deployment: nothing to compare with)"
+    return what
+
+
+def _how(gate: ModelGate) -> str:
+    parts = [gate.file]
+    if gate.load_test is not None:
+        parts.append(f"{gate.load_test.generator} load generator")
+        parts.append(f"requests: {gate.load_test.requests_from}")
+    parts.append(f"{gate.seconds:.1f} s")
+    return ", ".join(parts)
+
+
+def _failed(gate: ModelGate) -> list[GateFinding | GateCheck]:
+    bad: list[GateFinding | GateCheck] = [
+        f for f in gate.findings if f.verdict is not GateVerdict.PASS
+    ]
+    bad += [c for c in gate.checks if c.verdict is not GateVerdict.PASS]
+    return bad
+
+
+def _summary(report: GateReport) -> str:
+    failed = sum(1 for m in report.models if m.verdict is not GateVerdict.PASS)
+    if not report.models:
+        return "no ModelDeployment changes its versions or config: nothing to gate"
+    passed = len(report.models) - failed
+    return f"{failed} failed, {passed} passed" if failed else f"all {passed} passed"
+
+
+def gate_text(report: GateReport) -> str:
+    lines = [f"gate {_short(report.base)} -> {_short(report.head)}: {_summary(report)}"]
+    for gate in report.models:
+        lines.append(f"{gate.verdict.upper()} {_title(gate)} ({_how(gate)})")
+        for finding in gate.findings:
+            mark = "note" if finding.name == "note" else f"{finding.name} {finding.verdict}"
+            lines.append(f"  {mark}: {finding.message}")
+        for check in gate.checks:
+            unit = _UNITS.get(check.name, "")
+            where = "" if check.name == "memory" else f" @{check.concurrency}"
+            text = (
+                f"  {check.name}{where}: {_number(check.old, unit)} -> "
+                f"{_number(check.new, unit)}, {_ratio(check)} ({check.threshold}): "
+                f"{check.verdict}"
+            )
+            if check.spread is not None:
+                text += f", rounds {_spread(check)}"
+            lines.append(text)
+        for figures in gate.new_figures:
+            if figures.note:
+                lines.append(f"  load test of version {gate.new_version}: {figures.note}")
+                break
+    return "\n".join(lines) + "\n"
+
+
+def _check_rows(checks: Sequence[GateCheck]) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for check in checks:
+        unit = _UNITS.get(check.name, "")
+        mark = "✅" if check.verdict is GateVerdict.PASS else "❌"
+        rows.append(
+            (
+                check.name,
+                _level(check),
+                _number(check.old, unit),
+                _number(check.new, unit),
+                _ratio(check),
+                _md(check.threshold),
+                _spread(check) or "—",
+                f"{mark} {check.verdict}",
+            )
+        )
+    return rows
+
+
+def gate_markdown(report: GateReport, charts: Sequence[str] = ()) -> str:
+    """The pull-request comment; ``charts``: the latency charts written beside it (artifact
+    file names), listed so a reviewer knows where to look."""
+    lines = [
+        GATE_MARKER,
+        f"### triton-gitops gate {_code(_short(report.base))} → {_code(_short(report.head))}",
+        "",
+        f"**{_md(_summary(report)[:1].upper() + _summary(report)[1:])}**",
+        "",
+    ]
+    for gate in report.models:
+        mark = "✅" if gate.verdict is GateVerdict.PASS else "❌"
+        lines += [f"#### {mark} {_md(_title(gate))}", "", f"_{_md(_how(gate))}_", ""]
+        for finding in gate.findings:
+            if finding.name == "note":
+                lines.append(f"- note: {_md(finding.message)}")
+            else:
+                lines.append(
+                    f"- **{finding.name} {finding.verdict}** (line {finding.line}): "
+                    f"{_md(finding.message)}"
+                )
+        if gate.findings:
+            lines.append("")
+        if gate.checks:
+            lines += _table(
+                ("check", "concurrency", "old", "new", "change", "bound", "rounds", "verdict"),
+                _check_rows(gate.checks),
+            )
+    if charts:
+        lines += ["Latency charts (old against new): " + ", ".join(map(_code, charts)), ""]
+    return "\n".join(lines) + "\n"
+
+
+def _finding_json(finding: GateFinding) -> dict[str, Any]:
+    return {
+        "name": finding.name,
+        "verdict": str(finding.verdict),
+        "message": finding.message,
+        "line": finding.line,
+    }
+
+
+def _check_json(check: GateCheck) -> dict[str, Any]:
+    return {
+        "name": check.name,
+        "concurrency": check.concurrency,
+        "old": check.old,
+        "new": check.new,
+        "value": check.value,
+        "threshold": check.threshold,
+        "verdict": str(check.verdict),
+        "spread": list(check.spread) if check.spread is not None else None,
+    }
+
+
+def _figures_json(figures: Any) -> dict[str, Any]:
+    found = asdict(figures)
+    found["quantiles"] = [list(q) for q in figures.quantiles]
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in found.items()}
+
+
+def gate_json(report: GateReport) -> dict[str, Any]:
+    return {
+        "format_version": FORMAT_VERSION,
+        "base": report.base,
+        "head": report.head,
+        "passed": report.passed,
+        "models": [
+            {
+                "deployment": gate.deployment,
+                "model": gate.model,
+                "file": gate.file,
+                "new_version": gate.new_version,
+                "old_version": gate.old_version,
+                "verdict": str(gate.verdict),
+                "seconds": round(gate.seconds, 3),
+                "load_generator": gate.load_test.generator if gate.load_test else None,
+                "requests_from": gate.load_test.requests_from if gate.load_test else None,
+                "findings": [_finding_json(f) for f in gate.findings],
+                "checks": [_check_json(c) for c in gate.checks],
+                "old_figures": [_figures_json(f) for f in gate.old_figures],
+                "new_figures": [_figures_json(f) for f in gate.new_figures],
+            }
+            for gate in report.models
+        ],
+    }
+
+
+def gate_annotations(report: GateReport) -> str:
+    """One ``::error`` per failed finding or check, on the manifest line it points at (the
+    bound in ``spec.verify.gate``, the config's outputs, the smoke cases)."""
+    problems = []
+    for gate in report.models:
+        file = gate.file  # as the repository names it (the manifests are read from Git)
+        for item in _failed(gate):
+            if isinstance(item, GateFinding):
+                line, text = item.line, f"{item.name}: {item.message}"
+            else:
+                line = gate.line(item.name)
+                unit = _UNITS.get(item.name, "")
+                at = "" if item.name == "memory" else f" at concurrency {item.concurrency}"
+                text = (
+                    f"{item.name}{at}: {_number(item.old, unit)} -> {_number(item.new, unit)}, "
+                    f"{_ratio(item)} ({item.threshold}): {item.verdict}"
+                )
+            version = f" version {gate.new_version}" if gate.new_version is not None else ""
+            problems.append(Problem(file, line, f"gate: {gate.model}{version}: {text}"))
+    return github_annotations(problems)
