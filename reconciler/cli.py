@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -692,7 +693,8 @@ def _gate(args: argparse.Namespace) -> int:
     else:
         print(gate_text(report), end="")
     if errors:
-        return EXIT_ERROR
+        return EXIT_ERROR  # the servers' logs stay in the work folder the errors name
+    shutil.rmtree(workdir, ignore_errors=True)
     return EXIT_OK if report.passed else EXIT_GATE_FAILED
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from statistics import median
 
 from reconciler.model.gate import GateCheck, GateSpec, GateVerdict, LoadFigures
@@ -52,8 +53,9 @@ def _check(
 def judge(
     spec: GateSpec, old: Sequence[LoadFigures], new: Sequence[LoadFigures]
 ) -> tuple[GateCheck, ...]:
-    """Every bound the spec sets, at every concurrency level measured: ``old`` and ``new``
-    are the rounds' measurements, in the same order (round by round, level by level)."""
+    """Every bound the spec sets, at every concurrency level measured (a figure with no
+    bound is reported as unbounded): ``old`` and ``new`` are the rounds' measurements, in
+    the same order (round by round, level by level)."""
     checks: list[GateCheck] = []
     for level in sorted({f.concurrency for f in old} | {f.concurrency for f in new}):
         rounds = [
@@ -81,32 +83,44 @@ def judge(
                 (min(errors), max(errors)) if errors else None,
             )
         )
-        if spec.max_latency_increase is not None:
-            checks.append(
+        latency, throughput = spec.max_latency_increase, spec.min_throughput_ratio
+        checks.append(
+            _unbounded(
                 _check(
                     "latency",
                     level,
                     [(o.p95_ms, n.p95_ms) for o, n in rounds],
-                    f"p95 increase <= {spec.max_latency_increase:g}",
-                    spec.max_latency_increase,
+                    f"p95 increase <= {latency:g}" if latency is not None else "no bound",
+                    latency if latency is not None else math.inf,
                     at_most=True,
                     shift=1.0,
-                )
+                ),
+                latency is None,
             )
-        if spec.min_throughput_ratio is not None:
-            checks.append(
+        )
+        checks.append(
+            _unbounded(
                 _check(
                     "throughput",
                     level,
                     [(o.throughput, n.throughput) for o, n in rounds],
-                    f"ratio >= {spec.min_throughput_ratio:g}",
-                    spec.min_throughput_ratio,
+                    f"ratio >= {throughput:g}" if throughput is not None else "no bound",
+                    throughput if throughput is not None else -math.inf,
                     at_most=False,
-                )
+                ),
+                throughput is None,
             )
-    if spec.max_memory_increase is not None or spec.max_memory_increase_bytes is not None:
-        checks.append(_memory(spec, old, new))
+        )
+    bounded = spec.max_memory_increase is not None or spec.max_memory_increase_bytes is not None
+    checks.append(_unbounded(_memory(spec, old, new), not bounded))
     return tuple(checks)
+
+
+def _unbounded(check: GateCheck, unbounded: bool) -> GateCheck:
+    """A figure the manifest sets no bound on: reported, never judged."""
+    if not unbounded:
+        return check
+    return replace(check, verdict=GateVerdict.UNBOUNDED, threshold="no bound")
 
 
 def _memory(spec: GateSpec, old: Sequence[LoadFigures], new: Sequence[LoadFigures]) -> GateCheck:
@@ -126,13 +140,13 @@ def _memory(spec: GateSpec, old: Sequence[LoadFigures], new: Sequence[LoadFigure
             "memory", 0, before, after, growth, f"increase <= {limit} bytes",
             GateVerdict.PASS if ok else GateVerdict.FAIL,
         )  # fmt: skip
-    assert spec.max_memory_increase is not None
+    bound = spec.max_memory_increase if spec.max_memory_increase is not None else math.inf
     if before <= 0:
         return GateCheck("memory", 0, before, after, None, "memory", GateVerdict.NO_DATA)
     share = after / before - 1.0
-    ok = share <= spec.max_memory_increase
+    ok = share <= bound
     return GateCheck(
-        "memory", 0, before, after, share, f"increase <= {spec.max_memory_increase:.0%}",
+        "memory", 0, before, after, share, f"increase <= {bound:.0%}",
         GateVerdict.PASS if ok else GateVerdict.FAIL,
     )  # fmt: skip
 

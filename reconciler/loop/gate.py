@@ -249,6 +249,9 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
                     ),
                 )
             ]
+        if planned.kind == "artifact-mismatch":
+            # The folder is not the one the manifest pins: the change's fault, not the gate's.
+            return [verdict(None, None, _finding("artifact", planned.message, head))]
         raise GateError(f"{_where(head)}: {planned.message}")
     if planned is None:
         return []

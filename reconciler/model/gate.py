@@ -44,7 +44,8 @@ class LoadFigures:
 class GateVerdict(StrEnum):
     PASS = "pass"
     FAIL = "fail"
-    NO_DATA = "no-data"
+    NO_DATA = "no-data"  # a bound the manifest sets that could not be measured: fails
+    UNBOUNDED = "unbounded"  # a figure the manifest sets no bound on: reported only
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class ModelGate:
         """Fail when any finding or check fails or could not be measured (a bound the
         manifest declares that the gate cannot judge is not a pass)."""
         verdicts = [f.verdict for f in self.findings] + [c.verdict for c in self.checks]
-        if any(v is not GateVerdict.PASS for v in verdicts):
+        if any(v in (GateVerdict.FAIL, GateVerdict.NO_DATA) for v in verdicts):
             return GateVerdict.FAIL
         return GateVerdict.PASS
 

@@ -88,7 +88,7 @@ def _failed(gate: ModelGate) -> list[GateFinding | GateCheck]:
     bad: list[GateFinding | GateCheck] = [
         f for f in gate.findings if f.verdict is not GateVerdict.PASS
     ]
-    bad += [c for c in gate.checks if c.verdict is not GateVerdict.PASS]
+    bad += [c for c in gate.checks if c.verdict in (GateVerdict.FAIL, GateVerdict.NO_DATA)]
     return bad
 
 
@@ -129,7 +129,7 @@ def _check_rows(checks: Sequence[GateCheck]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for check in checks:
         unit = _UNITS.get(check.name, "")
-        mark = "✅" if check.verdict is GateVerdict.PASS else "❌"
+        mark = {GateVerdict.PASS: "✅", GateVerdict.UNBOUNDED: "·"}.get(check.verdict, "❌")
         rows.append(
             (
                 check.name,

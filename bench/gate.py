@@ -1,0 +1,168 @@
+"""The pre-merge gate (issue 18): how long it takes per model, and how stable its ratios are
+across repeated runs on this machine, quiet and made noisy on purpose.
+
+Each run is one ``loop.gate.run_gate`` on a tritonserver of its own (``wiring.isolated_server``,
+as ``triton-gitops gate`` runs it, without the Git part): the base serves ``scorer`` version 1
+(testkit/models/scorer: about 3 ms a request), the head moves it to the scenario's version,
+``spec.verify.gate`` at its defaults (concurrency [1, 4], 3 rounds, 500 requests) with the
+bounds maxLatencyIncrease 0.2, minThroughputRatio 0.9, maxMemoryIncrease 30%.
+
+Scenarios: ``good`` (version 2, alike the old: every run must pass), ``slow`` (3: three times
+slower: every run must fail on latency and throughput), ``heavy`` (5: a 256 MiB buffer: every
+run must fail on memory). ``good-noisy`` is ``good`` with ``--burners`` processes spinning on
+the CPU the whole run (this machine has 2 CPUs): the noise a shared CI runner brings, which the
+interleaved rounds must absorb. ``--perf-analyzer PATH`` adds ``good`` and ``slow`` measured by
+perf_analyzer.
+
+    python -m bench.gate [--runs 5] [--burners 1] [--perf-analyzer PATH] [--output PATH]
+
+Every process started here (tritonservers, burners) is ended by its pid in ``finally``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from reconciler import wiring
+from reconciler.core.spec.desired import load_desired_state
+from reconciler.loop.gate import gated, run_gate
+from testkit.manifests import write_scorer_repository
+
+SCENARIOS = {"good": 2, "slow": 3, "heavy": 5, "good-noisy": 2}
+SERVER = """\
+apiVersion: triton-gitops/v1alpha1
+kind: TritonServer
+metadata: {name: prod}
+spec: {grpc: "10.0.0.1:8001", modelRepository: /models}
+"""
+
+
+def _deployment(version: int) -> str:
+    return (
+        "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeployment\nmetadata: {name: scorer}\n"
+        "spec:\n  servers: {names: [prod]}\n"
+        f"  versions: [{version}]\n"
+        "  verify:\n    smoke:\n      - name: doubles\n        inputs:\n"
+        "          INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}\n"
+        "        expect:\n          OUTPUT0: {data: [2, 4, 6, 8], tolerance: 0.0001}\n"
+        "    gate: {maxLatencyIncrease: 0.2, minThroughputRatio: 0.9, maxMemoryIncrease: 30%}\n"
+    )
+
+
+def _state(version: int) -> Any:
+    return load_desired_state({"m.yaml": (SERVER + "---\n" + _deployment(version)).encode()})
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+def one_run(repository: Path, workdir: Path, version: int, perf: str | None) -> dict[str, Any]:
+    (target,) = gated(_state(1), _state(version))
+    started = time.monotonic()
+    with wiring.isolated_server(repository, workdir, perf_analyzer=perf) as server:
+        (gate,) = run_gate(target, server)
+    checks = {
+        f"{c.name}@{c.concurrency}" if c.name != "memory" else "memory": {
+            "value": c.value,
+            "spread": c.spread,
+            "verdict": str(c.verdict),
+        }
+        for c in gate.checks
+    }
+    return {
+        "verdict": str(gate.verdict),
+        "seconds": time.monotonic() - started,
+        "measuring_seconds": gate.seconds,
+        "checks": checks,
+        "findings": [f.message for f in gate.findings],
+    }
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    names = sorted({name for run in runs for name in run["checks"]})
+    per_check = {}
+    for name in names:
+        values = [r["checks"][name]["value"] for r in runs if name in r["checks"]]
+        values = [v for v in values if v is not None]
+        within = [
+            r["checks"][name]["spread"] for r in runs if r["checks"].get(name, {}).get("spread")
+        ]
+        per_check[name] = {
+            "median": statistics.median(values) if values else None,
+            "min": min(values) if values else None,
+            "max": max(values) if values else None,
+            "widest_round_spread": max((hi - lo for lo, hi in within), default=None),
+            "failed_runs": sum(
+                1 for r in runs if r["checks"].get(name, {}).get("verdict") == "fail"
+            ),
+        }
+    return {
+        "runs": len(runs),
+        "verdicts": [r["verdict"] for r in runs],
+        "seconds_median": statistics.median(r["seconds"] for r in runs),
+        "seconds_max": max(r["seconds"] for r in runs),
+        "checks": per_check,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--burners", type=int, default=1)
+    parser.add_argument("--perf-analyzer")
+    parser.add_argument("--perf-runs", type=int, default=2)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="bench-gate-"))
+    repository = write_scorer_repository(root / "models")
+    arms: list[tuple[str, int, str | None, int]] = [
+        (name, version, None, args.runs) for name, version in SCENARIOS.items()
+    ]
+    if args.perf_analyzer:
+        arms += [(f"{n}-perf_analyzer", SCENARIOS[n], args.perf_analyzer, args.perf_runs)
+                 for n in ("good", "slow")]  # fmt: skip
+    results: dict[str, Any] = {
+        "machine": f"{platform.node()} {platform.machine()} {multiprocessing.cpu_count()} CPUs",
+        "python": platform.python_version(),
+        "arms": {},
+    }
+    for name, version, perf, runs in arms:
+        burners: list[multiprocessing.Process] = []
+        if name.endswith("-noisy"):
+            burners = [
+                multiprocessing.Process(target=_burn, daemon=True) for _ in range(args.burners)
+            ]
+            for burner in burners:
+                burner.start()
+        try:
+            done = []
+            for number in range(runs):
+                run = one_run(repository, root / f"{name}-{number}", version, perf)
+                print(f"{name} run {number + 1}: {run['verdict']} in {run['seconds']:.1f} s",
+                      file=sys.stderr)  # fmt: skip
+                done.append(run)
+        finally:
+            for burner in burners:
+                burner.terminate()  # by its pid (SIGTERM)
+                burner.join()
+        results["arms"][name] = {"raw": done, "summary": summarize(done)}
+    text = json.dumps(results, indent=2)
+    if args.output:
+        args.output.write_text(text)
+    print(json.dumps({k: v["summary"] for k, v in results["arms"].items()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
