@@ -63,26 +63,7 @@ def judge(
             for o, n in zip(old, new, strict=True)
             if o.concurrency == level and n.concurrency == level
         ]
-        errors = [n.errors / n.requests for _, n in rounds if n.requests]
-        rate = median(errors) if errors else None
-        checks.append(
-            GateCheck(
-                "errors",
-                level,
-                median([o.errors / o.requests for o, _ in rounds if o.requests])
-                if rounds
-                else None,
-                rate,
-                rate,
-                f"<= {spec.max_error_rate:g}",
-                GateVerdict.NO_DATA
-                if rate is None
-                else GateVerdict.PASS
-                if rate <= spec.max_error_rate
-                else GateVerdict.FAIL,
-                (min(errors), max(errors)) if errors else None,
-            )
-        )
+        checks.append(_errors(spec, level, [o for o, _ in rounds], [n for _, n in rounds]))
         latency, throughput = spec.max_latency_increase, spec.min_throughput_ratio
         checks.append(
             _unbounded(
@@ -151,20 +132,28 @@ def _memory(spec: GateSpec, old: Sequence[LoadFigures], new: Sequence[LoadFigure
     )  # fmt: skip
 
 
+def _errors(
+    spec: GateSpec, level: int, old: Sequence[LoadFigures], new: Sequence[LoadFigures]
+) -> GateCheck:
+    """The new version's error rate at one level (the median over the rounds) against
+    ``maxErrorRate``; the old's rate is shown beside it (None: nothing to compare with)."""
+    rates = [f.errors / f.requests for f in new if f.requests]
+    before = [f.errors / f.requests for f in old if f.requests]
+    rate = median(rates) if rates else None
+    verdict = (
+        GateVerdict.NO_DATA
+        if rate is None
+        else GateVerdict.PASS
+        if rate <= spec.max_error_rate
+        else GateVerdict.FAIL
+    )
+    return GateCheck(
+        "errors", level, median(before) if before else None, rate, rate,
+        f"<= {spec.max_error_rate:g}", verdict, (min(rates), max(rates)) if rates else None,
+    )  # fmt: skip
+
+
 def judge_alone(spec: GateSpec, new: Sequence[LoadFigures]) -> tuple[GateCheck, ...]:
     """A first deployment (no old version to compare with): only the error bound."""
-    checks = []
-    for level in sorted({f.concurrency for f in new}):
-        errors = [f.errors / f.requests for f in new if f.concurrency == level and f.requests]
-        rate = median(errors) if errors else None
-        verdict = (
-            GateVerdict.NO_DATA
-            if rate is None
-            else GateVerdict.PASS
-            if rate <= spec.max_error_rate
-            else GateVerdict.FAIL
-        )
-        spread = (min(errors), max(errors)) if errors else None
-        threshold = f"<= {spec.max_error_rate:g}"
-        checks.append(GateCheck("errors", level, None, rate, rate, threshold, verdict, spread))
-    return tuple(checks)
+    levels = sorted({f.concurrency for f in new})
+    return tuple(_errors(spec, n, (), [f for f in new if f.concurrency == n]) for n in levels)

@@ -40,10 +40,10 @@ def _ratio(check: GateCheck) -> str:
     """The judged value as a person reads it: a change in percent, a ratio, a share."""
     if check.value is None or math.isnan(check.value):
         return "n/a"
-    if check.name in ("latency",) or (check.name == "memory" and "%" in check.threshold):
+    if check.name == "memory" and check.threshold.endswith("bytes"):
+        return f"{check.value / (1 << 20):+.1f} MiB"  # a size bound: the growth itself
+    if check.name in ("latency", "memory"):
         return f"{check.value:+.1%}"
-    if check.name == "memory":
-        return f"{check.value / (1 << 20):+.1f} MiB"
     if check.name == "errors":
         return f"{check.value:.2%}"
     return f"{check.value:.3f}"

@@ -152,3 +152,25 @@ def test_perf_analyzer_input_keeps_each_tensor_type_and_drops_a_batch_dimension(
     }
     batched = input_data([request], batched=True)["data"][0]
     assert batched["INPUT0"] == {"content": [1.0, 2.0, 3.0, 4.0], "shape": [4]}
+
+
+def test_memory_reads_as_a_share_or_as_a_size_as_its_bound_is_written() -> None:
+    old, new = [figures(3.0, 300, memory=100 << 20)], [figures(3.0, 300, memory=150 << 20)]
+    shown = {}
+    for name, spec in (
+        ("share", GateSpec(max_memory_increase=0.3)),
+        ("size", GateSpec(max_memory_increase_bytes=64 << 20)),
+        ("none", GateSpec()),
+    ):
+        gate = ModelGate(
+            "m", "m", "m.yaml", 2, 1, (), judge(spec, old, new), tuple(old), tuple(new)
+        )
+        (line,) = [
+            x for x in gate_text(GateReport("a", "b", (gate,))).splitlines() if "memory" in x
+        ]
+        shown[name] = line.strip()
+    assert shown["share"] == "memory: 100.0 MiB -> 150.0 MiB, +50.0% (increase <= 30%): fail"
+    assert shown["size"] == (
+        f"memory: 100.0 MiB -> 150.0 MiB, +50.0 MiB (increase <= {64 << 20} bytes): pass"
+    )
+    assert shown["none"] == "memory: 100.0 MiB -> 150.0 MiB, +50.0% (no bound): unbounded"
