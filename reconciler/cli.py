@@ -8,10 +8,12 @@ Exit codes: ``validate`` 0 valid, 1 invalid; ``plan`` 0 nothing to do, 2 changes
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import os
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -27,6 +29,7 @@ from reconciler.adapters.chart import ChartUnavailable, latency_chart
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
 from reconciler.adapters.local_triton import LocalTritonError
+from reconciler.adapters.operator_client import ask_service
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.state import StateStore
@@ -39,6 +42,7 @@ from reconciler.loop.review import desired_at, diff_refs
 from reconciler.loop.status import status
 from reconciler.model.errors import Problem, ReconcileError, ValidationError
 from reconciler.model.gate import GateReport
+from reconciler.model.history import ALL_DEPLOYMENTS
 from reconciler.model.settings import (
     AlertSettings,
     AnalysisSettings,
@@ -52,6 +56,7 @@ from reconciler.model.settings import (
 )
 from reconciler.model.source import GitCredentials, SignaturePolicy, Source
 from reconciler.service.daemon import Daemon
+from reconciler.service.operator import OperatorTokensError, parse_tokens
 from reconciler.service.telemetry import JsonLogFormatter
 from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
 from reconciler.views.render import (
@@ -326,6 +331,59 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--output", choices=("text", "json"), default="text")
     history.add_argument("--state", type=Path, default=_default_state(), help="state store")
 
+    for verb, summary, description in (
+        (
+            "suspend",
+            "pause reconciling one ModelDeployment (or all) until resume; no commit",
+            "Record in the state store that DEPLOYMENT (or, without one, every ModelDeployment) "
+            "is not to be reconciled: passes leave its servers as they are (no load, no unload, "
+            "no router change), status shows who suspended it and when, until resume. Takes "
+            "effect at the next pass of a running service sharing the state store.",
+        ),
+        (
+            "resume",
+            "lift a suspend (of one ModelDeployment, or without one, of all)",
+            "Lift the suspension of DEPLOYMENT, or without one the suspension of every "
+            "ModelDeployment (suspensions of single deployments stay: they are listed).",
+        ),
+        (
+            "retry",
+            "lift the hold on a ModelDeployment whose rollout failed: the same spec again",
+            "A failed spec is held at what served before until a commit changes it. retry "
+            "lifts the hold without a commit: the next pass tries the same spec again (and "
+            "analyses it again).",
+        ),
+    ):
+        command = commands.add_parser(verb, help=summary, description=description)
+        command.add_argument(
+            "deployment",
+            nargs=None if verb == "retry" else "?",
+            metavar="DEPLOYMENT",
+            help="a ModelDeployment's metadata.name",
+        )
+        if verb == "suspend":
+            command.add_argument("--reason", default="", help="shown by status and history")
+        command.add_argument(
+            "--as",
+            dest="actor",
+            metavar="NAME",
+            help="who asks, as history records it (default: USER@HOST)",
+        )
+        command.add_argument("--state", type=Path, default=_default_state(), help="state store")
+        command.add_argument(
+            "--service",
+            metavar="URL",
+            help="ask the running service instead (e.g. http://127.0.0.1:9090): the verb is "
+            "recorded under the token's name and, for resume and retry, a pass runs at once",
+        )
+        command.add_argument(
+            "--token-file",
+            type=Path,
+            metavar="FILE",
+            help="with --service: a file holding one of its operator tokens (or the token in "
+            "$TRITON_GITOPS_OPERATOR_TOKEN)",
+        )
+
     plan_command = commands.add_parser(
         "plan",
         help="show what apply would do; exit 0 nothing to do, 2 changes pending, 1 error",
@@ -491,6 +549,14 @@ def build_parser() -> argparse.ArgumentParser:
     service.add_argument(
         "--dry-run", action="store_true", help="plan and report every pass; change nothing"
     )
+    service.add_argument(
+        "--operator-tokens-file",
+        type=Path,
+        metavar="FILE",
+        help="named bearer tokens for the on-call verbs (POST /v1/suspend, /v1/resume, "
+        "/v1/deployments/NAME/suspend|resume|retry), one 'name: token' per line; history "
+        "records the name. The verbs are off without it",
+    )
     for name, what in (
         ("github-secret", "GitHub webhook secret (HMAC-SHA256)"),
         ("gitlab-token", "GitLab webhook token"),
@@ -511,6 +577,12 @@ def _secret(file: Path | None, variable: str) -> str | None:
     if file is not None:
         return file.read_text().strip() or None
     return os.environ.get(variable) or None
+
+
+def _operator_tokens(file: Path | None) -> dict[str, str]:
+    if file is None:
+        return {}
+    return parse_tokens(file.read_text(), str(file))
 
 
 def _truthy(text: str) -> bool:
@@ -803,9 +875,92 @@ def _history(args: argparse.Namespace) -> int:
     store = StateStore(args.state)
     try:
         rollouts = store.rollouts(args.model, args.limit)
+        actions = store.operator_actions(args.model, args.limit)
     finally:
         store.close()
-    print(history_json(rollouts) if args.output == "json" else history_text(rollouts))
+    if args.output == "json":
+        print(history_json(rollouts, actions))
+    else:
+        print(history_text(rollouts, actions))
+    return EXIT_OK
+
+
+def _actor(args: argparse.Namespace) -> str:
+    if args.actor:
+        return str(args.actor)
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _operator_verb(args: argparse.Namespace) -> int:
+    """suspend, resume and retry on the state store (a running service that shares it reads
+    them at its next pass), or through the running service (``--service``)."""
+    if args.service:
+        token = _secret(args.token_file, "TRITON_GITOPS_OPERATOR_TOKEN")
+        if not token:
+            print("error: --service needs --token-file (or $TRITON_GITOPS_OPERATOR_TOKEN)",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_ERROR
+        reason = getattr(args, "reason", "")
+        try:
+            status, reply = ask_service(args.service, token, args.command, args.deployment, reason)
+        except ReconcileError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_ERROR
+        if status != 200:
+            print(f"error: the service answered {status}: {reply.get('error', reply)}",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_ERROR
+        print(f"{reply['verb']}: {reply['target']} by {reply['by']}: {reply['detail']} "
+              f"({reply['pass']})")  # fmt: skip
+        return EXIT_OK
+    if not args.state.exists():
+        # Never create one: a suspend written to a store no reconciler reads would pause
+        # nothing while saying it did.
+        print(
+            f"error: no state store at {args.state}: give the reconciler's --state",
+            file=sys.stderr,
+        )
+        return EXIT_ERROR
+    target = args.deployment or ALL_DEPLOYMENTS
+    what = f"ModelDeployment {target}" if args.deployment else "every ModelDeployment"
+    store = StateStore(args.state)
+    try:
+        known = set(store.history().holds) | {a.target for a in store.operator_actions()}
+        known |= set(store.applied_deployments())
+        if args.deployment and args.deployment not in known and args.command != "retry":
+            print(
+                f"note: no pass has applied a ModelDeployment named {args.deployment!r} yet",
+                file=sys.stderr,
+            )
+        if args.command == "suspend":
+            suspension = store.suspend(target, _actor(args), args.reason)
+            print(f"suspended: {suspension}")
+        elif args.command == "resume":
+            lifted = store.resume(target, _actor(args))
+            if lifted is None:
+                print(f"error: {what} is not suspended", file=sys.stderr)
+                return EXIT_ERROR
+            print(f"resumed: {what} (was {lifted})")
+            remaining = store.suspensions()
+            if remaining:
+                print("still suspended: " + "; ".join(map(str, remaining)))
+        else:
+            hold = store.retry(args.deployment, _actor(args))
+            if hold is None:
+                held = ", ".join(sorted(store.history().holds)) or "none"
+                print(f"error: {what} is not held (held: {held})", file=sys.stderr)
+                return EXIT_ERROR
+            print(
+                f"retry: the hold on {what} (revision {hold.revision[:12]}: "
+                f"{hold.reason.strip().splitlines()[0] if hold.reason else 'failed'}) is "
+                "lifted; the next pass tries the same spec again"
+            )
+    finally:
+        store.close()
     return EXIT_OK
 
 
@@ -826,6 +981,11 @@ def _run(args: argparse.Namespace) -> int:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
+    try:
+        operator_tokens = _operator_tokens(args.operator_tokens_file)
+    except (OSError, OperatorTokensError) as exc:
+        print(f"error: operator tokens: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     daemon = Daemon(
         Source(args.repo, args.ref, args.path),
         _settings(args),
@@ -836,6 +996,7 @@ def _run(args: argparse.Namespace) -> int:
             github_secret=_secret(args.github_secret_file, "TRITON_GITOPS_GITHUB_SECRET"),
             gitlab_token=_secret(args.gitlab_token_file, "TRITON_GITOPS_GITLAB_TOKEN"),
             reconcile_token=_secret(args.reconcile_token_file, "TRITON_GITOPS_RECONCILE_TOKEN"),
+            operator_tokens=operator_tokens,
             watch_interval=args.watch_interval,
             shutdown_deadline=args.shutdown_deadline,
             dry_run=args.dry_run,
@@ -884,6 +1045,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _diff(args)
     if args.command == "gate":
         return _gate(args)
+    if args.command in ("suspend", "resume", "retry"):
+        return _operator_verb(args)
     if args.command == "digest":
         try:
             print(tree_digest(args.path))

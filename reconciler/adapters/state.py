@@ -20,11 +20,22 @@ import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from reconciler.faults import fault_point
-from reconciler.model.history import AppliedSpec, History, Hold, PassRecord, Rollout, StagedRecord
+from reconciler.model.history import (
+    ALL_DEPLOYMENTS,
+    AppliedSpec,
+    History,
+    Hold,
+    OperatorAction,
+    PassRecord,
+    Rollout,
+    StagedRecord,
+    Suspension,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS managed (
@@ -88,6 +99,20 @@ CREATE TABLE IF NOT EXISTS undelivered_alerts (
     receiver TEXT PRIMARY KEY,
     deliveries TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS suspensions (
+    target TEXT PRIMARY KEY,
+    by TEXT NOT NULL,
+    at TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS operator_actions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    at TEXT NOT NULL,
+    verb TEXT NOT NULL,
+    target TEXT NOT NULL,
+    by TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS open_alerts (
     model TEXT NOT NULL,
     server TEXT NOT NULL,
@@ -99,6 +124,13 @@ CREATE TABLE IF NOT EXISTS open_alerts (
 
 
 log = logging.getLogger("triton_gitops.state")
+
+
+def _now() -> str:
+    """This moment in RFC 3339, UTC, to the second (what operators read and type)."""
+    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
 _SIDE_FILES = ("", "-wal", "-shm")  # SQLite's WAL and shared-memory files go with the store
 
 
@@ -210,7 +242,76 @@ class StateStore:
             holds=holds,
             backends=backends,
             footprints=footprints,
+            suspended={s.target: s for s in self.suspensions()},
         )
+
+    # -- on-call verbs: each changes the record and is recorded, in one transaction ----------
+
+    def _act(self, verb: str, target: str, by: str, detail: str) -> OperatorAction:
+        action = OperatorAction(_now(), verb, target, by, detail)
+        self._db.execute(
+            "INSERT INTO operator_actions (at, verb, target, by, detail) VALUES (?, ?, ?, ?, ?)",
+            (action.at, action.verb, action.target, action.by, action.detail),
+        )
+        return action
+
+    def suspend(self, target: str, by: str, reason: str = "") -> Suspension:
+        """Pause reconciling ``target`` (a ModelDeployment, or ALL_DEPLOYMENTS) until
+        ``resume``; suspending again replaces who, when and why."""
+        suspension = Suspension(target, by, _now(), reason)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO suspensions (target, by, at, reason) VALUES (?, ?, ?, ?)",
+                (target, by, suspension.at, reason),
+            )
+            self._act("suspend", target, by, reason)
+        return suspension
+
+    def resume(self, target: str, by: str) -> Suspension | None:
+        """Lift the suspension of ``target``; the one lifted, or None when there was none."""
+        lifted = next((s for s in self.suspensions() if s.target == target), None)
+        if lifted is None:
+            return None
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM suspensions WHERE target = ?", (target,))
+            self._act("resume", target, by, f"suspended by {lifted.by} at {lifted.at}")
+        return lifted
+
+    def applied_deployments(self) -> list[str]:
+        """The ModelDeployments some pass has applied (their names)."""
+        return [row[0] for row in self._db.execute("SELECT deployment FROM applied_specs")]
+
+    def suspensions(self) -> list[Suspension]:
+        return [
+            Suspension(target, by, at, reason)
+            for target, by, at, reason in self._db.execute(
+                "SELECT target, by, at, reason FROM suspensions ORDER BY target"
+            )
+        ]
+
+    def retry(self, deployment: str, by: str) -> Hold | None:
+        """Lift the hold on ``deployment`` so the next pass tries the same spec again; the hold
+        lifted, or None when there was none."""
+        hold = self.history().holds.get(deployment)
+        if hold is None:
+            return None
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("DELETE FROM holds WHERE deployment = ?", (deployment,))
+            self._act("retry", deployment, by, f"hold at {hold.revision[:12]}: {hold.reason}")
+        return hold
+
+    def operator_actions(self, target: str | None = None, limit: int = 100) -> list[OperatorAction]:
+        """The latest on-call verbs, newest first (of one target, and those on everything)."""
+        query = "SELECT at, verb, target, by, detail FROM operator_actions"
+        args: tuple[Any, ...] = ()
+        if target is not None:
+            query += " WHERE target IN (?, ?)"
+            args = (target, ALL_DEPLOYMENTS)
+        query += " ORDER BY id DESC LIMIT ?"
+        return [OperatorAction(*row) for row in self._db.execute(query, (*args, limit))]
 
     def record_stage(
         self,

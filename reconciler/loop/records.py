@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler.model.history import History, Hold
+from reconciler.model.history import ALL_DEPLOYMENTS, History, Hold
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, Outcome
 from reconciler.model.settings import RevertMode, Settings
@@ -34,7 +34,8 @@ def next_managed(
     """The models each server counts as ours after this pass.
 
     Declared models, plus removed ones whose unload did not go through (so a later pass
-    retries it); a server we could not observe keeps what it had as well.
+    retries it); a server we could not observe keeps what it had as well, and so does every
+    server while everything is suspended.
     """
     pending_removal: dict[str, set[str]] = {}
     removed_ok = {
@@ -50,14 +51,18 @@ def next_managed(
         if problem.model and problem.model not in desired.placements.get(problem.server, {}):
             pending_removal.setdefault(problem.server, set()).add(problem.model)
     unobserved = {p.server for p in plan_.problems if p.model is None}
+    # Everything suspended (``triton-gitops suspend``): nothing was removed, so nothing is
+    # forgotten either; the pass after ``resume`` removes what the manifests dropped.
+    keep_all = ALL_DEPLOYMENTS in history.suspended
     managed: dict[str, frozenset[str]] = {}
     for server, placements in desired.placements.items():
         models = set(placements) | pending_removal.get(server, set())
-        if server in unobserved:
+        if server in unobserved or keep_all:
             models |= history.managed.get(server, frozenset())
         managed[server] = frozenset(models)
-    for server in history.managed:
-        managed.setdefault(server, frozenset())  # no longer declared: no longer ours
+    for server, models_before in history.managed.items():
+        # No longer declared: no longer ours (unless nothing is being reconciled).
+        managed.setdefault(server, models_before if keep_all else frozenset())
     return managed
 
 

@@ -55,7 +55,7 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
         for model, placement in sorted(placements.items()):
             key = (server, model)
             deployment = placement.deployment
-            kind, detail = _kind(planned, server, model, deployment)
+            kind, detail = _kind(planned, server, model, deployment, history)
             midway = _staged_midway(history, deployment, server)
             if midway:
                 detail = f"{detail}; {midway}" if detail else midway
@@ -116,7 +116,7 @@ class _Planned:
 
 
 def _kind(
-    planned: _Planned, server: str, model: str, deployment: ModelDeployment
+    planned: _Planned, server: str, model: str, deployment: ModelDeployment, history: History
 ) -> tuple[str, str]:
     """Why ``model`` on ``server`` is (or is not) as its manifest asks: (kind, detail)."""
     key = (server, model)
@@ -127,6 +127,9 @@ def _kind(
         return "problem", problems[key]
     if deployment.suspend:
         return "suspended", "spec.suspend is true"
+    suspension = history.suspension_of(deployment.name)
+    if suspension is not None:
+        return "suspended", f"{suspension}; triton-gitops resume lifts it"
     if key in held:
         hold = held[key]
         return "held", f"revision {hold.revision[:12]} failed: {hold.reason.splitlines()[0]}"

@@ -24,6 +24,36 @@ class Hold:
     configs: Mapping[str, Mapping[str, Any] | None] = field(default_factory=dict)
 
 
+ALL_DEPLOYMENTS = "*"  # a suspension of every ModelDeployment (``triton-gitops suspend``)
+
+
+@dataclass(frozen=True)
+class Suspension:
+    """Reconciling paused by an operator (``suspend``), without a commit: it lasts until
+    ``resume``, whatever the manifests say."""
+
+    target: str  # a ModelDeployment's name, or ALL_DEPLOYMENTS
+    by: str  # who asked: the token's name, or the local user of a one-shot command
+    at: str  # when, RFC 3339 (UTC)
+    reason: str = ""
+
+    def __str__(self) -> str:
+        what = "every ModelDeployment" if self.target == ALL_DEPLOYMENTS else self.target
+        text = f"{what} suspended by {self.by} at {self.at}"
+        return f"{text}: {self.reason}" if self.reason else text
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    """One on-call verb as history keeps it: what was asked, on what, by whom, when."""
+
+    at: str  # RFC 3339 (UTC)
+    verb: str  # suspend | resume | retry | ...
+    target: str
+    by: str
+    detail: str = ""
+
+
 @dataclass(frozen=True)
 class StagedRecord:
     """How far a staged rollout got before the reconciler stopped."""
@@ -44,6 +74,13 @@ class History:
     # Staged rollouts a previous pass began and did not finish (the reconciler stopped).
     staged: Mapping[str, StagedRecord] = field(default_factory=dict)
     footprints: Mapping[tuple[str, str], float] = field(default_factory=dict)  # bytes/version
+    # Operators' suspensions, by target (a deployment's name, or ALL_DEPLOYMENTS).
+    suspended: Mapping[str, Suspension] = field(default_factory=dict)
+
+    def suspension_of(self, deployment: str) -> Suspension | None:
+        """What keeps ``deployment`` from being reconciled, if an operator suspended it (or
+        everything)."""
+        return self.suspended.get(deployment) or self.suspended.get(ALL_DEPLOYMENTS)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ the CLI (one group per option group), read by ``wiring``, ``loop`` and ``service
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -20,6 +21,8 @@ class RunSettings:
     github_secret: str | None = None
     gitlab_token: str | None = None
     reconcile_token: str | None = None
+    # The on-call verbs' bearer tokens by name (--operator-tokens-file); empty: verbs are off.
+    operator_tokens: Mapping[str, str] = field(default_factory=dict)
     watch_interval: float = 3.0
     shutdown_deadline: float = 60.0
     dry_run: bool = False

@@ -43,6 +43,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from reconciler.adapters.credentials import conceal, redact
+from reconciler.adapters.state import StateStore
+from reconciler.core.records import model_states
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.reconcile import reconcile
 from reconciler.model.errors import (
@@ -51,6 +53,7 @@ from reconciler.model.errors import (
     UnsafeRevision,
     ValidationError,
 )
+from reconciler.model.history import ALL_DEPLOYMENTS
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome, StepResult
 from reconciler.model.settings import RunSettings, Settings
@@ -79,7 +82,10 @@ class Daemon:
         self.settings = settings
         self.run_settings = run
         token = settings.git.credentials.token
-        conceal(run.github_secret, run.gitlab_token, run.reconcile_token, token)
+        conceal(
+            run.github_secret, run.gitlab_token, run.reconcile_token, token,
+            *run.operator_tokens.values(),
+        )  # fmt: skip
         self.metrics = ReconcilerMetrics()
         self.rng = rng or random.Random()
         self.stop_requested = threading.Event()
@@ -206,6 +212,7 @@ class Daemon:
                 self._retry_in(self.backoff.server_failed(server))
             else:
                 self.backoff.server_answered(server)
+        self.metrics.set_model_states(model_states(report))
         for server, model in report.drift:
             self.metrics.drift.labels(server, model).inc()
             _event(
@@ -269,6 +276,37 @@ class Daemon:
             "fetched": self._fetched_once,
             "passed": self._passed_once,
             "revision": self._last.revision if self._last else None,
+        }
+
+    def operator(
+        self, verb: str, deployment: str | None, by: str, reason: str
+    ) -> tuple[int, dict[str, Any]]:
+        """An on-call verb on the state store the passes read; resume and retry ask for a
+        pass at once. Recorded in history as ``token:<name>``."""
+        who = f"token:{by}"
+        target = deployment or ALL_DEPLOYMENTS
+        store = StateStore(self.settings.state_path)
+        try:
+            if verb == "suspend":
+                done: Any = store.suspend(target, who, reason)
+            elif verb == "resume":
+                done = store.resume(target, who)
+            else:
+                done = store.retry(target, who)
+        finally:
+            store.close()
+        _event("operator verb", logging.WARNING, verb=verb, target=target, by=who, reason=reason)
+        if done is None:
+            what = "not suspended" if verb == "resume" else "not held"
+            return 409, {"error": f"{target} is {what}", "verb": verb, "target": target}
+        if verb != "suspend":
+            self.trigger(f"{verb} by {who}")
+        return 200, {
+            "verb": verb,
+            "target": target,
+            "by": who,
+            "detail": done.reason if verb == "retry" else str(done),
+            "pass": "requested" if verb != "suspend" else "the next pass honours it",
         }
 
     def refused(self, reason: str) -> None:

@@ -22,6 +22,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from reconciler.model.settings import RunSettings
+from reconciler.service.operator import caller, reason_of, route
 from reconciler.service.telemetry import ReconcilerMetrics, _event
 from reconciler.service.webhooks import WEBHOOK_ROUTES, WebhookGate
 
@@ -153,9 +154,15 @@ class ServiceFront(Protocol):
     def trigger(self, why: str) -> None:
         """Run a pass as soon as possible."""
 
+    def operator(
+        self, verb: str, deployment: str | None, by: str, reason: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Carry out an on-call verb asked by ``by`` (a token's name): (status, reply)."""
+
 
 class RequestHandler(BaseHTTPRequestHandler):
-    """One request: GET /metrics, /healthz, /readyz; POST to a webhook route.
+    """One request: GET /metrics, /healthz, /readyz; POST to a webhook route or an on-call
+    verb (/v1/...).
 
     Bound to a service by ``handler_for``; http.server makes one instance per connection.
     Everything from accepting the connection to the last body byte shares one deadline.
@@ -265,10 +272,32 @@ class RequestHandler(BaseHTTPRequestHandler):
             reads.release()
         return None
 
+    def _operator(self, verb: str, deployment: str | None) -> None:
+        """An on-call verb (service/operator.py): a named token, a small JSON body."""
+        body = self._body("operator")
+        if body is None:
+            return
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        by = caller(self.run.operator_tokens, headers)
+        if by is None:
+            self._refuse("operator", "unauthorized", 401, "operator token missing or wrong")
+            return
+        try:
+            reason = reason_of(body)
+        except ValueError as exc:
+            self._refuse("operator", "malformed", 400, str(exc))
+            return
+        self.service.metrics.webhooks.labels("operator", "accepted").inc()
+        self._json(*self.service.operator(verb, deployment, by, reason))
+
     def do_POST(self) -> None:
         # Only known routes, matched exactly: a path is the client's to choose, and
         # a label or log field made from it could grow without bound or carry a
         # token someone put in a query string.
+        verb = route(self.path)
+        if verb is not None:
+            self._operator(*verb)
+            return
         source = WEBHOOK_ROUTES.get(self.path)
         if source is None:
             self._json(404, {"error": "not found"})

@@ -64,6 +64,10 @@ def _event(message: str, level: int = logging.INFO, **fields: Any) -> None:
     log.log(level, message, extra={"fields": fields})
 
 
+# What ``triton_gitops_model_state`` reports, per model and server.
+MODEL_STATES = ("in-sync", "progressing", "held", "suspended", "failed")
+
+
 class ReconcilerMetrics:
     """The reconciler's own Prometheus metrics, in a registry of their own."""
 
@@ -125,8 +129,28 @@ class ReconcilerMetrics:
             ["reason"],
             registry=r,
         )
+        self.model_state = Gauge(
+            "triton_gitops_model_state",
+            "1 for the state each model on each server is in after the last pass (one of "
+            + ", ".join(MODEL_STATES)
+            + "), 0 for the others",
+            ["server", "model", "state"],
+            registry=r,
+        )
+        self._model_states: set[tuple[str, str]] = set()
         self.webhook_reads = Gauge(
             "triton_gitops_webhook_reads_in_progress",
             "Webhook bodies being read now (bounded by the webhook read cap)",
             registry=r,
         )
+
+    def set_model_states(self, states: Mapping[tuple[str, str], str]) -> None:
+        """Each (server, model)'s state after a pass; models no pass reports any more leave
+        the metric."""
+        for key in self._model_states - set(states):
+            for state in MODEL_STATES:
+                self.model_state.remove(*key, state)
+        for (server, model), current in states.items():
+            for state in MODEL_STATES:
+                self.model_state.labels(server, model, state).set(1 if state == current else 0)
+        self._model_states = set(states)

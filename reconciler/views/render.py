@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import textwrap
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.core.records import checks_json
 from reconciler.model.analysis import ProbeFigures
-from reconciler.model.history import Rollout
+from reconciler.model.history import ALL_DEPLOYMENTS, OperatorAction, Rollout
 from reconciler.model.plan import Action, ModelChange, Plan, Step
 from reconciler.model.reports import PassReport, StatusReport
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome, StepResult
@@ -160,9 +161,12 @@ def plan_text(plan: Plan) -> str:
                 f"  {h.server}/{h.model}: ModelDeployment {h.deployment} at revision "
                 f"{h.revision[:12]} held at {_list(h.versions)}: {reason}"
             )
-        lines.append("  (a commit that changes the ModelDeployment releases its hold)")
+        lines.append(
+            "  (a commit that changes the ModelDeployment releases its hold; "
+            "triton-gitops retry lifts it for the same spec)"
+        )
     if plan.suspended:
-        lines.append("suspended (spec.suspend: true; left as they are):")
+        lines.append("suspended (spec.suspend: true, or triton-gitops suspend; left as they are):")
         lines.extend(f"  {s}/{m}" for s, m in plan.suspended)
     if plan.problems:
         lines.append("problems:")
@@ -316,10 +320,8 @@ def report_text(report: PassReport) -> str:
     return "\n".join(parts)
 
 
-def history_text(rollouts: list[Rollout]) -> str:
-    if not rollouts:
-        return "no rollouts recorded"
-    lines = []
+def history_text(rollouts: list[Rollout], actions: Sequence[OperatorAction] = ()) -> str:
+    lines = [] if rollouts else ["no rollouts recorded"]
     for r in rollouts:
         when = datetime.fromtimestamp(r.finished_at, UTC).strftime("%Y-%m-%d %H:%M:%S")
         verdict = f", analysis {r.verdict}" if r.verdict else ""
@@ -332,10 +334,16 @@ def history_text(rollouts: list[Rollout]) -> str:
             lines.append(f"    {check['check']}={value} ({check['threshold']}): {check['verdict']}")
         if r.error and r.outcome != "converged":
             lines.append(f"    {r.error.strip().splitlines()[0]}")
+    if actions:
+        lines.append("on-call actions:")
+        for a in actions:
+            detail = f": {a.detail}" if a.detail else ""
+            target = "every ModelDeployment" if a.target == ALL_DEPLOYMENTS else a.target
+            lines.append(f"{a.at} {a.verb} {target} by {a.by}{detail}")
     return "\n".join(lines)
 
 
-def history_json(rollouts: list[Rollout]) -> str:
+def history_json(rollouts: list[Rollout], actions: Sequence[OperatorAction] = ()) -> str:
     return json.dumps(
         {
             "format_version": FORMAT_VERSION,
@@ -355,6 +363,10 @@ def history_json(rollouts: list[Rollout]) -> str:
                     "finished_at": r.finished_at,
                 }
                 for r in rollouts
+            ],
+            "operator_actions": [
+                {"at": a.at, "verb": a.verb, "target": a.target, "by": a.by, "detail": a.detail}
+                for a in actions
             ],
         },
         indent=2,

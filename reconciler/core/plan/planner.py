@@ -12,7 +12,7 @@ from reconciler.core.plan.order import _order
 from reconciler.core.plan.settle import _as_before, _await_load_in_progress
 from reconciler.core.plan.stages import _rollouts, with_restarted_finish
 from reconciler.core.plan.traffic import steady_routes, unroutable
-from reconciler.model.history import Held, History
+from reconciler.model.history import ALL_DEPLOYMENTS, Held, History
 from reconciler.model.plan import ModelChange, Plan, PlanProblem
 from reconciler.model.serving import ServingState
 from reconciler.model.spec import DesiredState
@@ -37,6 +37,7 @@ def plan(
     no-op pass over a large fleet cheap. ``routes``: what each Router reports (a traffic
     rollout whose router is missing here, or unreachable, waits).
     """
+    everything_suspended = ALL_DEPLOYMENTS in history.suspended
     changes: list[ModelChange] = []
     problems: list[PlanProblem] = []
     in_sync: list[tuple[str, str]] = []
@@ -55,7 +56,7 @@ def plan(
         server_changes: list[ModelChange] = []
         for model_name in sorted(placements):
             deployment = placements[model_name].deployment
-            if deployment.suspend:
+            if deployment.suspend or history.suspension_of(deployment.name) is not None:
                 suspended.append((server, model_name))
                 continue
             hold = history.holds.get(deployment.name)
@@ -83,7 +84,9 @@ def plan(
                 server_changes.append(outcome)
         if server in settled:
             continue
-        for model_name in sorted(history.managed.get(server, frozenset()) - set(placements)):
+        # Suspended as a whole (``triton-gitops suspend``): no model leaves a server either.
+        unplaced = set() if everything_suspended else history.managed.get(server, frozenset())
+        for model_name in sorted(unplaced - set(placements)):
             removal = _plan_removal(server, model_name, observed)
             if removal is not None:
                 server_changes.append(removal)
@@ -103,5 +106,5 @@ def plan(
         tuple(held),
         tuple(suspended),
         rollouts,
-        steady_routes(desired, routes, moving),
+        () if everything_suspended else steady_routes(desired, routes, moving),
     )

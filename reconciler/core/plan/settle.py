@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from reconciler.model.history import History
+from reconciler.model.history import ALL_DEPLOYMENTS, History
 from reconciler.model.plan import Action, ModelChange, PlanProblem
 from reconciler.model.serving import ModelState, ServerState
 from reconciler.model.spec import DesiredState, ModelDeployment
@@ -114,4 +114,6 @@ def settle_key(
             for n, r in sorted(history.staged.items())
             if n in names
         ),
+        # An operator's suspend or resume plans the server anew.
+        tuple(sorted(t for t in history.suspended if t in names or t == ALL_DEPLOYMENTS)),
     )

@@ -1,0 +1,80 @@
+"""The on-call verbs through the running service's HTTP API (issue 15): which requests are
+verbs, who sends them (a named bearer token from ``--operator-tokens-file``), and what each
+does to the state store the passes read.
+
+Routes, matched exactly (a path is the client's to choose):
+    POST /v1/suspend                              every ModelDeployment
+    POST /v1/resume
+    POST /v1/deployments/<name>/suspend|resume|retry
+with an optional JSON body ``{"reason": "..."}``. Without a configured token file, or with a
+token not in it, every verb is refused (401): there is no anonymous verb. The verb is
+recorded in the state store's history under the token's name; resume and retry ask for a
+pass at once, so they take effect without waiting for the schedule.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+_DEPLOYMENT = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a Kubernetes object name (DNS-1123)
+_ROUTE = re.compile(rf"/v1/(?:deployments/(?P<name>{_DEPLOYMENT})/)?(?P<verb>suspend|resume|retry)")
+TOKENS_LINE = re.compile(r"(?P<name>[A-Za-z0-9_.@-]{1,64})\s*:\s*(?P<token>\S{16,})")
+
+
+class OperatorTokensError(ValueError):
+    """A token file that cannot be read as ``name: token`` lines."""
+
+
+def parse_tokens(text: str, source: str) -> dict[str, str]:
+    """``name: token`` per line (``#`` comments and blank lines skipped), each token at least
+    16 characters and used once; the error names the file and the line."""
+    tokens: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        found = TOKENS_LINE.fullmatch(stripped)
+        if found is None:
+            raise OperatorTokensError(
+                f"{source}:{number}: expected 'name: token' (a name of letters, digits and "
+                "._@-, a token of 16 or more characters with no space)"
+            )
+        name, token = found["name"], found["token"]
+        if name in tokens or token in tokens.values():
+            raise OperatorTokensError(f"{source}:{number}: name or token {name!r} given twice")
+        tokens[name] = token
+    return tokens
+
+
+def route(path: str) -> tuple[str, str | None] | None:
+    """(verb, deployment or None for every one) of an operator path; None if it is not one.
+    ``retry`` needs a deployment."""
+    found = _ROUTE.fullmatch(path)
+    if found is None or (found["verb"] == "retry" and found["name"] is None):
+        return None
+    return found["verb"], found["name"]
+
+
+def caller(tokens: Mapping[str, str], headers: Mapping[str, str]) -> str | None:
+    """The name of the token the request carries (``Authorization: Bearer``), else None.
+    Every configured token is compared, in constant time, whichever matches."""
+    given = headers.get("authorization", "")
+    matched = None
+    for name, token in tokens.items():
+        if hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            matched = name
+    return matched
+
+
+def reason_of(body: bytes) -> str:
+    """The ``reason`` of a JSON body (empty, or a JSON object); ValueError otherwise."""
+    if not body.strip():
+        return ""
+    data: Any = json.loads(body)
+    if not isinstance(data, dict) or not isinstance(data.get("reason", ""), str):
+        raise ValueError('the body must be a JSON object, e.g. {"reason": "incident 42"}')
+    return str(data.get("reason", ""))[:500]

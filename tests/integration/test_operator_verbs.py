@@ -1,0 +1,168 @@
+"""On-call verbs one-shot on the state store (issue 15, first part): suspend, resume and
+retry, end to end with real Git and a real tritonserver, each recorded in history with who
+asked and when."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testkit.cli_run import Reconciler, cli
+from testkit.local_triton import LocalTriton
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.service_process import wait_until
+from tests.integration.flows import ready_versions
+from tests.integration.test_daemon import service_process
+
+pytestmark = pytest.mark.triton
+
+
+def _applied(
+    manifests: ManifestRepo, triton: LocalTriton, repository: Path, workdir: Path, *models: str
+) -> tuple[Reconciler, str]:
+    """``echo`` (and ``models``) at version 1, applied: the CLI and its state store's path."""
+    reconciler = Reconciler(manifests.url, workdir)
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], expect_factor=1))
+    for model in models:
+        manifests.write(f"{model}.yaml", deployment_doc(model, [1], ["edge-a"]))
+    manifests.commit("version 1")
+    assert reconciler.apply().code == 0
+    return reconciler, str(workdir / "state.db")
+
+
+def test_suspend_leaves_a_model_as_it_is_until_resume(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    reconciler, state = _applied(manifests, triton, model_repository, tmp_path / "r", "other")
+
+    suspended = cli("suspend", "echo", "--reason", "incident 42", "--as", "alice", "--state", state)
+    assert suspended.code == 0, suspended.err
+    assert suspended.out.startswith("suspended: echo suspended by alice at ")
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], expect_factor=2))
+    manifests.write("other.yaml", deployment_doc("other", [2], ["edge-a"]))
+    manifests.commit("echo 2, other 2")
+    applied = reconciler.apply()
+    assert applied.code == 0, applied.out + applied.err
+    assert ready_versions(triton, "echo") == {1}  # suspended: left as it is
+    assert ready_versions(triton, "other") == {2}  # the others go on
+    status = cli("status", *reconciler.options)
+    (line,) = [x for x in status.out.splitlines() if "echo" in x and "suspended" in x]
+    assert "suspended by alice at" in line and "incident 42" in line
+
+    # Everything suspended: not even a model the manifests drop is unloaded.
+    assert cli("suspend", "--as", "bob", "--state", state).code == 0
+    manifests.remove("other.yaml")
+    manifests.commit("retire other")
+    assert reconciler.apply().code == 0
+    assert ready_versions(triton, "other") == {2}
+
+    resumed = cli("resume", "--as", "bob", "--state", state)
+    assert resumed.code == 0 and "still suspended: echo suspended by alice" in resumed.out
+    assert cli("resume", "echo", "--as", "carol", "--state", state).code == 0
+    again = cli("resume", "echo", "--state", state)
+    assert again.code == 1 and "ModelDeployment echo is not suspended" in again.err
+    assert reconciler.apply().code == 0
+    assert ready_versions(triton, "echo") == {2}
+    assert ready_versions(triton, "other") == set()
+
+    history = cli("history", "--state", state, "--output", "json").json()
+    verbs = [(a["verb"], a["target"], a["by"]) for a in history["operator_actions"]]
+    assert verbs == [
+        ("resume", "echo", "carol"),
+        ("resume", "*", "bob"),
+        ("suspend", "*", "bob"),
+        ("suspend", "echo", "alice"),
+    ]
+    assert all(a["at"].endswith("Z") for a in history["operator_actions"])
+
+
+def test_retry_lifts_a_hold_and_the_same_spec_is_tried_again(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    reconciler, state = _applied(manifests, triton, model_repository, tmp_path / "r")
+    # Version 3 answers x3: its smoke case (x2) fails, the spec is held at version 1.
+    manifests.write("echo.yaml", deployment_doc("echo", [3], ["edge-a"], expect_factor=2))
+    manifests.commit("echo 3")
+    assert reconciler.apply().code == 1
+    assert "held" in reconciler.plan().out
+    assert reconciler.apply().code == 0  # held: nothing tried
+    tried = len(cli("history", "--state", state, "--output", "json").json()["rollouts"])
+
+    retried = cli("retry", "echo", "--as", "alice", "--state", state)
+    assert retried.code == 0, retried.err
+    assert "the hold on ModelDeployment echo" in retried.out and "is lifted" in retried.out
+    assert reconciler.apply().code == 1  # tried again, failed again, held again
+    history = cli("history", "--state", state, "--output", "json").json()
+    assert len(history["rollouts"]) == tried + 1
+    assert history["operator_actions"][0]["verb"] == "retry"
+    assert ready_versions(triton, "echo") == {1}
+    missing = cli("retry", "nothing", "--state", state)
+    assert missing.code == 1 and "ModelDeployment nothing is not held (held: echo)" in missing.err
+
+
+def test_a_verb_never_creates_a_state_store(tmp_path: Path) -> None:
+    absent = tmp_path / "state.db"
+    for verb in (("suspend",), ("resume", "echo"), ("retry", "echo")):
+        run = cli(*verb, "--state", str(absent))
+        assert run.code == 1 and f"no state store at {absent}" in run.err
+    assert not absent.exists()
+
+
+def test_a_running_service_honours_a_suspend_and_reports_each_models_state(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """The one-shot verbs on the state store a running service shares: its next pass (a
+    webhook here) leaves the suspended model alone; /metrics says so, per model."""
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.write("other.yaml", deployment_doc("other", [1], ["edge-a"]))
+    manifests.commit("echo 1, other 1")
+    tokens = tmp_path / "operator-tokens"
+    tokens.write_text("# the on-call rota\noncall-alice: " + "a" * 32 + "\n")
+    token_file = tmp_path / "alice-token"
+    token_file.write_text("a" * 32 + "\n")
+    service = service_process(
+        manifests.url, tmp_path / "svc", ("--operator-tokens-file", str(tokens))
+    ).start()
+    state = str(tmp_path / "svc" / "state.db")
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "echo deployed")
+        assert cli("suspend", "echo", "--as", "oncall", "--state", state).code == 0
+        manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
+        manifests.write("other.yaml", deployment_doc("other", [2], ["edge-a"]))
+        manifests.commit("echo 2, other 2")
+        done = service.pass_count()
+        assert service.reconcile_now() == 202
+        service.wait_passes(done, 60, "a pass after the suspend")
+        wait_until(lambda: ready_versions(triton, "other") == {2}, 30, "other on 2")
+        assert ready_versions(triton, "echo") == {1}
+        metrics = service.metrics()
+        state_of = 'triton_gitops_model_state{{model="{}",server="edge-a",state="{}"}}'
+        assert metrics[state_of.format("echo", "suspended")] == 1
+        assert metrics[state_of.format("echo", "in-sync")] == 0
+        assert metrics[state_of.format("other", "in-sync")] == 1
+
+        # The verbs through the service: refused without the token (nothing recorded), and
+        # with it, recorded under the token's name; a resume runs a pass at once.
+        for headers in ({}, {"Authorization": "Bearer " + "x" * 32}):
+            assert service.post("/v1/deployments/echo/resume", b"{}", headers) == 401
+        assert "suspended" in cli("status", "--repo", manifests.url, "--state", state).out
+        done = service.pass_count()
+        url = f"http://127.0.0.1:{service.port}"
+        resumed = cli("resume", "echo", "--service", url, "--token-file", str(token_file))
+        assert resumed.code == 0, resumed.err
+        assert resumed.out.startswith("resume: echo by token:oncall-alice: echo suspended by")
+        service.wait_passes(done, 60, "the pass the resume asked for")
+        wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "echo on 2")
+        assert service.metrics()[state_of.format("echo", "in-sync")] == 1
+        again = cli("resume", "echo", "--service", url, "--token-file", str(token_file))
+        assert again.code == 1 and "the service answered 409: echo is not suspended" in again.err
+    finally:
+        assert service.stop() == 0
+    history = cli("history", "--state", state, "--output", "json").json()["operator_actions"]
+    assert [(a["verb"], a["by"]) for a in history] == [
+        ("resume", "token:oncall-alice"),
+        ("suspend", "oncall"),
+    ]
