@@ -29,7 +29,7 @@ from reconciler.adapters.chart import ChartUnavailable, latency_chart
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
 from reconciler.adapters.local_triton import LocalTritonError
-from reconciler.adapters.operator_client import ask_service
+from reconciler.adapters.operator_client import ask_service, wait_for_pass
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.state import StateStore
@@ -331,6 +331,24 @@ def build_parser() -> argparse.ArgumentParser:
     history.add_argument("--output", choices=("text", "json"), default="text")
     history.add_argument("--state", type=Path, default=_default_state(), help="state store")
 
+    reconcile_verb = commands.add_parser(
+        "reconcile",
+        help="ask the running service for a pass now and wait for its outcome",
+        description="Ask the running service (--service) for a pass now, as `flux reconcile` "
+        "does, and wait until a pass that started after the request has finished: exit 0 "
+        "when it fully succeeded, 1 otherwise (each failed server or model is printed). "
+        "Recorded under the operator token's name.",
+    )
+    reconcile_verb.add_argument("--service", required=True, metavar="URL")
+    reconcile_verb.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="one of the service's operator tokens (or $TRITON_GITOPS_OPERATOR_TOKEN)",
+    )
+    reconcile_verb.add_argument(
+        "--timeout", type=float, default=900.0, metavar="SECONDS", help="longest wait (900)"
+    )
     for verb, summary, description in (
         (
             "suspend",
@@ -895,6 +913,32 @@ def _actor(args: argparse.Namespace) -> str:
     return f"{user}@{socket.gethostname()}"
 
 
+def _reconcile_now(args: argparse.Namespace) -> int:
+    token = _secret(args.token_file, "TRITON_GITOPS_OPERATOR_TOKEN")
+    if not token:
+        print("error: reconcile needs --token-file (or $TRITON_GITOPS_OPERATOR_TOKEN)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
+    try:
+        status, reply = ask_service(args.service, token, "reconcile", None)
+        if status != 202:
+            print(f"error: the service answered {status}: {reply.get('error', reply)}",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_ERROR
+        print(f"reconcile: pass requested by {reply['by']}; waiting", file=sys.stderr)
+        outcome = wait_for_pass(args.service, token, int(reply["after"]), args.timeout)
+    except ReconcileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    revision = (outcome.get("revision") or "")[:12] or "no revision"
+    print(f"pass {outcome['number']} at {revision}: {outcome['result']} "
+          f"({outcome['seconds']:g} s, finished {outcome['finished_at']})")  # fmt: skip
+    for failed in outcome.get("failed", []):
+        where = failed["server"] + (f"/{failed['model']}" if failed.get("model") else "")
+        print(f"  {where}: {failed['reason']}")
+    return EXIT_OK if outcome.get("ok") else EXIT_ERROR
+
+
 def _operator_verb(args: argparse.Namespace) -> int:
     """suspend, resume and retry on the state store (a running service that shares it reads
     them at its next pass), or through the running service (``--service``)."""
@@ -1047,6 +1091,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _gate(args)
     if args.command in ("suspend", "resume", "retry"):
         return _operator_verb(args)
+    if args.command == "reconcile":
+        return _reconcile_now(args)
     if args.command == "digest":
         try:
             print(tree_digest(args.path))

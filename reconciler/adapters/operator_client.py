@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from reconciler.model.errors import ReconcileError
@@ -20,10 +22,44 @@ def ask_service(
     reached or does not answer JSON."""
     path = f"/v1/deployments/{deployment}/{verb}" if deployment else f"/v1/{verb}"
     body = json.dumps({"reason": reason} if reason else {}).encode()
+    return _call(url, token, path, body)
+
+
+def last_pass(url: str, token: str) -> tuple[int, dict[str, Any]]:
+    """(HTTP status, the service's last pass outcome)."""
+    return _call(url, token, "/v1/passes/last", None)
+
+
+def wait_for_pass(
+    url: str,
+    token: str,
+    after: int,
+    timeout: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """The outcome of the first pass numbered above ``after``; ReconcileError when none has
+    finished within ``timeout`` seconds."""
+    deadline = clock() + timeout
+    while True:
+        status, outcome = last_pass(url, token)
+        if status != 200:
+            raise ReconcileError(f"service {url} answered {status}: {outcome.get('error')}")
+        if int(outcome.get("number", 0)) > after:
+            return outcome
+        if clock() >= deadline:
+            raise ReconcileError(
+                f"no pass finished within {timeout:g}s (the service may be in a long rollout; "
+                "its log says)"
+            )
+        sleep(0.25)
+
+
+def _call(url: str, token: str, path: str, body: bytes | None) -> tuple[int, dict[str, Any]]:
     request = urllib.request.Request(
         url.rstrip("/") + path,
         data=body,
-        method="POST",
+        method="POST" if body is not None else "GET",
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
     )
     try:

@@ -255,6 +255,12 @@ class StateStore:
         )
         return action
 
+    def record_action(self, verb: str, target: str, by: str, detail: str = "") -> OperatorAction:
+        """A verb that changes no record of its own (``reconcile``), kept in history."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            return self._act(verb, target, by, detail)
+
     def suspend(self, target: str, by: str, reason: str = "") -> Suspension:
         """Pause reconciling ``target`` (a ModelDeployment, or ALL_DEPLOYMENTS) until
         ``resume``; suspending again replaces who, when and why."""

@@ -97,6 +97,10 @@ class Daemon:
         self.backoff = ServerBackoff(self.rng)
         self._git_failures = 0
         self._last: PassReport | None = None
+        # Passes started so far, and the outcome of the last to finish (``reconcile`` waits
+        # for one that started after it asked).
+        self._started = 0
+        self._outcome: dict[str, Any] = {"number": 0}
         self._watch = Watch(settings, self.backoff)
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: _Listener | None = None
@@ -139,6 +143,8 @@ class Daemon:
         started = time.monotonic()
         result = "error"
         report: PassReport | None = None
+        self._started += 1
+        number = self._started
         try:
             report = reconcile(
                 self.source,
@@ -187,6 +193,7 @@ class Daemon:
             seconds = time.monotonic() - started
             self.metrics.pass_duration.observe(seconds)
             self.metrics.passes.labels(result).inc()
+            self._outcome = _outcome(number, trigger, result, seconds, report)
             _event(
                 "pass finished",
                 trigger=trigger,
@@ -284,6 +291,16 @@ class Daemon:
         """An on-call verb on the state store the passes read; resume and retry ask for a
         pass at once. Recorded in history as ``token:<name>``."""
         who = f"token:{by}"
+        if verb == "reconcile":
+            after = self._started  # a pass numbered above this started after the request
+            store = StateStore(self.settings.state_path)
+            try:
+                store.record_action(verb, ALL_DEPLOYMENTS, who, reason)
+            finally:
+                store.close()
+            _event("operator verb", logging.WARNING, verb=verb, by=who, reason=reason)
+            self.trigger(f"reconcile by {who}")
+            return 202, {"verb": verb, "by": who, "after": after, "pass": "requested"}
         target = deployment or ALL_DEPLOYMENTS
         store = StateStore(self.settings.state_path)
         try:
@@ -308,6 +325,9 @@ class Daemon:
             "detail": done.reason if verb == "retry" else str(done),
             "pass": "requested" if verb != "suspend" else "the next pass honours it",
         }
+
+    def last_pass(self) -> dict[str, Any]:
+        return dict(self._outcome)
 
     def refused(self, reason: str) -> None:
         self.metrics.connections_refused.labels(reason).inc()
@@ -396,3 +416,35 @@ class Daemon:
         while not self.stop_requested.wait(1.0):
             pass
         return self.shutdown()
+
+
+def _outcome(
+    number: int, trigger: str, result: str, seconds: float, report: PassReport | None
+) -> dict[str, Any]:
+    """What ``GET /v1/passes/last`` answers about one pass: whether it fully succeeded, and
+    each server or model it could not bring where the manifests ask (with the reason)."""
+    failed = []
+    if report is not None:
+        failed = [
+            {"server": p.server, "model": p.model, "reason": p.message}
+            for p in report.plan.problems
+        ]
+        failed += [
+            {
+                "server": c.change.server,
+                "model": c.change.model,
+                "reason": c.error or str(c.outcome),
+            }
+            for c in (report.result.changes if report.result else ())
+            if c.outcome is not Outcome.CONVERGED
+        ]
+    return {
+        "number": number,
+        "trigger": trigger,
+        "result": result,
+        "ok": result == "ok",
+        "revision": report.revision if report else None,
+        "seconds": round(seconds, 3),
+        "finished_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "failed": failed,
+    }

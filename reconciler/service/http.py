@@ -22,7 +22,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from reconciler.model.settings import RunSettings
-from reconciler.service.operator import caller, reason_of, route
+from reconciler.service.operator import LAST_PASS, caller, reason_of, route
 from reconciler.service.telemetry import ReconcilerMetrics, _event
 from reconciler.service.webhooks import WEBHOOK_ROUTES, WebhookGate
 
@@ -159,6 +159,9 @@ class ServiceFront(Protocol):
     ) -> tuple[int, dict[str, Any]]:
         """Carry out an on-call verb asked by ``by`` (a token's name): (status, reply)."""
 
+    def last_pass(self) -> dict[str, Any]:
+        """The outcome of the last pass that finished, with its number (0: none yet)."""
+
 
 class RequestHandler(BaseHTTPRequestHandler):
     """One request: GET /metrics, /healthz, /readyz; POST to a webhook route or an on-call
@@ -221,7 +224,13 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_GET(self) -> None:
-        if self.path == "/metrics":
+        if self.path == LAST_PASS:
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            if caller(self.run.operator_tokens, headers) is None:
+                self._refuse("operator", "unauthorized", 401, "operator token missing or wrong")
+                return
+            self._json(200, self.service.last_pass())
+        elif self.path == "/metrics":
             self._send(200, generate_latest(self.service.metrics.registry), CONTENT_TYPE_LATEST)
         elif self.path == "/healthz":
             self._json(*self.service.health())

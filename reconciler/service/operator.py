@@ -6,6 +6,8 @@ Routes, matched exactly (a path is the client's to choose):
     POST /v1/suspend                              every ModelDeployment
     POST /v1/resume
     POST /v1/deployments/<name>/suspend|resume|retry
+    POST /v1/reconcile                            a pass now; answers the pass to wait for
+    GET  /v1/passes/last                          the last pass's outcome, numbered
 with an optional JSON body ``{"reason": "..."}``. Without a configured token file, or with a
 token not in it, every verb is refused (401): there is no anonymous verb. The verb is
 recorded in the state store's history under the token's name; resume and retry ask for a
@@ -21,7 +23,10 @@ from collections.abc import Mapping
 from typing import Any
 
 _DEPLOYMENT = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a Kubernetes object name (DNS-1123)
-_ROUTE = re.compile(rf"/v1/(?:deployments/(?P<name>{_DEPLOYMENT})/)?(?P<verb>suspend|resume|retry)")
+_ROUTE = re.compile(
+    rf"/v1/(?:deployments/(?P<name>{_DEPLOYMENT})/)?(?P<verb>suspend|resume|retry|reconcile)"
+)
+LAST_PASS = "/v1/passes/last"  # GET: the outcome of the last pass, numbered
 TOKENS_LINE = re.compile(r"(?P<name>[A-Za-z0-9_.@-]{1,64})\s*:\s*(?P<token>\S{16,})")
 
 
@@ -52,9 +57,11 @@ def parse_tokens(text: str, source: str) -> dict[str, str]:
 
 def route(path: str) -> tuple[str, str | None] | None:
     """(verb, deployment or None for every one) of an operator path; None if it is not one.
-    ``retry`` needs a deployment."""
+    ``retry`` needs a deployment; ``reconcile`` (a pass now, for everything) takes none."""
     found = _ROUTE.fullmatch(path)
     if found is None or (found["verb"] == "retry" and found["name"] is None):
+        return None
+    if found["verb"] == "reconcile" and found["name"] is not None:
         return None
     return found["verb"], found["name"]
 

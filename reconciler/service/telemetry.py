@@ -6,6 +6,7 @@ import ctypes
 import json
 import logging
 import os
+import platform
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -18,6 +19,7 @@ from prometheus_client import (
     Info,
 )
 
+from reconciler import __version__
 from reconciler.adapters.credentials import redact
 
 log = logging.getLogger("triton_gitops")
@@ -129,6 +131,10 @@ class ReconcilerMetrics:
             ["reason"],
             registry=r,
         )
+        self.build = Info(
+            "triton_gitops_build", "The reconciler's version and its Python", registry=r
+        )
+        self.build.info({"version": __version__, "python": platform.python_version()})
         self.model_state = Gauge(
             "triton_gitops_model_state",
             "1 for the state each model on each server is in after the last pass (one of "

@@ -159,10 +159,22 @@ def test_a_running_service_honours_a_suspend_and_reports_each_models_state(
         assert service.metrics()[state_of.format("echo", "in-sync")] == 1
         again = cli("resume", "echo", "--service", url, "--token-file", str(token_file))
         assert again.code == 1 and "the service answered 409: echo is not suspended" in again.err
+
+        # reconcile: a pass now, and its outcome once one that started after the ask ends.
+        manifests.write("other.yaml", deployment_doc("other", [3], ["edge-a"]))
+        manifests.commit("other 3")
+        assert service.get("/v1/passes/last")[0] == 401  # the outcome needs the token too
+        now = cli("reconcile", "--service", url, "--token-file", str(token_file))
+        assert now.code == 0, now.err
+        assert now.out.startswith("pass ") and ": ok (" in now.out
+        assert ready_versions(triton, "other") == {3}  # that pass read the new commit
+        build = [k for k in service.metrics() if k.startswith("triton_gitops_build_info")]
+        assert build and 'version="0.1.0"' in build[0]
     finally:
         assert service.stop() == 0
     history = cli("history", "--state", state, "--output", "json").json()["operator_actions"]
     assert [(a["verb"], a["by"]) for a in history] == [
+        ("reconcile", "token:oncall-alice"),
         ("resume", "token:oncall-alice"),
         ("suspend", "oncall"),
     ]

@@ -21,8 +21,10 @@ def test_routes_are_matched_exactly() -> None:
     assert route("/v1/resume") == ("resume", None)
     assert route("/v1/deployments/echo/suspend") == ("suspend", "echo")
     assert route("/v1/deployments/fraud-model.v2/retry") == ("retry", "fraud-model.v2")
+    assert route("/v1/reconcile") == ("reconcile", None)
     for path in (
         "/v1/retry",  # retry needs a deployment
+        "/v1/deployments/echo/reconcile",  # a pass is for everything
         "/v1/suspend/",
         "/v1/suspend?x=1",
         "/v1/deployments/Echo/suspend",  # not a Kubernetes name
