@@ -99,6 +99,18 @@ _CHANNEL = [
 ]
 
 
+def infer_inputs(tensors: tuple[Tensor, ...]) -> list[triton_grpc.InferInput]:
+    """A request's inputs for tritonclient, from manifest tensors (also the gate's load
+    generator's, ``adapters/triton_load.py``)."""
+    items = []
+    for tensor in tensors:
+        data = as_array(tensor)
+        item = triton_grpc.InferInput(tensor.name, list(data.shape), tensor.datatype)
+        item.set_data_from_numpy(data)
+        items.append(item)
+    return items
+
+
 class TritonServerClient:
     """One Triton server, as the planner observes it and as apply drives it.
 
@@ -340,12 +352,7 @@ class TritonServerClient:
         outputs: tuple[str, ...],
         timeout: float | None = None,
     ) -> dict[str, npt.NDArray[np.generic]]:
-        request = []
-        for tensor in inputs:
-            data = as_array(tensor)
-            item = triton_grpc.InferInput(tensor.name, list(data.shape), tensor.datatype)
-            item.set_data_from_numpy(data)
-            request.append(item)
+        request = infer_inputs(inputs)
         try:
             result = self._client.infer(
                 model,

@@ -20,7 +20,7 @@ import numpy as np
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from reconciler.core.smoke import as_array
+from reconciler.adapters.triton import infer_inputs
 from reconciler.model.errors import StepFailed
 from reconciler.model.gate import LoadFigures
 from reconciler.model.spec import Tensor
@@ -36,20 +36,6 @@ class GrpcLoadTester:
     def __init__(self, address: str, request_timeout: float = 30.0) -> None:
         self.address = address
         self.request_timeout = request_timeout
-
-    def _prepared(
-        self, requests: Sequence[tuple[Tensor, ...]]
-    ) -> list[list[triton_grpc.InferInput]]:
-        prepared = []
-        for request in requests:
-            items = []
-            for tensor in request:
-                data = as_array(tensor)
-                item = triton_grpc.InferInput(tensor.name, list(data.shape), tensor.datatype)
-                item.set_data_from_numpy(data)
-                items.append(item)
-            prepared.append(items)
-        return prepared
 
     def measure(
         self,
@@ -76,7 +62,7 @@ class GrpcLoadTester:
                 raise
             try:
                 # Inputs are built per worker: an InferInput is not shared between threads.
-                prepared = self._prepared(requests)
+                prepared = [infer_inputs(request) for request in requests]
 
                 def send(index: int) -> tuple[float, str | None]:
                     started = time.perf_counter()
