@@ -38,7 +38,12 @@ from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
 
-from apscheduler.events import EVENT_JOB_MAX_INSTANCES, JobEvent
+from apscheduler.events import (
+    EVENT_JOB_ERROR,
+    EVENT_JOB_EXECUTED,
+    EVENT_JOB_MAX_INSTANCES,
+    JobEvent,
+)
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
@@ -202,8 +207,9 @@ class Daemon:
                 revision=report.revision if report else None,
             )
             self._pass_lock.release()
-        if self._pending.is_set() and not self.stop_requested.is_set():
-            self.trigger("requested during the last pass")
+        # A pass asked for meanwhile runs once this job has returned (``_job_ended``): asked
+        # from inside the job, the scheduler would find it still running and skip the run,
+        # and the request would wait for the next interval.
         return report
 
     def _record(self, report: PassReport) -> str:
@@ -350,6 +356,7 @@ class Daemon:
     def start(self) -> None:
         self.start_http()
         self.scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
+        self.scheduler.add_listener(self._job_ended, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
         self.scheduler.add_job(
             self.run_pass,
             IntervalTrigger(seconds=self.run_settings.interval, jitter=self.run_settings.jitter),
@@ -375,6 +382,12 @@ class Daemon:
             interval=self.run_settings.interval,
             dry_run=self.run_settings.dry_run,
         )
+
+    def _job_ended(self, event: JobEvent) -> None:
+        """A pass job has returned: run the pass asked for while it ran, if one was."""
+        wanted = self._pending.is_set() and not self.stop_requested.is_set()
+        if event.job_id == "reconcile" and wanted:
+            self.trigger("requested during the last pass")
 
     def _overrun(self, event: JobEvent) -> None:
         if event.job_id == "reconcile":

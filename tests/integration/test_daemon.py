@@ -244,3 +244,24 @@ def test_malloc_arenas_are_capped_unless_the_environment_says(
     assert fewer_malloc_arenas() is True  # glibc (Debian): mallopt accepted the cap
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert fewer_malloc_arenas() is False  # the operator's own setting is left alone
+
+
+def test_a_webhook_during_a_pass_runs_another_pass_when_it_ends(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """Asked for while a pass runs (echo 7 takes 3 s to load), a pass runs as soon as that
+    one ends, not at the next interval (300 s here): it used to be skipped by the scheduler,
+    which still counted the first pass's job as running."""
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"]))
+    manifests.commit("echo 7, slow to load")
+    service = service_process(manifests.url, tmp_path / "svc").start()
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == set(), 5, "the first pass loading")
+        manifests.write("other.yaml", deployment_doc("other", [1], ["edge-a"]))
+        manifests.commit("other 1")
+        assert service.reconcile_now() == 202  # while echo 7 loads
+        wait_until(lambda: ready_versions(triton, "other") == {1}, 30, "the pass asked for")
+        assert ready_versions(triton, "echo") == {7}
+    finally:
+        assert service.stop() == 0
