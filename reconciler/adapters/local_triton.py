@@ -149,7 +149,12 @@ class LocalTriton:
                 p for p in (str(libs), env.get("LD_LIBRARY_PATH", "")) if p
             )
         for name in ("http_port", "grpc_port", "metrics_port"):
-            if not getattr(self, name):
+            # Each port is free when asked, but two asks may be given the same one: distinct.
+            while (
+                not getattr(self, name)
+                or [self.http_port, self.grpc_port, self.metrics_port].count(getattr(self, name))
+                > 1
+            ):
                 setattr(self, name, free_port(self.host))
         # The backend stub runs model.py with the first python on PATH; it must be the one
         # that has numpy, i.e. this interpreter's environment.
