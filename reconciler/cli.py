@@ -271,6 +271,14 @@ def _source_options(
     )
 
 
+def _two_refs(command: argparse.ArgumentParser) -> None:
+    """The options of a command that compares two refs of one repository (diff, gate)."""
+    command.add_argument("--repo", required=True, metavar="URL|PATH")
+    command.add_argument("--base", required=True, metavar="REF", help="e.g. origin/main")
+    command.add_argument("--head", required=True, metavar="REF", help="the change")
+    command.add_argument("--path", default="", metavar="SUBDIR")
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors exit 1: exit 2 means "changes pending" for plan and diff."""
 
@@ -442,10 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
         "warnings a reviewer must see. Needs no Triton server. Exit 0 no change, 2 changes, "
         "1 error.",
     )
-    diff_command.add_argument("--repo", required=True, metavar="URL|PATH")
-    diff_command.add_argument("--base", required=True, metavar="REF", help="e.g. origin/main")
-    diff_command.add_argument("--head", required=True, metavar="REF", help="the change")
-    diff_command.add_argument("--path", default="", metavar="SUBDIR")
+    _two_refs(diff_command)
     diff_command.add_argument("--output", choices=("text", "json", "markdown"), default="text")
     diff_command.add_argument("--cache-dir", type=Path, default=_default_cache())
 
@@ -463,10 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
         "memory against its bounds. Exit 0 every deployment passed (or none changed), 3 one "
         "failed the gate, 1 error (one could not be judged).",
     )
-    gate.add_argument("--repo", required=True, metavar="URL|PATH")
-    gate.add_argument("--base", required=True, metavar="REF", help="e.g. origin/main")
-    gate.add_argument("--head", required=True, metavar="REF", help="the change")
-    gate.add_argument("--path", default="", metavar="SUBDIR")
+    _two_refs(gate)
     gate.add_argument(
         "--model-repository",
         required=True,
