@@ -36,10 +36,12 @@ from reconciler.adapters.state import StateStore
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES, attach_shadow_requests
+from reconciler.core.undo import UndoRequest
 from reconciler.loop.gate import gated, run_gate
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.review import desired_at, diff_refs
 from reconciler.loop.status import status
+from reconciler.loop.undo import undo
 from reconciler.model.errors import Problem, ReconcileError, ValidationError
 from reconciler.model.gate import GateReport
 from reconciler.model.history import ALL_DEPLOYMENTS
@@ -94,12 +96,14 @@ def _default_cache() -> Path:
 
 
 def _source_options(
-    parser: argparse.ArgumentParser, outputs: tuple[str, ...] = ("text", "json")
+    parser: argparse.ArgumentParser,
+    outputs: tuple[str, ...] = ("text", "json"),
+    repo_required: bool = True,
 ) -> None:
     group = parser.add_argument_group("manifest source")
     group.add_argument(
         "--repo",
-        required=True,
+        required=repo_required,
         metavar="URL|PATH",
         help="Git repository holding the manifests: a URL (file://, ssh://, https://) or a "
         "local path. It is mirrored into the cache; manifests are read from a commit, never "
@@ -409,6 +413,32 @@ def build_parser() -> argparse.ArgumentParser:
             help="with --service: a file holding one of its operator tokens (or the token in "
             "$TRITON_GITOPS_OPERATOR_TOKEN)",
         )
+
+    undo_command = commands.add_parser(
+        "undo",
+        help="put a ModelDeployment back to an earlier spec by a commit to the tracked branch",
+        description="Push a commit to the tracked branch that sets DEPLOYMENT's spec back to "
+        "the one it had at --to-revision, by default at the last revision at which it "
+        "converged (the state store knows) and that differs from the spec in Git now; "
+        "comments and the file's other documents stay. The next pass applies it like any "
+        "commit (a spec held after a failed rollout changes, so its hold lifts). --dry-run "
+        "prints the change as a patch and pushes nothing. One-shot with --repo and --state, "
+        "or through the running service with --service and --token-file.",
+    )
+    undo_command.add_argument("deployment", metavar="DEPLOYMENT", help="metadata.name")
+    undo_command.add_argument(
+        "--to-revision", metavar="SHA", help="go back to the spec at this commit of the branch"
+    )
+    undo_command.add_argument(
+        "--dry-run", action="store_true", help="print the change as a patch; push nothing"
+    )
+    undo_command.add_argument("--reason", default="", help="in the commit message and history")
+    undo_command.add_argument("--as", dest="actor", metavar="NAME", help="who asks (USER@HOST)")
+    undo_command.add_argument("--service", metavar="URL", help="ask the running service")
+    undo_command.add_argument(
+        "--token-file", type=Path, metavar="FILE", help="with --service: an operator token"
+    )
+    _source_options(undo_command, repo_required=False)
 
     plan_command = commands.add_parser(
         "plan",
@@ -951,8 +981,11 @@ def _operator_verb(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
             return EXIT_ERROR
         reason = getattr(args, "reason", "")
+        extra = _undo_body(args) if args.command == "undo" else None
         try:
-            status, reply = ask_service(args.service, token, args.command, args.deployment, reason)
+            status, reply = ask_service(
+                args.service, token, args.command, args.deployment, reason, extra
+            )
         except ReconcileError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -960,6 +993,7 @@ def _operator_verb(args: argparse.Namespace) -> int:
             print(f"error: the service answered {status}: {reply.get('error', reply)}",
                   file=sys.stderr)  # fmt: skip
             return EXIT_ERROR
+        print(reply.get("patch", ""), end="")  # undo's change
         print(f"{reply['verb']}: {reply['target']} by {reply['by']}: {reply['detail']} "
               f"({reply['pass']})")  # fmt: skip
         return EXIT_OK
@@ -1007,6 +1041,41 @@ def _operator_verb(args: argparse.Namespace) -> int:
             )
     finally:
         store.close()
+    return EXIT_OK
+
+
+def _undo_body(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        **({"toRevision": args.to_revision} if args.to_revision else {}),
+        **({"dryRun": True} if args.dry_run else {}),
+    }
+
+
+def _undo(args: argparse.Namespace) -> int:
+    """undo one-shot (--repo, --state) or through the service (``_operator_verb``)."""
+    if args.service:
+        return _operator_verb(args)
+    if not args.repo:
+        print("error: undo needs --repo (one-shot) or --service", file=sys.stderr)
+        return EXIT_ERROR
+    if not args.state.exists():  # as the other verbs: never create one
+        print(f"error: no state store at {args.state}: give the reconciler's --state",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
+    source, settings = Source(args.repo, args.ref, args.path), _settings(args)
+    request = UndoRequest(
+        args.deployment, _actor(args), args.to_revision, args.reason, args.dry_run
+    )
+    try:
+        done = undo(request, source, settings, wiring.ports(settings, source))
+    except ReconcileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    if args.dry_run:
+        print(done.patch, end="")
+        print(f"undo: {done}", file=sys.stderr)
+    else:
+        print(f"undo: {done}; the next pass applies it")
     return EXIT_OK
 
 
@@ -1093,6 +1162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _gate(args)
     if args.command in ("suspend", "resume", "retry"):
         return _operator_verb(args)
+    if args.command == "undo":
+        return _undo(args)
     if args.command == "reconcile":
         return _reconcile_now(args)
     if args.command == "digest":

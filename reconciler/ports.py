@@ -15,7 +15,15 @@ import numpy.typing as npt
 
 from reconciler.model.analysis import Figures, PoolFigures
 from reconciler.model.gate import LoadFigures
-from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, PassRecord, Rollout
+from reconciler.model.history import (
+    AlertEvent,
+    AppliedSpec,
+    History,
+    Hold,
+    OperatorAction,
+    PassRecord,
+    Rollout,
+)
 from reconciler.model.plan import Step
 from reconciler.model.serving import ModelInterface, ModelState, ServerState
 from reconciler.model.source import (
@@ -116,6 +124,10 @@ class StateStore(Protocol):
     def unreverted(self) -> set[str]: ...
 
     def record_pass(self, record: PassRecord) -> None: ...
+
+    def record_action(
+        self, verb: str, target: str, by: str, detail: str = ""
+    ) -> OperatorAction: ...
 
     def close(self) -> None: ...
 

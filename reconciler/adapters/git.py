@@ -7,9 +7,12 @@ URLs never appear in errors.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import git
@@ -21,7 +24,7 @@ from reconciler.adapters.signatures import (
     commits_to_verify,
     is_fast_forward,
 )
-from reconciler.core.spec.edit import restore_deployment
+from reconciler.core.spec.edit import restore_deployment, restore_spec
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.core.spec.yaml import MANIFEST_SUFFIXES, MAX_MANIFEST_BYTES, UnreadFile
 from reconciler.faults import fault_point
@@ -56,6 +59,18 @@ def git_error(exc: git.GitCommandError) -> str:
         return f"no answer within {stopped.group(1)}s, the fetch was stopped (--fetch-timeout)"
     lines = [line for line in text.splitlines() if line.startswith(("fatal:", "error:"))]
     return redact(" ".join(lines or [text or "git failed"]))
+
+
+@contextlib.contextmanager
+def _exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_file`` (made if missing) while the block runs."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def path_in_work_tree(path: Path) -> str:
@@ -97,16 +112,19 @@ class GitSource:
         """Bring the cache up to date with the remote and resolve ``ref`` to a commit."""
         repo = self._repo()
         try:
-            # Never wait for a password prompt; never wait forever for a remote.
-            repo.git.fetch(
-                "--prune",
-                "--no-tags",
-                "--quiet",
-                self.url,
-                *_REFSPECS,
-                env=self.env,
-                kill_after_timeout=self.fetch_timeout,
-            )
+            # Never wait for a password prompt; never wait forever for a remote. One fetch at
+            # a time into the mirror: two would fail on each other's ref locks (the service's
+            # pass and an undo through it share it).
+            with _exclusive(self.cache.with_name(self.cache.name + ".lock")):
+                repo.git.fetch(
+                    "--prune",
+                    "--no-tags",
+                    "--quiet",
+                    self.url,
+                    *_REFSPECS,
+                    env=self.env,
+                    kill_after_timeout=self.fetch_timeout,
+                )
         except git.GitCommandError as exc:
             raise SourceUnavailable(f"cannot fetch {redact(self.url)}: {git_error(exc)}") from exc
         for candidate in (f"refs/remotes/origin/{ref}", f"refs/tags/{ref}", ref):
@@ -311,7 +329,23 @@ class GitWriter:
 
         ``reverted``: the revision the commit reverts. When ``target_branch`` already holds a
         commit with its ``Reverted-revision:`` trailer (a reconciler killed after its push, before
-        recording it), that commit is the answer and nothing is pushed again."""
+        recording it), that commit is the answer and nothing is pushed again.
+
+        One writer at a time per work tree (a file lock): the service's revert write-back and
+        an ``undo`` through it, or a one-shot undo sharing its cache, never check out over
+        each other's commit."""
+        with _exclusive(self.workdir.with_name(self.workdir.name + ".lock")):
+            return self._push(branch, edits, message, target_branch, attempts, reverted)
+
+    def _push(
+        self,
+        branch: str,
+        edits: tuple[RevertEdit, ...],
+        message: str,
+        target_branch: str | None,
+        attempts: int,
+        reverted: str | None,
+    ) -> PushedRevert | None:
         target = target_branch or branch
         for _ in range(attempts):
             repo = self._checkout(branch)
@@ -322,8 +356,12 @@ class GitWriter:
             for edit in edits:
                 path = self.workdir / edit.file
                 text = path.read_text() if path.is_file() else ""
-                restored = restore_deployment(
-                    text, edit.deployment, edit.failed_fingerprint, edit.versions, edit.config
+                restored = (
+                    restore_deployment(
+                        text, edit.deployment, edit.failed_fingerprint, edit.versions, edit.config
+                    )
+                    if edit.spec is None
+                    else restore_spec(text, edit.deployment, edit.failed_fingerprint, edit.spec)
                 )
                 if restored is None:
                     skipped.append(edit.deployment)

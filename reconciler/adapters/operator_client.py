@@ -7,7 +7,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.model.errors import ReconcileError
@@ -16,12 +16,18 @@ TIMEOUT = 30.0  # the verbs only write a row and ask for a pass
 
 
 def ask_service(
-    url: str, token: str, verb: str, deployment: str | None, reason: str = ""
+    url: str,
+    token: str,
+    verb: str,
+    deployment: str | None,
+    reason: str = "",
+    extra: Mapping[str, Any] | None = None,
 ) -> tuple[int, dict[str, Any]]:
-    """(HTTP status, JSON reply) of one verb; ReconcileError when the service cannot be
-    reached or does not answer JSON."""
+    """(HTTP status, JSON reply) of one verb (``extra``: more fields of its body, e.g.
+    undo's ``toRevision``); ReconcileError when the service cannot be reached or does not
+    answer JSON."""
     path = f"/v1/deployments/{deployment}/{verb}" if deployment else f"/v1/{verb}"
-    body = json.dumps({"reason": reason} if reason else {}).encode()
+    body = json.dumps({**({"reason": reason} if reason else {}), **(extra or {})}).encode()
     return _call(url, token, path, body)
 
 

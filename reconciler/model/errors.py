@@ -8,6 +8,8 @@
     ├── DiscoveryFailed                a server's DNS name does not resolve; nothing applied
     ├── TrustedKeysError               --trusted-keys gives no keyring (configuration)
     ├── ArtifactError                  a version folder cannot be hashed
+    ├── UndoRefused                    ``undo`` has no earlier spec to go back to, or may not
+    │                                  push one (names the deployment, file:line, revision)
     ├── UnsafeRevision                 a revision refused as a whole (e.g. it would empty a
     │   │                              server that serves models); nothing is applied
     │   ├── HistoryRewritten           the branch was force-pushed (until --accept-rewrite)
@@ -178,6 +180,11 @@ class HistoryRewritten(UnsafeRevision):
 
 class ArtifactError(ReconcileError):
     """A version folder cannot be hashed: missing, unreadable, or holding a special file."""
+
+
+class UndoRefused(ReconcileError):
+    """``undo`` cannot go back: an unknown deployment or revision, no earlier converged
+    spec, the spec already equal, or a commit the reconciler would refuse to apply."""
 
 
 class StalePlan(UnsafeRevision):

@@ -52,13 +52,16 @@ class Revision:
 
 @dataclass(frozen=True)
 class RevertEdit:
-    """Put one ModelDeployment (in ``file``) back to ``versions`` and ``config``."""
+    """Put one ModelDeployment (in ``file``) back to ``versions`` and ``config``, or, given
+    ``spec`` (``undo``), back to that whole spec. Left alone when its spec is no longer the
+    one of ``failed_fingerprint``."""
 
     deployment: str
     file: str
     failed_fingerprint: str
     versions: tuple[int, ...]
     config: Mapping[str, Any] | None
+    spec: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -50,11 +50,14 @@ from apscheduler.triggers.interval import IntervalTrigger
 from reconciler.adapters.credentials import conceal, redact
 from reconciler.adapters.state import StateStore
 from reconciler.core.records import model_states
+from reconciler.core.undo import UndoRequest
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.reconcile import reconcile
+from reconciler.loop.undo import undo
 from reconciler.model.errors import (
     ReconcileError,
     SourceUnavailable,
+    UndoRefused,
     UnsafeRevision,
     ValidationError,
 )
@@ -292,11 +295,20 @@ class Daemon:
         }
 
     def operator(
-        self, verb: str, deployment: str | None, by: str, reason: str
+        self,
+        verb: str,
+        deployment: str | None,
+        by: str,
+        reason: str,
+        *,
+        to_revision: str | None = None,
+        dry_run: bool = False,
     ) -> tuple[int, dict[str, Any]]:
-        """An on-call verb on the state store the passes read; resume and retry ask for a
-        pass at once. Recorded in history as ``token:<name>``."""
+        """An on-call verb on the state store the passes read; resume, retry and undo ask
+        for a pass at once. Recorded in history as ``token:<name>``."""
         who = f"token:{by}"
+        if verb == "undo" and deployment is not None:
+            return self._undo(UndoRequest(deployment, who, to_revision, reason, dry_run))
         if verb == "reconcile":
             after = self._started  # a pass numbered above this started after the request
             store = StateStore(self.settings.state_path)
@@ -330,6 +342,37 @@ class Daemon:
             "by": who,
             "detail": done.reason if verb == "retry" else str(done),
             "pass": "requested" if verb != "suspend" else "the next pass honours it",
+        }
+
+    def _undo(self, request: UndoRequest) -> tuple[int, dict[str, Any]]:
+        """``undo`` through the service: the commit is pushed from here (with the service's
+        Git credentials and revert author), and a pass applies it at once."""
+        reply: dict[str, Any] = {"verb": "undo", "target": request.deployment, "by": request.by}
+        try:
+            done = undo(request, self.source, self.settings, ports(self.settings, self.source))
+        except UndoRefused as exc:
+            return 409, {**reply, "error": str(exc)}
+        except ReconcileError as exc:
+            return 502, {**reply, "error": str(exc)}
+        _event(
+            "operator verb",
+            logging.WARNING,
+            verb="undo",
+            target=request.deployment,
+            by=request.by,
+            revision=done.revision,
+            commit=done.commit,
+            dry_run=request.dry_run,
+        )
+        if not request.dry_run:
+            self.trigger(f"undo by {request.by}")
+        return 200, {
+            **reply,
+            "detail": str(done),
+            "revision": done.revision,
+            "commit": done.commit,
+            "patch": done.patch,
+            "pass": "the dry run changes nothing" if request.dry_run else "requested",
         }
 
     def last_pass(self) -> dict[str, Any]:

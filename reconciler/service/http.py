@@ -22,7 +22,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from reconciler.model.settings import RunSettings
-from reconciler.service.operator import LAST_PASS, caller, reason_of, route
+from reconciler.service.operator import LAST_PASS, caller, reason_of, route, undo_of
 from reconciler.service.telemetry import ReconcilerMetrics, _event
 from reconciler.service.webhooks import WEBHOOK_ROUTES, WebhookGate
 
@@ -155,9 +155,17 @@ class ServiceFront(Protocol):
         """Run a pass as soon as possible."""
 
     def operator(
-        self, verb: str, deployment: str | None, by: str, reason: str
+        self,
+        verb: str,
+        deployment: str | None,
+        by: str,
+        reason: str,
+        *,
+        to_revision: str | None = None,
+        dry_run: bool = False,
     ) -> tuple[int, dict[str, Any]]:
-        """Carry out an on-call verb asked by ``by`` (a token's name): (status, reply)."""
+        """Carry out an on-call verb asked by ``by`` (a token's name): (status, reply);
+        ``to_revision`` and ``dry_run`` are undo's."""
 
     def last_pass(self) -> dict[str, Any]:
         """The outcome of the last pass that finished, with its number (0: none yet)."""
@@ -293,11 +301,16 @@ class RequestHandler(BaseHTTPRequestHandler):
             return
         try:
             reason = reason_of(body)
+            to_revision, dry_run = undo_of(body) if verb == "undo" else (None, False)
         except ValueError as exc:
             self._refuse("operator", "malformed", 400, str(exc))
             return
         self.service.metrics.webhooks.labels("operator", "accepted").inc()
-        self._json(*self.service.operator(verb, deployment, by, reason))
+        self._json(
+            *self.service.operator(
+                verb, deployment, by, reason, to_revision=to_revision, dry_run=dry_run
+            )
+        )
 
     def do_POST(self) -> None:
         # Only known routes, matched exactly: a path is the client's to choose, and

@@ -5,13 +5,14 @@ does to the state store the passes read.
 Routes, matched exactly (a path is the client's to choose):
     POST /v1/suspend                              every ModelDeployment
     POST /v1/resume
-    POST /v1/deployments/<name>/suspend|resume|retry
+    POST /v1/deployments/<name>/suspend|resume|retry|undo
     POST /v1/reconcile                            a pass now; answers the pass to wait for
     GET  /v1/passes/last                          the last pass's outcome, numbered
-with an optional JSON body ``{"reason": "..."}``. Without a configured token file, or with a
-token not in it, every verb is refused (401): there is no anonymous verb. The verb is
-recorded in the state store's history under the token's name; resume and retry ask for a
-pass at once, so they take effect without waiting for the schedule.
+with an optional JSON body ``{"reason": "..."}`` (undo's also ``"toRevision": "<sha>"`` and
+``"dryRun": true``). Without a configured token file, or with a token not in it, every verb
+is refused (401): there is no anonymous verb. The verb is recorded in the state store's
+history under the token's name; resume, retry and undo ask for a pass at once, so they take
+effect without waiting for the schedule.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 
 _DEPLOYMENT = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a Kubernetes object name (DNS-1123)
 _ROUTE = re.compile(
-    rf"/v1/(?:deployments/(?P<name>{_DEPLOYMENT})/)?(?P<verb>suspend|resume|retry|reconcile)"
+    rf"/v1/(?:deployments/(?P<name>{_DEPLOYMENT})/)?(?P<verb>suspend|resume|retry|undo|reconcile)"
 )
 LAST_PASS = "/v1/passes/last"  # GET: the outcome of the last pass, numbered
 TOKENS_LINE = re.compile(r"(?P<name>[A-Za-z0-9_.@-]{1,64})\s*:\s*(?P<token>\S{16,})")
@@ -57,9 +58,10 @@ def parse_tokens(text: str, source: str) -> dict[str, str]:
 
 def route(path: str) -> tuple[str, str | None] | None:
     """(verb, deployment or None for every one) of an operator path; None if it is not one.
-    ``retry`` needs a deployment; ``reconcile`` (a pass now, for everything) takes none."""
+    ``retry`` and ``undo`` need a deployment; ``reconcile`` (a pass now, for everything)
+    takes none."""
     found = _ROUTE.fullmatch(path)
-    if found is None or (found["verb"] == "retry" and found["name"] is None):
+    if found is None or (found["verb"] in ("retry", "undo") and found["name"] is None):
         return None
     if found["verb"] == "reconcile" and found["name"] is not None:
         return None
@@ -85,3 +87,18 @@ def reason_of(body: bytes) -> str:
     if not isinstance(data, dict) or not isinstance(data.get("reason", ""), str):
         raise ValueError('the body must be a JSON object, e.g. {"reason": "incident 42"}')
     return str(data.get("reason", ""))[:500]
+
+
+_REVISION = re.compile(r"[0-9a-f]{4,40}")
+
+
+def undo_of(body: bytes) -> tuple[str | None, bool]:
+    """(``toRevision``, ``dryRun``) of an undo's JSON body (already read by ``reason_of``):
+    a revision is a commit's SHA or a prefix of it, 4 to 40 hex digits; ValueError otherwise."""
+    data: Any = json.loads(body) if body.strip() else {}
+    revision, dry_run = data.get("toRevision"), data.get("dryRun", False)
+    if revision is not None and not (isinstance(revision, str) and _REVISION.fullmatch(revision)):
+        raise ValueError("toRevision must be a commit SHA (4 to 40 lowercase hex digits)")
+    if not isinstance(dry_run, bool):
+        raise ValueError("dryRun must be true or false")
+    return revision, dry_run

@@ -1,8 +1,8 @@
-"""Round-trip edits of manifest files: restore a ModelDeployment's versions and config.
+"""Round-trip edits of manifest files: restore a ModelDeployment's versions and config (the
+revert write-back, ``--revert-mode commit|branch``), or its whole spec (``undo``).
 
-Used by the revert write-back (``--revert-mode commit|branch``). ruamel.yaml's round-trip mode
-keeps comments, key order, quoting and flow style; the versions list is edited in place so it
-keeps its layout too. Pure: text in, text out.
+ruamel.yaml's round-trip mode finds where things are; the versions list and every scalar are
+edited in place, so comments, key order, quoting and flow style stay. Pure: text in, text out.
 """
 
 from __future__ import annotations
@@ -43,6 +43,21 @@ def _yaml(text: str) -> YAML:
     return yaml
 
 
+def _deployment_spec(text: str, name: str) -> CommentedMap | None:
+    """The spec of ModelDeployment ``name`` in ``text`` (round-trip), or None."""
+    for document in _yaml(text).load_all(text):
+        if (
+            isinstance(document, CommentedMap)
+            and document.get("kind") == "ModelDeployment"
+            and isinstance(document.get("metadata"), Mapping)
+            and document["metadata"].get("name") == name
+            and isinstance(document.get("spec"), CommentedMap)
+        ):
+            spec: CommentedMap = document["spec"]
+            return spec
+    return None
+
+
 def restore_deployment(
     text: str,
     name: str,
@@ -61,26 +76,40 @@ def restore_deployment(
     key or a list item added or removed), its value is re-written as a whole in the file's
     indentation, and comments inside that value go with it.
     """
-    documents = list(_yaml(text).load_all(text))
-    spec = None
-    for document in documents:
-        if (
-            isinstance(document, CommentedMap)
-            and document.get("kind") == "ModelDeployment"
-            and isinstance(document.get("metadata"), Mapping)
-            and document["metadata"].get("name") == name
-            and isinstance(document.get("spec"), CommentedMap)
-        ):
-            spec = document["spec"]
-            break
+    spec = _deployment_spec(text, name)
     if spec is None or fingerprint_of(plain(spec)) != expected_fingerprint:
         return None
     edits = _versions_edits(text, spec, versions)
     if config is not None and plain(spec.get("config", {})) != dict(config):
-        config_edits = _config_edits(text, spec, dict(config))
-        if config_edits is None:
-            config_edits = [_config_block_edit(text, spec, dict(config))]
-        edits.extend(config_edits)
+        edits.extend(_value_edits(text, spec, "config", dict(config) or None))
+    return _apply_edits(text, edits)
+
+
+def restore_spec(
+    text: str, name: str, expected_fingerprint: str, wanted: Mapping[str, Any]
+) -> str | None:
+    """``text`` with the whole spec of ModelDeployment ``name`` set to ``wanted`` (``undo``).
+
+    None as for ``restore_deployment``. Each top-level key of the spec is edited as the
+    revert edits versions and config: a list of plain versions and every scalar in place; a
+    value whose shape changes is re-written as a whole; a key ``wanted`` lacks is removed
+    and one it adds is written after the versions. metadata and every other document of the
+    file stay as they are.
+    """
+    spec = _deployment_spec(text, name)
+    if spec is None or fingerprint_of(plain(spec)) != expected_fingerprint:
+        return None
+    current = plain(spec)
+    edits: list[_Edit] = []
+    for key in [*current, *(k for k in wanted if k not in current)]:
+        if key not in wanted:
+            edits.append(_block_edit(text, spec, key, None))
+        elif current.get(key) == wanted[key]:
+            continue
+        elif key == "versions" and all(isinstance(v, int) for v in [*current[key], *wanted[key]]):
+            edits.extend(_versions_edits(text, spec, tuple(wanted[key])))
+        else:
+            edits.extend(_value_edits(text, spec, key, wanted[key]))
     return _apply_edits(text, edits)
 
 
@@ -188,41 +217,49 @@ def _scalar_end(text: str, start: int, in_flow: bool) -> int:
     return index
 
 
-def _config_edits(text: str, spec: CommentedMap, config: dict[str, Any]) -> list[_Edit] | None:
-    """Scalar-by-scalar edits turning spec.config into ``config``, or None when its shape
+def _value_edits(text: str, spec: CommentedMap, key: str, wanted: Any) -> list[_Edit]:
+    """Edits turning spec[key] into ``wanted`` (None: the key removed): scalar by scalar
+    when the shape is the same, else the value re-written as a whole."""
+    if wanted is not None and key in spec:
+        scalars = _scalar_edits(text, spec, key, wanted)
+        if scalars is not None:
+            return scalars
+    return [_block_edit(text, spec, key, wanted)]
+
+
+def _scalar_edits(text: str, spec: CommentedMap, key: str, wanted: Any) -> list[_Edit] | None:
+    """Scalar-by-scalar edits turning spec[key] into ``wanted``, or None when its shape
     differs (a key or a list item added or removed): that needs a structural rewrite."""
-    current = spec.get("config")
-    if not isinstance(current, CommentedMap):
-        return None
     edits: list[_Edit] = []
 
-    def walk(node: Any, wanted: Any, flow: bool) -> bool:
+    def walk(pairs: list[tuple[Any, Any, tuple[int, int]]], flow: bool) -> bool:
         # (value, wanted value, where the value starts) for a mapping or a sequence alike.
-        if isinstance(node, CommentedMap) and isinstance(wanted, dict):
-            if set(node) != set(wanted):
-                return False
-            pairs = [(v, wanted[k], node.lc.value(k)) for k, v in node.items()]
-        elif isinstance(node, CommentedSeq) and isinstance(wanted, list):
-            if len(node) != len(wanted):
-                return False
-            pairs = [(v, wanted[i], node.lc.item(i)) for i, v in enumerate(node)]
-        else:
-            return False
-        inner = flow or bool(node.fa.flow_style())
         for value, want, (line, column) in pairs:
             if plain(value) == want:
                 continue
-            if isinstance(value, CommentedMap | CommentedSeq):
-                if not walk(value, want, inner):
+            if isinstance(value, CommentedMap) and isinstance(want, dict):
+                if set(value) != set(want):
                     return False
-            elif isinstance(want, dict | list):
+                inner = [(v, want[k], value.lc.value(k)) for k, v in value.items()]
+            elif isinstance(value, CommentedSeq) and isinstance(want, list):
+                if len(value) != len(want):
+                    return False
+                inner = [(v, want[i], value.lc.item(i)) for i, v in enumerate(value)]
+            elif isinstance(value, CommentedMap | CommentedSeq) or isinstance(want, dict | list):
                 return False
             else:
                 at = _offset(text, line, column)
-                edits.append((at, _scalar_end(text, at, inner), _scalar_text(want)))
+                edits.append((at, _scalar_end(text, at, flow), _scalar_text(want)))
+                continue
+            if not walk(inner, flow or bool(value.fa.flow_style())):
+                return False
         return True
 
-    return edits if walk(current, config, False) else None
+    return (
+        edits
+        if walk([(spec[key], wanted, spec.lc.value(key))], bool(spec.fa.flow_style()))
+        else None
+    )
 
 
 def _dump(value: Any, text: str) -> str:
@@ -240,21 +277,22 @@ def _document_end(text: str, line: int) -> int:
     return len(lines)
 
 
-def _config_block_edit(text: str, spec: CommentedMap, config: dict[str, Any]) -> _Edit:
-    """Replace, remove or add spec.config as a whole, keeping every line around it."""
+def _block_edit(text: str, spec: CommentedMap, key: str, value: Any) -> _Edit:
+    """Replace, remove (``value`` None) or add spec[key] as a whole, keeping every line
+    around it."""
     lines = text.splitlines(keepends=True)
     keys = list(spec)
-    key_line, key_column = spec.lc.key("config") if "config" in spec else spec.lc.key("versions")
+    key_line, key_column = spec.lc.key(key) if key in spec else spec.lc.key("versions")
     indent = " " * key_column
-    if "config" not in spec:
+    if key not in spec:
         # Insert after the versions value, with the same indentation as its key.
         at = _versions_end_line(spec) + 1
-        body = _dump({"config": config}, text)
+        body = _dump({key: value}, text)
         block = "".join(indent + line for line in body.splitlines(keepends=True))
         return _offsets(text)[at], _offsets(text)[at], block
-    # The config value ends before the next key of spec (or the document's end), less the
+    # The value ends before the next key of spec (or the document's end), less the
     # comments and blank lines just above that: they belong to what follows.
-    following = keys.index("config") + 1
+    following = keys.index(key) + 1
     end = (
         spec.lc.key(keys[following])[0] if following < len(keys) else _document_end(text, key_line)
     )
@@ -262,9 +300,9 @@ def _config_block_edit(text: str, spec: CommentedMap, config: dict[str, Any]) ->
         end - 1 > key_line and not lines[end - 1].strip()
     ):
         end -= 1
-    if not config:
+    if value is None:
         return _offsets(text)[key_line], _offsets(text)[end], ""
-    body = _dump({"config": config}, text)
+    body = _dump({key: value}, text)
     block = "".join(indent + line for line in body.splitlines(keepends=True))
     return _offsets(text)[key_line], _offsets(text)[end], block
 
