@@ -335,60 +335,53 @@ class GitWriter:
         an ``undo`` through it, or a one-shot undo sharing its cache, never check out over
         each other's commit."""
         with _exclusive(self.workdir.with_name(self.workdir.name + ".lock")):
-            return self._push(branch, edits, message, target_branch, attempts, reverted)
-
-    def _push(
-        self,
-        branch: str,
-        edits: tuple[RevertEdit, ...],
-        message: str,
-        target_branch: str | None,
-        attempts: int,
-        reverted: str | None,
-    ) -> PushedRevert | None:
-        target = target_branch or branch
-        for _ in range(attempts):
-            repo = self._checkout(branch)
-            earlier = self._pushed_before(repo, branch, target, reverted)
-            if earlier is not None:
-                return PushedRevert(target, earlier, tuple(e.deployment for e in edits), ())
-            done, skipped = [], []
-            for edit in edits:
-                path = self.workdir / edit.file
-                text = path.read_text() if path.is_file() else ""
-                restored = (
-                    restore_deployment(
-                        text, edit.deployment, edit.failed_fingerprint, edit.versions, edit.config
+            target = target_branch or branch
+            for _ in range(attempts):
+                repo = self._checkout(branch)
+                earlier = self._pushed_before(repo, branch, target, reverted)
+                if earlier is not None:
+                    return PushedRevert(target, earlier, tuple(e.deployment for e in edits), ())
+                done, skipped = [], []
+                for edit in edits:
+                    path = self.workdir / edit.file
+                    text = path.read_text() if path.is_file() else ""
+                    restored = (
+                        restore_deployment(
+                            text,
+                            edit.deployment,
+                            edit.failed_fingerprint,
+                            edit.versions,
+                            edit.config,
+                        )
+                        if edit.spec is None
+                        else restore_spec(text, edit.deployment, edit.failed_fingerprint, edit.spec)
                     )
-                    if edit.spec is None
-                    else restore_spec(text, edit.deployment, edit.failed_fingerprint, edit.spec)
-                )
-                if restored is None:
-                    skipped.append(edit.deployment)
-                    continue
-                path.write_text(restored)
-                repo.index.add([edit.file])
-                done.append(edit.deployment)
-            if not done:
-                return None
-            commit = repo.index.commit(message, author=self.author, committer=self.author)
-            fault_point("git.push.before")
-            try:
-                repo.git.push(
-                    "--quiet",
-                    self.url,
-                    f"HEAD:refs/heads/{target}",
-                    env=self.source.env,
-                    kill_after_timeout=self.source.fetch_timeout,
-                )
-            except git.GitCommandError as exc:
-                if "rejected" in str(exc.stderr) or "non-fast-forward" in str(exc.stderr):
-                    continue  # the branch moved: start again from its new head
-                raise SourceUnavailable(
-                    f"cannot push to {redact(self.url)}: {git_error(exc)}"
-                ) from exc
-            fault_point("git.push.after")
-            return PushedRevert(target, commit.hexsha, tuple(done), tuple(skipped))
-        raise SourceUnavailable(
-            f"{redact(self.url)} branch {target} kept moving; gave up after {attempts} attempts"
-        )
+                    if restored is None:
+                        skipped.append(edit.deployment)
+                        continue
+                    path.write_text(restored)
+                    repo.index.add([edit.file])
+                    done.append(edit.deployment)
+                if not done:
+                    return None
+                commit = repo.index.commit(message, author=self.author, committer=self.author)
+                fault_point("git.push.before")
+                try:
+                    repo.git.push(
+                        "--quiet",
+                        self.url,
+                        f"HEAD:refs/heads/{target}",
+                        env=self.source.env,
+                        kill_after_timeout=self.source.fetch_timeout,
+                    )
+                except git.GitCommandError as exc:
+                    if "rejected" in str(exc.stderr) or "non-fast-forward" in str(exc.stderr):
+                        continue  # the branch moved: start again from its new head
+                    raise SourceUnavailable(
+                        f"cannot push to {redact(self.url)}: {git_error(exc)}"
+                    ) from exc
+                fault_point("git.push.after")
+                return PushedRevert(target, commit.hexsha, tuple(done), tuple(skipped))
+            raise SourceUnavailable(
+                f"{redact(self.url)} branch {target} kept moving; gave up after {attempts} attempts"
+            )

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.model.errors import DiscoveryFailed, SourceUnavailable
-from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, PassRecord, Rollout
+from reconciler.model.history import (
+    AlertEvent,
+    AppliedSpec,
+    History,
+    Hold,
+    OperatorAction,
+    PassRecord,
+    Rollout,
+)
 from reconciler.model.serving import ServerState
 from reconciler.model.source import (
     CommitVerdict,
@@ -74,7 +82,7 @@ class FakeManifests:
         self.fetched.append(ref)
         if self.unavailable is not None:
             raise SourceUnavailable(self.unavailable)
-        return self.head
+        return ref if ref in self.revisions else self.head  # a sha names its commit
 
     def read(self, revision: str, path: str) -> Revision:
         prefix = path.strip("/")
@@ -112,6 +120,8 @@ class FakeState:
         self.undelivered: dict[str, list[Any]] = {}
         self.fail_record: Exception | None = None
         self.closed = 0
+        self.recorded_rollouts: list[Rollout] = []  # what ``rollouts`` answers, newest first
+        self.actions: list[OperatorAction] = []
 
     def history(self) -> History:
         return History(self.revision, dict(self.managed), dict(self.holds))
@@ -123,7 +133,11 @@ class FakeState:
         return self.applied.get(deployment)
 
     def rollouts(self, model: str | None = None, limit: int = 100) -> list[Rollout]:
-        return []
+        return [r for r in self.recorded_rollouts if model in (None, r.model)][:limit]
+
+    def record_action(self, verb: str, target: str, by: str, detail: str = "") -> OperatorAction:
+        self.actions.append(OperatorAction("2026-12-01T03:00:00Z", verb, target, by, detail))
+        return self.actions[-1]
 
     def open_alerts(self) -> set[tuple[str, str, str]]:
         return set(self.open)
