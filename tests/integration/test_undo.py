@@ -20,6 +20,7 @@ from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, git, server_doc
 from tests.integration.flows import ready_versions
+from tests.integration.test_webhook_hostile import http_side
 
 # A file of two ModelDeployments, commented; echo's smoke case expects what ``factor`` gives
 # (the test model multiplies by its version: version 3 fails a smoke case of factor 2).
@@ -161,13 +162,8 @@ def operator_daemon(manifests: ManifestRepo, tmp_path: Path) -> Iterator[Daemon]
         Settings(cache_dir=tmp_path / "svc-cache", state_path=tmp_path / "svc-state.db"),
         RunSettings(listen=f"127.0.0.1:{free_port()}", operator_tokens={"oncall-alice": "a" * 32}),
     )
-    daemon.start_http()
-    try:
+    with http_side(daemon):
         yield daemon
-    finally:
-        assert daemon.http is not None
-        daemon.http.shutdown()
-        daemon.http.server_close()
 
 
 def test_undo_through_the_service_needs_a_token_and_asks_for_a_pass(

@@ -8,6 +8,7 @@ the replay memory is checked with an injected clock.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import io
@@ -289,11 +290,18 @@ def capped(manifests: ManifestRepo, tmp_path: Path) -> Iterator[Daemon]:
             max_webhook_reads=2,
         ),
     )
-    daemon.start_http()
-    try:
+    with http_side(daemon):
         yield daemon
+
+
+@contextlib.contextmanager
+def http_side(daemon: Daemon) -> Iterator[int]:
+    """Only the service's HTTP side, in this process, while the block runs: its port."""
+    daemon.start_http()
+    assert daemon.http is not None
+    try:
+        yield int(daemon.http.server_address[1])
     finally:
-        assert daemon.http is not None
         daemon.http.shutdown()
         daemon.http.server_close()
 
