@@ -115,11 +115,10 @@ def undo_message(request: UndoRequest, current: DeploymentDocument, revision: st
 
 def undo_patch(file: str, before: str, after: str) -> str:
     """The change as a unified diff that ``git apply`` takes."""
+    lines = difflib.unified_diff(
+        before.splitlines(keepends=True), after.splitlines(keepends=True), f"a/{file}", f"b/{file}"
+    )
+    # A last line without a newline gets diff's marker, as in git's own diffs.
     return "".join(
-        difflib.unified_diff(
-            before.splitlines(keepends=True),
-            after.splitlines(keepends=True),
-            f"a/{file}",
-            f"b/{file}",
-        )
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines
     )

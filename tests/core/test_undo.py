@@ -9,7 +9,12 @@ import pytest
 
 from reconciler.core.spec.build import fingerprint_of
 from reconciler.core.spec.edit import restore_spec
-from reconciler.core.undo import UndoRequest, converged_revisions, deployment_document
+from reconciler.core.undo import (
+    UndoRequest,
+    converged_revisions,
+    deployment_document,
+    undo_patch,
+)
 from reconciler.loop.undo import undo
 from reconciler.model.errors import UndoRefused
 from reconciler.model.history import AppliedSpec, Rollout
@@ -166,3 +171,12 @@ def test_undo_refuses_to_push_a_commit_the_reconciler_would_not_apply(
     # The dry run is still there: it pushes nothing for anyone to refuse.
     dry = undo(UndoRequest("echo", "alice", dry_run=True), Source("repo"), settings, world.ports())
     assert dry.patch
+
+
+def test_the_patch_marks_a_last_line_without_a_newline() -> None:
+    patch = undo_patch("m.yaml", "a: 1\nversions: [3]", "a: 1\nversions: [2]")
+    assert patch == (
+        "--- a/m.yaml\n+++ b/m.yaml\n@@ -1,2 +1,2 @@\n a: 1\n"
+        "-versions: [3]\n\\ No newline at end of file\n"
+        "+versions: [2]\n\\ No newline at end of file\n"
+    )

@@ -11,6 +11,7 @@ from reconciler.service.operator import (
     parse_tokens,
     reason_of,
     route,
+    undo_of,
 )
 
 TOKENS = {"alice": "a" * 32, "pager-bot": "b" * 40}
@@ -22,8 +23,10 @@ def test_routes_are_matched_exactly() -> None:
     assert route("/v1/deployments/echo/suspend") == ("suspend", "echo")
     assert route("/v1/deployments/fraud-model.v2/retry") == ("retry", "fraud-model.v2")
     assert route("/v1/reconcile") == ("reconcile", None)
+    assert route("/v1/deployments/echo/undo") == ("undo", "echo")
     for path in (
         "/v1/retry",  # retry needs a deployment
+        "/v1/undo",  # so does undo
         "/v1/deployments/echo/reconcile",  # a pass is for everything
         "/v1/suspend/",
         "/v1/suspend?x=1",
@@ -66,3 +69,18 @@ def test_a_body_is_empty_or_a_json_object_with_a_text_reason() -> None:
     for bad in (b"[1]", b'{"reason": 5}', b"not json"):
         with pytest.raises(ValueError):
             reason_of(bad)
+
+
+def test_an_undo_body_names_a_revision_by_its_sha_and_may_ask_for_a_dry_run() -> None:
+    assert undo_of(b"") == (None, False)
+    assert undo_of(b'{"reason": "pager 12"}') == (None, False)
+    assert undo_of(b'{"toRevision": "0a1b2c3d", "dryRun": true}') == ("0a1b2c3d", True)
+    for bad in (
+        b'{"toRevision": "main"}',  # a ref, not a commit: the branch moves
+        b'{"toRevision": "abc"}',  # too short to name one commit
+        b'{"toRevision": "' + b"a" * 41 + b'"}',
+        b'{"toRevision": 12345}',
+        b'{"dryRun": "yes"}',
+    ):
+        with pytest.raises(ValueError):
+            undo_of(bad)
