@@ -10,6 +10,9 @@ deployment, its file:line and the revision.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
+
 from reconciler.core.spec.edit import restore_spec
 from reconciler.core.undo import (
     DeploymentDocument,
@@ -45,54 +48,48 @@ def undo(request: UndoRequest, source: Source, settings: Settings, ports: Ports)
         )
     state = ports.open_state()
     try:
-        if request.to_revision:
-            revision, earlier = _at_revision(
-                request.to_revision, current, branch, head, source, ports
-            )
-        else:
-            revision, earlier = _last_converged(state, current, branch, head, source, ports)
-        before = files[current.location.file].decode()
-        after = restore_spec(before, name, current.fingerprint, earlier.spec)
-        written = (
-            deployment_document({current.location.file: after.encode()}, name) if after else None
+        revision, earlier = (
+            _at_revision(request.to_revision, current, branch, head, source, ports)
+            if request.to_revision
+            else _last_converged(state, current, branch, head, source, ports)
         )
-        if written is None or written.fingerprint != earlier.fingerprint:
-            raise UndoRefused(
-                f"undo: {name} ({current.location}): the spec of {revision[:12]} cannot be "
-                "written back into the file as it is; nothing pushed"
-            )
-        assert after is not None  # written is None otherwise
-        done = Undone(
-            name,
-            current.location,
-            branch,
-            head,
-            revision,
-            undo_patch(current.location.file, before, after),
-        )
+        patch = _patch(files, current, earlier, revision)
+        done = Undone(name, current.location, branch, head, revision, patch)
         if request.dry_run:
             return done
         edit = RevertEdit(name, current.location.file, current.fingerprint, (), None, earlier.spec)
-        pushed = ports.reverts.push_revert(
-            branch, (edit,), undo_message(request, current, revision)
-        )
+        message = undo_message(request, current, revision)
+        pushed = ports.reverts.push_revert(branch, (edit,), message)
         if pushed is None:
             raise UndoRefused(
                 f"undo: {name} ({current.location}) changed on {branch} since {head[:12]}; "
                 "nothing pushed (run undo again to go back from the new spec)"
             )
-        state.record_action(
-            "undo",
-            name,
-            request.by,
-            f"back to {revision} by {pushed.sha}"
-            + (f": {request.reason}" if request.reason else ""),
-        )
-        return Undone(
-            done.deployment, done.location, branch, head, revision, done.patch, pushed.sha
-        )
+        reason = f": {request.reason}" if request.reason else ""
+        state.record_action("undo", name, request.by, f"back to {revision} by {pushed.sha}{reason}")
+        return replace(done, commit=pushed.sha)
     finally:
         state.close()
+
+
+def _patch(
+    files: Mapping[str, bytes],
+    current: DeploymentDocument,
+    earlier: DeploymentDocument,
+    revision: str,
+) -> str:
+    """The head's file with the earlier spec written back, as a patch; refused when the edit
+    would not read back as exactly that spec."""
+    file = current.location.file
+    before = files[file].decode()
+    after = restore_spec(before, current.name, current.fingerprint, earlier.spec)
+    written = None if after is None else deployment_document({file: after.encode()}, current.name)
+    if after is None or written is None or written.fingerprint != earlier.fingerprint:
+        raise UndoRefused(
+            f"undo: {current.name} ({current.location}): the spec of {revision[:12]} cannot "
+            "be written back into the file as it is; nothing pushed"
+        )
+    return undo_patch(file, before, after)
 
 
 def _refuse_unapprovable(settings: Settings, name: str) -> None:
