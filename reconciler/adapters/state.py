@@ -20,10 +20,10 @@ import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from reconciler.core.records import rfc3339
 from reconciler.faults import fault_point
 from reconciler.model.history import (
     ALL_DEPLOYMENTS,
@@ -31,6 +31,8 @@ from reconciler.model.history import (
     History,
     Hold,
     OperatorAction,
+    OperatorOrder,
+    OrderKind,
     PassRecord,
     Rollout,
     StagedRecord,
@@ -113,6 +115,19 @@ CREATE TABLE IF NOT EXISTS operator_actions (
     by TEXT NOT NULL,
     detail TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS operator_orders (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    deployment TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    by TEXT NOT NULL,
+    at TEXT NOT NULL,
+    at_epoch REAL NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS live_status (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    snapshot TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS open_alerts (
     model TEXT NOT NULL,
     server TEXT NOT NULL,
@@ -127,8 +142,7 @@ log = logging.getLogger("triton_gitops.state")
 
 
 def _now() -> str:
-    """This moment in RFC 3339, UTC, to the second (what operators read and type)."""
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return rfc3339(time.time())
 
 
 _SIDE_FILES = ("", "-wal", "-shm")  # SQLite's WAL and shared-memory files go with the store
@@ -309,6 +323,67 @@ class StateStore:
             self._act("retry", deployment, by, f"hold at {hold.revision[:12]}: {hold.reason}")
         return hold
 
+    def give_order(
+        self, kind: OrderKind, deployment: str, by: str, reason: str = ""
+    ) -> OperatorOrder | None:
+        """An order to ``deployment``'s rollout in progress, for apply to obey (it reads them
+        while it runs: ``orders``), recorded in history in the same transaction; None, and
+        nothing written, when no rollout of it is in progress."""
+        at_epoch = time.time()
+        order = OperatorOrder(kind, deployment, by, rfc3339(at_epoch), at_epoch, reason)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            if deployment not in self.in_progress():
+                return None
+            self._db.execute(
+                "INSERT INTO operator_orders (deployment, kind, by, at, at_epoch, reason) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (deployment, str(kind), by, order.at, at_epoch, reason),
+            )
+            self._act(str(kind), deployment, by, reason)
+        return order
+
+    def orders(self, deployment: str, since: float) -> list[OperatorOrder]:
+        """The orders given to ``deployment`` at or after ``since`` (wall clock), oldest
+        first. A store that cannot be read gives none (logged): a rollout is never failed
+        for want of its orders."""
+        try:
+            rows = self._db.execute(
+                "SELECT kind, deployment, by, at, at_epoch, reason FROM operator_orders "
+                "WHERE deployment = ? AND at_epoch >= ? ORDER BY id",
+                (deployment, since),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("state file %s: the operator's orders cannot be read: %s", self.path, exc)
+            return []
+        return [OperatorOrder(OrderKind(kind), *rest) for kind, *rest in rows]
+
+    def record_live(self, snapshot: Mapping[str, Any] | None) -> None:
+        """The rollouts of the pass in progress (``loop/live.py``), replacing the last
+        snapshot; None: apply has ended. A failed write is logged: the live view is never
+        worth failing a rollout for."""
+        try:
+            with self._db:
+                if snapshot is None:
+                    self._db.execute("DELETE FROM live_status")
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO live_status (id, snapshot) VALUES (1, ?)",
+                        (json.dumps(snapshot, sort_keys=True),),
+                    )
+        except sqlite3.Error as exc:
+            log.warning("state file %s: the live status cannot be written: %s", self.path, exc)
+
+    def live(self) -> dict[str, Any] | None:
+        """The last snapshot of the pass in progress, None when no apply runs."""
+        row = self._db.execute("SELECT snapshot FROM live_status").fetchone()
+        return dict(json.loads(row[0])) if row else None
+
+    def in_progress(self) -> set[str]:
+        """The ModelDeployments a pass has begun rolling out and not yet recorded (the
+        journal's entries): what an abort or a promote can act on."""
+        return {row[0] for row in self._db.execute("SELECT deployment FROM staged_rollouts")}
+
     def operator_actions(self, target: str | None = None, limit: int = 100) -> list[OperatorAction]:
         """The latest on-call verbs, newest first (of one target, and those on everything)."""
         query = "SELECT at, verb, target, by, detail FROM operator_actions"
@@ -464,6 +539,10 @@ class StateStore:
                     int(record.ok),
                     json.dumps(record.summary, sort_keys=True),
                 ),
+            )
+            # Orders are for the rollouts in progress when they were given: a day on, none is.
+            self._db.execute(
+                "DELETE FROM operator_orders WHERE at_epoch < ?", (time.time() - 86400,)
             )
             fault_point("state.write")  # the whole pass is written, not committed
 

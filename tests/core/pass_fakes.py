@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.model.errors import DiscoveryFailed, SourceUnavailable
-from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, PassRecord, Rollout
+from reconciler.model.history import (
+    AlertEvent,
+    AppliedSpec,
+    History,
+    Hold,
+    OperatorOrder,
+    PassRecord,
+    Rollout,
+)
 from reconciler.model.serving import ServerState
 from reconciler.model.source import (
     CommitVerdict,
@@ -112,6 +120,8 @@ class FakeState:
         self.undelivered: dict[str, list[Any]] = {}
         self.fail_record: Exception | None = None
         self.closed = 0
+        self.given: list[OperatorOrder] = []  # the operators' orders (abort, promote)
+        self.live: list[Mapping[str, Any] | None] = []  # every live snapshot written
 
     def history(self) -> History:
         return History(self.revision, dict(self.managed), dict(self.holds))
@@ -173,6 +183,12 @@ class FakeState:
         self.open = {(m, s, k) for m, s, k in self.open if (m, s) not in resolved}
         for name in r.stages_ended:
             self.stages.pop(name, None)
+
+    def orders(self, deployment: str, since: float) -> list[OperatorOrder]:
+        return [o for o in self.given if o.deployment == deployment and o.at_epoch >= since]
+
+    def record_live(self, snapshot: Mapping[str, Any] | None) -> None:
+        self.live.append(snapshot)
 
     def close(self) -> None:
         self.closed += 1
