@@ -120,6 +120,13 @@ CREATE TABLE IF NOT EXISTS open_alerts (
     revision TEXT NOT NULL,
     PRIMARY KEY (model, server, kind)
 );
+CREATE TABLE IF NOT EXISTS condition_transitions (
+    deployment TEXT NOT NULL,
+    type TEXT NOT NULL,
+    status TEXT NOT NULL,
+    since TEXT NOT NULL,
+    PRIMARY KEY (deployment, type)
+);
 """
 
 
@@ -243,6 +250,12 @@ class StateStore:
             backends=backends,
             footprints=footprints,
             suspended={s.target: s for s in self.suspensions()},
+            transitions={
+                (deployment, kind): (status, since)
+                for deployment, kind, status, since in self._db.execute(
+                    "SELECT deployment, type, status, since FROM condition_transitions"
+                )
+            },
         )
 
     # -- on-call verbs: each changes the record and is recorded, in one transaction ----------
@@ -456,6 +469,7 @@ class StateStore:
             self._write_rollouts(record.rollouts)
             self._write_applied(record.applied)
             self._write_alerts_and_stages(record)
+            self._write_transitions(record.transitions)
             self._db.execute(
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",
                 (
@@ -466,6 +480,15 @@ class StateStore:
                 ),
             )
             fault_point("state.write")  # the whole pass is written, not committed
+
+    def _write_transitions(self, transitions: Mapping[tuple[str, str], tuple[str, str]]) -> None:
+        # A pass sees every declared ModelDeployment: one no longer declared is forgotten.
+        self._db.execute("DELETE FROM condition_transitions")
+        self._db.executemany(
+            "INSERT INTO condition_transitions (deployment, type, status, since) "
+            "VALUES (?, ?, ?, ?)",
+            [(d, kind, status, since) for (d, kind), (status, since) in transitions.items()],
+        )
 
     def _write_rollouts(self, rollouts: Iterable[Rollout]) -> None:
         self._db.executemany(

@@ -110,11 +110,14 @@ class FakeState:
         self.reverted: dict[str, str] = {}
         self.open: set[tuple[str, str, str]] = set()
         self.undelivered: dict[str, list[Any]] = {}
+        self.transitions: dict[tuple[str, str], tuple[str, str]] = {}
         self.fail_record: Exception | None = None
         self.closed = 0
 
     def history(self) -> History:
-        return History(self.revision, dict(self.managed), dict(self.holds))
+        return History(
+            self.revision, dict(self.managed), dict(self.holds), transitions=dict(self.transitions)
+        )
 
     def last_pass(self) -> dict[str, Any] | None:
         return {"revision": self.passes[-1]["revision"]} if self.passes else None
@@ -173,6 +176,7 @@ class FakeState:
         self.open = {(m, s, k) for m, s, k in self.open if (m, s) not in resolved}
         for name in r.stages_ended:
             self.stages.pop(name, None)
+        self.transitions = dict(r.transitions)
 
     def close(self) -> None:
         self.closed += 1
