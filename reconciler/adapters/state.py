@@ -3,7 +3,8 @@
 Per server, the models the last applied revision placed there (so that a ModelDeployment
 removed from Git unloads its model); holds on ModelDeployments whose rollout failed; every
 rollout with its verdict and check values (for ``history``); the failure alerts still open;
-alerts a receiver has not taken yet (retried by the next pass); and each pass's outcome.
+alerts a receiver has not taken yet (retried by the next pass); each pass's outcome; and each
+ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``).
 WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
 
 A state file that cannot be read (garbage, a truncated copy) is moved aside as
