@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from reconciler.core.records import model_states
+from reconciler.model.history import Hold
 from reconciler.model.reports import Condition, PassReport
 from reconciler.model.spec import DesiredState
 
@@ -98,11 +99,11 @@ def conditions(
     remembered: Mapping[tuple[str, str], tuple[str, str]],
     now: str,
 ) -> tuple[Condition, ...]:
-    """The deployment's three conditions. ``remembered``: (deployment, type) -> (status,
-    since) from the last pass; a status that differs from it changed ``now``."""
+    """The deployment's three conditions (``placements``: at least one). ``remembered``:
+    (deployment, type) -> (status, since) from the last pass; a status that differs from it
+    changed ``now``."""
     ordered = sorted(placements, key=lambda p: (_SEVERITY.index(p.state), p.server))
-    if not ordered:
-        ordered = [PlacementState("", "pending", "placed on no server")]
+    assert ordered, f"{deployment}: conditions of a ModelDeployment placed nowhere"
     found = []
     for index, condition in enumerate(CONDITION_TYPES):
         status = _aggregate(condition, [_STATUSES[p.state][index] for p in ordered])
@@ -137,14 +138,24 @@ def transitions_of(
     }
 
 
-def pass_placements(report: PassReport, desired: DesiredState) -> dict[str, list[PlacementState]]:
+def pass_placements(
+    report: PassReport, desired: DesiredState, holds: Iterable[Hold] = ()
+) -> dict[str, list[PlacementState]]:
     """Each declared ModelDeployment's placements in ``PlacementState.state``'s words after the
-    pass: what ``status`` run right after it would say, so that the two agree on each
-    condition's status (and ``lastTransitionTime`` moves only when the status does)."""
+    pass, ``holds`` being those it wrote: what ``status`` run right after it would say, so
+    that the two agree on each condition's status (and ``lastTransitionTime`` moves only
+    when the status does)."""
     # model_states is the per-model metric's view; its 'failed' mixes a plan problem (which
-    # stalls) with a failed step (which the next pass retries), told apart here.
+    # stalls) with a failed step (which the next pass retries), and a rollout this pass held
+    # (the plan, made before, does not know the hold): told apart here, in the order
+    # status's _kind decides (unreachable, problem, suspended, held).
     words = {"progressing": "pending"}
     states = {key: words.get(state, state) for key, state in model_states(report).items()}
+    for hold in holds:
+        model = desired.deployments[hold.deployment].model
+        for server in hold.previous:
+            if states.get((server, model)) != "suspended":
+                states[(server, model)] = "held"
     unreachable = set()
     for problem in report.plan.problems:
         if problem.model is None:
@@ -164,15 +175,16 @@ def pass_placements(report: PassReport, desired: DesiredState) -> dict[str, list
 def pass_transitions(
     report: PassReport,
     desired: DesiredState,
+    holds: Iterable[Hold],
     remembered: Mapping[tuple[str, str], tuple[str, str]],
     now: str,
 ) -> dict[tuple[str, str], tuple[str, str]]:
     """What the pass leaves in the state store: every declared ModelDeployment's condition
-    statuses after it, each with the time it took that status (kept from ``remembered``
-    while unchanged)."""
+    statuses after it (``holds``: those it wrote), each with the time it took that status
+    (kept from ``remembered`` while unchanged)."""
     return transitions_of(
         {
             name: conditions(name, placements, remembered, now)
-            for name, placements in pass_placements(report, desired).items()
+            for name, placements in pass_placements(report, desired, holds).items()
         }
     )

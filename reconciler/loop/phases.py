@@ -388,7 +388,9 @@ def _record_pass(
         alerts_opened=tuple((e.model or "", e.server or "", e.kind) for e in opened),
         alerts_resolved=tuple((e.model or "", e.server or "") for e in resolved),
         stages_ended=tuple(_stages_ended(target, plan_, applied)),
-        transitions=pass_transitions(report, desired, history.transitions, rfc3339(time.time())),
+        transitions=pass_transitions(
+            report, desired, holds, history.transitions, rfc3339(time.time())
+        ),
     )
     run.state.record_pass(record)
 

@@ -132,16 +132,34 @@ def test_rfc3339_is_utc_to_the_second() -> None:
 SOURCE = Source("fake://manifests")
 
 
-def test_a_pass_remembers_the_transitions_and_status_shows_them(tmp_path: Path) -> None:
+def one_server(tmp_path: Path) -> tuple[World, Settings]:
     world = World()
     world.servers["s1"] = FakeClient("s1", {"echo": [1, 2]})
-    settings = Settings(cache_dir=tmp_path / "cache", state_path=tmp_path / "state.db")
+    return world, Settings(cache_dir=tmp_path / "cache", state_path=tmp_path / "state.db")
+
+
+def deploy(world: World, *versions: int) -> None:
     world.manifests.commit(
         {
             "servers/s1.yaml": server_yaml("s1"),
-            "models/echo.yaml": deployment_yaml("echo", [1], ["s1"]),
+            "models/echo.yaml": deployment_yaml("echo", versions, ["s1"]),
         }
     )
+
+
+def shown_conditions(world: World, settings: Settings) -> list[tuple[str, str, str, str]]:
+    shown = json.loads(status_json(status(SOURCE, settings, world.ports())))
+    (deployment,) = shown["deployments"]
+    assert deployment["name"] == "echo"
+    return [
+        (c["type"], c["status"], c["reason"], c["lastTransitionTime"])
+        for c in deployment["conditions"]
+    ]
+
+
+def test_a_pass_remembers_the_transitions_and_status_shows_them(tmp_path: Path) -> None:
+    world, settings = one_server(tmp_path)
+    deploy(world, 1)
     # What an earlier pass left: echo was Ready=True since EARLIER, and reconciling.
     world.state.transitions = {
         ("echo", "Ready"): ("True", EARLIER),
@@ -157,14 +175,31 @@ def test_a_pass_remembers_the_transitions_and_status_shows_them(tmp_path: Path) 
     assert remembered[("echo", "Stalled")][0] == "False"
     assert ("gone", "Ready") not in remembered  # no longer declared: forgotten
 
-    shown = json.loads(status_json(status(SOURCE, settings, world.ports())))
-    (deployment,) = shown["deployments"]
-    assert deployment["name"] == "echo"
-    assert [
-        (c["type"], c["status"], c["reason"], c["lastTransitionTime"])
-        for c in deployment["conditions"]
-    ] == [
+    assert shown_conditions(world, settings) == [
         ("Ready", "True", "RolloutSucceeded", EARLIER),
         ("Reconciling", "False", "RolloutSucceeded", since),
         ("Stalled", "False", "RolloutSucceeded", remembered[("echo", "Stalled")][1]),
+    ]
+
+
+def test_a_rollout_held_by_this_pass_is_stalled_from_this_pass(tmp_path: Path) -> None:
+    world, settings = one_server(tmp_path)
+    deploy(world, 1)
+    reconcile(SOURCE, settings, world.ports(), apply_changes=True)
+    world.state.transitions = {k: (v[0], EARLIER) for k, v in world.state.transitions.items()}
+    world.servers["s1"].failing.add(("echo", 2))
+    deploy(world, 2)
+    reconcile(SOURCE, settings, world.ports(), apply_changes=True)  # fails, reverts, holds
+
+    remembered = world.state.transitions
+    assert remembered[("echo", "Stalled")][0] == "True"  # the plan did not know the hold yet
+    stalled_since = remembered[("echo", "Stalled")][1]
+    assert stalled_since != EARLIER
+    assert remembered[("echo", "Ready")] == ("False", stalled_since)
+    assert remembered[("echo", "Reconciling")] == ("False", EARLIER)  # False before and after
+    # status, planning from the hold, agrees: no transition it has not recorded.
+    assert shown_conditions(world, settings) == [
+        ("Ready", "False", "Held", stalled_since),
+        ("Reconciling", "False", "Held", EARLIER),
+        ("Stalled", "True", "RolloutFailed", stalled_since),
     ]
