@@ -3,7 +3,8 @@
 Per server, the models the last applied revision placed there (so that a ModelDeployment
 removed from Git unloads its model); holds on ModelDeployments whose rollout failed; every
 rollout with its verdict and check values (for ``history``); the failure alerts still open;
-alerts a receiver has not taken yet (retried by the next pass); and each pass's outcome.
+alerts a receiver has not taken yet (retried by the next pass); each pass's outcome; and each
+ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``).
 WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
 
 A state file that cannot be read (garbage, a truncated copy) is moved aside as
@@ -135,6 +136,13 @@ CREATE TABLE IF NOT EXISTS open_alerts (
     revision TEXT NOT NULL,
     PRIMARY KEY (model, server, kind)
 );
+CREATE TABLE IF NOT EXISTS condition_transitions (
+    deployment TEXT NOT NULL,
+    type TEXT NOT NULL,
+    status TEXT NOT NULL,
+    since TEXT NOT NULL,
+    PRIMARY KEY (deployment, type)
+);
 """
 
 
@@ -257,6 +265,12 @@ class StateStore:
             backends=backends,
             footprints=footprints,
             suspended={s.target: s for s in self.suspensions()},
+            transitions={
+                (deployment, kind): (status, since)
+                for deployment, kind, status, since in self._db.execute(
+                    "SELECT deployment, type, status, since FROM condition_transitions"
+                )
+            },
         )
 
     # -- on-call verbs: each changes the record and is recorded, in one transaction ----------
@@ -531,6 +545,7 @@ class StateStore:
             self._write_rollouts(record.rollouts)
             self._write_applied(record.applied)
             self._write_alerts_and_stages(record)
+            self._write_transitions(record.transitions)
             self._db.execute(
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",
                 (
@@ -545,6 +560,15 @@ class StateStore:
                 "DELETE FROM operator_orders WHERE at_epoch < ?", (time.time() - 86400,)
             )
             fault_point("state.write")  # the whole pass is written, not committed
+
+    def _write_transitions(self, transitions: Mapping[tuple[str, str], tuple[str, str]]) -> None:
+        # A pass sees every declared ModelDeployment: one no longer declared is forgotten.
+        self._db.execute("DELETE FROM condition_transitions")
+        self._db.executemany(
+            "INSERT INTO condition_transitions (deployment, type, status, since) "
+            "VALUES (?, ?, ?, ?)",
+            [(d, kind, status, since) for (d, kind), (status, since) in transitions.items()],
+        )
 
     def _write_rollouts(self, rollouts: Iterable[Rollout]) -> None:
         self._db.executemany(

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from reconciler.core.conditions import pass_transitions, rfc3339
 from reconciler.core.plan.planner import plan as make_plan
 from reconciler.core.records import (
     alerts_from,
@@ -427,6 +428,9 @@ def _record_pass(
         alerts_opened=tuple((e.model or "", e.server or "", e.kind) for e in opened),
         alerts_resolved=tuple((e.model or "", e.server or "") for e in resolved),
         stages_ended=tuple(_stages_ended(target, plan_, applied)),
+        transitions=pass_transitions(
+            report, desired, holds, history.transitions, rfc3339(time.time())
+        ),
     )
     run.state.record_pass(record)
 

@@ -103,6 +103,8 @@ class History:
     footprints: Mapping[tuple[str, str], float] = field(default_factory=dict)  # bytes/version
     # Operators' suspensions, by target (a deployment's name, or ALL_DEPLOYMENTS).
     suspended: Mapping[str, Suspension] = field(default_factory=dict)
+    # (ModelDeployment, condition type) -> (its status, RFC 3339 time that status began)
+    transitions: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     def suspension_of(self, deployment: str) -> Suspension | None:
         """What keeps ``deployment`` from being reconciled, if an operator suspended it (or
@@ -201,3 +203,6 @@ class PassRecord:
     alerts_opened: tuple[tuple[str, str, str], ...] = ()  # (model, server, kind)
     alerts_resolved: tuple[tuple[str, str], ...] = ()  # (model, server)
     stages_ended: tuple[str, ...] = ()  # staged rollouts whose record goes
+    # (ModelDeployment, condition type) -> (status, since): every declared deployment's
+    # conditions after the pass; replaces what was remembered
+    transitions: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)

@@ -226,6 +226,7 @@ class Daemon:
                 self._retry_in(self.backoff.server_failed(server))
             else:
                 self.backoff.server_answered(server)
+            self.metrics.unreachable_passes.labels(server).set(self.backoff.failed_passes(server))
         self.metrics.set_model_states(model_states(report))
         for server, model in report.drift:
             self.metrics.drift.labels(server, model).inc()
