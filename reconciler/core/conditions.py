@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from reconciler.core.records import model_states
 from reconciler.model.history import Hold
@@ -26,11 +25,6 @@ from reconciler.model.spec import DesiredState
 CONDITION_TYPES = ("Ready", "Reconciling", "Stalled")
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
-
-
-def rfc3339(seconds: float) -> str:
-    """Seconds since the epoch as RFC 3339 in UTC, to the second: 2026-12-01T22:13:05Z."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True)
@@ -72,7 +66,9 @@ def _reason(placement: PlacementState, condition: str) -> str:
         # Ready says what it is (held at the old versions); Stalled says why it stopped.
         if condition != "Stalled":
             return "Held"
-        return "AnalysisFailed" if placement.verdict == "failed" else "RolloutFailed"
+        return {"failed": "AnalysisFailed", "aborted": "Aborted"}.get(
+            placement.verdict or "", "RolloutFailed"
+        )
     return {
         "in-sync": "RolloutSucceeded",
         "pending": "Progressing",

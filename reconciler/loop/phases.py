@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from reconciler.core.conditions import pass_transitions, rfc3339
+from reconciler.core.conditions import pass_transitions
 from reconciler.core.plan.planner import plan as make_plan
 from reconciler.core.records import (
     alerts_from,
@@ -34,6 +34,7 @@ from reconciler.core.records import (
     holds_from,
     problem_alerts,
     released_holds,
+    rfc3339,
     rollouts_from,
 )
 from reconciler.core.spec.desired import load_desired_state

@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from reconciler.core.conditions import PlacementState, conditions, rfc3339
+from reconciler.core.conditions import PlacementState, conditions
 from reconciler.core.plan.planner import plan
+from reconciler.core.records import rfc3339
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.loop.observation import instances, observe_routers, observe_servers
 from reconciler.model.history import Held, History, Rollout

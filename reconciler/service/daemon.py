@@ -49,7 +49,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from reconciler.adapters.credentials import conceal, redact
 from reconciler.adapters.state import StateStore
-from reconciler.core.records import model_states
+from reconciler.core.records import model_states, rfc3339
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.reconcile import reconcile
@@ -496,6 +496,6 @@ def _outcome(
         "ok": result == "ok",
         "revision": report.revision if report else None,
         "seconds": round(seconds, 3),
-        "finished_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "finished_at": rfc3339(time.time()),
         "failed": failed,
     }

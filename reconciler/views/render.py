@@ -8,8 +8,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from reconciler.core.conditions import rfc3339
-from reconciler.core.records import checks_json
+from reconciler.core.records import checks_json, rfc3339
 from reconciler.model.analysis import ProbeFigures
 from reconciler.model.history import ALL_DEPLOYMENTS, OperatorAction, Rollout
 from reconciler.model.plan import Action, ModelChange, Plan, Step

@@ -15,8 +15,8 @@ from reconciler.core.conditions import (
     CONDITION_TYPES,
     PlacementState,
     conditions,
-    rfc3339,
 )
+from reconciler.core.records import rfc3339
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.status import status
 from reconciler.model.settings import Settings
@@ -48,6 +48,9 @@ def statuses(found: tuple[Any, ...]) -> dict[str, tuple[str, str]]:
         ("held", "failed", {"Ready": ("False", "Held"),
                             "Reconciling": ("False", "Held"),
                             "Stalled": ("True", "AnalysisFailed")}),
+        ("held", "aborted", {"Ready": ("False", "Held"),  # an operator's abort
+                             "Reconciling": ("False", "Held"),
+                             "Stalled": ("True", "Aborted")}),
         ("held", None, {"Ready": ("False", "Held"),
                         "Reconciling": ("False", "Held"),
                         "Stalled": ("True", "RolloutFailed")}),
