@@ -12,10 +12,13 @@ import getpass
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -29,7 +32,7 @@ from reconciler.adapters.chart import ChartUnavailable, latency_chart
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
 from reconciler.adapters.local_triton import LocalTritonError
-from reconciler.adapters.operator_client import ask_service, wait_for_pass
+from reconciler.adapters.operator_client import ask_service, live_status, wait_for_pass
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.state import StateStore
@@ -37,14 +40,18 @@ from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES, attach_shadow_requests
 from reconciler.core.undo import UndoRequest
+from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.gate import gated, run_gate
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.review import desired_at, diff_refs
 from reconciler.loop.status import status
 from reconciler.loop.undo import undo
+from reconciler.model.analysis import Evaluation
 from reconciler.model.errors import Problem, ReconcileError, ValidationError
 from reconciler.model.gate import GateReport
-from reconciler.model.history import ALL_DEPLOYMENTS
+from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
+from reconciler.model.plan import Step
+from reconciler.model.results import StepResult
 from reconciler.model.settings import (
     AlertSettings,
     AnalysisSettings,
@@ -61,6 +68,7 @@ from reconciler.service.daemon import Daemon
 from reconciler.service.operator import OperatorTokensError, parse_tokens
 from reconciler.service.telemetry import JsonLogFormatter
 from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
+from reconciler.views.live import evaluation_line, live_text, started_line, waiting_line
 from reconciler.views.render import (
     history_json,
     history_text,
@@ -93,6 +101,16 @@ def _default_state() -> Path:
 def _default_cache() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "triton-gitops"
+
+
+def _token_file_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="with --service: a file holding one of its operator tokens (or the token in "
+        "$TRITON_GITOPS_OPERATOR_TOKEN)",
+    )
 
 
 def _source_options(
@@ -352,12 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Recorded under the operator token's name.",
     )
     reconcile_verb.add_argument("--service", required=True, metavar="URL")
-    reconcile_verb.add_argument(
-        "--token-file",
-        type=Path,
-        metavar="FILE",
-        help="one of the service's operator tokens (or $TRITON_GITOPS_OPERATOR_TOKEN)",
-    )
+    _token_file_option(reconcile_verb)
     reconcile_verb.add_argument(
         "--timeout", type=float, default=900.0, metavar="SECONDS", help="longest wait (900)"
     )
@@ -383,16 +396,37 @@ def build_parser() -> argparse.ArgumentParser:
             "lifts the hold without a commit: the next pass tries the same spec again (and "
             "analyses it again).",
         ),
+        (
+            "abort",
+            "stop a rollout in progress now: the old versions back, the spec held, an alert",
+            "Tell the reconciler applying DEPLOYMENT to stop its rollout now (within a "
+            "quarter of a second: in its analysis, its current stage, or before its next "
+            "step): the old versions serve again, the spec is held (retry, undo or a new "
+            "commit lifts it), an alert opens, and the revert write-back runs as after a "
+            "failed analysis (--revert-mode). Refused when no rollout of it is in progress.",
+        ),
+        (
+            "promote",
+            "end a rollout's running analysis as passed (--full: every analysis left)",
+            "Tell the reconciler applying DEPLOYMENT to end the analyses running now as "
+            "passed ('promoted' in history): the rollout goes on to its next step (the next "
+            "stage or traffic share, whose analysis runs in full) or, with --full, through "
+            "every step left without analysing. Refused when no rollout of it is in progress.",
+        ),
     ):
         command = commands.add_parser(verb, help=summary, description=description)
         command.add_argument(
             "deployment",
-            nargs=None if verb == "retry" else "?",
+            nargs="?" if verb in ("suspend", "resume") else None,
             metavar="DEPLOYMENT",
             help="a ModelDeployment's metadata.name",
         )
-        if verb == "suspend":
+        if verb in ("suspend", "abort", "promote"):
             command.add_argument("--reason", default="", help="shown by status and history")
+        if verb == "promote":
+            command.add_argument(
+                "--full", action="store_true", help="skip every analysis left in the rollout"
+            )
         command.add_argument(
             "--as",
             dest="actor",
@@ -406,13 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
             help="ask the running service instead (e.g. http://127.0.0.1:9090): the verb is "
             "recorded under the token's name and, for resume and retry, a pass runs at once",
         )
-        command.add_argument(
-            "--token-file",
-            type=Path,
-            metavar="FILE",
-            help="with --service: a file holding one of its operator tokens (or the token in "
-            "$TRITON_GITOPS_OPERATOR_TOKEN)",
-        )
+        _token_file_option(command)
 
     undo_command = commands.add_parser(
         "undo",
@@ -435,9 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
     undo_command.add_argument("--reason", default="", help="in the commit message and history")
     undo_command.add_argument("--as", dest="actor", metavar="NAME", help="who asks (USER@HOST)")
     undo_command.add_argument("--service", metavar="URL", help="ask the running service")
-    undo_command.add_argument(
-        "--token-file", type=Path, metavar="FILE", help="with --service: an operator token"
-    )
+    _token_file_option(undo_command)
     _source_options(undo_command, repo_required=False)
 
     plan_command = commands.add_parser(
@@ -554,9 +580,22 @@ def build_parser() -> argparse.ArgumentParser:
         description="Observe every declared server and show, per server and model, the "
         "versions the manifests ask for, the versions Triton serves, whether it is in sync, "
         "pending, held, suspended or unreachable, the last rollout, and the last applied "
-        "revision. Changes nothing.",
+        "revision. Changes nothing. With --watch, shows instead the rollouts in progress "
+        "as they run (each server's step and since when, the latest evaluation with each "
+        "check's value and threshold, the analysis time left), from the state store a "
+        "running reconciler writes (--state) or from a running service (--service).",
     )
-    _source_options(status)
+    _source_options(status, repo_required=False)
+    status.add_argument(
+        "--watch", action="store_true", help="follow the rollouts in progress (Ctrl-C ends)"
+    )
+    status.add_argument(
+        "--service", metavar="URL", help="with --watch: read a running service's GET /status"
+    )
+    _token_file_option(status)
+    status.add_argument(
+        "--every", type=float, default=1.0, metavar="SECONDS", help="with --watch: refresh (1)"
+    )
 
     run = commands.add_parser(
         "run",
@@ -879,9 +918,54 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+class _ApplyLines:
+    """apply's progress on stderr (never in the report on stdout): a line as each step
+    begins and ends, each evaluation as it is made, and, while a step runs long, a 'still
+    loading... 40s' line every few seconds on a terminal (every 30 s in a CI log)."""
+
+    def __init__(self, every: float) -> None:
+        self._every = every
+        self._running: dict[tuple[str, str], tuple[Step, float]] = {}
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="apply-lines", daemon=True)
+        self._ticker.start()
+
+    def _say(self, line: str) -> None:
+        with self._lock:
+            print(line, file=sys.stderr, flush=True)
+
+    def started(self, step: Step, reverting: bool) -> None:
+        with self._lock:
+            self._running[(step.server, step.model)] = (step, time.monotonic())
+        self._say(started_line(step, reverting))
+
+    def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
+        self._say(evaluation_line(step, evaluation, seconds_left))
+
+    def ended(self, result: StepResult) -> None:
+        with self._lock:
+            self._running.pop((result.step.server, result.step.model), None)
+        self._say(progress_line(result))
+
+    def _tick(self) -> None:
+        while not self._done.wait(self._every):
+            now = time.monotonic()
+            with self._lock:
+                running = list(self._running.values())
+            for step, began in running:
+                if now - began >= self._every:
+                    self._say(waiting_line(step, now - began))
+
+    def close(self) -> None:
+        self._done.set()
+        self._ticker.join()
+
+
 def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     source = Source(args.repo, args.ref, args.path)
     settings = _settings(args)
+    lines = _ApplyLines(5.0 if sys.stderr.isatty() else 30.0)
     try:
         saved = load_saved_plan(args.plan, source) if getattr(args, "plan", None) else None
         report = reconcile(
@@ -889,8 +973,9 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
             settings,
             wiring.ports(settings, source),
             apply_changes=apply_changes,
-            progress=lambda step: print(progress_line(step), file=sys.stderr, flush=True),
+            progress=lines.ended,
             saved=saved,
+            events=lines,
         )
     except ValidationError as exc:
         for problem in exc.problems:
@@ -903,6 +988,8 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     except ReconcileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        lines.close()
     if args.output == "json":
         print(report_json(report))
     elif args.output == "markdown":
@@ -981,11 +1068,10 @@ def _operator_verb(args: argparse.Namespace) -> int:
                   file=sys.stderr)  # fmt: skip
             return EXIT_ERROR
         reason = getattr(args, "reason", "")
+        verb = _verb(args)
         extra = _undo_body(args) if args.command == "undo" else None
         try:
-            status, reply = ask_service(
-                args.service, token, args.command, args.deployment, reason, extra
-            )
+            status, reply = ask_service(args.service, token, verb, args.deployment, reason, extra)
         except ReconcileError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_ERROR
@@ -1009,6 +1095,8 @@ def _operator_verb(args: argparse.Namespace) -> int:
     what = f"ModelDeployment {target}" if args.deployment else "every ModelDeployment"
     store = StateStore(args.state)
     try:
+        if args.command in ("abort", "promote"):
+            return _give_order(store, args, what)
         known = set(store.history().holds) | {a.target for a in store.operator_actions()}
         known |= set(store.applied_deployments())
         if args.deployment and args.deployment not in known and args.command != "retry":
@@ -1079,7 +1167,77 @@ def _undo(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _verb(args: argparse.Namespace) -> str:
+    """The verb as the service's API names it (``promote --full``: promote-full)."""
+    return str(OrderKind.PROMOTE_FULL) if getattr(args, "full", False) else str(args.command)
+
+
+def _give_order(store: StateStore, args: argparse.Namespace, what: str) -> int:
+    """abort / promote on the state store that the reconciler applying the rollout reads."""
+    order = store.give_order(OrderKind(_verb(args)), args.deployment, _actor(args), args.reason)
+    if order is None:
+        going = ", ".join(sorted(store.in_progress())) or "none"
+        print(f"error: no rollout of {what} is in progress (in progress: {going})",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
+    print(f"{order.kind}: {what}: given by {order.by} at {order.at}; the reconciler applying "
+          f"it obeys within {ORDERS_EVERY:g} s")  # fmt: skip
+    return EXIT_OK
+
+
+def _watch_status(args: argparse.Namespace) -> int:
+    """status --watch: the live view, redrawn on a terminal; elsewhere printed each time it
+    changes (one block per change, for logs). Runs until interrupted."""
+    token = _secret(args.token_file, "TRITON_GITOPS_OPERATOR_TOKEN") if args.service else None
+    if args.service and not token:
+        print("error: --service needs --token-file (or $TRITON_GITOPS_OPERATOR_TOKEN)",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
+    if not args.service and not args.state.exists():
+        print(f"error: no state store at {args.state}: give the reconciler's --state",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_ERROR
+    terminal, shown = sys.stdout.isatty(), ""
+    try:
+        while True:
+            try:
+                if args.service:
+                    snapshot = live_status(args.service, str(token)).get("in_progress")
+                else:
+                    store = StateStore(args.state)
+                    try:
+                        snapshot = store.live()
+                    finally:
+                        store.close()
+            except ReconcileError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return EXIT_ERROR
+            if args.output == "json":
+                text = json.dumps(snapshot or {"rollouts": []}, sort_keys=True)
+            else:
+                text = live_text(snapshot, time.time())
+            if terminal:
+                print("\x1b[H\x1b[2J" + text, flush=True)  # redraw in place
+            elif _without_clock(text) != _without_clock(shown):
+                print(text + ("\n" if args.output != "json" else ""), flush=True)
+            shown = text
+            time.sleep(args.every)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _without_clock(text: str) -> str:
+    """The live view less what changes every second (durations): a log gets a block only
+    when a step, a state or an evaluation changed."""
+    return re.sub(r"\d+s( left)?\b|updated \S+", "", text)
+
+
 def _status(args: argparse.Namespace) -> int:
+    if args.watch:
+        return _watch_status(args)
+    if not args.repo:
+        print("error: status needs --repo (or --watch)", file=sys.stderr)
+        return EXIT_ERROR
     try:
         source, settings = Source(args.repo, args.ref, args.path), _settings(args)
         report = status(source, settings, wiring.ports(settings, source))
@@ -1160,7 +1318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _diff(args)
     if args.command == "gate":
         return _gate(args)
-    if args.command in ("suspend", "resume", "retry"):
+    if args.command in ("suspend", "resume", "retry", "abort", "promote"):
         return _operator_verb(args)
     if args.command == "undo":
         return _undo(args)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from reconciler.model.analysis import Figures, PoolFigures
+from reconciler.model.analysis import Evaluation, Figures, PoolFigures
 from reconciler.model.gate import LoadFigures
 from reconciler.model.history import (
     AlertEvent,
@@ -21,6 +21,7 @@ from reconciler.model.history import (
     History,
     Hold,
     OperatorAction,
+    OperatorOrder,
     PassRecord,
     Rollout,
 )
@@ -129,7 +130,28 @@ class StateStore(Protocol):
         self, verb: str, target: str, by: str, detail: str = ""
     ) -> OperatorAction: ...
 
+    def orders(self, deployment: str, since: float) -> list[OperatorOrder]: ...
+
+    def record_live(self, snapshot: Mapping[str, Any] | None) -> None: ...
+
     def close(self) -> None: ...
+
+
+class StepEvents(Protocol):
+    """What apply tells as it runs, besides each step's result (``model.results.Progress``):
+    for ``status --watch``, ``GET /status`` and ``apply``'s lines on a terminal. Called from
+    apply's worker threads."""
+
+    def started(self, step: Step, reverting: bool) -> None: ...
+
+    def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None: ...
+
+
+class OperatorOrders(Protocol):
+    """The orders operators gave rollouts in progress (``abort``, ``promote``), read while
+    apply runs; the state store keeps them."""
+
+    def orders(self, deployment: str, since: float) -> list[OperatorOrder]: ...
 
 
 class TritonClient(ModelControl, Protocol):

@@ -113,7 +113,9 @@ class Prometheus(_Service):
     """A Prometheus server scraping ``targets`` (host:port, path /metrics)."""
 
     targets: list[str] = field(default_factory=list)
-    scrape_interval: str = "1s"
+    scrape_interval: str = "1s"  # also how often the rules are evaluated
+    job: str = "triton"
+    rule_files: list[Path] = field(default_factory=list)
 
     name = "prometheus"
 
@@ -123,8 +125,9 @@ class Prometheus(_Service):
                 "scrape_interval": self.scrape_interval,
                 "evaluation_interval": self.scrape_interval,
             },
+            "rule_files": [str(path) for path in self.rule_files],
             "scrape_configs": [
-                {"job_name": "triton", "static_configs": [{"targets": list(self.targets)}]}
+                {"job_name": self.job, "static_configs": [{"targets": list(self.targets)}]}
             ],
         }
 

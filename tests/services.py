@@ -11,6 +11,7 @@ import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -34,16 +35,18 @@ StartPrometheus = Callable[..., Prometheus]
 
 @pytest.fixture
 def start_prometheus(tmp_path: Path) -> Iterator[StartPrometheus]:
-    """``start_prometheus(targets, scrape_interval="1s")``: a started Prometheus."""
+    """``start_prometheus(targets, scrape_interval="1s", job=..., rule_files=[...])``: a
+    started Prometheus."""
     binary = find_binary(PROMETHEUS_BINARIES, "prometheus")
     started: list[Prometheus] = []
 
-    def start(targets: list[str], scrape_interval: str = "1s") -> Prometheus:
+    def start(targets: list[str], scrape_interval: str = "1s", **options: Any) -> Prometheus:
         server = Prometheus(
             binary,
             tmp_path / f"prometheus-{len(started)}",
             targets=targets,
             scrape_interval=scrape_interval,
+            **options,
         )
         started.append(server)
         server.start()

@@ -36,6 +36,14 @@ def last_pass(url: str, token: str) -> tuple[int, dict[str, Any]]:
     return _call(url, token, "/v1/passes/last", None)
 
 
+def live_status(url: str, token: str) -> dict[str, Any]:
+    """The service's GET /status: the rollouts in progress and the last pass."""
+    status, reply = _call(url, token, "/status", None)
+    if status != 200:
+        raise ReconcileError(f"service {url} answered {status}: {reply.get('error', reply)}")
+    return reply
+
+
 def wait_for_pass(
     url: str,
     token: str,

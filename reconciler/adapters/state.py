@@ -3,7 +3,8 @@
 Per server, the models the last applied revision placed there (so that a ModelDeployment
 removed from Git unloads its model); holds on ModelDeployments whose rollout failed; every
 rollout with its verdict and check values (for ``history``); the failure alerts still open;
-alerts a receiver has not taken yet (retried by the next pass); and each pass's outcome.
+alerts a receiver has not taken yet (retried by the next pass); each pass's outcome; and each
+ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``).
 WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
 
 A state file that cannot be read (garbage, a truncated copy) is moved aside as
@@ -20,10 +21,10 @@ import logging
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from reconciler.core.records import rfc3339
 from reconciler.faults import fault_point
 from reconciler.model.history import (
     ALL_DEPLOYMENTS,
@@ -31,6 +32,8 @@ from reconciler.model.history import (
     History,
     Hold,
     OperatorAction,
+    OperatorOrder,
+    OrderKind,
     PassRecord,
     Rollout,
     StagedRecord,
@@ -113,12 +116,32 @@ CREATE TABLE IF NOT EXISTS operator_actions (
     by TEXT NOT NULL,
     detail TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS operator_orders (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    deployment TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    by TEXT NOT NULL,
+    at TEXT NOT NULL,
+    at_epoch REAL NOT NULL,
+    reason TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS live_status (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    snapshot TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS open_alerts (
     model TEXT NOT NULL,
     server TEXT NOT NULL,
     kind TEXT NOT NULL,
     revision TEXT NOT NULL,
     PRIMARY KEY (model, server, kind)
+);
+CREATE TABLE IF NOT EXISTS condition_transitions (
+    deployment TEXT NOT NULL,
+    type TEXT NOT NULL,
+    status TEXT NOT NULL,
+    since TEXT NOT NULL,
+    PRIMARY KEY (deployment, type)
 );
 """
 
@@ -127,8 +150,7 @@ log = logging.getLogger("triton_gitops.state")
 
 
 def _now() -> str:
-    """This moment in RFC 3339, UTC, to the second (what operators read and type)."""
-    return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return rfc3339(time.time())
 
 
 _SIDE_FILES = ("", "-wal", "-shm")  # SQLite's WAL and shared-memory files go with the store
@@ -243,6 +265,12 @@ class StateStore:
             backends=backends,
             footprints=footprints,
             suspended={s.target: s for s in self.suspensions()},
+            transitions={
+                (deployment, kind): (status, since)
+                for deployment, kind, status, since in self._db.execute(
+                    "SELECT deployment, type, status, since FROM condition_transitions"
+                )
+            },
         )
 
     # -- on-call verbs: each changes the record and is recorded, in one transaction ----------
@@ -308,6 +336,67 @@ class StateStore:
             self._db.execute("DELETE FROM holds WHERE deployment = ?", (deployment,))
             self._act("retry", deployment, by, f"hold at {hold.revision[:12]}: {hold.reason}")
         return hold
+
+    def give_order(
+        self, kind: OrderKind, deployment: str, by: str, reason: str = ""
+    ) -> OperatorOrder | None:
+        """An order to ``deployment``'s rollout in progress, for apply to obey (it reads them
+        while it runs: ``orders``), recorded in history in the same transaction; None, and
+        nothing written, when no rollout of it is in progress."""
+        at_epoch = time.time()
+        order = OperatorOrder(kind, deployment, by, rfc3339(at_epoch), at_epoch, reason)
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            if deployment not in self.in_progress():
+                return None
+            self._db.execute(
+                "INSERT INTO operator_orders (deployment, kind, by, at, at_epoch, reason) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (deployment, str(kind), by, order.at, at_epoch, reason),
+            )
+            self._act(str(kind), deployment, by, reason)
+        return order
+
+    def orders(self, deployment: str, since: float) -> list[OperatorOrder]:
+        """The orders given to ``deployment`` at or after ``since`` (wall clock), oldest
+        first. A store that cannot be read gives none (logged): a rollout is never failed
+        for want of its orders."""
+        try:
+            rows = self._db.execute(
+                "SELECT kind, deployment, by, at, at_epoch, reason FROM operator_orders "
+                "WHERE deployment = ? AND at_epoch >= ? ORDER BY id",
+                (deployment, since),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("state file %s: the operator's orders cannot be read: %s", self.path, exc)
+            return []
+        return [OperatorOrder(OrderKind(kind), *rest) for kind, *rest in rows]
+
+    def record_live(self, snapshot: Mapping[str, Any] | None) -> None:
+        """The rollouts of the pass in progress (``loop/live.py``), replacing the last
+        snapshot; None: apply has ended. A failed write is logged: the live view is never
+        worth failing a rollout for."""
+        try:
+            with self._db:
+                if snapshot is None:
+                    self._db.execute("DELETE FROM live_status")
+                else:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO live_status (id, snapshot) VALUES (1, ?)",
+                        (json.dumps(snapshot, sort_keys=True),),
+                    )
+        except sqlite3.Error as exc:
+            log.warning("state file %s: the live status cannot be written: %s", self.path, exc)
+
+    def live(self) -> dict[str, Any] | None:
+        """The last snapshot of the pass in progress, None when no apply runs."""
+        row = self._db.execute("SELECT snapshot FROM live_status").fetchone()
+        return dict(json.loads(row[0])) if row else None
+
+    def in_progress(self) -> set[str]:
+        """The ModelDeployments a pass has begun rolling out and not yet recorded (the
+        journal's entries): what an abort or a promote can act on."""
+        return {row[0] for row in self._db.execute("SELECT deployment FROM staged_rollouts")}
 
     def operator_actions(self, target: str | None = None, limit: int = 100) -> list[OperatorAction]:
         """The latest on-call verbs, newest first (of one target, and those on everything)."""
@@ -456,6 +545,7 @@ class StateStore:
             self._write_rollouts(record.rollouts)
             self._write_applied(record.applied)
             self._write_alerts_and_stages(record)
+            self._write_transitions(record.transitions)
             self._db.execute(
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",
                 (
@@ -465,7 +555,20 @@ class StateStore:
                     json.dumps(record.summary, sort_keys=True),
                 ),
             )
+            # Orders are for the rollouts in progress when they were given: a day on, none is.
+            self._db.execute(
+                "DELETE FROM operator_orders WHERE at_epoch < ?", (time.time() - 86400,)
+            )
             fault_point("state.write")  # the whole pass is written, not committed
+
+    def _write_transitions(self, transitions: Mapping[tuple[str, str], tuple[str, str]]) -> None:
+        # A pass sees every declared ModelDeployment: one no longer declared is forgotten.
+        self._db.execute("DELETE FROM condition_transitions")
+        self._db.executemany(
+            "INSERT INTO condition_transitions (deployment, type, status, since) "
+            "VALUES (?, ?, ?, ?)",
+            [(d, kind, status, since) for (d, kind), (status, since) in transitions.items()],
+        )
 
     def _write_rollouts(self, rollouts: Iterable[Rollout]) -> None:
         self._db.executemany(

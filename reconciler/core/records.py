@@ -11,6 +11,7 @@ server served before, until a commit changes that ModelDeployment.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.model.analysis import Evaluation
@@ -19,6 +20,12 @@ from reconciler.model.plan import Action, Plan
 from reconciler.model.reports import PassReport
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome
 from reconciler.model.spec import DesiredState
+
+
+def rfc3339(epoch: float) -> str:
+    """``epoch`` in RFC 3339, UTC, to the second (what operators read and type)."""
+    moment = datetime.fromtimestamp(epoch, UTC).replace(microsecond=0)
+    return moment.isoformat().replace("+00:00", "Z")
 
 
 def checks_json(evaluation: Evaluation | None) -> tuple[dict[str, Any], ...]:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 from reconciler.engine.change import _ignore, _ignore_stage, apply_change
+from reconciler.engine.orders import OrderWatch
 from reconciler.engine.staged import _server_lost, _staged
 from reconciler.engine.steps import NoStepHooks, Timing, _ChangeContext
 from reconciler.engine.traffic import _set_route, _traffic
@@ -23,7 +25,13 @@ from reconciler.model.results import (
     StepResult,
 )
 from reconciler.model.traffic import RouteUpdate
-from reconciler.ports import FiguresSource, ModelControl, StepHooks, TrafficRouter
+from reconciler.ports import (
+    FiguresSource,
+    ModelControl,
+    OperatorOrders,
+    StepHooks,
+    TrafficRouter,
+)
 
 
 def apply(
@@ -37,6 +45,7 @@ def apply(
     staged_progress: StagedProgress | None = None,
     hooks: StepHooks | None = None,
     routers: Mapping[str, TrafficRouter] | None = None,
+    orders: OperatorOrders | None = None,
 ) -> ApplyResult:
     """Execute every change of ``plan``; servers concurrently, each server's changes in order.
 
@@ -44,9 +53,13 @@ def apply(
     ``hooks`` calls the webhooks and replaceLibrary commands the plan's steps name (the
     caller passes ``adapters.hooks.HttpStepHooks()``); None: the executor was given none, and
     a step that needs one fails saying so. ``routers``: a client per Router the plan names
-    (its steady-route updates run first; its traffic rollouts through them).
+    (its steady-route updates run first; its traffic rollouts through them). ``orders``:
+    where operators' aborts and promotes are read while the rollouts run (``engine/orders.py``).
     """
     timing = timing or Timing()
+    if orders is not None:
+        deployments = {(c.server, c.model): c.deployment for c in plan.changes if c.deployment}
+        timing = replace(timing, orders=OrderWatch(orders, deployments, timing.wall(), timing.wall))
     step_hooks: StepHooks = hooks or NoStepHooks()
     routers = routers or {}
     routes = tuple(_steady(routers, update, timing) for update in plan.routes)

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from reconciler.core.analysis import before_ready
 from reconciler.engine.probes import Prober
-from reconciler.engine.steps import Timing, _ChangeContext, execute_step
+from reconciler.engine.steps import FORWARD, Timing, _ChangeContext, execute_step, obey_abort
 from reconciler.faults import fault_point
 from reconciler.model.errors import AnalysisFailed, ReconcileError, VerifyFailed
 from reconciler.model.plan import Action, ModelChange, OnFailure, RolloutPlan, Step
@@ -56,6 +56,9 @@ def _run(
     for step in steps:
         started = timing.clock()
         try:
+            if not reverting and step.action in FORWARD:
+                obey_abort(step, timing)  # an operator's abort: no further step forward
+            timing.events.started(step, reverting)
             evaluations, verdict = execute_step(control, step, timing, context)
         except ReconcileError as exc:
             results.append(_failed(step, exc, started, timing.clock(), reverting))

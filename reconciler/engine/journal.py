@@ -16,13 +16,12 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from reconciler.engine.steps import FORWARD
 from reconciler.model.history import History, Hold
 from reconciler.model.plan import Action, ModelChange, Plan
 from reconciler.model.results import FailureKind, Progress, StepResult
 from reconciler.model.spec import DesiredState
 from reconciler.ports import StateStore
-
-_FORWARD = (Action.LOAD, Action.VERIFY, Action.ANALYZE, Action.REPLACE_LIBRARY)
 
 
 def _last_forward(change: ModelChange) -> int:
@@ -87,7 +86,7 @@ class Journal:
                         self._write(name)
                 elif (
                     not result.ok
-                    and result.step.action in _FORWARD
+                    and result.step.action in FORWARD
                     # Only a failure against the versions holds: a lost server, unreadable
                     # metrics or a shutdown leave the next pass to try again.
                     and result.failure is FailureKind.AGAINST_VERSIONS

@@ -35,6 +35,7 @@ from reconciler.model.analysis import (
     Verdict,
 )
 from reconciler.model.errors import (
+    Aborted,
     AnalysisFailed,
     DrainTimeout,
     Interrupted,
@@ -44,10 +45,24 @@ from reconciler.model.errors import (
     UnloadFailed,
     VerifyFailed,
 )
+from reconciler.model.history import OperatorOrder, OrderKind
 from reconciler.model.plan import Action, Step
 from reconciler.model.results import FailureKind
 from reconciler.model.serving import ModelInterface, ModelState, interface_difference
-from reconciler.ports import FiguresSource, ModelControl, StepHooks
+from reconciler.ports import FiguresSource, ModelControl, StepEvents, StepHooks
+
+# The steps that move a rollout forward (an abort stops them; a revert's steps are not).
+FORWARD = frozenset({Action.LOAD, Action.VERIFY, Action.ANALYZE, Action.REPLACE_LIBRARY})
+
+
+class NoEvents:
+    """Nobody watches the steps as they run (a test, the gate)."""
+
+    def started(self, step: Step, reverting: bool) -> None:
+        pass
+
+    def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
+        pass
 
 
 def _never() -> bool:
@@ -64,6 +79,33 @@ class Timing:
     poll_interval: float = 0.05
     unload_wait: float = 30.0
     stopping: Callable[[], bool] = _never
+    # The operator's orders (``engine/orders.py``): for a step, and the wall-clock time its
+    # analysis began (None between steps), the abort or promote it obeys now. None: no
+    # orders are read (a gate, a test).
+    orders: Callable[[Step, float | None], OperatorOrder | None] | None = None
+    wall: Callable[[], float] = time.time
+    events: StepEvents = field(default_factory=lambda: NoEvents())  # steps begun, evaluations
+
+
+def aborted(step: Step, order: OperatorOrder, evaluations: tuple[Evaluation, ...] = ()) -> Aborted:
+    """The error a step ends with when an operator aborted its rollout."""
+    why = f": {order.reason}" if order.reason else ""
+    return Aborted(
+        f"server {step.server}: rollout of {step.model} aborted by {order.by} at {order.at}"
+        f"{why}; the old versions serve again and the spec is held (retry, undo or a new "
+        "commit lifts it)",
+        evaluations,
+    )
+
+
+def obey_abort(step: Step, timing: Timing) -> None:
+    """Raise ``Aborted`` if an operator aborted ``step``'s rollout (between steps, while
+    waiting)."""
+    if timing.orders is None:
+        return
+    order = timing.orders(step, None)
+    if order is not None and order.kind is OrderKind.ABORT:
+        raise aborted(step, order)
 
 
 def _wait_for(
@@ -73,6 +115,7 @@ def _wait_for(
     failed: Callable[[ModelState], str | None],
     timeout: float,
     timing: Timing,
+    abortable: bool = False,  # a forward step: an operator's abort ends the wait
 ) -> ModelState:
     deadline = timing.clock() + timeout
     while True:
@@ -84,6 +127,8 @@ def _wait_for(
             raise VerifyFailed(why)
         if timing.clock() >= deadline:
             raise VerifyFailed(f"timed out after {timeout:g}s")
+        if abortable:
+            obey_abort(step, timing)
         timing.sleep(timing.poll_interval)
 
 
@@ -139,7 +184,7 @@ def _verify(control: ModelControl, step: Step, timing: Timing, context: _ChangeC
             return "; ".join(f"version {v} is not READY ({state.reason(v)})" for v in gone)
         return None
 
-    _wait_for(control, step, lambda s: wanted <= s.ready, not_coming, step.timeout, timing)
+    _wait_for(control, step, lambda s: wanted <= s.ready, not_coming, step.timeout, timing, True)
     for case in step.smoke:
         outputs = tuple(e.name for e in case.expect)
         for version in step.smoke_versions:
@@ -347,6 +392,9 @@ def _analyze(
     started = timing.clock()
     watch = _Watch(step, spec, source, timing, started, context.replaces)
     try:
+        obeyed = watch.obey()  # a ``promote --full`` given earlier: this one is skipped too
+        if obeyed is not None:
+            return obeyed
         if prober is not None:
             prober.volley(spec.early_abort.consecutive_probe_failures)
             watch.check_abort(None, prober.figures)
@@ -377,6 +425,9 @@ def _analyze(
 
 
 FIRST_POLL_GAP = 0.01  # seconds; doubled after each read, up to earlyAbort.every
+# Seconds between two looks at the operator's orders during an analysis (each look is cheap:
+# ``engine/orders.py`` reads the store at most every ORDERS_EVERY).
+ORDERS_GAP = 0.1
 
 
 class _Watch:
@@ -411,6 +462,19 @@ class _Watch:
         # The probes after the first volley: its probe of a fresh version is cold.
         self.probes_after_volley = ProbeFigures()
         self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
+        self.started_wall = timing.wall()  # what the operator's orders are compared with
+
+    def obey(self) -> StepDone | None:
+        """What an operator's order makes of the analysis now: an abort fails it, a promote
+        passes it with the evaluations made so far; None: it goes on."""
+        if self.timing.orders is None:
+            return None
+        order = self.timing.orders(self.step, self.started_wall)
+        if order is None:
+            return None
+        if order.kind is OrderKind.ABORT:
+            raise aborted(self.step, order, tuple(self.evaluations))
+        return tuple(self.evaluations), RolloutVerdict.PROMOTED
 
     def _since_ready(self, current: Figures | None) -> tuple[float, float] | None:
         if self.origin is None or current is None:
@@ -450,16 +514,24 @@ class _Watch:
     def run(self, previous: Figures, queries: dict[str, str], prober: Prober | None) -> StepDone:
         spec, step, timing = self.spec, self.step, self.timing
         every = spec.early_abort.every
+        order_gap = ORDERS_GAP if timing.orders is not None else None
         while True:
             # Ticks are measured from the start, so slow scrapes do not stretch the analysis.
             next_tick = self.started + spec.interval * (len(self.evaluations) + 1)
             next_poll = timing.clock() + min(every, self.poll_gap) if every > 0 else next_tick
+            next_order = timing.clock() if order_gap is not None else None
             while True:
                 now = timing.clock()
                 if now >= next_tick:
                     break
                 if timing.stopping():
                     self._interrupted()
+                if order_gap is not None and next_order is not None and now >= next_order:
+                    obeyed = self.obey()
+                    if obeyed is not None:
+                        return obeyed
+                    next_order = now + order_gap
+                    continue
                 due = prober.due() if prober is not None else None
                 if prober is not None and due is not None and due <= now:
                     prober.round()
@@ -472,7 +544,7 @@ class _Watch:
                     self.poll_gap = min(every, self.poll_gap * 2)
                     next_poll = timing.clock() + self.poll_gap
                     continue
-                wake = min(t for t in (next_tick, next_poll, due) if t is not None)
+                wake = min(t for t in (next_tick, next_poll, due, next_order) if t is not None)
                 timing.sleep(max(0.0, wake - now))
             if timing.stopping():
                 self._interrupted()
@@ -508,6 +580,7 @@ class _Watch:
                 )
             )
             previous = current
+            timing.events.evaluated(step, self.evaluations[-1], max(0.0, spec.duration - elapsed))
             # A first deployment has nothing to go back to: judged by its evaluations alone.
             evidence = self.evidence if self.replaces else None
             verdict = concluded(spec, tuple(self.evaluations), elapsed, self.unreadable, evidence)

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from reconciler.core.conditions import pass_transitions
 from reconciler.core.plan.planner import plan as make_plan
 from reconciler.core.records import (
     alerts_from,
@@ -33,6 +34,7 @@ from reconciler.core.records import (
     holds_from,
     problem_alerts,
     released_holds,
+    rfc3339,
     rollouts_from,
 )
 from reconciler.core.spec.desired import load_desired_state
@@ -43,6 +45,7 @@ from reconciler.engine.journal import Journal, unpushed
 from reconciler.engine.steps import Timing
 from reconciler.faults import fault_point
 from reconciler.loop.approval import check_approved
+from reconciler.loop.live import FanOut, LiveStatus
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.observation import (
     Discovered,
@@ -64,13 +67,21 @@ from reconciler.model.errors import ReconcileError, StalePlan, UnsafeRevision, V
 from reconciler.model.history import AlertEvent, History, Hold, PassRecord
 from reconciler.model.plan import Plan
 from reconciler.model.reports import PassReport, SavedPlan
-from reconciler.model.results import ApplyResult, Progress
+from reconciler.model.results import ApplyResult, Progress, StepResult
 from reconciler.model.serving import ServerState
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from reconciler.model.spec import DesiredState
 from reconciler.model.traffic import RouteState
-from reconciler.ports import Alerts, FiguresSource, Ports, StateStore, TrafficRouter, TritonClient
+from reconciler.ports import (
+    Alerts,
+    FiguresSource,
+    Ports,
+    StateStore,
+    StepEvents,
+    TrafficRouter,
+    TritonClient,
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +100,7 @@ class PassRun:
     skip: Mapping[str, str] | None = None  # servers to leave alone this time (name -> why)
     saved: SavedPlan | None = None  # a plan made earlier that this pass must match
     memory: PassMemory | None = None  # what the service keeps between passes
+    events: StepEvents | None = None  # who else watches the steps run (apply's lines)
 
 
 @dataclass(frozen=True)
@@ -308,20 +320,50 @@ def apply(
         if (spec := state.applied_spec(name)) is not None
     }
     journal = Journal.begin(state, plan_, desired, revision)
-    result = execute(
+    live = LiveStatus(plan_, state.record_live)
+    journalled = journal.watch(run.progress)
+
+    def progress(result: StepResult) -> None:
+        journalled(result)
+        live.ended(result)
+
+    timing = Timing(
+        poll_interval=run.settings.triton.poll_interval,
+        stopping=run.stopping,
+        events=FanOut(live, run.events) if run.events is not None else live,
+    )
+    try:
+        result = _execute(run, plan_, clients, observed, timing, progress, revision)
+    finally:
+        live.finish()
+    return Applied(result, journal, before)
+
+
+def _execute(
+    run: PassRun,
+    plan_: Plan,
+    clients: Mapping[str, TritonClient],
+    observed: Observed,
+    timing: Timing,
+    progress: Progress,
+    revision: str,
+) -> ApplyResult:
+    """The executor, given the pass's ports: stages journalled, orders read from the store."""
+    state = run.state
+    return execute(
         plan_,
         clients,
         max_parallel=run.settings.triton.max_parallel,
-        progress=journal.watch(run.progress),
+        progress=progress,
         metrics=observed.readers,
-        timing=Timing(poll_interval=run.settings.triton.poll_interval, stopping=run.stopping),
+        timing=timing,
         staged_progress=lambda rollout, completed, started: state.record_stage(
             rollout.deployment, rollout.fingerprint, revision, completed, started
         ),
         hooks=run.ports.step_hooks,
         routers=observed.routers,
+        orders=state,
     )
-    return Applied(result, journal, before)
 
 
 def record(run: PassRun, target: Target, planned: Planned, applied: Applied) -> Recorded:
@@ -387,6 +429,9 @@ def _record_pass(
         alerts_opened=tuple((e.model or "", e.server or "", e.kind) for e in opened),
         alerts_resolved=tuple((e.model or "", e.server or "") for e in resolved),
         stages_ended=tuple(_stages_ended(target, plan_, applied)),
+        transitions=pass_transitions(
+            report, desired, holds, history.transitions, rfc3339(time.time())
+        ),
     )
     run.state.record_pass(record)
 

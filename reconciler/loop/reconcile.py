@@ -19,7 +19,7 @@ from reconciler.model.reports import PassReport, SavedPlan
 from reconciler.model.results import Progress, StepResult
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
-from reconciler.ports import PassHooks, Ports
+from reconciler.ports import PassHooks, Ports, StepEvents
 
 
 def _quiet(_: StepResult) -> None:
@@ -41,11 +41,13 @@ def reconcile(
     stopping: Callable[[], bool] | None = None,
     saved: SavedPlan | None = None,
     memory: PassMemory | None = None,
+    events: StepEvents | None = None,
 ) -> PassReport:
     """One pass. ``skip``: servers to leave alone this time (name -> why); ``stopping``:
     turns true at shutdown (the change in progress finishes, no other starts); ``saved``: a
     plan made earlier (``plan --out``) that this pass must match exactly, or refuse;
-    ``memory``: what the service keeps between passes (none: a one-shot pass)."""
+    ``memory``: what the service keeps between passes (none: a one-shot pass); ``events``:
+    who else watches apply's steps begin and its evaluations (``apply`` on a terminal)."""
     state = ports.open_state()  # once per pass: opening costs milliseconds
     alerts = ports.open_alerts()
     # What a receiver that was down did not take, from earlier passes (or processes).
@@ -62,6 +64,7 @@ def reconcile(
         skip,
         saved,
         memory,
+        events,
     )
     try:
         return _run(run)

@@ -4,14 +4,17 @@ served, and why not. Called by the CLI with the ports ``wiring.ports`` builds.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
+from reconciler.core.conditions import PlacementState, conditions
 from reconciler.core.plan.planner import plan
+from reconciler.core.records import rfc3339
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.loop.observation import instances, observe_routers, observe_servers
 from reconciler.model.history import Held, History, Rollout
 from reconciler.model.plan import ModelChange, Plan
-from reconciler.model.reports import ModelStatus, StatusReport
+from reconciler.model.reports import Condition, ModelStatus, StatusReport
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from reconciler.model.spec import ModelDeployment
@@ -95,7 +98,26 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
             name: str(route) if route.reachable else f"UNREACHABLE ({route.error})"
             for name, route in sorted(routes.items())
         },
+        _conditions(models, history, rfc3339(time.time())),
     )
+
+
+def _conditions(
+    models: list[ModelStatus], history: History, now: str
+) -> dict[str, tuple[Condition, ...]]:
+    """Each ModelDeployment's conditions from its models' states; a status the last pass
+    left differently changed ``now`` (the next pass records it)."""
+    placements: dict[str, list[PlacementState]] = {}
+    for m in models:
+        if m.deployment is not None:
+            verdict = m.last_rollout.verdict if m.last_rollout is not None else None
+            placements.setdefault(m.deployment, []).append(
+                PlacementState(m.server, m.state, m.detail, verdict)
+            )
+    return {
+        name: conditions(name, found, history.transitions, now)
+        for name, found in sorted(placements.items())
+    }
 
 
 @dataclass(frozen=True)

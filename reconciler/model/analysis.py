@@ -26,6 +26,8 @@ class RolloutVerdict(StrEnum):
     # Inconclusive because the metrics source could not be read (Prometheus down): the old
     # versions serve again but the spec is not held. Set by ``concluded``, never by ``judge``.
     METRICS_UNAVAILABLE = "metrics-unavailable"
+    # Ended early by an operator's ``promote``: passed without the rest of its duration.
+    PROMOTED = "promoted"
 
 
 class NoTraffic(StrEnum):

@@ -134,6 +134,14 @@ class Interrupted(AnalysisFailed):
         super().__init__(message, evaluations, "interrupted")
 
 
+class Aborted(AnalysisFailed):
+    """An operator's ``abort`` stopped the rollout: the old versions go back and the spec is
+    held, as after a failed analysis (the operator judged the new versions)."""
+
+    def __init__(self, message: str, evaluations: tuple[Any, ...] = ()) -> None:
+        super().__init__(message, evaluations, "aborted")
+
+
 class UnloadFailed(StepFailed):
     """An unload did not go through (refused, or the versions did not go in time)."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 
@@ -54,6 +55,32 @@ class OperatorAction:
     detail: str = ""
 
 
+class OrderKind(StrEnum):
+    """What an operator told a rollout in progress to do (``abort`` / ``promote``)."""
+
+    ABORT = "abort"  # stop now: the old versions back, the spec held, an alert
+    PROMOTE = "promote"  # end the analyses running now as passed
+    PROMOTE_FULL = "promote-full"  # ... and skip every analysis left in this rollout
+
+
+@dataclass(frozen=True)
+class OperatorOrder:
+    """An order to a rollout in progress, as the state store keeps it until the pass ends.
+    It applies to a rollout that was running when it was given (``at_epoch``, wall clock):
+    never to one started later, so an order that came too late ends with nothing."""
+
+    kind: OrderKind
+    deployment: str
+    by: str
+    at: str  # RFC 3339 (UTC), what operators read
+    at_epoch: float  # the same moment, compared with when a rollout or analysis started
+    reason: str = ""
+
+    def __str__(self) -> str:
+        text = f"{self.kind} by {self.by} at {self.at}"
+        return f"{text}: {self.reason}" if self.reason else text
+
+
 @dataclass(frozen=True)
 class StagedRecord:
     """How far a staged rollout got before the reconciler stopped."""
@@ -76,6 +103,8 @@ class History:
     footprints: Mapping[tuple[str, str], float] = field(default_factory=dict)  # bytes/version
     # Operators' suspensions, by target (a deployment's name, or ALL_DEPLOYMENTS).
     suspended: Mapping[str, Suspension] = field(default_factory=dict)
+    # (ModelDeployment, condition type) -> (its status, RFC 3339 time that status began)
+    transitions: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
     def suspension_of(self, deployment: str) -> Suspension | None:
         """What keeps ``deployment`` from being reconciled, if an operator suspended it (or
@@ -174,3 +203,6 @@ class PassRecord:
     alerts_opened: tuple[tuple[str, str, str], ...] = ()  # (model, server, kind)
     alerts_resolved: tuple[tuple[str, str], ...] = ()  # (model, server)
     stages_ended: tuple[str, ...] = ()  # staged rollouts whose record goes
+    # (ModelDeployment, condition type) -> (status, since): every declared deployment's
+    # conditions after the pass; replaces what was remembered
+    transitions: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)

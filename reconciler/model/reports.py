@@ -56,6 +56,17 @@ class ModelStatus:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """One Kubernetes-style condition of a ModelDeployment (metav1.Condition's fields)."""
+
+    type: str  # Ready | Reconciling | Stalled
+    status: str  # True | False | Unknown
+    reason: str  # PascalCase: RolloutSucceeded, Progressing, Held, ...
+    message: str
+    last_transition_time: str  # RFC 3339, UTC: when ``status`` last changed
+
+
+@dataclass(frozen=True)
 class StatusReport:
     revision: str
     last_applied: str | None
@@ -64,3 +75,5 @@ class StatusReport:
     last_pass: Mapping[str, object] | None
     # Router -> how it routes now ("canary 0%, stable 100%"), or why it could not be read.
     routes: Mapping[str, str] = field(default_factory=dict)
+    # ModelDeployment -> its Ready, Reconciling and Stalled conditions
+    conditions: Mapping[str, tuple[Condition, ...]] = field(default_factory=dict)

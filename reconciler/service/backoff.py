@@ -56,6 +56,10 @@ class ServerBackoff:
         self._server_retry_at[server] = self.clock() + delay
         return delay
 
+    def failed_passes(self, server: str) -> int:
+        """How many passes in a row found ``server`` unreachable (0: the last one reached it)."""
+        return self._server_failures.get(server, 0)
+
     def server_answered(self, server: str) -> None:
         """A pass reached ``server``: its failures are forgotten."""
         self._server_failures.pop(server, None)

@@ -49,8 +49,9 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from reconciler.adapters.credentials import conceal, redact
 from reconciler.adapters.state import StateStore
-from reconciler.core.records import model_states
+from reconciler.core.records import model_states, rfc3339
 from reconciler.core.undo import UndoRequest
+from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.undo import undo
@@ -61,7 +62,7 @@ from reconciler.model.errors import (
     UnsafeRevision,
     ValidationError,
 )
-from reconciler.model.history import ALL_DEPLOYMENTS
+from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome, StepResult
 from reconciler.model.settings import RunSettings, Settings
@@ -228,6 +229,7 @@ class Daemon:
                 self._retry_in(self.backoff.server_failed(server))
             else:
                 self.backoff.server_answered(server)
+            self.metrics.unreachable_passes.labels(server).set(self.backoff.failed_passes(server))
         self.metrics.set_model_states(model_states(report))
         for server, model in report.drift:
             self.metrics.drift.labels(server, model).inc()
@@ -320,6 +322,8 @@ class Daemon:
             self.trigger(f"reconcile by {who}")
             return 202, {"verb": verb, "by": who, "after": after, "pass": "requested"}
         target = deployment or ALL_DEPLOYMENTS
+        if verb in set(OrderKind):
+            return self._order(OrderKind(verb), target, who, reason)
         store = StateStore(self.settings.state_path)
         try:
             if verb == "suspend":
@@ -375,8 +379,42 @@ class Daemon:
             "pass": "the dry run changes nothing" if request.dry_run else "requested",
         }
 
+    def _order(
+        self, kind: OrderKind, deployment: str, who: str, reason: str
+    ) -> tuple[int, dict[str, Any]]:
+        """``abort`` / ``promote``: an order the pass applying ``deployment`` obeys within
+        ORDERS_EVERY (it reads the state store while it runs)."""
+        store = StateStore(self.settings.state_path)
+        try:
+            order = store.give_order(kind, deployment, who, reason)
+        finally:
+            store.close()
+        _event("operator verb", logging.WARNING, verb=str(kind), target=deployment, by=who,
+               reason=reason, given=order is not None)  # fmt: skip
+        if order is None:
+            return 409, {
+                "error": f"no rollout of {deployment} is in progress",
+                "verb": str(kind),
+                "target": deployment,
+            }
+        return 200, {
+            "verb": str(kind),
+            "target": deployment,
+            "by": who,
+            "detail": str(order),
+            "pass": f"the rollout in progress obeys within {ORDERS_EVERY:g} s",
+        }
+
     def last_pass(self) -> dict[str, Any]:
         return dict(self._outcome)
+
+    def live_status(self) -> dict[str, Any]:
+        store = StateStore(self.settings.state_path)
+        try:
+            live = store.live()
+        finally:
+            store.close()
+        return {"in_progress": live or {"rollouts": []}, "last_pass": self.last_pass()}
 
     def refused(self, reason: str) -> None:
         self.metrics.connections_refused.labels(reason).inc()
@@ -501,6 +539,6 @@ def _outcome(
         "ok": result == "ok",
         "revision": report.revision if report else None,
         "seconds": round(seconds, 3),
-        "finished_at": datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "finished_at": rfc3339(time.time()),
         "failed": failed,
     }

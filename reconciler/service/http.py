@@ -22,7 +22,14 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from reconciler.model.settings import RunSettings
-from reconciler.service.operator import LAST_PASS, caller, reason_of, route, undo_of
+from reconciler.service.operator import (
+    LAST_PASS,
+    LIVE_STATUS,
+    caller,
+    reason_of,
+    route,
+    undo_of,
+)
 from reconciler.service.telemetry import ReconcilerMetrics, _event
 from reconciler.service.webhooks import WEBHOOK_ROUTES, WebhookGate
 
@@ -170,9 +177,12 @@ class ServiceFront(Protocol):
     def last_pass(self) -> dict[str, Any]:
         """The outcome of the last pass that finished, with its number (0: none yet)."""
 
+    def live_status(self) -> dict[str, Any]:
+        """The rollouts of the pass in progress (``loop/live.py``) and the last pass."""
+
 
 class RequestHandler(BaseHTTPRequestHandler):
-    """One request: GET /metrics, /healthz, /readyz; POST to a webhook route or an on-call
+    """One request: GET /metrics, /healthz, /readyz, /status; POST to a webhook route or an on-call
     verb (/v1/...).
 
     Bound to a service by ``handler_for``; http.server makes one instance per connection.
@@ -232,12 +242,16 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def do_GET(self) -> None:
-        if self.path == LAST_PASS:
+        if self.path in (LAST_PASS, LIVE_STATUS):
+            # What the service is doing, per model and server: for an operator's token only.
             headers = {k.lower(): v for k, v in self.headers.items()}
             if caller(self.run.operator_tokens, headers) is None:
                 self._refuse("operator", "unauthorized", 401, "operator token missing or wrong")
                 return
-            self._json(200, self.service.last_pass())
+            if self.path == LAST_PASS:
+                self._json(200, self.service.last_pass())
+            else:
+                self._json(200, self.service.live_status())
         elif self.path == "/metrics":
             self._send(200, generate_latest(self.service.metrics.registry), CONTENT_TYPE_LATEST)
         elif self.path == "/healthz":

@@ -6,8 +6,10 @@ Routes, matched exactly (a path is the client's to choose):
     POST /v1/suspend                              every ModelDeployment
     POST /v1/resume
     POST /v1/deployments/<name>/suspend|resume|retry|undo
+    POST /v1/deployments/<name>/abort|promote|promote-full    a rollout in progress
     POST /v1/reconcile                            a pass now; answers the pass to wait for
     GET  /v1/passes/last                          the last pass's outcome, numbered
+    GET  /status                                  the rollouts in progress, live (JSON)
 with an optional JSON body ``{"reason": "..."}`` (undo's also ``"toRevision": "<sha>"`` and
 ``"dryRun": true``). Without a configured token file, or with a token not in it, every verb
 is refused (401): there is no anonymous verb. The verb is recorded in the state store's
@@ -25,9 +27,13 @@ from typing import Any
 
 _DEPLOYMENT = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a Kubernetes object name (DNS-1123)
 _ROUTE = re.compile(
-    rf"/v1/(?:deployments/(?P<name>{_DEPLOYMENT})/)?(?P<verb>suspend|resume|retry|undo|reconcile)"
+    rf"/v1/(?:deployments/(?P<name>{_DEPLOYMENT})/)?"
+    r"(?P<verb>suspend|resume|retry|undo|reconcile|abort|promote-full|promote)"
 )
+# The verbs that only make sense for one ModelDeployment.
+_NAMED = frozenset({"retry", "undo", "abort", "promote", "promote-full"})
 LAST_PASS = "/v1/passes/last"  # GET: the outcome of the last pass, numbered
+LIVE_STATUS = "/status"  # GET: the rollouts of the pass in progress (status --watch)
 TOKENS_LINE = re.compile(r"(?P<name>[A-Za-z0-9_.@-]{1,64})\s*:\s*(?P<token>\S{16,})")
 
 
@@ -58,10 +64,10 @@ def parse_tokens(text: str, source: str) -> dict[str, str]:
 
 def route(path: str) -> tuple[str, str | None] | None:
     """(verb, deployment or None for every one) of an operator path; None if it is not one.
-    ``retry`` and ``undo`` need a deployment; ``reconcile`` (a pass now, for everything)
-    takes none."""
+    ``retry``, ``undo``, ``abort`` and ``promote`` need a deployment; ``reconcile`` (a pass now, for
+    everything) takes none."""
     found = _ROUTE.fullmatch(path)
-    if found is None or (found["verb"] in ("retry", "undo") and found["name"] is None):
+    if found is None or (found["verb"] in _NAMED and found["name"] is None):
         return None
     if found["verb"] == "reconcile" and found["name"] is not None:
         return None

@@ -21,6 +21,7 @@ from prometheus_client import (
 
 from reconciler import __version__
 from reconciler.adapters.credentials import redact
+from reconciler.model.results import Outcome
 
 log = logging.getLogger("triton_gitops")
 
@@ -107,9 +108,21 @@ class ReconcilerMetrics:
         self.rollouts = Counter(
             "triton_gitops_rollouts", "Rollouts by outcome", ["outcome"], registry=r
         )
+        # Every outcome from 0: a series that first appears at 1 shows no increase(), and the
+        # rollout alerts (examples/deploy/kubernetes/prometheusrule.yaml) would miss the
+        # first failure after a restart.
+        for outcome in Outcome:
+            self.rollouts.labels(str(outcome))
         self.reachable = Gauge(
             "triton_gitops_server_reachable",
             "1 when the server answered the last pass",
+            ["server"],
+            registry=r,
+        )
+        self.unreachable_passes = Gauge(
+            "triton_gitops_server_unreachable_passes",
+            "Passes in a row that found the server unreachable (0 when the last one reached "
+            "it; a server backed off keeps its count until a pass tries it again)",
             ["server"],
             registry=r,
         )

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from reconciler.core.records import checks_json
+from reconciler.core.records import checks_json, rfc3339
 from reconciler.model.analysis import ProbeFigures
 from reconciler.model.history import ALL_DEPLOYMENTS, OperatorAction, Rollout
 from reconciler.model.plan import Action, ModelChange, Plan, Step
-from reconciler.model.reports import PassReport, StatusReport
+from reconciler.model.reports import Condition, PassReport, StatusReport
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome, StepResult
 from reconciler.model.traffic import TrafficPlan
 from reconciler.views.steps import step_json
@@ -360,7 +360,7 @@ def history_json(rollouts: list[Rollout], actions: Sequence[OperatorAction] = ()
                     "checks": list(r.checks),
                     "error": r.error,
                     "rollback_seconds": r.rollback_seconds,
-                    "finished_at": r.finished_at,
+                    "finished_at": rfc3339(r.finished_at),
                 }
                 for r in rollouts
             ],
@@ -415,7 +415,11 @@ def status_json(report: StatusReport) -> str:
             "last_applied": report.last_applied,
             "unreachable": dict(report.unreachable),
             "routes": dict(report.routes),
-            "last_pass": report.last_pass,
+            "last_pass": _last_pass_json(report.last_pass),
+            "deployments": [
+                {"name": name, "conditions": [_condition_json(c) for c in listed]}
+                for name, listed in report.conditions.items()
+            ],
             "models": [
                 {
                     "server": m.server,
@@ -433,6 +437,7 @@ def status_json(report: StatusReport) -> str:
                         "to_versions": list(m.last_rollout.to_versions),
                         "outcome": m.last_rollout.outcome,
                         "error": m.last_rollout.error,
+                        "finished_at": rfc3339(m.last_rollout.finished_at),
                     },
                 }
                 for m in report.models
@@ -440,3 +445,23 @@ def status_json(report: StatusReport) -> str:
         },
         indent=2,
     )
+
+
+def _condition_json(condition: Condition) -> dict[str, str]:
+    """metav1.Condition's field names, as ``kubectl get -o json`` shows them."""
+    return {
+        "type": condition.type,
+        "status": condition.status,
+        "reason": condition.reason,
+        "message": condition.message,
+        "lastTransitionTime": condition.last_transition_time,
+    }
+
+
+def _last_pass_json(last: Mapping[str, object] | None) -> dict[str, object] | None:
+    if last is None:
+        return None
+    finished = last.get("finished_at")
+    # The state store keeps epoch seconds; the JSON says RFC 3339 like every other time.
+    when = rfc3339(finished) if isinstance(finished, int | float) else finished
+    return {**last, "finished_at": when}

@@ -136,3 +136,26 @@ def test_revert_push_records_survive_a_hold_written_again(tmp_path: Path) -> Non
     assert store.unreverted() == {"echo"}  # another spec failed: its revert is not pushed
     assert store.history().holds["echo"].fingerprint == "f2"
     store.close()
+
+
+def test_condition_transitions_are_written_with_the_pass_and_migrated_in(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    # A state file from before condition transitions: it has no such table.
+    old = StateStore(path)
+    old.record_pass(PassRecord("a" * 40, {}, True, {}))
+    old.close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE condition_transitions")
+    db.close()
+
+    store = StateStore(path)
+    assert store.recovered is None and store.history().revision == "a" * 40
+    assert store.history().transitions == {}
+    first = {("echo", "Ready"): ("True", "2026-12-01T22:13:05Z"), ("gone", "Ready"): ("False", "x")}
+    store.record_pass(PassRecord("b" * 40, {}, True, {}, transitions=first))
+    assert store.history().transitions == first
+    # The next pass's record replaces it: a ModelDeployment no longer declared is forgotten.
+    second = {("echo", "Ready"): ("False", "2026-12-01T23:00:00Z")}
+    store.record_pass(PassRecord("c" * 40, {}, True, {}, transitions=second))
+    store.close()
+    assert StateStore(path).history().transitions == second

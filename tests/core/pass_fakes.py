@@ -20,6 +20,7 @@ from reconciler.model.history import (
     History,
     Hold,
     OperatorAction,
+    OperatorOrder,
     PassRecord,
     Rollout,
 )
@@ -118,13 +119,18 @@ class FakeState:
         self.reverted: dict[str, str] = {}
         self.open: set[tuple[str, str, str]] = set()
         self.undelivered: dict[str, list[Any]] = {}
+        self.transitions: dict[tuple[str, str], tuple[str, str]] = {}
         self.fail_record: Exception | None = None
         self.closed = 0
         self.recorded_rollouts: list[Rollout] = []  # what ``rollouts`` answers, newest first
         self.actions: list[OperatorAction] = []
+        self.given: list[OperatorOrder] = []  # the operators' orders (abort, promote)
+        self.live: list[Mapping[str, Any] | None] = []  # every live snapshot written
 
     def history(self) -> History:
-        return History(self.revision, dict(self.managed), dict(self.holds))
+        return History(
+            self.revision, dict(self.managed), dict(self.holds), transitions=dict(self.transitions)
+        )
 
     def last_pass(self) -> dict[str, Any] | None:
         return {"revision": self.passes[-1]["revision"]} if self.passes else None
@@ -187,6 +193,13 @@ class FakeState:
         self.open = {(m, s, k) for m, s, k in self.open if (m, s) not in resolved}
         for name in r.stages_ended:
             self.stages.pop(name, None)
+        self.transitions = dict(r.transitions)
+
+    def orders(self, deployment: str, since: float) -> list[OperatorOrder]:
+        return [o for o in self.given if o.deployment == deployment and o.at_epoch >= since]
+
+    def record_live(self, snapshot: Mapping[str, Any] | None) -> None:
+        self.live.append(snapshot)
 
     def close(self) -> None:
         self.closed += 1

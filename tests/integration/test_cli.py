@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +152,27 @@ def test_status_shows_desired_served_held_and_unreachable(
     assert (other["desired"], other["serving"], other["state"]) == ([3], [2], "pending")
     assert models[("edge-b", "other")]["state"] == "unreachable"
     assert "edge-b" in doc["unreachable"]
+    conditions = {d["name"]: {c["type"]: c for c in d["conditions"]} for d in doc["deployments"]}
+    held = conditions["echo"]
+    assert [(t, c["status"], c["reason"]) for t, c in held.items()] == [
+        ("Ready", "False", "Held"),
+        ("Reconciling", "False", "Held"),
+        ("Stalled", "True", "RolloutFailed"),  # it failed to load: no analysis ran
+    ]
+    assert held["Ready"]["message"].startswith(f"edge-a: revision {bad[:12]} failed")
+    # The pass that held echo recorded when Ready turned False; status shows that time.
+    with sqlite3.connect(reconciler.options[3]) as db:
+        (since,) = db.execute(
+            "SELECT since FROM condition_transitions WHERE deployment = 'echo' AND type = 'Ready'"
+        ).fetchone()
+    db.close()
+    assert held["Ready"]["lastTransitionTime"] == since
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", since)
+    pending = conditions["other"]
+    assert (pending["Ready"]["status"], pending["Ready"]["reason"]) == ("False", "Progressing")
+    assert pending["Reconciling"]["status"] == "True"
+    assert doc["last_pass"]["finished_at"].endswith("Z")
+    assert echo["last_rollout"]["finished_at"].endswith("Z")
     text = cli("status", *reconciler.options, "--call-timeout", "2")
     assert "server edge-b: UNREACHABLE" in text.out
     assert "echo" in text.out and "held" in text.out

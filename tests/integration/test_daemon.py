@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import signal
 import socket
@@ -168,8 +169,29 @@ def test_git_remote_and_server_down_then_back(
         20,
         "the server is reported unreachable",
     )
+    # The count the PrometheusRule's TritonGitopsServerUnreachable alert reads (set in the
+    # same pass's record, a moment after the gauge above).
+    wait_until(
+        lambda: bool(
+            re.search(
+                rb'triton_gitops_server_unreachable_passes\{server="edge-a"\} [1-9]',
+                service.get("/metrics")[1],
+            )
+        ),
+        5,
+        "the unreachable passes counted",
+    )
     triton.start()
     wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "recovery after the server")
+    # The pass that loaded it records its metrics when it ends, a moment later.
+    wait_until(
+        lambda: (
+            b'triton_gitops_server_unreachable_passes{server="edge-a"} 0.0'
+            in service.get("/metrics")[1]
+        ),
+        10,
+        "the count back at 0",
+    )
 
 
 def test_sigterm_during_a_load_finishes_the_step(

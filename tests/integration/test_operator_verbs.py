@@ -4,14 +4,22 @@ asked and when."""
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from reconciler.adapters.state import StateStore
 from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
-from testkit.service_process import wait_until
+from testkit.service_process import Service, wait_until
 from tests.integration.flows import ready_versions
 from tests.integration.test_daemon import service_process
 
@@ -178,3 +186,128 @@ def test_a_running_service_honours_a_suspend_and_reports_each_models_state(
         ("resume", "token:oncall-alice"),
         ("suspend", "oncall"),
     ]
+
+
+WATCHED_A_MINUTE = (
+    "  verify:\n    analysis:\n      interval: 1s\n      duration: 60s\n"
+    "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
+)
+
+
+def _analysing(service: Service, token: str, version: int) -> dict[str, Any]:
+    """GET /status once ``version`` of echo is being analysed on edge-a and has been
+    evaluated at least once: that server's entry."""
+    found: dict[str, Any] = {}
+
+    def evaluated() -> bool:
+        request = urllib.request.Request(
+            service.url + "/status", headers={"Authorization": f"Bearer {token}"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as answer:
+            live = json.load(answer)["in_progress"]
+        for rollout in live["rollouts"]:
+            entry = rollout["servers"].get("edge-a", {})
+            analysing = entry.get("state") == "analyzing" and entry.get("versions") == [version]
+            if analysing and entry.get("evaluation"):
+                found.update(entry)
+                return True
+        return False
+
+    wait_until(evaluated, 60, f"echo {version} analysed once")
+    return found
+
+
+def test_abort_and_promote_through_the_service_act_within_a_second_and_status_watch_shows_it(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """A rollout analysed for a minute, aborted after its first evaluation: the old version
+    serves again at once, the spec is held and an alert is open; the next one, promoted, is
+    through at once. ``status --watch`` follows it from the service's GET /status."""
+    manifests.write(
+        "servers.yaml",
+        server_doc("edge-a", triton.grpc_address, model_repository, metrics=triton.metrics_url),
+    )
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.commit("echo 1")
+    token = "t" * 32
+    tokens = tmp_path / "operator-tokens"
+    tokens.write_text(f"oncall-alice: {token}\n")
+    token_file = tmp_path / "alice-token"
+    token_file.write_text(token + "\n")
+    service = service_process(
+        manifests.url, tmp_path / "svc", ("--operator-tokens-file", str(tokens))
+    ).start()
+    state = tmp_path / "svc" / "state.db"
+    url = f"http://127.0.0.1:{service.port}"
+    verb = ("--service", url, "--token-file", str(token_file))
+    watcher = None
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "echo deployed")
+        early = cli("abort", "echo", *verb)
+        assert early.code == 1 and "409: no rollout of echo is in progress" in early.err
+
+        manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]) + WATCHED_A_MINUTE)
+        manifests.commit("echo 2, watched for a minute")
+        done = service.pass_count()
+        assert service.reconcile_now() == 202
+        watched = tmp_path / "status-watch.out"
+        with watched.open("w") as out:
+            watcher = subprocess.Popen(
+                [sys.executable, "-m", "reconciler", "status", "--watch", *verb, "--every", "0.2"],
+                stdout=out,
+            )
+        entry = _analysing(service, token, 2)
+        assert 0 < entry["seconds_left"] < 60
+        assert entry["evaluation"]["checks"][0]["check"] == "success-rate"
+        # Refused without the token, and nothing recorded.
+        assert service.post("/v1/deployments/echo/abort", b"{}", {}) == 401
+        aborted = cli("abort", "echo", *verb, "--reason", "pager: error budget")
+        asked = time.monotonic()
+        assert aborted.code == 0, aborted.err
+        assert aborted.out.startswith("abort: echo by token:oncall-alice: abort by token:")
+        assert "obeys within 0.25 s" in aborted.out
+        wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "echo 1 alone again")
+        back = time.monotonic() - asked
+        assert back < 10, f"the old version served alone {back:.1f}s after the abort"
+        service.wait_passes(done, 60, "the aborted pass")
+        wait_until(
+            lambda: watched.read_text().rstrip().endswith("no rollout in progress"),
+            10,
+            "status --watch sees the rollout end",
+        )
+        watcher.send_signal(signal.SIGINT)
+        assert watcher.wait(30) == 0
+        shown = watched.read_text()
+        assert "echo (model echo)" in shown and "edge-a: analyzing [2] for " in shown
+        assert "s left" in shown and "success-rate=" in shown
+
+        store = StateStore(state)
+        try:
+            hold = store.history().holds["echo"]
+            assert "aborted by token:oncall-alice" in hold.reason and "error budget" in hold.reason
+            assert any(model == "echo" for model, _, _ in store.open_alerts())
+        finally:
+            store.close()
+        assert cli("abort", "echo", *verb).code == 1  # over: nothing in progress
+
+        manifests.write("echo.yaml", deployment_doc("echo", [3], ["edge-a"]) + WATCHED_A_MINUTE)
+        manifests.commit("echo 3, watched for a minute")
+        done = service.pass_count()
+        assert service.reconcile_now() == 202
+        _analysing(service, token, 3)
+        promoted = cli("promote", "echo", *verb)
+        asked = time.monotonic()
+        assert promoted.code == 0, promoted.err
+        wait_until(lambda: ready_versions(triton, "echo") == {3}, 30, "echo 3 promoted")
+        assert time.monotonic() - asked < 10
+        service.wait_passes(done, 60, "the promoted pass")
+    finally:
+        if watcher is not None and watcher.poll() is None:
+            watcher.kill()
+            watcher.wait()
+        assert service.stop() == 0
+    history = cli("history", "--state", str(state), "--output", "json").json()
+    verdicts = [(r["to_versions"], r["outcome"], r["verdict"]) for r in history["rollouts"][:2]]
+    assert verdicts == [([3], "converged", "promoted"), ([2], "reverted", "aborted")]
+    actions = [(a["verb"], a["by"]) for a in history["operator_actions"][:2]]
+    assert actions == [("promote", "token:oncall-alice"), ("abort", "token:oncall-alice")]

@@ -1,10 +1,10 @@
 """The container image and the deployment examples hang together: no Docker, no cluster.
 
 Nothing is built or applied. The Dockerfile, examples/deploy/kubernetes/*.yaml, the example
-TritonServer manifest and the Grafana dashboard are parsed and checked against the real command
-line (``build_parser``, ``external_defaults``), the real manifest loader, and the real metrics
-registry (``ReconcilerMetrics``): option names, file paths, ports, probes and metric names that
-do not exist fail here instead of in a cluster.
+TritonServer manifest, the Grafana dashboard and the PrometheusRule are parsed and checked
+against the real command line (``build_parser``, ``external_defaults``), the real manifest
+loader, the real metrics registry (``ReconcilerMetrics``) and ``promtool``: option names, file
+paths, ports, probes and metric names that do not exist fail here instead of in a cluster.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from reconciler.cli import build_parser, external_defaults
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.service.telemetry import ReconcilerMetrics
+from tests.services import find_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -62,6 +63,17 @@ TRITON_METRICS = frozenset(
         "nv_cpu_utilization",
     }
 )
+# Series Prometheus writes itself for every target it scrapes.
+PROMETHEUS_OWN_SERIES = frozenset({"up"})
+# The alerts the PrometheusRule must have (issue 15), and the labels each one's annotations
+# must name where its expression keeps them.
+ALERTS_MUST_HAVE = {
+    "TritonGitopsDown": {"instance"},
+    "TritonGitopsNoSuccessfulPass": {"instance"},
+    "TritonGitopsServerUnreachable": {"server"},
+    "TritonGitopsModelHeld": {"model", "server"},
+    "TritonGitopsRolloutFailed": {"instance"},
+}
 # What the dashboard must show at least: every reconciler figure of the issue, and Triton's
 # per-version traffic, latency and memory.
 DASHBOARD_MUST_SHOW = frozenset(
@@ -90,6 +102,7 @@ NAMESPACED = frozenset(
         "Deployment",
         "Service",
         "ServiceMonitor",
+        "PrometheusRule",
     }
 )
 DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -371,6 +384,7 @@ def test_every_yaml_and_json_file_parses() -> None:
         "deployment.yaml",
         "service.yaml",
         "servicemonitor.yaml",
+        "prometheusrule.yaml",
         "triton.yaml",
     }
     assert DASHBOARD in jsons
@@ -756,6 +770,63 @@ def test_dashboard_is_a_grafana_schema_39_dashboard() -> None:
         for target in panel["targets"]:
             uid = target["datasource"]["uid"]
             assert uid.strip("${}") in variables, f"{panel['title']}: datasource {uid}"
+
+
+# -- the PrometheusRule ---------------------------------------------------------------------
+
+
+def prometheus_rule_groups() -> list[dict[str, Any]]:
+    """spec.groups of the PrometheusRule: what a plain Prometheus rule file holds."""
+    (rule,) = find("PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    groups: list[dict[str, Any]] = rule["spec"]["groups"]
+    return groups
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [r for group in prometheus_rule_groups() for r in group["rules"] if "alert" in r]
+
+
+def test_alert_rules_use_only_metrics_that_exist() -> None:
+    known = exported_metric_names() | TRITON_METRICS | PROMETHEUS_OWN_SERIES
+    assert "triton_gitops_server_unreachable_passes" in known
+    used: set[str] = set()
+    for rule in alert_rules():
+        names = promql_metric_names(rule["expr"])
+        assert names, f"{rule['alert']}: no metric in {rule['expr']!r}"
+        used |= names
+    assert used <= known, f"metrics nobody exports: {sorted(used - known)}"
+    assert used >= {
+        "up",
+        "triton_gitops_last_success_timestamp_seconds",
+        "triton_gitops_server_unreachable_passes",
+        "triton_gitops_model_state",
+        "triton_gitops_rollouts_total",
+    }
+
+
+def test_each_alert_has_a_severity_a_summary_and_a_description_naming_its_labels() -> None:
+    rules = {r["alert"]: r for r in alert_rules()}
+    assert set(rules) >= set(ALERTS_MUST_HAVE)
+    for name, rule in rules.items():
+        assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
+        annotations = rule["annotations"]
+        assert annotations["summary"].strip() and annotations["description"].strip(), name
+        named = set(
+            re.findall(r"\$labels\.(\w+)", annotations["summary"] + annotations["description"])
+        )
+        assert named >= ALERTS_MUST_HAVE.get(name, set()), f"{name} names {sorted(named)}"
+
+
+def test_promtool_accepts_the_alert_rules(tmp_path: Path) -> None:
+    promtool = find_binary(("promtool",), "prometheus")
+    rules = tmp_path / "rules.yml"
+    rules.write_text(json.dumps({"groups": prometheus_rule_groups()}))  # JSON is YAML
+    checked = subprocess.run(
+        [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(alert_rules())} rules found" in checked.stdout
 
 
 # -- the Dockerfile --------------------------------------------------------------------------

@@ -35,8 +35,10 @@ def test_a_failing_server_is_skipped_until_its_next_try() -> None:
     assert backoff.retrying("edge-a")  # due again, but no pass has reached it yet
     second = backoff.server_failed("edge-a")
     assert 1.0 <= second <= 2.0
+    assert backoff.failed_passes("edge-a") == 2 and backoff.failed_passes("edge-b") == 0
     backoff.server_answered("edge-a")
     assert backoff.skip_list() == {} and not backoff.retrying("edge-a")
+    assert backoff.failed_passes("edge-a") == 0
 
 
 def test_a_server_answering_the_watch_keeps_its_failure_count() -> None:

@@ -24,6 +24,9 @@ def test_routes_are_matched_exactly() -> None:
     assert route("/v1/deployments/fraud-model.v2/retry") == ("retry", "fraud-model.v2")
     assert route("/v1/reconcile") == ("reconcile", None)
     assert route("/v1/deployments/echo/undo") == ("undo", "echo")
+    assert route("/v1/deployments/echo/abort") == ("abort", "echo")
+    assert route("/v1/deployments/echo/promote") == ("promote", "echo")
+    assert route("/v1/deployments/echo/promote-full") == ("promote-full", "echo")
     for path in (
         "/v1/retry",  # retry needs a deployment
         "/v1/undo",  # so does undo
@@ -32,7 +35,10 @@ def test_routes_are_matched_exactly() -> None:
         "/v1/suspend?x=1",
         "/v1/deployments/Echo/suspend",  # not a Kubernetes name
         "/v1/deployments/../suspend",
-        "/v1/deployments/echo/abort",  # not built
+        "/v1/abort",  # an order is for one rollout
+        "/v1/promote",
+        "/v1/deployments/echo/promote-fully",
+        "/v1/deployments/echo/rollback",  # not a verb
         "/v1/deployments/" + "a" * 254 + "/suspend",
         "/V1/suspend",
     ):
