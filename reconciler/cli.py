@@ -617,8 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="named bearer tokens for the on-call verbs (POST /v1/suspend, /v1/resume, "
-        "/v1/deployments/NAME/suspend|resume|retry), one 'name: token' per line; history "
-        "records the name. The verbs are off without it",
+        "/v1/reconcile, /v1/deployments/NAME/suspend|resume|retry|abort|promote|promote-full) "
+        "and GET /status, /v1/passes/last; one 'name: token' per line; history records the "
+        "name. The verbs are off without it",
     )
     for name, what in (
         ("github-secret", "GitHub webhook secret (HMAC-SHA256)"),
