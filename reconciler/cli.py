@@ -653,7 +653,7 @@ def _log_options(command: argparse.ArgumentParser, default_format: str) -> None:
         "--log-level",
         choices=LOG_LEVELS,
         default="info",
-        help="least severe record logged (info); debug also shows the scheduler's lines",
+        help="least severe record logged (info); debug also shows run's scheduler lines",
     )
 
 
