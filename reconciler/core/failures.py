@@ -21,15 +21,16 @@ _SEVERE_PROBLEMS = frozenset({"artifact-mismatch"})
 
 
 def pass_failures(report: PassReport) -> tuple[PassFailure, ...]:
-    """The plan's problems first (a whole server before its models, as the planner lists
-    them), then each change that did not converge, then each router not set back."""
+    """The plan's problems first, in the plan's order, then each change that did not
+    converge, then each router not set back."""
     failures = [_problem(p, report.revision) for p in report.plan.problems]
     result = report.result
     if result is not None:
         failures += [
             _change(c, result) for c in result.changes if c.outcome is not Outcome.CONVERGED
         ]
-        # apply makes one route result per planned route, in the plan's order
+        # apply makes one route result per planned route, in the plan's order (not strict:
+        # were they ever out of step, the rest of the failures must still be reported)
         routes = zip(report.plan.routes, result.routes, strict=False)
         failures += [_route(u, r, result.revision) for u, r in routes if not r.ok]
     return tuple(failures)
