@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import sqlite3
@@ -12,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.cli import _ApplyLines
+from reconciler.model.plan import Action, Step
+from reconciler.model.results import StepResult
 from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
@@ -76,6 +80,30 @@ def test_apply_logs_what_failed_as_json_lines_or_text(
     assert text.returncode == 1
     assert f"failure revision={revision} server=edge-z kind=unreachable reason=" in text.stderr
     assert "{" not in text.stderr
+
+
+def test_apply_progress_is_log_records_with_log_format_json(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = _ApplyLines(60.0, as_records=True)
+    load = Step("edge-a", "echo", Action.LOAD, (2,), "new")
+    with caplog.at_level(logging.INFO):
+        lines.started(load, reverting=False)
+        lines.ended(StepResult(load, False, 0.5, "initialize failed"))
+    lines.close()
+
+    assert capsys.readouterr().err == ""  # nothing printed past the log's formatter
+    started, ended = [(r.getMessage(), vars(r)["fields"]) for r in caplog.records]
+    assert started == (
+        "edge-a/echo: load [2] ...",
+        {"server": "edge-a", "model": "echo", "step": "load"},
+    )
+    assert ended[0] == "step"  # the event the service logs for each step
+    assert (ended[1]["outcome"], ended[1]["error"], ended[1]["versions"]) == (
+        "failed",
+        "initialize failed",
+        [2],
+    )
 
 
 def test_ref_and_path_select_what_is_reconciled(
