@@ -32,6 +32,7 @@ from reconciler.adapters.chart import ChartUnavailable, latency_chart
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
 from reconciler.adapters.local_triton import LocalTritonError
+from reconciler.adapters.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from reconciler.adapters.operator_client import ask_service, live_status, wait_for_pass
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
@@ -42,6 +43,7 @@ from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES, attach_shadow_req
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.gate import gated, run_gate
+from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.review import desired_at, diff_refs
 from reconciler.loop.status import status
@@ -66,7 +68,6 @@ from reconciler.model.settings import (
 from reconciler.model.source import GitCredentials, SignaturePolicy, Source
 from reconciler.service.daemon import Daemon
 from reconciler.service.operator import OperatorTokensError, parse_tokens
-from reconciler.service.telemetry import JsonLogFormatter
 from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
 from reconciler.views.live import evaluation_line, live_text, started_line, waiting_line
 from reconciler.views.render import (
@@ -91,6 +92,8 @@ from reconciler.views.steps import plan_steps_json
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 EXIT_GATE_FAILED = 3  # gate: a deployment failed it (1 stays an error: not judged)
+# plan and apply's own records with --log-format json (their progress, why they stopped)
+_log = logging.getLogger("triton_gitops.cli")
 
 
 def _default_state() -> Path:
@@ -643,8 +646,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="named bearer tokens for the on-call verbs (POST /v1/suspend, /v1/resume, "
-        "/v1/deployments/NAME/suspend|resume|retry), one 'name: token' per line; history "
-        "records the name. The verbs are off without it",
+        "/v1/reconcile, /v1/deployments/NAME/suspend|resume|retry|abort|promote|promote-full) "
+        "and GET /status, /v1/passes/last; one 'name: token' per line; history records the "
+        "name. The verbs are off without it",
     )
     for name, what in (
         ("github-secret", "GitHub webhook secret (HMAC-SHA256)"),
@@ -658,7 +662,26 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"file holding the {what} (or the value in "
             f"$TRITON_GITOPS_{name.upper().replace('-', '_')}); the endpoint is off without it",
         )
+    for name, command in commands.choices.items():
+        _log_options(command, "json" if name == "run" else "text")
     return parser
+
+
+def _log_options(command: argparse.ArgumentParser, default_format: str) -> None:
+    group = command.add_argument_group("logging (stderr)")
+    group.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=default_format,
+        help="text: the message and its fields as key=value; json: one object a line (time "
+        f"in RFC 3339, level, logger, message, fields). Default {default_format}",
+    )
+    group.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default="info",
+        help="least severe record logged (info); debug also shows run's scheduler lines",
+    )
 
 
 def _secret(file: Path | None, variable: str) -> str | None:
@@ -921,32 +944,42 @@ def _settings(args: argparse.Namespace) -> Settings:
 class _ApplyLines:
     """apply's progress on stderr (never in the report on stdout): a line as each step
     begins and ends, each evaluation as it is made, and, while a step runs long, a 'still
-    loading... 40s' line every few seconds on a terminal (every 30 s in a CI log)."""
+    loading... 40s' line every few seconds on a terminal (every 30 s in a CI log). With
+    --log-format json each is a log record instead, so that every line of stderr is JSON
+    (a step's end the "step" event the service logs too)."""
 
-    def __init__(self, every: float) -> None:
+    def __init__(self, every: float, as_records: bool = False) -> None:
         self._every = every
+        self._as_records = as_records
         self._running: dict[tuple[str, str], tuple[Step, float]] = {}
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="apply-lines", daemon=True)
         self._ticker.start()
 
-    def _say(self, line: str) -> None:
+    def _say(self, line: str, step: Step) -> None:
+        if self._as_records:
+            where = {"server": step.server, "model": step.model, "step": str(step.action)}
+            _log.info(line, extra={"fields": where})
+            return
         with self._lock:
             print(line, file=sys.stderr, flush=True)
 
     def started(self, step: Step, reverting: bool) -> None:
         with self._lock:
             self._running[(step.server, step.model)] = (step, time.monotonic())
-        self._say(started_line(step, reverting))
+        self._say(started_line(step, reverting), step)
 
     def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
-        self._say(evaluation_line(step, evaluation, seconds_left))
+        self._say(evaluation_line(step, evaluation, seconds_left), step)
 
     def ended(self, result: StepResult) -> None:
         with self._lock:
             self._running.pop((result.step.server, result.step.model), None)
-        self._say(progress_line(result))
+        if self._as_records:
+            log_step(result)
+        else:
+            self._say(progress_line(result), result.step)
 
     def _tick(self) -> None:
         while not self._done.wait(self._every):
@@ -955,17 +988,26 @@ class _ApplyLines:
                 running = list(self._running.values())
             for step, began in running:
                 if now - began >= self._every:
-                    self._say(waiting_line(step, now - began))
+                    self._say(waiting_line(step, now - began), step)
 
     def close(self) -> None:
         self._done.set()
         self._ticker.join()
 
 
+def _tell(args: argparse.Namespace, text: str, **fields: Any) -> None:
+    """Why plan or apply stopped, on stderr: a line of text, or with --log-format json an
+    ERROR record like every other line there."""
+    if args.log_format == "json":
+        _log.error(text, extra={"fields": fields})
+    else:
+        print(text, file=sys.stderr)
+
+
 def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     source = Source(args.repo, args.ref, args.path)
     settings = _settings(args)
-    lines = _ApplyLines(5.0 if sys.stderr.isatty() else 30.0)
+    lines = _ApplyLines(5.0 if sys.stderr.isatty() else 30.0, args.log_format == "json")
     try:
         saved = load_saved_plan(args.plan, source) if getattr(args, "plan", None) else None
         report = reconcile(
@@ -979,14 +1021,15 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
         )
     except ValidationError as exc:
         for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        print(
+            _tell(args, str(problem), file=problem.file, line=problem.line)
+        _tell(
+            args,
             f"{len(exc.problems)} problem(s) in the manifests at {exc.revision}; nothing applied",
-            file=sys.stderr,
+            revision=exc.revision,
         )
         return EXIT_ERROR
     except ReconcileError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _tell(args, f"error: {exc}")
         return EXIT_ERROR
     finally:
         lines.close()
@@ -1249,11 +1292,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLogFormatter())
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+    configure_logging(args.log_format, args.log_level, replace=True)
     try:
         operator_tokens = _operator_tokens(args.operator_tokens_file)
     except (OSError, OperatorTokensError) as exc:
@@ -1306,8 +1345,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(arguments)
     if args.command == "run":
         return _run(args)
-    # Structured log lines (alerts among them) go to stderr, one JSON object per line.
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    # Log records (alerts, each failure of a pass) go to stderr, as text or JSON lines.
+    configure_logging(args.log_format, args.log_level)
     if args.command == "validate":
         return _validate(args)
     if args.command == "history":

@@ -7,7 +7,7 @@ to an ``Alerter``:
 - ``AlertmanagerAlerter`` posts it to Alertmanager's v2 API as an alert, and resolves the
   matching firing alert when a rollout succeeds;
 - ``WebhookAlerter`` posts the event itself as JSON to any endpoint;
-- ``LogAlerter`` writes one JSON line per event to a logger;
+- ``LogAlerter`` logs one record per event, its fields structured (``message`` "alert");
 - ``FanOut`` sends to several.
 
 Alerting must never stop a reconcile: an alerter never raises to its caller and never blocks
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
-from reconciler.adapters.credentials import basic_auth, redact
+from reconciler.adapters.credentials import basic_auth, redact, redact_all
 from reconciler.model.history import KINDS, AlertEvent
 
 log = logging.getLogger(__name__)
@@ -84,17 +84,6 @@ def _rfc3339(at: datetime) -> str:
     return at.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _redacted(value: Any) -> Any:
-    """``value`` with credentials hidden in every string inside it."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        return {str(k): _redacted(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set | frozenset):
-        return [_redacted(v) for v in value]
-    return value
-
-
 def resolves(event: AlertEvent) -> bool:
     """True when ``event`` ends a failure instead of reporting one."""
     return event.resolved or event.kind == ROLLOUT_SUCCEEDED
@@ -109,7 +98,7 @@ def event_json(event: AlertEvent) -> dict[str, Any]:
         "revision": event.revision,
         "model": event.model,
         "server": event.server,
-        "details": _redacted(event.details or {}),
+        "details": redact_all(event.details or {}),
         "resolved": event.resolved,
     }
 
@@ -349,7 +338,7 @@ class AlertmanagerAlerter(_QueuedAlerter[_Fire | _Resolve]):
     @staticmethod
     def annotations(event: AlertEvent) -> dict[str, str]:
         annotations = {"summary": redact(event.summary), "revision": event.revision}
-        for key, value in _redacted(event.details or {}).items():
+        for key, value in redact_all(event.details or {}).items():
             annotations[_annotation_name(key)] = _annotation_value(value)
         return annotations
 
@@ -434,15 +423,17 @@ class WebhookAlerter(_QueuedAlerter[dict[str, Any]]):
 
 
 class LogAlerter:
-    """One JSON line per event: WARNING for a failure, INFO for a recovery."""
+    """One log record per event: WARNING for a failure, INFO for a recovery. The message
+    is "alert" (the service names its events by their message) and the event's fields
+    (``event_json``) travel as the record's structured fields, so a JSON log line holds
+    them as fields of its own, not as JSON inside a string (``adapters/logs.py``)."""
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.logger = logger or log
 
     def send(self, event: AlertEvent) -> None:
         level = logging.INFO if resolves(event) else logging.WARNING
-        line = json.dumps(event_json(event), sort_keys=True, default=str)
-        self.logger.log(level, "%s", line)
+        self.logger.log(level, "alert", extra={"fields": event_json(event)})
 
 
 class FanOut:

@@ -11,6 +11,8 @@ import base64
 import re
 import threading
 import urllib.parse
+from collections.abc import Mapping
+from typing import Any
 
 _concealed: set[str] = set()
 _concealed_lock = threading.Lock()
@@ -30,6 +32,18 @@ def redact(text: str) -> str:
     for secret in sorted(_concealed, key=len, reverse=True):
         text = text.replace(secret, "***")
     return text
+
+
+def redact_all(value: Any) -> Any:
+    """``value`` with credentials hidden in every string inside it (mappings and sequences
+    become dicts and lists: what JSON makes of them anyway)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, Mapping):
+        return {str(k): redact_all(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [redact_all(v) for v in value]
+    return value
 
 
 def basic_auth(url: str) -> tuple[str, dict[str, str]]:

@@ -104,7 +104,9 @@ def conditions(
     for index, condition in enumerate(CONDITION_TYPES):
         status = _aggregate(condition, [_STATUSES[p.state][index] for p in ordered])
         speaking = [p for p in ordered if _STATUSES[p.state][index] == status]
-        first = speaking[0]
+        # A staged rollout held by one server's failure: that server says why (the others'
+        # last analyses passed before they were put back).
+        first = next((p for p in speaking if p.verdict in ("failed", "aborted")), speaking[0])
         message = "; ".join(
             f"{p.server}: {p.detail or _MESSAGES.get(p.state, p.state)}" for p in speaking[:3]
         )

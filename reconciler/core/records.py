@@ -197,11 +197,14 @@ def _failed_alert(change: ChangeResult, revision: str, revert_action: str) -> Al
         details["checks"] = "; ".join(str(r) for r in last.results)
     if change.rollback_seconds is not None:
         details["rollback_seconds"] = round(change.rollback_seconds, 4)
+    # An operator's abort (``Aborted``'s verdict), whichever step it stopped.
+    aborted = any(r.verdict == "aborted" for r in change.steps)
+    what = "failed its analysis" if failed_analysis else "failed to load or verify"
     return AlertEvent(
-        "rollout-failed" if failed_analysis else "load-failed",
+        "rollout-failed" if failed_analysis or aborted else "load-failed",
         "critical",
         f"{model} {to} on {server} "
-        + ("failed its analysis" if failed_analysis else "failed to load or verify")
+        + ("was aborted by an operator" if aborted else what)
         + (
             f"; {', '.join(map(str, change.change.serving)) or 'nothing'} serves again"
             if change.outcome is Outcome.REVERTED

@@ -3,7 +3,7 @@
 ``Ports`` that ``wiring.ports`` builds (tests give plain fakes).
 
 It raises only ReconcileError subclasses, and returns a PassReport for everything else,
-failures of single models included.
+failures of single models included; each of those it also logs (``loop/pass_log.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from reconciler.loop import phases
 from reconciler.loop.memory import PassMemory
+from reconciler.loop.pass_log import log_failures
 from reconciler.model.reports import PassReport, SavedPlan
 from reconciler.model.results import Progress, StepResult
 from reconciler.model.settings import Settings
@@ -67,7 +68,9 @@ def reconcile(
         events,
     )
     try:
-        return _run(run)
+        report = _run(run)
+        log_failures(report)
+        return report
     finally:
         alerts.flush()
         state.save_undelivered_alerts(alerts.backlog())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from reconciler.model.history import Rollout
 from reconciler.model.plan import Plan
@@ -32,6 +33,31 @@ class PassReport:
     @property
     def ok(self) -> bool:
         return not self.plan.problems and (self.result is None or self.result.ok)
+
+
+@dataclass(frozen=True)
+class PassFailure:
+    """One server, model or router a pass did not bring where the manifests ask, and why:
+    a plan problem (a server unreachable, a manifest problem) or a change that did not
+    converge. ``core/failures.py`` derives them from a PassReport; the pass logs one event
+    each and the service answers them in ``GET /v1/passes/last``."""
+
+    revision: str
+    # A change's FailureKind (against-versions, server-lost, ...) or "skipped"; a plan
+    # problem's kind ("unreachable" for a whole server, else PlanProblem.kind).
+    kind: str
+    reason: str  # the failed step's error, or the problem's message
+    server: str | None = None  # None: a router
+    model: str | None = None  # None: the whole server, or a router
+    deployment: str | None = None
+    step: str | None = None  # the action that failed (load, verify, analyze, ...)
+    outcome: str | None = None  # the change's Outcome; None for a plan problem
+    versions: tuple[int, ...] = ()  # the versions asked for
+    router: str | None = None
+    revert_error: str | None = None  # the old versions could not be put back: why
+    checks: tuple[Mapping[str, Any], ...] = ()  # a failed analysis's last evaluation
+    # A person must act: nothing the next pass does by itself fixes it (core/failures.py).
+    severe: bool = False
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@
     backoff                   a failing server is skipped until its next try (exponential,
                               jittered), the others go on; a Git remote that is down keeps
                               everything serving and is retried the same way
-    observability             /metrics (prometheus-client), /healthz, /readyz; JSON log lines
+    observability             /metrics (prometheus-client), /healthz, /readyz; JSON log lines,
+                              one "failure" event per server or model a pass left failed
     shutdown                  SIGTERM/SIGINT: the change in progress finishes (an analysis in
                               progress is cut short and its old versions put back), no other
                               starts; exit 0, or 1 if the deadline passed first
@@ -49,10 +50,12 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from reconciler.adapters.credentials import conceal, redact
 from reconciler.adapters.state import StateStore
+from reconciler.core.failures import pass_failures
 from reconciler.core.records import model_states, rfc3339
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.memory import PassMemory
+from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.undo import undo
 from reconciler.model.errors import (
@@ -64,7 +67,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
 from reconciler.model.reports import PassReport
-from reconciler.model.results import Outcome, StepResult
+from reconciler.model.results import Outcome
 from reconciler.model.settings import RunSettings, Settings
 from reconciler.model.source import Source
 from reconciler.service.backoff import ServerBackoff, backoff_delay
@@ -127,21 +130,6 @@ class Daemon:
     def _skip_list(self) -> dict[str, str]:
         return self.backoff.skip_list()
 
-    def _log_step(self, result: StepResult) -> None:
-        step = result.step
-        _event(
-            "step",
-            logging.INFO if result.ok else logging.WARNING,
-            server=step.server,
-            model=step.model,
-            step=str(step.action),
-            versions=list(step.versions),
-            outcome="ok" if result.ok else "failed",
-            revert=result.reverting,
-            seconds=round(result.seconds, 4),
-            error=result.error,
-        )
-
     def run_pass(self, trigger: str = "schedule") -> PassReport | None:
         if self.stop_requested.is_set():
             return None
@@ -160,7 +148,7 @@ class Daemon:
                 self.settings,
                 ports(self.settings, self.source),  # fresh each pass: no Git handle outlives it
                 apply_changes=not self.run_settings.dry_run,
-                progress=self._log_step,
+                progress=log_step,
                 skip=self._skip_list(),
                 stopping=self.stop_requested.is_set,
                 memory=self.memory,
@@ -209,6 +197,8 @@ class Daemon:
                 result=result,
                 seconds=round(seconds, 3),
                 revision=report.revision if report else None,
+                # each one logged as a "failure" event just before (loop/pass_log.py)
+                failed=len(self._outcome["failed"]),
             )
             self._pass_lock.release()
         # A pass asked for meanwhile runs once this job has returned (``_job_ended``): asked
@@ -517,21 +507,16 @@ def _outcome(
 ) -> dict[str, Any]:
     """What ``GET /v1/passes/last`` answers about one pass: whether it fully succeeded, and
     each server or model it could not bring where the manifests ask (with the reason)."""
-    failed = []
-    if report is not None:
-        failed = [
-            {"server": p.server, "model": p.model, "reason": p.message}
-            for p in report.plan.problems
-        ]
-        failed += [
-            {
-                "server": c.change.server,
-                "model": c.change.model,
-                "reason": c.error or str(c.outcome),
-            }
-            for c in (report.result.changes if report.result else ())
-            if c.outcome is not Outcome.CONVERGED
-        ]
+    failed = [
+        {
+            "server": f.server if f.server is not None else f"router {f.router}",
+            "model": f.model,
+            "deployment": f.deployment,
+            "kind": f.kind,
+            "reason": f.reason,
+        }
+        for f in (pass_failures(report) if report is not None else ())
+    ]
     return {
         "number": number,
         "trigger": trigger,

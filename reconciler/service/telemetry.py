@@ -1,14 +1,13 @@
-"""The service's JSON log lines and its Prometheus metrics."""
+"""The service's log events (``_event``: a message and structured fields, written as JSON
+lines by ``adapters/logs.py``) and its Prometheus metrics."""
 
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import platform
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import (
@@ -20,7 +19,6 @@ from prometheus_client import (
 )
 
 from reconciler import __version__
-from reconciler.adapters.credentials import redact
 from reconciler.model.results import Outcome
 
 log = logging.getLogger("triton_gitops")
@@ -44,23 +42,6 @@ def fewer_malloc_arenas(arenas: int = 2) -> bool:
 
 
 _M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
-
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line; every string passes through ``redact``."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "message": redact(record.getMessage()),
-        }
-        fields = getattr(record, "fields", None)
-        if isinstance(fields, Mapping):
-            entry.update({k: redact(v) if isinstance(v, str) else v for k, v in fields.items()})
-        if record.exc_info:
-            entry["exception"] = redact(self.formatException(record.exc_info))
-        return json.dumps(entry, default=str)
 
 
 def _event(message: str, level: int = logging.INFO, **fields: Any) -> None:

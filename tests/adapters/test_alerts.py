@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from reconciler.adapters.alerts import AlertmanagerAlerter, FanOut, LogAlerter, WebhookAlerter
+from reconciler.adapters.logs import JsonLogFormatter
 from reconciler.model.history import AlertEvent
 from testkit.local_triton import free_port
 
@@ -243,18 +244,23 @@ def test_webhook_queue_is_bounded_and_keeps_the_newest() -> None:
         receiver.close()
 
 
-def test_log_alerter_writes_one_json_line(caplog: pytest.LogCaptureFixture) -> None:
+def test_log_alerter_logs_the_event_as_fields_of_one_json_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     logger = logging.getLogger("tests.alerts")
     with caplog.at_level(logging.INFO, logger="tests.alerts"):
         LogAlerter(logger).send(FAILED)
         LogAlerter(logger).send(SUCCEEDED)
     failed, succeeded = caplog.records
     assert failed.levelno == logging.WARNING and succeeded.levelno == logging.INFO
-    line = failed.getMessage()
+    line = JsonLogFormatter().format(failed)
     assert "\n" not in line
-    assert json.loads(line)["kind"] == "rollout-failed"
-    assert json.loads(line)["details"]["checks"] == FAILED.details["checks"]
-    assert json.loads(succeeded.getMessage())["resolved"] is True
+    entry = json.loads(line)
+    assert entry["message"] == "alert"  # the event's fields are fields, not JSON in a string
+    assert (entry["kind"], entry["model"], entry["server"]) == ("rollout-failed", "echo", "edge-a")
+    assert entry["details"]["checks"] == FAILED.details["checks"]
+    assert entry["details"]["to_versions"] == [2]
+    assert json.loads(JsonLogFormatter().format(succeeded))["resolved"] is True
 
 
 def test_fan_out_sends_to_every_alerter(
@@ -296,6 +302,10 @@ def test_credentials_travel_in_a_header_and_never_in_logs_or_errors(
     assert secret not in down.last_error
     assert secret not in repr(down)
     assert caplog.records and secret not in caplog.text
+    # the log alerter's event travels as fields: hidden there too, as the service writes them
+    logged = [JsonLogFormatter().format(r) for r in caplog.records if r.name == "tests.alerts"]
+    assert logged and all(secret not in line for line in logged)
+    assert json.loads(logged[0])["details"]["source"] == "https://***@git.example/x.git"
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ when each of its phases fails. No Git, no Triton, no SQLite (see ``pass_fakes.py
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from pathlib import Path
 
@@ -284,6 +285,48 @@ def test_a_failing_load_is_reverted_held_and_alerted(world: World, settings: Set
     assert world.state.open == {("echo", "s1", "load-failed")}
     assert report.reverts == ()  # --revert-mode hold: nothing pushed
     assert world.writer.pushed == []
+
+
+def test_a_pass_that_fails_logs_one_event_per_failed_server_or_model(
+    world: World, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.servers["s1"].failing.add(("echo", 2))
+    world.servers["s2"] = FakeClient("s2", {"echo": [2]})
+    world.servers["s2"].unreachable = True
+    revision = world.manifests.commit(
+        {
+            "servers/s1.yaml": server_yaml("s1"),
+            "servers/s2.yaml": server_yaml("s2"),
+            "models/echo.yaml": deployment_yaml("echo", [2], ["s1", "s2"]),
+        }
+    )
+    with caplog.at_level(logging.INFO, logger="triton_gitops.pass"):
+        report = run(world, settings)
+
+    assert not report.ok
+    events = [(r.levelno, vars(r)["fields"]) for r in caplog.records if r.getMessage() == "failure"]
+    assert [(level, f["server"], f.get("model")) for level, f in events] == [
+        (logging.WARNING, "s2", None),  # unreachable: retried by the next pass
+        (logging.ERROR, "s1", "echo"),  # failed against its versions: held
+    ]
+    (_, unreachable), (_, load) = events
+    assert unreachable["kind"] == "unreachable" and unreachable["revision"] == revision
+    assert (load["deployment"], load["step"], load["kind"], load["outcome"]) == (
+        "echo",
+        "load",
+        "against-versions",
+        "reverted",
+    )
+    assert load["reason"] == "server s1: failed to load 'echo' version 2: initialize failed"
+
+
+def test_a_pass_that_succeeds_logs_no_failure(
+    world: World, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    deploy(world, 1)
+    with caplog.at_level(logging.INFO, logger="triton_gitops.pass"):
+        assert run(world, settings).ok
+    assert [r for r in caplog.records if r.getMessage() == "failure"] == []
 
 
 def test_the_revert_is_pushed_in_commit_mode(world: World, settings: Settings) -> None:

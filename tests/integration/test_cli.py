@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import shutil
 import sqlite3
@@ -11,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.cli import _ApplyLines
+from reconciler.model.plan import Action, Step
+from reconciler.model.results import StepResult
 from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
@@ -36,6 +41,69 @@ def test_module_and_script_entry_points() -> None:
     assert script is not None
     version = subprocess.run([script, "--version"], capture_output=True, text=True)
     assert version.returncode == 0 and version.stdout.startswith("triton-gitops ")
+
+
+def test_apply_logs_what_failed_as_json_lines_or_text(
+    manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    # Nothing listens on this port: the pass's one failure is the server, no tritonserver needed.
+    address = f"127.0.0.1:{free_port()}"
+    manifests.write("servers.yaml", server_doc("edge-z", address, tmp_path / "models"))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-z"]))
+    revision = manifests.commit("deploy echo on a server that is down")
+    command = [
+        sys.executable, "-m", "reconciler", "apply",
+        "--repo", manifests.url,
+        "--state", str(tmp_path / "state.db"),
+        "--cache-dir", str(tmp_path / "cache"),
+        "--call-timeout", "2",
+    ]  # fmt: skip
+
+    logged = subprocess.run([*command, "--log-format", "json"], capture_output=True, text=True)
+
+    assert logged.returncode == 1, logged.stderr
+    assert "problems:" in logged.stdout  # the report itself is the same text as ever
+    lines = logged.stderr.splitlines()
+    entries = [json.loads(line) for line in lines]  # every line of stderr is one JSON object
+    assert lines and all({"time", "level", "logger", "message"} <= set(e) for e in entries)
+    (failure,) = [e for e in entries if e["message"] == "failure"]
+    assert failure["level"] == "warning"  # unreachable: the next pass tries again
+    assert (failure["server"], failure["kind"], failure["revision"]) == (
+        "edge-z",
+        "unreachable",
+        revision,
+    )
+    assert address in failure["reason"] and "model" not in failure
+
+    text = subprocess.run(command, capture_output=True, text=True)  # --log-format text
+
+    assert text.returncode == 1
+    assert f"failure revision={revision} server=edge-z kind=unreachable reason=" in text.stderr
+    assert "{" not in text.stderr
+
+
+def test_apply_progress_is_log_records_with_log_format_json(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = _ApplyLines(60.0, as_records=True)
+    load = Step("edge-a", "echo", Action.LOAD, (2,), "new")
+    with caplog.at_level(logging.INFO):
+        lines.started(load, reverting=False)
+        lines.ended(StepResult(load, False, 0.5, "initialize failed"))
+    lines.close()
+
+    assert capsys.readouterr().err == ""  # nothing printed past the log's formatter
+    started, ended = [(r.getMessage(), vars(r)["fields"]) for r in caplog.records]
+    assert started == (
+        "edge-a/echo: load [2] ...",
+        {"server": "edge-a", "model": "echo", "step": "load"},
+    )
+    assert ended[0] == "step"  # the event the service logs for each step
+    assert (ended[1]["outcome"], ended[1]["error"], ended[1]["versions"]) == (
+        "failed",
+        "initialize failed",
+        [2],
+    )
 
 
 def test_ref_and_path_select_what_is_reconciled(

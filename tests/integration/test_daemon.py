@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from reconciler.service.telemetry import fewer_malloc_arenas
-from testkit.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.service_process import Service, ServiceOptions
 from tests.integration.flows import ready_versions
@@ -287,3 +287,55 @@ def test_a_webhook_during_a_pass_runs_another_pass_when_it_ends(
         assert ready_versions(triton, "echo") == {7}
     finally:
         assert service.stop() == 0
+
+
+def test_a_partial_pass_logs_each_failure_and_no_scheduler_lines(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    # edge-a refuses echo 9 (it fails in initialize); nothing listens where edge-z should be.
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    down = server_doc("edge-z", f"127.0.0.1:{free_port()}", model_repository)
+    manifests.write("down.yaml", down)
+    manifests.write("echo.yaml", deployment_doc("echo", [9], ["edge-a"]))
+    manifests.write("other.yaml", deployment_doc("other", [1], ["edge-z"]))
+    revision = manifests.commit("a version that does not load, and a server that is down")
+    service = service_process(manifests.url, tmp_path / "service").start()
+    try:
+        wait_until(
+            lambda: any(e.get("message") == "pass finished" for e in service.events()),
+            30,
+            "the first pass",
+        )
+        # Several runs of the watch (every 0.5 s), each of which APScheduler would log.
+        time.sleep(1.5)
+    finally:
+        service.stop()
+
+    logged = service.events()
+    # The first pass's events (the backoff of edge-z brings a second pass forward).
+    end = next(i for i, e in enumerate(logged) if e["message"] == "pass finished")
+    events, finished = logged[:end], logged[end]
+    assert (finished["result"], finished["failed"]) == ("partial", 2)
+    failures = {(e["server"], e.get("model")): e for e in events if e["message"] == "failure"}
+    assert set(failures) == {("edge-z", None), ("edge-a", "echo")}
+    assert failures["edge-z", None]["kind"] == "unreachable"
+    assert failures["edge-z", None]["level"] == "warning"
+    load = failures["edge-a", "echo"]
+    assert (load["level"], load["deployment"], load["step"], load["kind"]) == (
+        "error",  # against its versions: held until a commit changes it
+        "echo",
+        "load",
+        "against-versions",
+    )
+    assert load["revision"] == revision and load["versions"] == [9]
+    assert "echo" in load["reason"]
+    # The alert of the same failure, its fields fields of the line.
+    (alert,) = [e for e in events if e["message"] == "alert" and e["kind"] == "load-failed"]
+    assert (alert["model"], alert["server"], alert["details"]["to_versions"]) == (
+        "echo",
+        "edge-a",
+        [9],
+    )
+    text = service.log.read_text()
+    assert "Running job" not in text and "executed successfully" not in text
+    assert not [e for e in logged if str(e.get("logger", "")).startswith("apscheduler")]

@@ -598,3 +598,67 @@ def test_an_instance_added_to_dns_during_a_rollout_waits_for_its_outcome(
     assert states == {
         f"pool/{a}": "held" if f"pool/{a}" in held else "in-sync" for a in (*ADDRESSES, newcomer)
     }
+
+
+def test_an_abort_during_a_staged_rollout_puts_back_every_server_touched_at_once(
+    manifests: ManifestRepo,
+    fleet: dict[str, LocalTriton],
+    model_repository: Path,
+    tmp_path: Path,
+    hooks: str,
+) -> None:
+    """``abort`` one-shot on the state store of an apply running elsewhere, during step 2's
+    half-minute analysis: both servers touched are back on 1 within seconds, step 3 is never
+    reached, the spec is held (Stalled: Aborted)."""
+    reconciler, options = _echo_1_on_the_pool(manifests, fleet, model_repository, tmp_path)
+    state = reconciler.options[3]
+    long_watch = (
+        "  verify:\n    analysis:\n      interval: 1s\n      duration: 30s\n"
+        "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
+    )
+    manifests.write("echo.yaml", _staged([2], hooks, long_watch))
+    manifests.commit("echo 2 in three steps, each watched for 30 s")
+    early = cli("abort", "echo", "--state", state)
+    assert early.code == 1 and "no rollout of ModelDeployment echo is in progress" in early.err
+    # Step 1's analysis, promoted: the rollout goes on to step 2 (analysed in full).
+    process = _apply_in_background(reconciler, options)
+    try:
+        while ready_versions(fleet[ADDRESSES[0]], "echo") != {1, 2}:
+            assert process.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.5)  # into step 1's analysis (its verify takes milliseconds)
+        assert cli("promote", "echo", "--state", state, "--as", "oncall").code == 0
+        _wait_for_hook("preStep", "step 2 of 3", process)
+        while ready_versions(fleet[ADDRESSES[1]], "echo") != {1, 2}:
+            assert process.poll() is None
+            time.sleep(0.1)
+        aborted = cli("abort", "echo", "--state", state, "--as", "oncall", "--reason", "paged")
+        asked = time.monotonic()
+        assert aborted.code == 0, aborted.err
+        while any(ready_versions(fleet[a], "echo") != {1} for a in ADDRESSES[:2]):
+            assert time.monotonic() - asked < 10, "the old version is not back within 10 s"
+            time.sleep(0.05)
+    finally:
+        code, report, err = _finish(process)
+    assert code == 1
+    assert all(ready_versions(fleet[a], "echo") == {1} for a in ADDRESSES)
+    outcomes = {c["server"]: c["outcome"] for c in report["result"]["changes"]}
+    assert outcomes == {
+        f"pool/{ADDRESSES[0]}": "reverted",
+        f"pool/{ADDRESSES[1]}": "reverted",
+        f"pool/{ADDRESSES[2]}": "skipped",
+        f"pool/{ADDRESSES[3]}": "skipped",
+    }
+    # apply's lines on stderr (not a terminal): each step as it begins, each evaluation.
+    assert f"pool/{ADDRESSES[1]}/echo: analyze [2] ..." in err
+    assert f"pool/{ADDRESSES[0]}/echo: evaluation 1 at " in err
+    history = cli("history", "--state", state, "--output", "json").json()
+    verdicts = {r["server"]: r["verdict"] for r in history["rollouts"] if r["to_versions"] == [2]}
+    assert verdicts[f"pool/{ADDRESSES[0]}"] == "promoted"
+    assert verdicts[f"pool/{ADDRESSES[1]}"] == "aborted"
+    shown = cli("status", *reconciler.options, *options, "--output", "json").json()
+    (echo,) = [d for d in shown["deployments"] if d["name"] == "echo"]
+    stalled = {c["type"]: c for c in echo["conditions"]}["Stalled"]
+    assert (stalled["status"], stalled["reason"]) == ("True", "Aborted")
+    assert f"echo 2 on pool/{ADDRESSES[1]} was aborted by an operator; 1 serves again" in err
+    assert "aborted by oncall" in stalled["message"] and "paged" in stalled["message"]

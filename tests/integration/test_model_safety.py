@@ -34,8 +34,12 @@ def _servers(manifests: ManifestRepo, *servers: tuple[str, LocalTriton, Path]) -
 
 
 def alerted(caplog: pytest.LogCaptureFixture, kind: str) -> bool:
-    """Whether an alert of ``kind`` went out (the structured log line every alert has)."""
-    return any(f'"kind": "{kind}"' in record.getMessage() for record in caplog.records)
+    """Whether an alert of ``kind`` went out (the log record every alert has: message
+    "alert", the event's fields as the record's)."""
+    return any(
+        r.getMessage() == "alert" and vars(r).get("fields", {}).get("kind") == kind
+        for r in caplog.records
+    )
 
 
 # -- ensembles and dependencies ---------------------------------------------------------------

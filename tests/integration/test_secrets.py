@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.git import GitWriter
+from reconciler.adapters.logs import JsonLogFormatter
 from reconciler.model.errors import SourceUnavailable
 from reconciler.model.settings import GitSettings, RunSettings, Settings
 from reconciler.model.source import GitCredentials, RevertEdit, Source
 from reconciler.service.daemon import Daemon
-from reconciler.service.telemetry import JsonLogFormatter
 from testkit.cli_run import CliRun, Reconciler, cli
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
