@@ -152,10 +152,25 @@ def test_a_running_service_honours_a_suspend_and_reports_each_models_state(
         assert metrics[state_of.format("echo", "in-sync")] == 0
         assert metrics[state_of.format("other", "in-sync")] == 1
 
-        # The verbs through the service: refused without the token (nothing recorded), and
-        # with it, recorded under the token's name; a resume runs a pass at once.
+        # The suspension is in the state store: a restarted service keeps it.
+        assert service.stop() == 0
+        service.start()
+        service.wait_passes(0, 60, "the restarted service's first pass")
+        assert ready_versions(triton, "echo") == {1}
+        assert service.metrics()[state_of.format("echo", "suspended")] == 1
+
+        # The verbs through the service: every one refused without the token or with a wrong
+        # one (nothing recorded), and with it, recorded under the token's name; a resume
+        # runs a pass at once.
+        routes = [f"/v1/{verb}" for verb in ("suspend", "resume", "reconcile")] + [
+            f"/v1/deployments/echo/{verb}"
+            for verb in ("suspend", "resume", "retry", "abort", "promote", "promote-full", "undo")
+        ]
         for headers in ({}, {"Authorization": "Bearer " + "x" * 32}):
-            assert service.post("/v1/deployments/echo/resume", b"{}", headers) == 401
+            for path in routes:
+                assert service.post(path, b"{}", headers) == 401, path
+        for path in ("/status", "/v1/passes/last"):
+            assert service.get(path)[0] == 401, path
         assert "suspended" in cli("status", "--repo", manifests.url, "--state", state).out
         done = service.pass_count()
         url = f"http://127.0.0.1:{service.port}"
