@@ -37,9 +37,8 @@ from reconciler.adapters.operator_client import ask_service, live_status, wait_f
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.state import StateStore
-from reconciler.core.spec.desired import load_desired_state
-from reconciler.core.spec.rules import analysis_source_problems
-from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES, attach_shadow_requests
+from reconciler.core.spec.desired import read_manifests
+from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.gate import gated, run_gate
@@ -49,7 +48,7 @@ from reconciler.loop.review import desired_at, diff_refs
 from reconciler.loop.status import status
 from reconciler.loop.undo import undo
 from reconciler.model.analysis import Evaluation
-from reconciler.model.errors import Problem, ReconcileError, ValidationError
+from reconciler.model.errors import ReconcileError, ValidationError
 from reconciler.model.gate import GateReport
 from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
 from reconciler.model.plan import Step
@@ -66,6 +65,7 @@ from reconciler.model.settings import (
     TritonSettings,
 )
 from reconciler.model.source import GitCredentials, SignaturePolicy, Source
+from reconciler.model.spec import DesiredState, ManifestReading
 from reconciler.service.daemon import Daemon
 from reconciler.service.operator import OperatorTokensError, parse_tokens
 from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
@@ -84,11 +84,10 @@ from reconciler.views.review import (
     diff_json,
     diff_markdown,
     diff_text,
-    github_annotations,
     plan_markdown,
-    problems_json,
 )
 from reconciler.views.steps import plan_steps_json
+from reconciler.views.validation import validation_annotations, validation_json, validation_text
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 EXIT_GATE_FAILED = 3  # gate: a deployment failed it (1 stays an error: not judged)
@@ -334,9 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser(
         "validate",
         help="check manifests in a folder; exit 0 valid, 1 invalid",
-        description="Validate every *.yaml/*.yml manifest under DIR against the JSON Schemas "
-        "and the cross-document rules, printing every problem as FILE:LINE: message. "
-        "Exit 0 when valid, 1 when not.",
+        description="Validate every *.yaml/*.yml manifest under DIR (hidden files and folders "
+        "and what a .sourceignore excludes left out; documents of other tools counted and "
+        "left alone) against the JSON Schemas and the cross-document rules, printing every "
+        "problem as FILE:LINE: message. Exit 0 when valid, 1 when not; a DIR with no "
+        "manifest of ours is a warning (exit 0, no 'valid' line, JSON empty: true).",
     )
     validate.add_argument("dir", nargs="?", default=".", type=Path, metavar="DIR")
     validate.add_argument(
@@ -756,35 +757,28 @@ def external_defaults(
 
 
 def _validate(args: argparse.Namespace) -> int:
-    counts = ""
     try:
-        desired = attach_shadow_requests(
-            load_desired_state(manifest_files_in(args.dir)),
+        reading = read_manifests(
+            manifest_files_in(args.dir),
             lambda name: read_in_directory(args.dir, name, MAX_SHADOW_FILE_BYTES),
+            prometheus=args.prometheus_url is not None,
         )
-        problems = analysis_source_problems(desired, prometheus=args.prometheus_url is not None)
-        if problems:
-            raise ValidationError(problems)
-        counts = f"{len(desired.servers)} server(s), {len(desired.deployments)} model deployment(s)"
-    except ValidationError as exc:
-        problems = exc.problems
+    except ValidationError as exc:  # no such directory
+        reading = ManifestReading(DesiredState.build([], []), tuple(exc.problems))
+    where = str(args.dir)
     if args.output == "github":
-        # Annotations must name files as the repository does.
-        prefix = path_in_work_tree(args.dir)
-        located = [
-            Problem(f"{prefix}/{p.file}" if prefix else p.file, p.line, p.message) for p in problems
-        ]
-        if located:
-            print(github_annotations(located))
+        annotations = validation_annotations(reading, where, path_in_work_tree(args.dir))
+        if annotations:
+            print(annotations)
     elif args.output == "json":
-        print(json.dumps(problems_json(problems)))
-    elif problems:
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        print(f"{len(problems)} problem(s)", file=sys.stderr)
+        print(json.dumps(validation_json(reading, where)))
     else:
-        print(f"valid: {counts}")
-    return EXIT_ERROR if problems else EXIT_OK
+        out, err = validation_text(reading, where)
+        if err:
+            print(err, file=sys.stderr)
+        if out:
+            print(out)
+    return EXIT_ERROR if reading.problems else EXIT_OK
 
 
 def _diff(args: argparse.Namespace) -> int:

@@ -25,8 +25,14 @@ from reconciler.adapters.signatures import (
     is_fast_forward,
 )
 from reconciler.core.spec.edit import restore_deployment, restore_spec
+from reconciler.core.spec.selection import (
+    MAX_SOURCE_IGNORE_BYTES,
+    SOURCE_IGNORE,
+    ManifestSelection,
+    ignore_text,
+)
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
-from reconciler.core.spec.yaml import MANIFEST_SUFFIXES, MAX_MANIFEST_BYTES, UnreadFile
+from reconciler.core.spec.yaml import MAX_MANIFEST_BYTES, UnreadFile
 from reconciler.faults import fault_point
 from reconciler.model.errors import SourceUnavailable
 from reconciler.model.source import (
@@ -145,9 +151,19 @@ class GitSource:
             raise SourceUnavailable(f"{redact(self.url)} has no commit {ref!r}") from exc
 
     def read(self, commit: git.Commit, path: str = "") -> Revision:
-        """Manifest files under ``path`` in ``commit``'s tree, by their path in the repository."""
+        """The manifests under ``path`` in ``commit``'s tree (core/spec/selection.py says
+        which files are), by their path in the repository."""
         tree = commit.tree
         prefix = path.strip("/")
+        selection = ManifestSelection(
+            prefix,
+            ignore_text(self.read_file(commit, SOURCE_IGNORE, MAX_SOURCE_IGNORE_BYTES)),
+            ignore_text(
+                self.read_file(commit, f"{prefix}/{SOURCE_IGNORE}", MAX_SOURCE_IGNORE_BYTES)
+            )
+            if prefix
+            else None,
+        )
         if prefix:
             try:
                 tree = tree / prefix
@@ -160,7 +176,7 @@ class GitSource:
             if not isinstance(item, git.Blob):
                 continue
             name = str(item.path)
-            if not name.endswith(MANIFEST_SUFFIXES):
+            if not selection.selects(name):
                 continue
             if item.mode == _SYMLINK_MODE:
                 # A link could point anywhere, outside the repository included: never follow.

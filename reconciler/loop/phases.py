@@ -37,9 +37,7 @@ from reconciler.core.records import (
     rfc3339,
     rollouts_from,
 )
-from reconciler.core.spec.desired import load_desired_state
-from reconciler.core.spec.rules import analysis_source_problems
-from reconciler.core.spec.shadow import attach_shadow_requests
+from reconciler.core.spec.desired import read_manifests
 from reconciler.engine.apply import apply as execute
 from reconciler.engine.journal import Journal, unpushed
 from reconciler.engine.steps import Timing
@@ -204,13 +202,13 @@ def _read_desired(run: PassRun, revision: str) -> DesiredState:
     invalid manifests raise (and, when applying, alert): nothing is applied."""
     manifests, folder = run.ports.manifests, run.source.path
     files = manifests.read(revision, folder)
-    try:
-        desired = attach_shadow_requests(
-            load_desired_state(files.files),
-            lambda name: manifests.read_file(revision, f"{folder.strip('/')}/{name}"),
-        )
-        check_analysis_sources(desired, run.settings)
-    except ValidationError as exc:
+    # Every stage on what could be built: every problem of the revision in one alert.
+    reading = read_manifests(
+        files.files,
+        lambda name: manifests.read_file(revision, f"{folder.strip('/')}/{name}"),
+        prometheus=run.settings.analysis.prometheus_url is not None,
+    )
+    if reading.problems:
         if run.apply_changes:
             run.alerts.send(
                 AlertEvent(
@@ -218,19 +216,11 @@ def _read_desired(run: PassRun, revision: str) -> DesiredState:
                     "warning",
                     f"the manifests at {files.sha[:12]} are invalid; nothing applied",
                     files.sha,
-                    details={"problems": "\n".join(str(p) for p in exc.problems)},
+                    details={"problems": "\n".join(str(p) for p in reading.problems)},
                 )
             )
-        raise ValidationError(exc.problems, files.sha) from None
-    return desired
-
-
-def check_analysis_sources(desired: DesiredState, settings: Settings) -> None:
-    problems = analysis_source_problems(
-        desired, prometheus=settings.analysis.prometheus_url is not None
-    )
-    if problems:
-        raise ValidationError(problems)
+        raise ValidationError(list(reading.problems), files.sha)
+    return reading.desired
 
 
 def discover(run: PassRun, desired: DesiredState) -> tuple[DesiredState, Discovered]:

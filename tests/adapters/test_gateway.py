@@ -452,7 +452,7 @@ def test_the_example_route_s_backendrefs_are_the_router_s_pools(api: ApiServer) 
     manifest = only(documents, "Router")
     grpcroute = only(documents, "GRPCRoute")
     gateway_api = manifest["spec"]["gatewayAPI"]
-    assert manifest["apiVersion"] == "triton-gitops/v1alpha1"
+    assert manifest["apiVersion"] == "triton-gitops.dev/v1alpha1"
     assert (gateway_api["namespace"], gateway_api["grpcRoute"]) == (
         grpcroute["metadata"]["namespace"],
         grpcroute["metadata"]["name"],

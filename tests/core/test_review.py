@@ -629,7 +629,7 @@ metadata: {name: tagger
 }
 
 ANNOTATIONS = """\
-::error file=models/echo.yaml,line=8::spec.verify.timeout: '2 minutes' does not match '^[0-9]+(ms|s|m)$'
+::error file=models/echo.yaml,line=8::spec.verify.timeout: '2 minutes' is not a duration (e.g. 500ms, 30s, 1m30s, 2h)
 ::error file=models/ranker.yaml,line=5::ModelDeployment 'ranker' names unknown TritonServer 'edge-z'
 ::error file=models/ranker.yaml,line=8::config.name 'scorer' must equal the model name 'ranker'
 ::error file=models/tagger%2Cv2.yaml,line=4::invalid YAML: expected ',' or '}', but got '<stream end>'\
@@ -666,7 +666,8 @@ def test_problems_json() -> None:
             {
                 "file": "models/echo.yaml",
                 "line": 8,
-                "message": "spec.verify.timeout: '2 minutes' does not match '^[0-9]+(ms|s|m)$'",
+                "message": "spec.verify.timeout: '2 minutes' is not a duration "
+                "(e.g. 500ms, 30s, 1m30s, 2h)",
             },
             {
                 "file": "models/ranker.yaml",

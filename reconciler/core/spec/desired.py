@@ -1,39 +1,90 @@
-"""``load_desired_state``: manifest files to a DesiredState, or a
-ValidationError listing every problem.
+"""Manifest files to a DesiredState: ``read_manifests`` runs every stage (YAML, schema,
+builders, cross-document references, shadow request files, analysis sources) on whatever
+could be built and gives every problem of every stage at once; ``load_desired_state`` is
+the same, raising a ValidationError when there is any.
+
+Documents of other tools (a Kubernetes Deployment, a CI file that slipped through the
+selection) are left alone and counted: a document is this reconciler's when its apiVersion's
+group is ours, or, without an apiVersion, when its kind is one of ours.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jsonschema
 
 from reconciler.core.spec.build import _build_deployment, _build_router, _build_server
-from reconciler.core.spec.rules import _cross_check, _dependency_problems, _traffic_problems
-from reconciler.core.spec.schema import API_VERSION, KIND_SCHEMAS, _schema_message, _validators
+from reconciler.core.spec.rules import (
+    Unbuilt,
+    _cross_check,
+    _dependency_problems,
+    _traffic_problems,
+    analysis_source_problems,
+)
+from reconciler.core.spec.schema import (
+    API_GROUPS,
+    API_VERSION,
+    KIND_SCHEMAS,
+    LEGACY_API_VERSION,
+    _mapping,
+    _schema_message,
+    _validators,
+)
+from reconciler.core.spec.shadow import attach_shadow_requests
 from reconciler.core.spec.yaml import _Document, _documents, plain
 from reconciler.model.errors import Problem, ValidationError
-from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
+from reconciler.model.spec import DesiredState, ManifestReading, ModelDeployment, TritonServer
 from reconciler.model.traffic import RouterSpec
 
+NO_API_VERSION = "none"
 
-def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
-    """Parse, validate and cross-check manifests; raise ValidationError with every problem."""
+
+def read_manifests(
+    files: Mapping[str, bytes],
+    read_file: Callable[[str], bytes | None] | None = None,
+    *,
+    prometheus: bool | None = None,
+) -> ManifestReading:
+    """Every stage on what could be built, every problem at once.
+
+    ``read_file`` gives a file of the revision by its path under the manifest folder (for
+    shadow request files; None: they are not read). ``prometheus``: whether the analyses
+    may read Prometheus (None: their metric sources are not checked).
+    """
     problems: list[Problem] = []
+    warnings: list[Problem] = []
+    ignored: dict[str, list[str]] = {}
     servers: list[tuple[_Document, TritonServer]] = []
     deployments: list[tuple[_Document, ModelDeployment]] = []
     routers: list[tuple[_Document, RouterSpec]] = []
+    unbuilt = Unbuilt()
     validators = _validators()
-    for doc in _documents(files, problems):
+    documents = 0
+    for doc in _documents(files, problems, ours=_ours, ignored=ignored):
+        documents += 1
         api_version, kind = doc.root.get("apiVersion"), doc.root.get("kind")
-        if api_version != API_VERSION:
+        if api_version is None:
+            problems.append(doc.problem((), f"apiVersion is required (apiVersion: {API_VERSION})"))
+            continue
+        if api_version not in (API_VERSION, LEGACY_API_VERSION):
             problems.append(
                 doc.problem(
                     ("apiVersion",),
-                    f"unknown apiVersion {api_version!r} (expected {API_VERSION!r})"
-                    if api_version is not None
-                    else "apiVersion is required",
+                    f"unknown apiVersion {api_version!r} (expected {API_VERSION!r})",
                 )
             )
             continue
+        if api_version == LEGACY_API_VERSION:
+            warnings.append(
+                doc.problem(
+                    ("apiVersion",),
+                    f"apiVersion {LEGACY_API_VERSION!r} is deprecated: write "
+                    f"apiVersion: {API_VERSION} (a Kubernetes API group needs a DNS name)",
+                )
+            )
         if not isinstance(kind, str) or kind not in KIND_SCHEMAS:
             problems.append(
                 doc.problem(
@@ -48,18 +99,102 @@ def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
         )
         if errors:
             problems.extend(doc.problem(tuple(e.absolute_path), _schema_message(e)) for e in errors)
-            continue
+            salvaged = _salvaged(validators[kind], data, errors)
+            if salvaged is None:
+                unbuilt.add(kind, data)
+                continue
+            data = salvaged
         if kind == "TritonServer":
             servers.append((doc, _build_server(doc, data)))
         elif kind == "Router":
             routers.append((doc, _build_router(doc, data)))
         else:
             deployments.append((doc, _build_deployment(doc, data, problems)))
-    problems.extend(_cross_check(servers, deployments))
-    problems.extend(_dependency_problems(deployments))
-    problems.extend(_traffic_problems(servers, deployments, routers))
-    if problems:
-        raise ValidationError(problems)
-    return DesiredState.build(
+    problems.extend(_cross_check(servers, deployments, unbuilt))
+    problems.extend(_dependency_problems(deployments, unbuilt))
+    problems.extend(_traffic_problems(servers, deployments, routers, unbuilt))
+    desired = DesiredState.build(
         [s for _, s in servers], [d for _, d in deployments], [r for _, r in routers]
     )
+    if read_file is not None:
+        try:
+            desired = attach_shadow_requests(desired, read_file)
+        except ValidationError as exc:
+            problems.extend(exc.problems)
+    if prometheus is not None:
+        problems.extend(analysis_source_problems(desired, prometheus=prometheus))
+    return ManifestReading(
+        desired,
+        tuple(ValidationError(problems).problems),  # sorted by file and line
+        tuple(sorted(warnings, key=lambda p: (p.file, p.line))),
+        {file: tuple(found) for file, found in sorted(ignored.items())},
+        documents,
+    )
+
+
+# How many times the refused values are taken out before a document is given up on (taking a
+# value out can leave a list or an object too small, which is then taken out in turn).
+_SALVAGE_ROUNDS = 3
+
+
+def _salvaged(
+    validator: jsonschema.protocols.Validator,
+    data: dict[str, Any],
+    errors: list[jsonschema.ValidationError],
+) -> dict[str, Any] | None:
+    """The document with the values the schema refused taken out, when what is left is
+    valid (the schema's defaults stand in for them), so that the cross-document, shadow and
+    analysis checks still see it: one wrong value does not hide the next batch of problems.
+    None when a part that cannot go is wrong (a required field, a whole object)."""
+    for _ in range(_SALVAGE_ROUNDS):
+        data = copy.deepcopy(data)
+        # The deepest and last first, so that taking out a list item moves no other path.
+        for error in sorted(errors, key=lambda e: list(map(str, e.absolute_path)), reverse=True):
+            if not _take_out(data, error):
+                return None
+        errors = list(validator.iter_errors(data))
+        if not errors:
+            return data
+    return None
+
+
+def _take_out(data: dict[str, Any], error: jsonschema.ValidationError) -> bool:
+    path = list(error.absolute_path)
+    target: Any = data
+    try:
+        for step in path[:-1]:
+            target = target[step]
+    except (KeyError, IndexError, TypeError):
+        return False  # inside a value taken out already
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        declared = _mapping(error.schema).get("properties", {})
+        holder = target[path[-1]] if path else data
+        for key in [k for k in error.instance if k not in declared]:
+            holder.pop(key, None)
+        return True
+    if not path or (isinstance(error.instance, dict) and not isinstance(target, list)):
+        return False  # a whole object is wrong: nothing sensible is left
+    if isinstance(target, list):
+        del target[path[-1]]
+    else:
+        target.pop(path[-1], None)
+    return True
+
+
+def _ours(document: Mapping[str, Any]) -> str | None:
+    """None for a document of this reconciler, else what it is (its apiVersion)."""
+    api_version = document.get("apiVersion")
+    if isinstance(api_version, str):
+        group = api_version.rpartition("/")[0]
+        return None if group in API_GROUPS else api_version
+    if api_version is None and document.get("kind") in KIND_SCHEMAS:
+        return None  # one of our kinds without its apiVersion: said so, not passed over
+    return NO_API_VERSION if api_version is None else repr(api_version)
+
+
+def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
+    """Parse, validate and cross-check manifests; raise ValidationError with every problem."""
+    reading = read_manifests(files)
+    if reading.problems:
+        raise ValidationError(list(reading.problems))
+    return reading.desired

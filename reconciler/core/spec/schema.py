@@ -21,7 +21,13 @@ from typing import Any
 import jsonschema
 import referencing
 
-API_VERSION = "triton-gitops/v1alpha1"
+# One API group for every kind, a DNS subdomain as a Kubernetes CRD group must be, so the
+# format can become CustomResourceDefinitions unchanged.
+API_GROUP = "triton-gitops.dev"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+# The first spelling, without a DNS group: still read, with a deprecation warning.
+LEGACY_API_VERSION = "triton-gitops/v1alpha1"
+API_GROUPS = (API_GROUP, LEGACY_API_VERSION.partition("/")[0])
 KIND_SCHEMAS = {
     "TritonServer": "triton-server.schema.json",
     "ModelDeployment": "model-deployment.schema.json",
@@ -170,8 +176,33 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         message = "exactly one of grpc (with an optional metrics URL) or discovery is required"
     elif error.validator in ("minProperties", "maxProperties") and where.endswith("servers"):
         message = "exactly one of names or matchLabels is required"
-    elif error.validator == "pattern" and isinstance(error.instance, str):
-        message = f"{error.instance!r} does not match {error.validator_value!r}"
+    elif error.validator in ("pattern", "type", "not") and "errorMessage" in _mapping(error.schema):
+        # The schema's own words for a value of the wrong form: never its regular expression.
+        words = error.schema["errorMessage"]
+        scalar = not isinstance(error.instance, dict | list)
+        message = f"{error.instance!r} {words}" if scalar else words
+    elif error.validator == "pattern":
+        message = f"{error.instance!r} is not in the form this field takes"
+    elif error.validator == "type":
+        expected = error.validator_value
+        types: list[str] = expected if isinstance(expected, list) else [expected]
+        words = [_TYPE_WORDS.get(t, t) for t in types]
+        message = f"{error.instance!r} is not {' or '.join(words)}"
     else:
         message = error.message
     return f"{where}: {message}" if where else message
+
+
+def _mapping(schema: Any) -> Mapping[str, Any]:
+    return schema if isinstance(schema, Mapping) else {}  # a schema may be true or false
+
+
+_TYPE_WORDS = {
+    "string": "text",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}

@@ -4,7 +4,7 @@ bombs, deep nesting, huge or binary files and values JSON cannot hold.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -18,7 +18,6 @@ from ruamel.yaml.reader import ReaderError
 from reconciler.core.spec.schema import JsonPath, _foreign_value, _where, _yaml_type
 from reconciler.model.errors import Problem
 
-MANIFEST_SUFFIXES = (".yaml", ".yml")
 # Caps that keep hostile manifests (YAML bombs, deep nesting, huge files) bounded in time and
 # memory. A real manifest is a few kilobytes, a few levels deep, a few hundred values.
 MAX_MANIFEST_BYTES = 1 << 20  # per file, checked before parsing
@@ -155,7 +154,15 @@ class _BoundedComposer(Composer):
         return node
 
 
-def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[_Document]:
+def _documents(
+    files: Mapping[str, bytes],
+    problems: list[Problem],
+    *,
+    ours: Callable[[Mapping[str, Any]], str | None] = lambda _: None,
+    ignored: dict[str, list[str]] | None = None,
+) -> Iterator[_Document]:
+    """The documents of ``files`` that ``ours`` claims (it gives None for them, else what a
+    document is, recorded in ``ignored`` by file); what cannot be read goes to ``problems``."""
     for file, content in sorted(files.items()):
         if len(content) > MAX_MANIFEST_BYTES:
             content = UnreadFile.too_large()
@@ -199,9 +206,12 @@ def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[
         for document in loaded:
             if document is None:
                 continue
-            if not isinstance(document, CommentedMap):
-                line = _start_line(document)
-                problems.append(Problem(file, line, "a manifest must be a mapping"))
+            # A list or a lone value is no tool's manifest that this reconciler could read:
+            # another tool's file (an Ansible playbook is a list).
+            other = ours(document) if isinstance(document, CommentedMap) else "not a mapping"
+            if other is not None or not isinstance(document, CommentedMap):
+                if ignored is not None:
+                    ignored.setdefault(file, []).append(other or "")
                 continue
             doc = _Document(file, document, _start_line(document))
             foreign = _foreign_value(document, ())
