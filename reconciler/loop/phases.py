@@ -53,6 +53,7 @@ from reconciler.loop.observation import (
     refuse_emptying,
     with_free_memory,
 )
+from reconciler.loop.pass_log import log_manifest_warnings
 from reconciler.loop.records import (
     drift_corrected,
     expected_serving,
@@ -220,6 +221,7 @@ def _read_desired(run: PassRun, revision: str) -> DesiredState:
                 )
             )
         raise ValidationError(list(reading.problems), files.sha)
+    log_manifest_warnings(files.sha, reading.warnings)
     return reading.desired
 
 

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from reconciler.core.spec.schema import API_VERSION, LEGACY_API_VERSION
-from testkit.cli_run import cli
+from testkit.cli_run import Reconciler, cli
+from testkit.local_triton import free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 
 GITLAB_CI = """\
@@ -187,6 +190,30 @@ def test_the_old_api_version_validates_with_a_deprecation_warning(tmp_path: Path
         f"apiVersion: {API_VERSION} (a Kubernetes API group needs a DNS name)"
         for name in ("models/echo.yaml", "servers/edge.yaml")
     ]
+
+
+def test_plan_warns_of_the_old_api_version_in_its_log(
+    manifests: ManifestRepo, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No Triton listens there: the plan has that problem, and reads the manifests all the same.
+    server = server_doc("edge-a", f"127.0.0.1:{free_port()}", None)
+    manifests.write("servers.yaml", server.replace(API_VERSION, LEGACY_API_VERSION))
+    manifests.write(".gitlab-ci.yml", GITLAB_CI)
+    sha = manifests.commit("the first spelling")
+
+    planned = Reconciler(manifests.url, tmp_path).plan()
+
+    assert planned.out.startswith(f"revision {sha}\n"), planned.err  # read, not refused
+    assert "did not answer" in planned.out and ".gitlab-ci.yml" not in planned.out
+    (warning,) = [r for r in caplog.records if r.getMessage() == "manifest warning"]
+    assert warning.levelname == "WARNING"
+    assert warning.fields == {  # type: ignore[attr-defined]
+        "revision": sha,
+        "file": "servers.yaml",
+        "line": 1,
+        "reason": f"apiVersion '{LEGACY_API_VERSION}' is deprecated: write apiVersion: "
+        f"{API_VERSION} (a Kubernetes API group needs a DNS name)",
+    }
 
 
 def test_the_example_repository_is_valid_as_it_is_written() -> None:
