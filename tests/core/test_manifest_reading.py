@@ -133,6 +133,31 @@ def test_no_message_shows_a_regular_expression() -> None:
 
 
 @pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            "resources: {memory: lots}",
+            "spec.resources.memory: 'lots' is not a size (bytes, or e.g. 512Mi, 2Gi)",
+        ),
+        ("resources: {memory: 1.5}", "spec.resources.memory: 1.5 is not a whole number"),
+        (
+            "verify: {gate: {maxMemoryIncrease: lots}}",
+            "spec.verify.gate.maxMemoryIncrease: 'lots' is not a percentage (e.g. 10%) or a "
+            "size (bytes, or e.g. 512Mi, 2Gi)",
+        ),
+        ("suspend: 'yes'", "spec.suspend: 'yes' is not true or false"),
+        (
+            "rollout: {steps: [{servers: 200%}]}",
+            "spec.rollout.steps[0].servers: '200%' is not a percentage from 1% to 100% (e.g. 25%)",
+        ),
+    ],
+)
+def test_a_value_of_the_wrong_form_says_what_is_expected(spec: str, message: str) -> None:
+    files = {"m.yaml": SERVER + "---\n" + deployment("echo", spec + "\n")}
+    assert [p.message for p in read_manifests(encode(files)).problems] == [message]
+
+
+@pytest.mark.parametrize(
     ("written", "seconds"),
     [("500ms", 0.5), ("90s", 90), ("1m30s", 90), ("2h", 7200), ("1.5s", 1.5), ("1h2m3s", 3723)],
 )

@@ -4,8 +4,7 @@ could be built and gives every problem of every stage at once; ``load_desired_st
 the same, raising a ValidationError when there is any.
 
 Documents of other tools (a Kubernetes Deployment, a CI file that slipped through the
-selection) are left alone and counted: a document is this reconciler's when its apiVersion's
-group is ours, or, without an apiVersion, when its kind is one of ours.
+selection) are left alone and counted (``yaml.other_tool`` says which are).
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from reconciler.core.spec.rules import (
     analysis_source_problems,
 )
 from reconciler.core.spec.schema import (
-    API_GROUPS,
     API_VERSION,
     KIND_SCHEMAS,
     LEGACY_API_VERSION,
@@ -38,8 +36,6 @@ from reconciler.core.spec.yaml import _Document, _documents, plain
 from reconciler.model.errors import Problem, ValidationError
 from reconciler.model.spec import DesiredState, ManifestReading, ModelDeployment, TritonServer
 from reconciler.model.traffic import RouterSpec
-
-NO_API_VERSION = "none"
 
 
 def read_manifests(
@@ -63,7 +59,7 @@ def read_manifests(
     unbuilt = Unbuilt()
     validators = _validators()
     documents = 0
-    for doc in _documents(files, problems, ours=_ours, ignored=ignored):
+    for doc in _documents(files, problems, ignored):
         documents += 1
         api_version, kind = doc.root.get("apiVersion"), doc.root.get("kind")
         if api_version is None:
@@ -125,7 +121,7 @@ def read_manifests(
         problems.extend(analysis_source_problems(desired, prometheus=prometheus))
     return ManifestReading(
         desired,
-        tuple(ValidationError(problems).problems),  # sorted by file and line
+        tuple(sorted(problems, key=lambda p: (p.file, p.line, p.message))),
         tuple(sorted(warnings, key=lambda p: (p.file, p.line))),
         {file: tuple(found) for file, found in sorted(ignored.items())},
         documents,
@@ -179,17 +175,6 @@ def _take_out(data: dict[str, Any], error: jsonschema.ValidationError) -> bool:
     else:
         target.pop(path[-1], None)
     return True
-
-
-def _ours(document: Mapping[str, Any]) -> str | None:
-    """None for a document of this reconciler, else what it is (its apiVersion)."""
-    api_version = document.get("apiVersion")
-    if isinstance(api_version, str):
-        group = api_version.rpartition("/")[0]
-        return None if group in API_GROUPS else api_version
-    if api_version is None and document.get("kind") in KIND_SCHEMAS:
-        return None  # one of our kinds without its apiVersion: said so, not passed over
-    return NO_API_VERSION if api_version is None else repr(api_version)
 
 
 def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:

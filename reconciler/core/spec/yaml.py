@@ -4,7 +4,7 @@ bombs, deep nesting, huge or binary files and values JSON cannot hold.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ruamel.yaml import YAML
@@ -15,7 +15,14 @@ from ruamel.yaml.events import AliasEvent, ScalarEvent
 from ruamel.yaml.nodes import MappingNode, ScalarNode
 from ruamel.yaml.reader import ReaderError
 
-from reconciler.core.spec.schema import JsonPath, _foreign_value, _where, _yaml_type
+from reconciler.core.spec.schema import (
+    API_GROUPS,
+    KIND_SCHEMAS,
+    JsonPath,
+    _foreign_value,
+    _where,
+    _yaml_type,
+)
 from reconciler.model.errors import Problem
 
 # Caps that keep hostile manifests (YAML bombs, deep nesting, huge files) bounded in time and
@@ -154,15 +161,28 @@ class _BoundedComposer(Composer):
         return node
 
 
+NO_API_VERSION = "none"
+
+
+def other_tool(document: Mapping[str, Any]) -> str | None:
+    """None for a document of this reconciler, else what it is (its apiVersion): a document
+    is ours when its apiVersion's group is ours or, without an apiVersion, when its kind is
+    one of ours (a forgotten apiVersion is said so, not passed over)."""
+    api_version = document.get("apiVersion")
+    if isinstance(api_version, str):
+        return None if api_version.rpartition("/")[0] in API_GROUPS else api_version
+    if api_version is None:
+        return None if document.get("kind") in KIND_SCHEMAS else NO_API_VERSION
+    return repr(api_version)
+
+
 def _documents(
     files: Mapping[str, bytes],
     problems: list[Problem],
-    *,
-    ours: Callable[[Mapping[str, Any]], str | None] = lambda _: None,
     ignored: dict[str, list[str]] | None = None,
 ) -> Iterator[_Document]:
-    """The documents of ``files`` that ``ours`` claims (it gives None for them, else what a
-    document is, recorded in ``ignored`` by file); what cannot be read goes to ``problems``."""
+    """The documents of this reconciler in ``files``; those of other tools are left out (what
+    each is, by file, in ``ignored``), what cannot be read goes to ``problems``."""
     for file, content in sorted(files.items()):
         if len(content) > MAX_MANIFEST_BYTES:
             content = UnreadFile.too_large()
@@ -208,7 +228,7 @@ def _documents(
                 continue
             # A list or a lone value is no tool's manifest that this reconciler could read:
             # another tool's file (an Ansible playbook is a list).
-            other = ours(document) if isinstance(document, CommentedMap) else "not a mapping"
+            other = other_tool(document) if isinstance(document, CommentedMap) else "not a mapping"
             if other is not None or not isinstance(document, CommentedMap):
                 if ignored is not None:
                     ignored.setdefault(file, []).append(other or "")
