@@ -11,10 +11,17 @@ import textwrap
 from typing import Any
 
 import pytest
+from ruamel.yaml import YAML
 
 from reconciler.core.spec.build import _seconds
-from reconciler.core.spec.desired import load_desired_state, read_manifests
-from reconciler.core.spec.schema import API_VERSION, LEGACY_API_VERSION, _schemas, schema_dir
+from reconciler.core.spec.desired import _salvaged, load_desired_state, read_manifests
+from reconciler.core.spec.schema import (
+    API_VERSION,
+    LEGACY_API_VERSION,
+    _schemas,
+    _validators,
+    schema_dir,
+)
 from reconciler.core.spec.selection import ManifestSelection
 
 SERVER = f"""\
@@ -315,3 +322,27 @@ def test_the_path_folder_sourceignore_overrides_the_root_one() -> None:
     assert not anchored.selects("deploy/prod/x.yaml")
     assert not anchored.selects("deploy/prod/y.yaml")
     assert anchored.selects("deploy/prod/sub/y.yaml")
+
+
+def test_a_refused_value_is_taken_out_and_the_rest_still_checked() -> None:
+    names = [f"d{i}" for i in range(12)]
+    names[9], names[10] = "Bad_9", "Bad_10"  # list indices past 9: taken out from the end
+    text = deployment("echo").replace("versions: [1]", f"versions: [1]\n  dependsOn: {names}")
+    data = plain_document(text)
+    validator = _validators()["ModelDeployment"]
+    salvaged = _salvaged(validator, data, list(validator.iter_errors(data)))
+    assert salvaged is not None
+    assert salvaged["spec"]["dependsOn"] == [n for n in names if not n.startswith("Bad")]
+    # a required part that is wrong cannot be taken out: the document is given up on
+    broken = plain_document(text.replace("  versions: [1]\n", "  versions: seven\n"))
+    assert _salvaged(validator, broken, list(validator.iter_errors(broken))) is None
+
+
+def test_an_unhashable_kind_without_api_version_is_another_tools() -> None:
+    reading = read_manifests({"odd.yaml": b"kind: [TritonServer]\n"})
+    assert (reading.problems, reading.ignored) == ((), {"odd.yaml": ("none",)})
+
+
+def plain_document(text: str) -> dict[str, Any]:
+    loaded: dict[str, Any] = YAML(typ="safe").load(text)
+    return loaded

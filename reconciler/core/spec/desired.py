@@ -145,13 +145,18 @@ def _salvaged(
     for _ in range(_SALVAGE_ROUNDS):
         data = copy.deepcopy(data)
         # The deepest and last first, so that taking out a list item moves no other path.
-        for error in sorted(errors, key=lambda e: list(map(str, e.absolute_path)), reverse=True):
+        for error in sorted(errors, key=_path_order, reverse=True):
             if not _take_out(data, error):
                 return None
         errors = list(validator.iter_errors(data))
         if not errors:
             return data
     return None
+
+
+def _path_order(error: jsonschema.ValidationError) -> list[tuple[int, str]]:
+    # List indices compare as numbers (10 after 9), keys as text.
+    return [(p, "") if isinstance(p, int) else (-1, str(p)) for p in error.absolute_path]
 
 
 def _take_out(data: dict[str, Any], error: jsonschema.ValidationError) -> bool:

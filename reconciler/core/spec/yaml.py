@@ -172,7 +172,8 @@ def other_tool(document: Mapping[str, Any]) -> str | None:
     if isinstance(api_version, str):
         return None if api_version.rpartition("/")[0] in API_GROUPS else api_version
     if api_version is None:
-        return None if document.get("kind") in KIND_SCHEMAS else NO_API_VERSION
+        kind = document.get("kind")
+        return None if isinstance(kind, str) and kind in KIND_SCHEMAS else NO_API_VERSION
     return repr(api_version)
 
 
