@@ -9,6 +9,7 @@ An empty repository (no document of this reconciler) is a warning, never ``valid
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from reconciler.core.spec.schema import API_VERSION
@@ -75,7 +76,7 @@ def validation_json(reading: ManifestReading, where: str) -> dict[str, Any]:
 def validation_annotations(reading: ManifestReading, where: str, prefix: str) -> str:
     """GitHub annotations, files named as the repository does (``prefix``: the folder)."""
 
-    def located(problems: Any) -> list[Problem]:
+    def located(problems: Iterable[Problem]) -> list[Problem]:
         return [
             Problem(f"{prefix}/{p.file}" if prefix else p.file, p.line, p.message) for p in problems
         ]
