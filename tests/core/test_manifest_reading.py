@@ -333,6 +333,15 @@ def test_a_refused_value_is_taken_out_and_the_rest_still_checked() -> None:
     salvaged = _salvaged(validator, data, list(validator.iter_errors(data)))
     assert salvaged is not None
     assert salvaged["spec"]["dependsOn"] == [n for n in names if not n.startswith("Bad")]
+    # two errors about one list item (a key missing, a key unknown): it goes once
+    case = "{inputs: {X: {datatype: FP32, shape: [1], data: [1]}}}"
+    twice = deployment("echo", f"verify: {{smoke: [{case}, {case}, {{bogus: 1}}]}}\n")
+    data = plain_document(twice)
+    errors = list(validator.iter_errors(data))
+    assert len({tuple(e.absolute_path) for e in errors}) < len(errors)  # two about smoke[2]
+    salvaged = _salvaged(validator, data, errors)
+    assert salvaged is not None
+    assert salvaged["spec"]["verify"]["smoke"] == [data["spec"]["verify"]["smoke"][0]] * 2
     # a required part that is wrong cannot be taken out: the document is given up on
     broken = plain_document(text.replace("  versions: [1]\n", "  versions: seven\n"))
     assert _salvaged(validator, broken, list(validator.iter_errors(broken))) is None

@@ -144,10 +144,16 @@ def _salvaged(
     None when a part that cannot go is wrong (a required field, a whole object)."""
     for _ in range(_SALVAGE_ROUNDS):
         data = copy.deepcopy(data)
+        gone: list[tuple[str | int, ...]] = []  # values taken out (with all below them)
         # The deepest and last first, so that taking out a list item moves no other path.
         for error in sorted(errors, key=_path_order, reverse=True):
-            if not _take_out(data, error):
+            path = tuple(error.absolute_path)
+            if any(path[: len(taken)] == taken for taken in gone):
+                continue  # a second error about a value taken out already
+            taken_out = _take_out(data, error)
+            if taken_out is None:
                 return None
+            gone.append(taken_out)
         errors = list(validator.iter_errors(data))
         if not errors:
             return data
@@ -159,27 +165,37 @@ def _path_order(error: jsonschema.ValidationError) -> list[tuple[int, str]]:
     return [(p, "") if isinstance(p, int) else (-1, str(p)) for p in error.absolute_path]
 
 
-def _take_out(data: dict[str, Any], error: jsonschema.ValidationError) -> bool:
-    path = list(error.absolute_path)
-    target: Any = data
-    try:
-        for step in path[:-1]:
-            target = target[step]
-    except (KeyError, IndexError, TypeError):
-        return False  # inside a value taken out already
+def _take_out(
+    data: dict[str, Any], error: jsonschema.ValidationError
+) -> tuple[str | int, ...] | None:
+    """Take out of ``data`` what ``error`` refuses: the path of what went (its keys'
+    path for unexpected keys), or None when it cannot go."""
+    path = tuple(error.absolute_path)
     if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        holder = _at(data, path)
+        if not isinstance(holder, dict):
+            return None
         declared = _mapping(error.schema).get("properties", {})
-        holder = target[path[-1]] if path else data
         for key in [k for k in error.instance if k not in declared]:
             holder.pop(key, None)
-        return True
+        return (*path, "\0")  # no other error's path: the object itself stays
+    target = _at(data, path[:-1])
     if not path or (isinstance(error.instance, dict) and not isinstance(target, list)):
-        return False  # a whole object is wrong: nothing sensible is left
-    if isinstance(target, list):
-        del target[path[-1]]
-    else:
-        target.pop(path[-1], None)
-    return True
+        return None  # a whole object is wrong: nothing sensible is left
+    in_list = isinstance(target, list) and isinstance(path[-1], int) and path[-1] < len(target)
+    if not (in_list or (isinstance(target, dict) and path[-1] in target)):
+        return None
+    del target[path[-1]]
+    return path
+
+
+def _at(data: Any, path: tuple[str | int, ...]) -> Any:
+    for step in path:
+        try:
+            data = data[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
 
 
 def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
