@@ -81,7 +81,7 @@ def validation_annotations(reading: ManifestReading, where: str, prefix: str) ->
             Problem(f"{prefix}/{p.file}" if prefix else p.file, p.line, p.message) for p in problems
         ]
 
-    empty = empty_warning(reading, where)
+    empty = empty_warning(reading, prefix or where)  # the folder as the repository names it
     warnings = located(reading.warnings) + ([empty] if empty is not None else [])
     return "\n".join(
         text
