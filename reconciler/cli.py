@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -1241,6 +1242,9 @@ def _watch_status(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_ERROR
     terminal, shown = sys.stdout.isatty(), ""
+    # SIGTERM ends it as Ctrl-C does (a process started in the background by a shell that
+    # has no job control ignores SIGINT, so a supervisor or a script sends SIGTERM).
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             try:
@@ -1267,6 +1271,10 @@ def _watch_status(args: argparse.Namespace) -> int:
             time.sleep(args.every)
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _without_clock(text: str) -> str:
