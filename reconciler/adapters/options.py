@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
 
 ENV_PREFIX = "TRITON_GITOPS_"
@@ -65,7 +66,7 @@ def read_config_file(path: Path) -> ConfigFile:
         raise OptionSourceError(f"config file {path}: {exc}") from exc
     if loaded is None:
         return ConfigFile(path)
-    if not isinstance(loaded, Mapping):
+    if not isinstance(loaded, CommentedMap):
         raise OptionSourceError(f"config file {path}: not a mapping of option names to values")
     lines = {str(key): loaded.lc.key(key)[0] + 1 for key in loaded}
     return ConfigFile(path, {str(k): v for k, v in loaded.items()}, lines)
