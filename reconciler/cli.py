@@ -2,7 +2,8 @@
 
 Exit codes: ``validate`` 0 valid, 1 invalid; ``plan`` 0 nothing to do, 2 changes pending,
 1 error; ``apply`` 0 every server converged, 1 anything failed or was reverted;
-``history`` 0, or 1 without a state store.
+``history`` 0 (also without a state store: no history yet); ``status`` 0, or 3 when every
+declared server is unreachable (1 an error).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ from reconciler.views.steps import plan_steps_json
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 EXIT_GATE_FAILED = 3  # gate: a deployment failed it (1 stays an error: not judged)
+EXIT_NO_SERVER = 3  # status: every declared server unreachable (1: status could not run)
 # plan and apply's own records with --log-format json (their progress, why they stopped)
 _log = logging.getLogger("triton_gitops.cli")
 
@@ -598,10 +600,12 @@ def build_parser() -> _Parser:
         description="Observe every declared server and show, per server and model, the "
         "versions the manifests ask for, the versions Triton serves, whether it is in sync, "
         "pending, held, suspended or unreachable, the last rollout, and the last applied "
-        "revision. Changes nothing. With --watch, shows instead the rollouts in progress "
-        "as they run (each server's step and since when, the latest evaluation with each "
-        "check's value and threshold, the analysis time left), from the state store a "
-        "running reconciler writes (--state) or from a running service (--service).",
+        "revision. Changes nothing (the state store is only read). Exit 0, 3 when every "
+        "declared server is unreachable, 1 when it cannot run. With --watch, shows instead "
+        "the rollouts in progress as they run (each server's step and since when, the latest "
+        "evaluation with each check's value and threshold, the analysis time left), from the "
+        "state store a running reconciler writes (--state) or from a running service "
+        "(--service).",
     )
     _source_options(status, repo_required=False)
     status.add_argument(
@@ -1031,9 +1035,13 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     if not args.state.exists():
-        print(f"error: no state store at {args.state}", file=sys.stderr)
-        return EXIT_ERROR
-    store = StateStore(args.state)
+        # Not an error: nothing was applied with this state store yet (and none is made).
+        print(f"no history yet: no state store at {args.state} (apply and run write it)",
+              file=sys.stderr)  # fmt: skip
+        if args.output == "json":
+            print(history_json([], []))
+        return EXIT_OK
+    store = StateStore(args.state, read_only=True)
     try:
         rollouts = store.rollouts(args.model, args.limit)
         actions = store.operator_actions(args.model, args.limit)
@@ -1228,7 +1236,7 @@ def _watch_status(args: argparse.Namespace) -> int:
                 if args.service:
                     snapshot = live_status(args.service, str(token)).get("in_progress")
                 else:
-                    store = StateStore(args.state)
+                    store = StateStore(args.state, read_only=True)
                     try:
                         snapshot = store.live()
                     finally:
@@ -1269,6 +1277,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     print(status_json(report) if args.output == "json" else status_text(report))
+    if report.no_server_reached:
+        print("error: no declared server answered", file=sys.stderr)
+        return EXIT_NO_SERVER
     return EXIT_OK
 
 
