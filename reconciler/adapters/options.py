@@ -61,7 +61,7 @@ class ConfigFile:
 def read_config_file(path: Path) -> ConfigFile:
     """The file's keys, values and lines; OptionSourceError when it is not a YAML mapping."""
     try:
-        loaded = YAML(typ="rt").load(path.read_text())
+        loaded = YAML(typ="rt").load(path)  # its errors name the file and line
     except (OSError, YAMLError) as exc:
         raise OptionSourceError(f"config file {path}: {exc}") from exc
     if loaded is None:
