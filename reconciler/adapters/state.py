@@ -318,14 +318,15 @@ class StateStore:
             )
         }
         staged = {}
-        for name, fingerprint, progress in self._db.execute(
-            "SELECT deployment, fingerprint, progress FROM staged_rollouts"
+        for name, fingerprint, revision, progress in self._db.execute(
+            "SELECT deployment, fingerprint, revision, progress FROM staged_rollouts"
         ):
             data = json.loads(progress)
             staged[name] = StagedRecord(
                 fingerprint,
                 frozenset(data["completed"]),
                 {server: tuple(versions) for server, versions in data["started"].items()},
+                revision,
             )
         return History(
             staged=staged,

@@ -32,6 +32,7 @@ from reconciler.core.records import (
     footprints_from,
     hold_reminders,
     holds_from,
+    interrupted_swaps_finished,
     problem_alerts,
     released_holds,
     rfc3339,
@@ -405,6 +406,12 @@ def _record_pass(
     desired, history, result, plan_ = target.desired, target.history, applied.result, report.plan
     managed = next_managed(desired, history, plan_, result)
     journal = applied.journal
+    now = time.time()
+    # A swap an earlier pass finished or nearly finished before it was killed: its record
+    # ends and the swap is in history, so that the next plan is empty (issue 17).
+    finished, swaps = interrupted_swaps_finished(
+        history, desired, plan_, result, journal.deployments, now
+    )
     record = PassRecord(
         target.revision,
         # Only what changed: a fleet's managed rows are instances x models.
@@ -417,7 +424,7 @@ def _record_pass(
             ],
             "problems": [str(p) for p in plan_.problems],
         },
-        rollouts=rollouts_from(result, time.time()),
+        rollouts=(*rollouts_from(result, now), *swaps),
         holds=holds,
         released=tuple(
             n
@@ -428,7 +435,7 @@ def _record_pass(
         footprints=footprints_from(result),
         alerts_opened=tuple((e.model or "", e.server or "", e.kind) for e in opened),
         alerts_resolved=tuple((e.model or "", e.server or "") for e in resolved),
-        stages_ended=tuple(_stages_ended(target, plan_, applied)),
+        stages_ended=(*_stages_ended(target, plan_, applied), *finished),
         transitions=pass_transitions(
             report, desired, holds, history.transitions, rfc3339(time.time())
         ),
