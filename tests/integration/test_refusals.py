@@ -124,6 +124,9 @@ def test_validate_checks_promql_syntax_without_prometheus(tmp_path: Path) -> Non
     annotated = cli("validate", str(folder), "--output", "github")
     assert annotated.code == 0
     assert annotated.out.startswith("::notice file=echo.yaml,line=")
+    as_json = cli("validate", str(folder), "--output", "json").json()
+    assert as_json["valid"] is True
+    assert "need --prometheus-url" in as_json["notes"][0]["message"]
     with_url = cli("validate", str(folder), "--prometheus-url", "http://127.0.0.1:9")
     assert with_url.code == 0 and with_url.err == ""
 
