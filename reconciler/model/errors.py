@@ -224,7 +224,8 @@ class ForeignState(ReconcileError):
             f"{named(*given)}: its record (the models it placed, holds, history) is another "
             f"repository's. Give the --state that {given[0]} was reconciled with, or a new "
             "state file (--state PATH, a file that does not exist yet) to start its record "
-            "afresh"
+            "afresh. (The same repository under a new URL or folder: delete the one row of "
+            "the state file's table bound_source, and the next pass binds it anew.)"
         )
 
 

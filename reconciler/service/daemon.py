@@ -184,7 +184,7 @@ class Daemon:
             result = "refused"
             delay = self._git_backoff()
             _event(
-                "revision refused",
+                "state file refused" if isinstance(exc, ForeignState) else "revision refused",
                 logging.ERROR,
                 error=str(exc),
                 retry_in_seconds=round(delay, 1),

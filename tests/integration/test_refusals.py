@@ -13,6 +13,7 @@ from pathlib import Path
 from testkit.cli_run import cli
 from testkit.local_triton import free_port
 from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
+from testkit.service_process import Service, ServiceOptions, wait_until
 
 # A complete config, so the plan needs no model repository; nothing listens on the port.
 _CONFIG = "  config: {backend: python}\n"
@@ -149,3 +150,37 @@ def test_validate_help_says_what_needs_prometheus() -> None:
     assert "never queries" in words
     assert "syntax only" in words
     assert "spec.metrics" in words
+
+
+def test_the_service_alerts_a_refusal_once_and_retries_on_the_git_backoff(
+    tmp_path: Path,
+) -> None:
+    """A pod restarted on an empty cache after a force-push: every pass is refused, in
+    words; one alert, not one per pass; passes come again on the Git backoff (1 s, 2 s,
+    ...), not only at the interval (five minutes here)."""
+    repo = _repo(tmp_path / "git", f"127.0.0.1:{free_port()}", "echo 1")
+    workdir = tmp_path / "service"
+    assert cli("apply", "--repo", repo.url, *_options(workdir, "old-cache")).code == 1
+    repo.write("echo.yaml", deployment_doc("echo", [2], ["local"]) + _CONFIG)
+    git(repo.work, "commit", "--quiet", "--all", "--amend", "-m", "history rewritten")
+    git(repo.work, "push", "--quiet", "--force", "origin", "HEAD:main")
+    head = git(repo.work, "rev-parse", "HEAD")
+
+    options = ServiceOptions(secret="webhook-secret", token="reconcile-token", call_timeout=1)
+    service = Service(repo.url, workdir, options).start()  # --cache-dir workdir/cache: empty
+    try:
+        wait_until(
+            lambda: service.passes_by_result().get("refused", 0) >= 3,
+            15,
+            "three refused passes",
+        )
+        events = service.events()
+    finally:
+        assert service.stop() == 0
+    refused = [e for e in events if e.get("message") == "revision refused"]
+    assert len(refused) >= 3
+    assert all(e["retry_in_seconds"] > 0 for e in refused)
+    assert f"--accept-rewrite {head[:12]}" in refused[0]["error"]
+    assert "exit 128" not in refused[0]["error"]
+    alerts = [e for e in events if e.get("message") == "alert"]
+    assert [a["kind"] for a in alerts] == ["revision-refused"]
