@@ -353,9 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the Prometheus the reconciler will use (validate never queries it). Only "
         "promql checks need a Prometheus: plan, apply and run refuse them without "
-        "--prometheus-url; validate checks their syntax only and, without this option, adds "
-        "a note that they need one. Built-in checks (successRate, latency, memory) need no "
-        "Prometheus, but each server they run on needs spec.metrics, with or without it.",
+        "--prometheus-url; validate checks their syntax only and, without this option, "
+        "warns that they need one (exit 0). Built-in checks (successRate, latency, memory) "
+        "need no Prometheus, but each server they run on needs spec.metrics, with or without "
+        "it.",
     )
 
     history = commands.add_parser(
@@ -762,18 +763,18 @@ def external_defaults(
 
 def _validate(args: argparse.Namespace) -> int:
     counts = ""
-    notes: list[Problem] = []  # said, not failed
+    warnings: list[Problem] = []  # said, not failed
     try:
         desired = attach_shadow_requests(
             load_desired_state(manifest_files_in(args.dir)),
             lambda name: read_in_directory(args.dir, name, MAX_SHADOW_FILE_BYTES),
         )
         # Validate never asks a Prometheus: promql queries were parsed with the manifests;
-        # that the reconciler needs one to run them is a note unless --prometheus-url says
-        # it will have one.
+        # that the reconciler needs one to run them is a warning unless --prometheus-url
+        # says it will have one.
         problems = analysis_source_problems(desired, prometheus=True)
         if args.prometheus_url is None:
-            notes = [
+            warnings = [
                 Problem(p.file, p.line, f"{p.message} where the reconciler runs them "
                         "(validate checked their syntax only)")
                 for p in promql_without_prometheus(desired)
@@ -786,7 +787,7 @@ def _validate(args: argparse.Namespace) -> int:
     if args.output == "github":
         # Annotations must name files as the repository does.
         prefix = path_in_work_tree(args.dir)
-        for level, found in (("error", problems), ("notice", notes)):
+        for level, found in (("error", problems), ("warning", warnings)):
             located = [
                 Problem(f"{prefix}/{p.file}" if prefix else p.file, p.line, p.message)
                 for p in found
@@ -794,10 +795,10 @@ def _validate(args: argparse.Namespace) -> int:
             if located:
                 print(github_annotations(located, level))
     elif args.output == "json":
-        print(json.dumps(problems_json(problems, notes)))
+        print(json.dumps(problems_json(problems, warnings)))
     else:
-        for note in notes:
-            print(f"note: {note}", file=sys.stderr)
+        for warning in warnings:
+            print(f"{warning.file}:{warning.line}: warning: {warning.message}", file=sys.stderr)
         if problems:
             for problem in problems:
                 print(problem, file=sys.stderr)

@@ -416,7 +416,7 @@ def _sorted(problems: Iterable[Problem]) -> list[Problem]:
 
 def github_annotations(problems: Iterable[Problem], level: str = "error") -> str:
     """One ``::error file=F,line=L::message`` workflow command per problem, one per line
-    (``level``: ``notice`` for what is only said, not failed).
+    (``level`` "warning": ``::warning``).
 
     A problem with no line (0) is annotated on its file only.
     """
@@ -429,14 +429,14 @@ def github_annotations(problems: Iterable[Problem], level: str = "error") -> str
     return "\n".join(lines)
 
 
-def problems_json(problems: Iterable[Problem], notes: Iterable[Problem] = ()) -> dict[str, Any]:
-    """``validate --output json``; ``notes`` (what is said, not failed) only when there are."""
-    found, said = _sorted(problems), _sorted(notes)
+def problems_json(problems: Iterable[Problem], warnings: Iterable[Problem] = ()) -> dict[str, Any]:
+    """``validate --output json``; ``warnings`` (said, not failed) only when there are."""
+    found, said = _sorted(problems), _sorted(warnings)
     doc: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "valid": not found,
         "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in found],
     }
     if said:
-        doc["notes"] = [{"file": p.file, "line": p.line, "message": p.message} for p in said]
+        doc["warnings"] = [{"file": p.file, "line": p.line, "message": p.message} for p in said]
     return doc

@@ -121,13 +121,13 @@ def test_validate_checks_promql_syntax_without_prometheus(tmp_path: Path) -> Non
     assert valid.code == 0, valid.err
     assert valid.out.startswith("valid: 1 server(s), 1 model deployment(s)")
     # What the reconciler needs is said, not failed: validate never asks a Prometheus.
-    assert "business-kpi" in valid.err and "--prometheus-url" in valid.err
+    assert "warning: promql check(s) business-kpi need --prometheus-url" in valid.err
     annotated = cli("validate", str(folder), "--output", "github")
     assert annotated.code == 0
-    assert annotated.out.startswith("::notice file=echo.yaml,line=")
+    assert annotated.out.startswith("::warning file=echo.yaml,line=")
     as_json = cli("validate", str(folder), "--output", "json").json()
     assert as_json["valid"] is True
-    assert "need --prometheus-url" in as_json["notes"][0]["message"]
+    assert "need --prometheus-url" in as_json["warnings"][0]["message"]
     with_url = cli("validate", str(folder), "--prometheus-url", "http://127.0.0.1:9")
     assert with_url.code == 0 and with_url.err == ""
 

@@ -145,7 +145,7 @@ def test_the_example_ci_workflows_run_as_written(
         )  # fmt: skip
         assert done.returncode == 0, (step["name"], done.stdout, done.stderr)
         if step["name"] == "Validate":
-            assert "::notice file=manifests/kpi.yaml" in done.stdout  # needs --prometheus-url
+            assert "::warning file=manifests/kpi.yaml" in done.stdout  # needs --prometheus-url
     comment = (manifests.work / "comment.md").read_text()
     assert comment.startswith("<!-- triton-gitops diff -->")
     gitlab = YAML(typ="safe").load((EXAMPLES / "gitlab-ci.yml").read_text())
