@@ -774,11 +774,11 @@ def _validate(args: argparse.Namespace) -> int:
         # says it will have one.
         problems = analysis_source_problems(desired, prometheus=True)
         if args.prometheus_url is None:
+            syntax_only = "where the reconciler runs them (validate checked their syntax only)"
             warnings = [
-                Problem(p.file, p.line, f"{p.message} where the reconciler runs them "
-                        "(validate checked their syntax only)")
+                Problem(p.file, p.line, f"{p.message} {syntax_only}")
                 for p in promql_without_prometheus(desired)
-            ]  # fmt: skip
+            ]
         if problems:
             raise ValidationError(problems)
         counts = f"{len(desired.servers)} server(s), {len(desired.deployments)} model deployment(s)"

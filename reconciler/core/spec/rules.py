@@ -75,7 +75,7 @@ def _cross_check(
 
 def promql_without_prometheus(desired: DesiredState) -> list[Problem]:
     """The analyses with promql checks, which the reconciler runs only with a Prometheus
-    (``--prometheus-url``): a problem for a pass without one, a note for ``validate``."""
+    (``--prometheus-url``): a problem for a pass without one, a warning for ``validate``."""
     problems = []
     for deployment in desired.deployments.values():
         spec, where = deployment.analysis, deployment.analysis_location
