@@ -40,7 +40,7 @@ def test_a_state_file_of_another_repository_is_refused_naming_both(tmp_path: Pat
     assert made.code == 1  # the server does not answer: recorded all the same
     assert "git failed" not in made.err
 
-    for command in ("plan", "apply"):
+    for command in ("plan", "apply", "status"):
         refused = cli(command, "--repo", other.url, *options, "--call-timeout", "1")
         assert refused.code == 1
         assert "git failed" not in refused.err and "exit 128" not in refused.err
