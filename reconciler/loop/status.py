@@ -27,7 +27,7 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
     manifests = ports.manifests
     revision = manifests.read(manifests.fetch(source.ref), source.path)
     desired, _ = instances(load_desired_state(revision.files), ports.resolver)
-    state = ports.open_state()
+    state = ports.read_state()
     try:
         # Another repository's record would read as this one's history.
         check_bound(state, manifests.location, source.path, str(settings.state_path))
@@ -102,6 +102,7 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
             for name, route in sorted(routes.items())
         },
         _conditions(models, history, rfc3339(time.time())),
+        no_server_reached=bool(serving) and not any(s.reachable for s in serving.values()),
     )
 
 
