@@ -5,7 +5,6 @@ alerted once by the service (its PassMemory), not every pass."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -15,21 +14,9 @@ from reconciler.model.errors import ForeignState, HistoryRewritten
 from reconciler.model.reports import PassReport
 from reconciler.model.settings import ApprovalSettings, Settings
 from reconciler.model.source import Source
-from tests.core.pass_fakes import FakeClient, World, deployment_yaml, server_yaml
+from tests.core.pass_fakes import World, deployment_yaml, server_yaml
 
 SOURCE = Source("fake://manifests", path="models")
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(cache_dir=tmp_path / "cache", state_path=tmp_path / "state.db")
-
-
-@pytest.fixture
-def world() -> World:
-    found = World()
-    found.servers["s1"] = FakeClient("s1", {"echo": [1, 2]})
-    return found
 
 
 def deploy(world: World, *versions: int) -> str:
