@@ -47,7 +47,7 @@ from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.state import StateStore
 from reconciler.core.spec.desired import load_desired_state
-from reconciler.core.spec.rules import analysis_source_problems
+from reconciler.core.spec.rules import analysis_source_problems, promql_without_prometheus
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES, attach_shadow_requests
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
@@ -354,7 +354,9 @@ def build_parser() -> _Parser:
         help="check manifests in a folder; exit 0 valid, 1 invalid",
         description="Validate every *.yaml/*.yml manifest under DIR against the JSON Schemas "
         "and the cross-document rules, printing every problem as FILE:LINE: message. "
-        "Exit 0 when valid, 1 when not.",
+        "Exit 0 when valid, 1 when not. It reads files only: no server, Git remote or "
+        "Prometheus is asked, so it runs in CI. The query of each promql analysis check is "
+        "checked for syntax only (whether its metrics exist only the Prometheus can tell).",
     )
     validate.add_argument("dir", nargs="?", default=".", type=Path, metavar="DIR")
     validate.add_argument(
@@ -367,8 +369,12 @@ def build_parser() -> _Parser:
     validate.add_argument(
         "--prometheus-url",
         metavar="URL",
-        help="the Prometheus the reconciler will use: promql checks need one, built-in "
-        "checks need it or each server's spec.metrics",
+        help="the Prometheus the reconciler will use (validate never queries it). Only "
+        "promql checks need a Prometheus: plan, apply and run refuse them without "
+        "--prometheus-url; validate checks their syntax only and, without this option, "
+        "warns that they need one (exit 0). Built-in checks (successRate, latency, memory) "
+        "need no Prometheus, but each server they run on needs spec.metrics, with or without "
+        "it.",
     )
 
     history = commands.add_parser(
@@ -743,12 +749,22 @@ def parse_arguments(
 
 def _validate(args: argparse.Namespace) -> int:
     counts = ""
+    warnings: list[Problem] = []  # said, not failed
     try:
         desired = attach_shadow_requests(
             load_desired_state(manifest_files_in(args.dir)),
             lambda name: read_in_directory(args.dir, name, MAX_SHADOW_FILE_BYTES),
         )
-        problems = analysis_source_problems(desired, prometheus=args.prometheus_url is not None)
+        # Validate never asks a Prometheus: promql queries were parsed with the manifests;
+        # that the reconciler needs one to run them is a warning unless --prometheus-url
+        # says it will have one.
+        problems = analysis_source_problems(desired, prometheus=True)
+        if args.prometheus_url is None:
+            syntax_only = "where the reconciler runs them (validate checked their syntax only)"
+            warnings = [
+                Problem(p.file, p.line, f"{p.message} {syntax_only}")
+                for p in promql_without_prometheus(desired)
+            ]
         if problems:
             raise ValidationError(problems)
         counts = f"{len(desired.servers)} server(s), {len(desired.deployments)} model deployment(s)"
@@ -757,19 +773,24 @@ def _validate(args: argparse.Namespace) -> int:
     if args.output == "github":
         # Annotations must name files as the repository does.
         prefix = path_in_work_tree(args.dir)
-        located = [
-            Problem(f"{prefix}/{p.file}" if prefix else p.file, p.line, p.message) for p in problems
-        ]
-        if located:
-            print(github_annotations(located))
+        for level, found in (("error", problems), ("warning", warnings)):
+            located = [
+                Problem(f"{prefix}/{p.file}" if prefix else p.file, p.line, p.message)
+                for p in found
+            ]
+            if located:
+                print(github_annotations(located, level))
     elif args.output == "json":
-        print(json.dumps(problems_json(problems)))
-    elif problems:
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        print(f"{len(problems)} problem(s)", file=sys.stderr)
+        print(json.dumps(problems_json(problems, warnings)))
     else:
-        print(f"valid: {counts}")
+        for warning in warnings:
+            print(f"{warning.file}:{warning.line}: warning: {warning.message}", file=sys.stderr)
+        if problems:
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            print(f"{len(problems)} problem(s)", file=sys.stderr)
+        else:
+            print(f"valid: {counts}")
     return EXIT_ERROR if problems else EXIT_OK
 
 

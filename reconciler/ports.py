@@ -71,6 +71,10 @@ class ModelControl(Protocol):
 class ManifestSource(Protocol):
     """The manifest repository, commits named by their sha (``adapters.git.GitManifests``)."""
 
+    # The repository as messages and the state store name it: its URL without credentials,
+    # a local path made absolute.
+    location: str
+
     def fetch(self, ref: str) -> str:
         """Bring the mirror up to date and resolve ``ref``: the commit's full sha."""
         ...
@@ -85,6 +89,10 @@ class CommitChecks(Protocol):
 
     def is_fast_forward(self, old: str, new: str) -> bool: ...
 
+    def has_commit(self, sha: str) -> bool:
+        """Whether the mirror holds the commit ``sha``."""
+        ...
+
     def signature_verdicts(
         self, trusted_keys: Path, policy: SignaturePolicy, old: str | None, new: str
     ) -> list[CommitVerdict]: ...
@@ -98,6 +106,10 @@ class StateStore(Protocol):
     def history(self) -> History: ...
 
     def last_pass(self) -> dict[str, Any] | None: ...
+
+    def bound_source(self) -> tuple[str, str] | None: ...
+
+    def bind_source(self, repo: str, path: str) -> None: ...
 
     def applied_spec(self, deployment: str) -> AppliedSpec | None: ...
 

@@ -4,7 +4,8 @@ Per server, the models the last applied revision placed there (so that a ModelDe
 removed from Git unloads its model); holds on ModelDeployments whose rollout failed; every
 rollout with its verdict and check values (for ``history``); the failure alerts still open;
 alerts a receiver has not taken yet (retried by the next pass); each pass's outcome; and each
-ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``).
+ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``);
+and the repository and manifest folder it is the record of (``bound_source``).
 WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
 
 ``StateStore(path, read_only=True)`` is the record as ``plan``, ``status`` and ``history``
@@ -150,6 +151,14 @@ CREATE TABLE IF NOT EXISTS condition_transitions (
     status TEXT NOT NULL,
     since TEXT NOT NULL,
     PRIMARY KEY (deployment, type)
+);
+-- The repository (its URL without credentials) and manifest folder this store is the record
+-- of, written by the first pass that records; a pass over any other is refused.
+CREATE TABLE IF NOT EXISTS bound_source (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    repo TEXT NOT NULL,
+    path TEXT NOT NULL,
+    bound_at TEXT NOT NULL
 );
 """
 
@@ -570,6 +579,21 @@ class StateStore:
             "ok": bool(row[2]),
             "summary": json.loads(row[3]),
         }
+
+    def bound_source(self) -> tuple[str, str] | None:
+        """The repository and manifest folder this store records (None: not bound yet, a
+        new store or one from before the binding)."""
+        row = self._db.execute("SELECT repo, path FROM bound_source").fetchone()
+        return (str(row[0]), str(row[1])) if row else None
+
+    def bind_source(self, repo: str, path: str) -> None:
+        """Make this store the record of ``repo`` at ``path``; a store bound already keeps
+        its binding."""
+        with self._db:
+            self._db.execute(
+                "INSERT OR IGNORE INTO bound_source (id, repo, path, bound_at) VALUES (1, ?, ?, ?)",
+                (repo, path, _now()),
+            )
 
     def undelivered_alerts(self) -> dict[str, list[Any]]:
         """Per alert receiver (its key, never its URL), the deliveries still to make."""

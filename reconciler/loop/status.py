@@ -11,6 +11,7 @@ from reconciler.core.conditions import PlacementState, conditions
 from reconciler.core.plan.planner import plan
 from reconciler.core.records import rfc3339
 from reconciler.core.spec.desired import load_desired_state
+from reconciler.loop.binding import check_bound
 from reconciler.loop.observation import instances, observe_routers, observe_servers
 from reconciler.model.history import Held, History, Rollout
 from reconciler.model.plan import ModelChange, Plan
@@ -28,6 +29,8 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
     desired, _ = instances(load_desired_state(revision.files), ports.resolver)
     state = ports.read_state()
     try:
+        # Another repository's record would read as this one's history.
+        check_bound(state, manifests.location, source.path, str(settings.state_path))
         history = state.history()
         clients = {name: ports.triton(server) for name, server in desired.servers.items()}
         try:

@@ -161,6 +161,7 @@ KINDS = (
     "rollout-succeeded",
     "unload-failed",
     "revision-refused",
+    "state-mismatch",
     "artifact-mismatch",
     "no-headroom",
     "drain-timeout",

@@ -13,7 +13,8 @@
                               model triggers a pass without waiting for the interval
     backoff                   a failing server is skipped until its next try (exponential,
                               jittered), the others go on; a Git remote that is down keeps
-                              everything serving and is retried the same way
+                              everything serving and is retried the same way, as is a
+                              refused revision or a state file of another repository
     observability             /metrics (prometheus-client), /healthz, /readyz; JSON log lines,
                               one "failure" event per server or model a pass left failed
     shutdown                  SIGTERM/SIGINT: the change in progress finishes (an analysis in
@@ -59,6 +60,7 @@ from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.undo import undo
 from reconciler.model.errors import (
+    ForeignState,
     ReconcileError,
     SourceUnavailable,
     UndoRefused,
@@ -160,9 +162,8 @@ class Daemon:
             self._git_failures = 0
             result = self._record(report)
         except SourceUnavailable as exc:
-            self._git_failures += 1
             self.metrics.git_errors.inc()
-            delay = backoff_delay(self._git_failures, self.rng)
+            delay = self._git_backoff()
             result = "source-unavailable"
             _event(
                 "manifest repository unavailable; everything keeps serving",
@@ -170,7 +171,6 @@ class Daemon:
                 error=str(exc),
                 retry_in_seconds=round(delay, 1),
             )
-            self._retry_in(delay)
         except ValidationError as exc:
             self._fetched_once = True
             result = "invalid"
@@ -180,10 +180,18 @@ class Daemon:
                 revision=exc.revision,
                 problems=[str(p) for p in exc.problems],
             )
-        except UnsafeRevision as exc:
+        except (UnsafeRevision, ForeignState) as exc:
+            # Only an operator ends these (--accept-rewrite, the right --state, a new commit):
+            # retried on the Git remote's backoff, alerted once by the pass (its memory).
             self._fetched_once = True
             result = "refused"
-            _event("revision refused", logging.ERROR, error=str(exc))
+            delay = self._git_backoff()
+            _event(
+                "state file refused" if isinstance(exc, ForeignState) else "revision refused",
+                logging.ERROR,
+                error=str(exc),
+                retry_in_seconds=round(delay, 1),
+            )
         except ReconcileError as exc:
             _event("pass failed", logging.ERROR, error=str(exc))
         except Exception:
@@ -255,6 +263,14 @@ class Daemon:
             self._passed_once = True
             return "ok"
         return "partial"
+
+    def _git_backoff(self) -> float:
+        """Count a pass the Git side failed or refused; the next one comes after the
+        backoff's delay (sooner than the interval), in seconds."""
+        self._git_failures += 1
+        delay = backoff_delay(self._git_failures, self.rng)
+        self._retry_in(delay)
+        return delay
 
     def _retry_in(self, delay: float) -> None:
         """Bring the next pass forward to ``delay`` seconds from now if it is later."""

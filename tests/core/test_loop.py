@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -45,19 +44,6 @@ PHASES = [
     "revert",
 ]
 SOURCE = Source("fake://manifests")
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return Settings(cache_dir=tmp_path / "cache", state_path=tmp_path / "state.db")
-
-
-@pytest.fixture
-def world() -> World:
-    """One server s1 whose repository holds echo 1 and 2, serving nothing yet."""
-    found = World()
-    found.servers["s1"] = FakeClient("s1", {"echo": [1, 2]})
-    return found
 
 
 def deploy(world: World, *versions: int) -> str:
