@@ -73,6 +73,10 @@ class _DeadlineReader(io.RawIOBase):
         return self.sock.recv_into(buffer)
 
 
+LINGER_SECONDS = 1.0  # at most, and never past the request's deadline
+LINGER_BYTES = 256 * 1024
+
+
 class _Listener(ThreadingHTTPServer):
     """A thread per connection, at most ``max_connections`` of them; one over is answered
     503 at once and closed, so a flood costs a bounded number of threads."""
@@ -184,7 +188,8 @@ class RequestHandler(BaseHTTPRequestHandler):
     deadline = 0.0
     raw_requestline: bytes  # set by http.server before ``parse_request``
     framing = Framing()  # how this request's body is delimited (``parse_request``)
-    refusal = "malformed request"  # why it was refused, when it was
+    refusal: str | None = None  # why service/framing.py refused it, when it did
+    unread = False  # refused or answered with bytes of it maybe unread: linger on close
 
     def setup(self) -> None:
         super().setup()
@@ -198,13 +203,14 @@ class RequestHandler(BaseHTTPRequestHandler):
         be closed) when refused."""
         if self.raw_requestline in (b"\r\n", b"\n"):
             return super().parse_request()  # an empty line: closed unanswered, as before
+        # What send_error needs before http.server has parsed anything (it would set them).
+        self.command, self.request_version, self.requestline = "", "HTTP/1.0", ""
+        self.close_connection = True
         try:
             check_request_line(self.raw_requestline)
             head = read_field_block(self.rfile)
         except BadRequest as exc:
-            self.refusal = exc.reason
-            self.send_error(exc.status, None, exc.reason)
-            return False
+            return self._bad(exc)
         # http.server reads the header from ``rfile``: give it the lines just checked.
         reader, self.rfile = self.rfile, io.BytesIO(head)
         try:
@@ -215,14 +221,38 @@ class RequestHandler(BaseHTTPRequestHandler):
         try:
             self.framing = body_framing(self.command, self.request_version, self.headers.items())
         except BadRequest as exc:
-            self.refusal = exc.reason
-            self.send_error(exc.status, None, exc.reason)
-            return False
+            return self._bad(exc)
         return True
+
+    def _bad(self, refused: BadRequest) -> bool:
+        self.refusal = refused.reason
+        self.send_error(refused.status, None, refused.reason)
+        return False
+
+    def finish(self) -> None:
+        super().finish()  # the answer is flushed
+        if not self.unread:
+            return
+        # A lingering close: closing a socket with unread bytes (a refused body, a request
+        # behind it) resets the connection, and the client (or a proxy) may lose the answer.
+        # Say we are done, then read what the client still sends, for a bounded time.
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            until = min(self.deadline, time.monotonic() + LINGER_SECONDS)
+            drained = 0
+            while drained < LINGER_BYTES and (left := until - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                chunk = self.connection.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        except OSError:
+            pass
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # http.server's messages quote the client's request line, which may hold
         # anything (a token pasted in the wrong place): answer with the plain reason.
+        self.unread = True
         super().send_error(code, None, explain)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -259,6 +289,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         _event("webhook refused", logging.WARNING, source=source, reason=result)
         self._json(status, {"error": error})
         self.close_connection = True
+        self.unread = True
 
     def do_GET(self) -> None:
         if self.path in (LAST_PASS, LIVE_STATUS):
@@ -351,7 +382,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         source = WEBHOOK_ROUTES.get(self.path)
         if source is None:
             self._json(404, {"error": "not found"})
-            self.close_connection = True  # its body is unread: never parse it as a request
+            self.close_connection = self.unread = True  # its body is unread: never a request
             return
         body = self._body(source)
         if body is None:

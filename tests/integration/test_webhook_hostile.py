@@ -293,7 +293,8 @@ def test_malformed_and_smuggling_framing_is_refused_and_closed(hostile: Service)
     wrong = []
     for what, request, status in MALFORMED:
         answer, closed = exchange_once(port, request + SMUGGLED)
-        if (status_of(answer), answer.count(b"HTTP/1."), closed) != (status, 1, True):
+        answers = len(re.findall(rb"(?m)^HTTP/1\.[01] \d{3} ", answer))
+        if (status_of(answer), answers, closed) != (status, 1, True):
             wrong.append((what, answer[:60], closed))
     assert wrong == []
     assert webhook_requests(hostile, "github") == 0  # nothing triggered
