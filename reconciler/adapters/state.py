@@ -160,6 +160,11 @@ CREATE TABLE IF NOT EXISTS bound_source (
     path TEXT NOT NULL,
     bound_at TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    key TEXT PRIMARY KEY,
+    seen_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_by_time ON webhook_deliveries (seen_at);
 """
 
 
@@ -755,3 +760,40 @@ class StateStore:
             )
             for row in self._db.execute(query, (*args, limit))
         ]
+
+    # -- webhook deliveries seen (service/webhooks.py), so that a restart forgets no replay --
+
+    def seen_deliveries(self, since: float, limit: int) -> list[tuple[str, float]]:
+        """The webhook delivery keys seen after ``since`` (wall clock) with their time, the
+        newest ``limit``, oldest first. A store that cannot be read gives none (logged)."""
+        try:
+            rows = self._db.execute(
+                "SELECT key, seen_at FROM webhook_deliveries WHERE seen_at > ? "
+                "ORDER BY seen_at DESC, rowid DESC LIMIT ?",
+                (since, limit),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("state file %s: webhook deliveries cannot be read: %s", self.path, exc)
+            return []
+        return [(key, at) for key, at in reversed(rows)]
+
+    def remember_deliveries(self, keys: Iterable[str], at: float, since: float, limit: int) -> None:
+        """Record ``keys`` as seen at ``at``, forgetting those seen at or before ``since`` and
+        all but the newest ``limit``. A failed write is logged: the service's own memory
+        still refuses the replay until it restarts."""
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO webhook_deliveries (key, seen_at) VALUES (?, ?)",
+                    [(key, at) for key in keys],
+                )
+                self._db.execute("DELETE FROM webhook_deliveries WHERE seen_at <= ?", (since,))
+                # By rowid too: the keys of one delivery share their time.
+                self._db.execute(
+                    "DELETE FROM webhook_deliveries WHERE rowid NOT IN (SELECT rowid FROM "
+                    "webhook_deliveries ORDER BY seen_at DESC, rowid DESC LIMIT ?)",
+                    (limit,),
+                )
+        except sqlite3.Error as exc:
+            log.warning("state file %s: webhook deliveries cannot be written: %s", self.path, exc)

@@ -4,7 +4,8 @@
                               (max_instances=1, coalesced); an overrun is counted, not stacked
     webhooks                  GitHub (X-Hub-Signature-256), GitLab (X-Gitlab-Token) and a
                               token-authenticated POST /reconcile trigger a pass at once;
-                              replays (a delivery id or signature seen within the window),
+                              replays (a delivery id, signature or GitLab body digest seen
+                              within the window, before a restart too: the state store),
                               bodies over the cap (declared or chunked) and requests not
                               received within one whole-request deadline are refused, and
                               bounded connection counts keep a flood from starving the rest
@@ -121,7 +122,7 @@ class Daemon:
         self._watch = Watch(settings, self.backoff)
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: _Listener | None = None
-        self.webhooks = WebhookGate(run)
+        self.webhooks = WebhookGate(run, settings.state_path)
 
     # -- passes --------------------------------------------------------------------------
 
@@ -437,6 +438,7 @@ class Daemon:
 
     def start_http(self) -> None:
         """Serve webhooks, /metrics and the health checks (without the scheduler: tests)."""
+        self.webhooks.recall()  # replays of deliveries seen before a restart are refused too
         host, _, port = self.run_settings.listen.rpartition(":")
         self.http = _Listener(
             (host or "127.0.0.1", int(port)),
@@ -501,6 +503,7 @@ class Daemon:
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+            self.webhooks.close()
         if finished:
             self.memory.close()
             self._pass_lock.release()
