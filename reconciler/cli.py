@@ -1035,8 +1035,11 @@ def _one_reconciler(args: argparse.Namespace, settings: Settings) -> Iterator[No
     lock = wiring.reconciler_lock(settings, str(args.command))
     holder = lock.holder()
     if holder is not None and args.lock_timeout > 0:
-        _tell(args, f"waiting up to {args.lock_timeout:g} s for the reconciler lock "
-              f"{lock.where}, held by {holder}")  # fmt: skip
+        waiting = f"waiting up to {args.lock_timeout:g} s for the reconciler lock {lock.where}"
+        if args.log_format == "json":
+            _log.warning(waiting, extra={"fields": {"holder": str(holder), "pid": holder.pid}})
+        else:
+            print(f"{waiting}, held by {holder}", file=sys.stderr, flush=True)
     if not lock.acquire(args.lock_timeout):
         holder = lock.holder()
         raise ReconcileError(

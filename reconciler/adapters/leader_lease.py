@@ -16,6 +16,7 @@ requests this sends against recorded Lease shapes (docs/guarantees.md says what 
 from __future__ import annotations
 
 import datetime
+import logging
 import re
 import threading
 import time
@@ -66,6 +67,9 @@ class LeaderLease:
         renew_deadline: int = 10,
         retry_period: int = 2,
     ) -> None:
+        # The election logs every renewal (every retry_period) at INFO: the service's log
+        # says what matters (waiting, taken, lost) itself.
+        logging.getLogger("leaderelection").setLevel(logging.WARNING)
         self.where = f"Lease {namespace}/{name}"
         self.identity = f"{me.host} pid {me.pid} ({me.command}) since {me.since}"
         self._lock = LeaseLock(name, namespace, self.identity)

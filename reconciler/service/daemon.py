@@ -316,14 +316,16 @@ class Daemon:
         lock = self.lock
         if lock is None:
             return True
-        began, told = time.monotonic(), -_LOCK_WAIT_LOG_EVERY
+        began, told = time.monotonic(), None
         while not self.stop_requested.is_set():
-            if lock.acquire(timeout=1.0):
-                if told >= 0:
+            # A couple of seconds a try: a Lease is tried about as often as client-go does
+            # (every 2 s), and SIGTERM is heard within that.
+            if lock.acquire(timeout=2.0):
+                if told is not None:
                     _event("reconciler lock taken", lock=lock.where,
                            waited_seconds=round(time.monotonic() - began, 1))  # fmt: skip
                 return True
-            if time.monotonic() - told >= _LOCK_WAIT_LOG_EVERY:
+            if told is None or time.monotonic() - told >= _LOCK_WAIT_LOG_EVERY:
                 told = time.monotonic()
                 holder = lock.holder()
                 _event(
@@ -337,8 +339,10 @@ class Daemon:
     def _lost_the_lock(self) -> bool:
         """A Lease that could not be renewed: another replica may lead now, so this one
         stops (exit 1: Kubernetes restarts it, and it waits as a follower)."""
-        if self.lock is None or self.lock.held() or self._lock_lost:
-            return self._lock_lost
+        if self.lock is None or self._lock_lost or self.stop_requested.is_set():
+            return self._lock_lost  # stopping: shutdown lets it go itself
+        if self.lock.held():
+            return False
         self._lock_lost = True
         _event("reconciler lock lost; stopping", logging.ERROR, lock=self.lock.where)
         self.request_stop()
