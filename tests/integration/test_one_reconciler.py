@@ -3,9 +3,9 @@ store take the lock next to it (``<state>.lock``). An ``apply`` started beside a
 service refuses, naming the service's pid, or waits for it to stop and then runs; a service
 started while an ``apply`` runs serves its health checks and waits, then reconciles.
 
-No Triton is needed: the manifests name a server that accepts connections and never answers,
-so every pass (and every apply) takes as long as its call timeout, and the lock is what is
-watched.
+No Triton is needed: the manifests name a server that never answers (``MuteServer``), so a
+pass or an apply lasts its call timeout, or until the test closes that server, and the lock
+is what is watched.
 """
 
 from __future__ import annotations
@@ -25,20 +25,34 @@ from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.service_process import Service, wait_until
 from tests.integration.test_daemon import service_process
 
+# The service's passes end a second after they ask the mute server anything.
+FAST = ("--call-timeout", "1")
+
+
+class MuteServer:
+    """A listener that never accepts: connections queue and calls wait for their timeout,
+    until ``close`` resets them (then every call fails at once)."""
+
+    def __init__(self) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+
+    def close(self) -> None:
+        self._listener.close()
+
 
 @pytest.fixture
-def mute_server() -> Iterator[str]:
-    """host:port of a listener that never accepts: connections queue, calls time out."""
-    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+def mute_server() -> Iterator[MuteServer]:
+    server = MuteServer()
     try:
-        yield f"127.0.0.1:{listener.getsockname()[1]}"
+        yield server
     finally:
-        listener.close()
+        server.close()
 
 
 @pytest.fixture
-def repo(manifests: ManifestRepo, mute_server: str) -> str:
-    manifests.write("servers.yaml", server_doc("edge-a", mute_server, None))
+def repo(manifests: ManifestRepo, mute_server: MuteServer, model_repository: Path) -> str:
+    manifests.write("servers.yaml", server_doc("edge-a", mute_server.address, model_repository))
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
     manifests.commit("echo 1 on a server that never answers")
     return manifests.url
@@ -77,9 +91,9 @@ def events_named(service: Service, message: str) -> list[dict[str, object]]:
 
 
 def test_an_apply_beside_a_running_service_refuses_naming_it_or_waits_for_it(
-    repo: str, start_apply: StartApply, tmp_path: Path
+    repo: str, mute_server: MuteServer, start_apply: StartApply, tmp_path: Path
 ) -> None:
-    service = service_process(repo, tmp_path / "service").start()
+    service = service_process(repo, tmp_path / "service", FAST).start()
     state, pid = service.workdir / "state.db", service.pid
     try:
         wait_until(lambda: events_named(service, "started"), 15, "the service holds the lock")
@@ -92,18 +106,17 @@ def test_an_apply_beside_a_running_service_refuses_naming_it_or_waits_for_it(
         assert "triton-gitops reconcile --service URL" in err
         assert not (tmp_path / "refused" / "cache").exists()  # it fetched nothing
 
-        waiting = start_apply(
-            state, tmp_path / "waits", "--lock-timeout", "30", "--call-timeout", "1"
-        )
+        waiting = start_apply(state, tmp_path / "waits", "--lock-timeout", "30")
         wait_until(
             lambda: "waiting up to 30 s" in (tmp_path / "waits" / "stderr").read_text(),
             15,
             "the apply says it waits",
         )
         assert waiting.poll() is None
+        mute_server.close()  # from now on every call fails at once
     finally:
         assert service.stop() == 0  # its pass ends; the lock is let go
-    assert waiting.wait(30) == 1  # it ran: the server never answers
+    assert waiting.wait(30) == 1  # it ran: the server is gone
     err = (tmp_path / "waits" / "stderr").read_text()
     assert f"reconciler lock {state}.lock, held by pid {pid} (run)" in err
     assert "another reconciler holds" not in err
@@ -112,14 +125,15 @@ def test_an_apply_beside_a_running_service_refuses_naming_it_or_waits_for_it(
 
 
 def test_a_service_started_while_an_apply_runs_waits_for_it_then_reconciles(
-    repo: str, start_apply: StartApply, tmp_path: Path
+    repo: str, mute_server: MuteServer, start_apply: StartApply, tmp_path: Path
 ) -> None:
     state = tmp_path / "service" / "state.db"
-    apply = start_apply(state, tmp_path / "apply", "--call-timeout", "4")
+    # The apply waits on the mute server until the test closes it.
+    apply = start_apply(state, tmp_path / "apply", "--call-timeout", "60")
     lock_file = Path(f"{state}.lock")
     wait_until(lambda: f'"pid": {apply.pid}' in lock_file.read_text(), 15, "apply holds it")
 
-    service = service_process(repo, tmp_path / "service")
+    service = service_process(repo, tmp_path / "service", FAST)
     try:
         service.start()  # /healthz answers while it waits
         wait_until(lambda: events_named(service, "waiting for the reconciler lock"), 10, "it waits")
@@ -128,10 +142,11 @@ def test_a_service_started_while_an_apply_runs_waits_for_it_then_reconciles(
         assert waiting["lock"] == str(lock_file)
         status, body = service.get("/readyz")
         assert status == 503 and b'"leading": false' in body
-        if apply.poll() is None:
-            assert service.passes() == 0  # nothing while the apply holds the lock
+        assert apply.poll() is None
+        assert service.passes() == 0  # nothing while the apply holds the lock
 
-        assert apply.wait(30) == 1  # the server never answers
+        mute_server.close()  # the apply's call fails at once: it ends, and lets go
+        assert apply.wait(30) == 1
         began = time.monotonic()
         wait_until(lambda: events_named(service, "reconciler lock taken"), 10, "the lock")
         wait_until(lambda: service.passes() >= 1, 15, "a pass after the apply")

@@ -14,7 +14,7 @@ from pathlib import Path
 from testkit.service_process import Service
 from tests.adapters.test_secret_files import SecretVolume
 from tests.integration.test_daemon import service_process
-from tests.integration.test_one_reconciler import mute_server, repo
+from tests.integration.test_one_reconciler import FAST, mute_server, repo
 
 __all__ = ["mute_server", "repo"]  # fixtures, used by name
 
@@ -43,7 +43,7 @@ def test_a_rotated_webhook_secret_and_operator_token_take_effect_without_a_resta
         "--github-secret-file", str(volume.path("github-secret")),
         "--operator-tokens-file", str(volume.path("operator-tokens")),
     )  # fmt: skip
-    service = service_process(repo, tmp_path / "service", files).start()
+    service = service_process(repo, tmp_path / "service", files + FAST).start()
     try:
         pid = service.pid
         assert service.github_push("1" * 40, secret=OLD_SECRET) == 202
