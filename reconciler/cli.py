@@ -2,7 +2,8 @@
 
 Exit codes: ``validate`` 0 valid, 1 invalid; ``plan`` 0 nothing to do, 2 changes pending,
 1 error; ``apply`` 0 every server converged, 1 anything failed or was reverted;
-``history`` 0, or 1 without a state store.
+``history`` 0 (also without a state store: no history yet); ``status`` 0, or 3 when every
+declared server is unreachable (1 an error).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -24,9 +26,6 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
-
 from reconciler import __version__, wiring
 from reconciler.adapters.artifacts import tree_digest
 from reconciler.adapters.chart import ChartUnavailable, latency_chart
@@ -35,6 +34,16 @@ from reconciler.adapters.git import path_in_work_tree
 from reconciler.adapters.local_triton import LocalTritonError
 from reconciler.adapters.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from reconciler.adapters.operator_client import ask_service, live_status, wait_for_pass
+from reconciler.adapters.options import (
+    ConfigFile,
+    OptionSourceError,
+    command_in,
+    config_path,
+    known_keys,
+    read_config_file,
+    refuse_unknown_keys,
+    take_defaults,
+)
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.secret_files import SecretFileError, SecretFiles
@@ -94,6 +103,7 @@ from reconciler.views.steps import plan_steps_json
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 EXIT_GATE_FAILED = 3  # gate: a deployment failed it (1 stays an error: not judged)
+EXIT_NO_SERVER = 3  # status: every declared server unreachable (1: status could not run)
 # plan and apply's own records with --log-format json (their progress, why they stopped)
 _log = logging.getLogger("triton_gitops.cli")
 
@@ -324,14 +334,30 @@ def _two_refs(command: argparse.ArgumentParser) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors exit 1: exit 2 means "changes pending" for plan and diff."""
+    """Usage errors exit 1: exit 2 means "changes pending" for plan and diff. Abbreviated
+    options are off (in every subparser: they are made of this class), so that ``--config``
+    is never taken for ``--config-recheck`` and a new option never breaks an old script."""
+
+    commands: dict[str, argparse.ArgumentParser]  # the subcommands' parsers, by name
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+_CONFIG_HELP = (
+    "YAML file of option defaults (keys are long option names, e.g. repo, interval, "
+    "revert-mode; a key no command has is refused). Precedence: command-line flag, then "
+    "$TRITON_GITOPS_<OPTION> (e.g. TRITON_GITOPS_REPO), then this file, then the built-in "
+    "default. $TRITON_GITOPS_CONFIG names the file too."
+)
+
+
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="triton-gitops",
         description="GitOps for NVIDIA Triton Inference Server: make every server serve the "
@@ -339,15 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
         "swaps (load new beside old, verify, then unload old).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="YAML file of option defaults (keys are long option names, e.g. repo, "
-        "interval, revert-mode). Precedence: command-line flag, then $TRITON_GITOPS_<OPTION> "
-        "(e.g. TRITON_GITOPS_REPO), then this file, then the built-in default. "
-        "$TRITON_GITOPS_CONFIG names the file too.",
-    )
+    parser.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     validate = commands.add_parser(
@@ -604,10 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Observe every declared server and show, per server and model, the "
         "versions the manifests ask for, the versions Triton serves, whether it is in sync, "
         "pending, held, suspended or unreachable, the last rollout, and the last applied "
-        "revision. Changes nothing. With --watch, shows instead the rollouts in progress "
-        "as they run (each server's step and since when, the latest evaluation with each "
-        "check's value and threshold, the analysis time left), from the state store a "
-        "running reconciler writes (--state) or from a running service (--service).",
+        "revision. Changes nothing (the state store is only read). Exit 0, 3 when every "
+        "declared server is unreachable, 1 when it cannot run. With --watch, shows instead "
+        "the rollouts in progress as they run (each server's step and since when, the latest "
+        "evaluation with each check's value and threshold, the analysis time left), from the "
+        "state store a running reconciler writes (--state) or from a running service "
+        "(--service).",
     )
     _source_options(status, repo_required=False)
     status.add_argument(
@@ -685,6 +705,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
     for name, command in commands.choices.items():
         _log_options(command, "json" if name == "run" else "text")
+        # after the command too; absent unless given, so that the global one is kept
+        command.add_argument(
+            "--config", type=Path, metavar="FILE", default=argparse.SUPPRESS, help=_CONFIG_HELP
+        )
+    parser.commands = dict(commands.choices)
     return parser
 
 
@@ -720,62 +745,23 @@ _SECRET_VARIABLES = {
 }
 
 
-def _truthy(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _config_file(argv: Sequence[str]) -> Path | None:
-    for index, arg in enumerate(argv):
-        if arg == "--config" and index + 1 < len(argv):
-            return Path(argv[index + 1])
-        if arg.startswith("--config="):
-            return Path(arg.split("=", 1)[1])
-    variable = os.environ.get("TRITON_GITOPS_CONFIG")
-    return Path(variable) if variable else None
-
-
-def external_defaults(
-    parser: argparse.ArgumentParser, environ: Mapping[str, str], config: Mapping[str, Any]
-) -> None:
-    """Take option defaults from the config file, then the environment (which wins); a flag
-    on the command line wins over both. Option --foo-bar is key foo-bar (or foo_bar) in the
-    file and $TRITON_GITOPS_FOO_BAR in the environment."""
-    parsers = [parser] + [
-        sub
-        for action in parser._actions
-        if isinstance(action, argparse._SubParsersAction)
-        for sub in action.choices.values()
-    ]
-    for sub in parsers:
-        for action in sub._actions:
-            longs = [o for o in action.option_strings if o.startswith("--")]
-            if not longs or action.dest in ("help", "version", "config"):
-                continue
-            key = longs[0][2:]
-            raw: Any = None
-            if key in config or key.replace("-", "_") in config:
-                raw = config.get(key, config.get(key.replace("-", "_")))
-            variable = "TRITON_GITOPS_" + key.upper().replace("-", "_")
-            if variable in environ:
-                raw = environ[variable]
-            if raw is None:
-                continue
-            if isinstance(action, argparse._StoreTrueAction):
-                value: Any = raw if isinstance(raw, bool) else _truthy(str(raw))
-            elif action.type is not None and callable(action.type):
-                try:
-                    value = action.type(str(raw))
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"{variable} or config key {key}: {raw!r}: {exc}") from exc
-            else:
-                value = str(raw)
-            if action.choices is not None and value not in action.choices:
-                raise ValueError(
-                    f"{variable} or config key {key}: {value!r} is not one of "
-                    f"{', '.join(map(str, action.choices))}"
-                )
-            action.default = value
-            action.required = False
+def parse_arguments(
+    argv: Sequence[str], environ: Mapping[str, str], config: ConfigFile | None = None
+) -> argparse.Namespace:
+    """The command line, with the defaults the environment and the config file give (see
+    ``adapters/options.py``); ``config``: that file, already read (else --config's or
+    $TRITON_GITOPS_CONFIG's). OptionSourceError for a file or variable that cannot be used;
+    usage errors exit 1 (argparse)."""
+    parser = build_parser()
+    if config is None:
+        path = config_path(argv, environ)
+        config = read_config_file(path) if path is not None else None
+    if config is not None:
+        refuse_unknown_keys(config, known_keys(parser.commands))
+    command = command_in(argv, parser.commands)
+    if command is not None:
+        take_defaults(parser.commands[command], environ, config)
+    return parser.parse_args(argv)
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -1101,9 +1087,13 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     if not args.state.exists():
-        print(f"error: no state store at {args.state}", file=sys.stderr)
-        return EXIT_ERROR
-    store = StateStore(args.state)
+        # Not an error: nothing was applied with this state store yet (and none is made).
+        print(f"no history yet: no state store at {args.state} (apply and run write it)",
+              file=sys.stderr)  # fmt: skip
+        if args.output == "json":
+            print(history_json([], []))
+        return EXIT_OK
+    store = StateStore(args.state, read_only=True)
     try:
         rollouts = store.rollouts(args.model, args.limit)
         actions = store.operator_actions(args.model, args.limit)
@@ -1294,13 +1284,16 @@ def _watch_status(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_ERROR
     terminal, shown = sys.stdout.isatty(), ""
+    # SIGTERM ends it as Ctrl-C does (a process started in the background by a shell that
+    # has no job control ignores SIGINT, so a supervisor or a script sends SIGTERM).
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             try:
                 if args.service:
                     snapshot = live_status(args.service, str(token)).get("in_progress")
                 else:
-                    store = StateStore(args.state)
+                    store = StateStore(args.state, read_only=True)
                     try:
                         snapshot = store.live()
                     finally:
@@ -1322,6 +1315,10 @@ def _watch_status(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _without_clock(text: str) -> str:
     """The live view less what changes every second (durations): a log gets a block only
     when a step, a state or an evaluation changed."""
@@ -1341,6 +1338,9 @@ def _status(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     print(status_json(report) if args.output == "json" else status_text(report))
+    if report.no_server_reached:
+        print("error: no declared server answered", file=sys.stderr)
+        return EXIT_NO_SERVER
     return EXIT_OK
 
 
@@ -1402,25 +1402,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    config_file = _config_file(arguments)
-    config: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            loaded = YAML(typ="safe").load(config_file.read_text())
-        except (OSError, YAMLError) as exc:
-            print(f"error: config file {config_file}: {exc}", file=sys.stderr)
-            return EXIT_ERROR
-        if not isinstance(loaded, dict):
-            print(f"error: config file {config_file}: not a mapping", file=sys.stderr)
-            return EXIT_ERROR
-        config = loaded
     try:
-        external_defaults(parser, os.environ, config)
-    except ValueError as exc:
+        args = parse_arguments(arguments, os.environ)
+    except OptionSourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    args = parser.parse_args(arguments)
     if args.command == "run":
         return _run(args)
     # Log records (alerts, each failure of a pass) go to stderr, as text or JSON lines.

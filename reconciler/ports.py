@@ -229,13 +229,15 @@ class NoPassHooks:
 class Ports:
     """Everything outside that one pass reaches, as one value (``wiring.ports`` builds it).
 
-    The state store and the alerter are opened once per pass (``open_state``,
-    ``open_alerts``), clients and metric readers made per server; the rest is used as is.
+    The state store and the alerter are opened once per pass (``open_state`` to apply,
+    ``read_state`` to plan or show status: never created nor written), clients and metric
+    readers made per server; the rest is used as is.
     """
 
     manifests: ManifestSource
     approval: CommitChecks
     open_state: Callable[[], StateStore]
+    read_state: Callable[[], StateStore]
     open_alerts: Callable[[], Alerts]
     triton: Callable[[TritonServer], TritonClient]
     metrics: Callable[[TritonServer], FiguresSource | None]

@@ -110,6 +110,7 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
         manifests=manifests,
         approval=manifests,
         open_state=lambda: StateStore(settings.state_path),
+        read_state=lambda: StateStore(settings.state_path, read_only=True),
         open_alerts=lambda: alerter(settings),
         triton=lambda server: new_client(server, settings),
         metrics=metrics,

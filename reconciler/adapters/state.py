@@ -7,6 +7,13 @@ alerts a receiver has not taken yet (retried by the next pass); each pass's outc
 ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``).
 WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
 
+``StateStore(path, read_only=True)`` is the record as ``plan``, ``status`` and ``history``
+see it: an existing file opened read-only (SQLite ``mode=ro``, ``query_only``: a write
+raises), never created, migrated or moved aside; no file, or one that cannot be read, is an
+empty record in memory. Only ``apply``, ``run`` and the on-call verbs write. (A reader of a
+WAL store may leave SQLite's ``-wal`` and ``-shm`` side files, its readers' shared index,
+not the record: removing them under another process's connection would be unsafe.)
+
 A state file that cannot be read (garbage, a truncated copy) is moved aside as
 ``<name>.corrupt-<unix time>`` and a new, empty one is started, with an error in the log naming
 both; a missing one is started empty with a warning. Empty means the reconciler no longer knows
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
@@ -163,31 +171,93 @@ def _connect(path: Path) -> sqlite3.Connection:
         # With WAL, NORMAL keeps the store consistent through a crash or a kill (a power cut
         # may lose the last pass's record, never corrupt it) and saves a sync per commit.
         db.execute("PRAGMA synchronous=NORMAL")
-        # Garbage after a valid header only shows when its pages are read: check them all now
-        # (a few milliseconds for a store of this size) rather than fail mid-pass.
-        verdict = db.execute("PRAGMA quick_check").fetchone()[0]
-        if verdict != "ok":
-            raise sqlite3.DatabaseError(f"integrity check: {verdict}")
-        db.executescript(_SCHEMA)
-        columns = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
-        if "backend" not in columns:  # a state file from before backend revisions
-            db.execute("ALTER TABLE applied_specs ADD COLUMN backend TEXT")
-        columns = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
-        if "reverted" not in columns:  # a state file from before revert push records
-            db.execute("ALTER TABLE holds ADD COLUMN reverted TEXT")
-            # Holds from before: whether their revert was pushed is unknown; never push again.
-            db.execute("UPDATE holds SET reverted = 'recorded before revert push records'")
+        _check(db)
+        _migrate(db)
     except sqlite3.DatabaseError:
         db.close()
         raise
     return db
 
 
+def _check(db: sqlite3.Connection) -> None:
+    # Garbage after a valid header only shows when its pages are read: check them all now
+    # (a few milliseconds for a store of this size) rather than fail mid-pass.
+    verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+    if verdict != "ok":
+        raise sqlite3.DatabaseError(f"integrity check: {verdict}")
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Every table and column this version reads, added to a store from before them."""
+    db.executescript(_SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
+    if "backend" not in columns:  # a state file from before backend revisions
+        db.execute("ALTER TABLE applied_specs ADD COLUMN backend TEXT")
+    columns = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
+    if "reverted" not in columns:  # a state file from before revert push records
+        db.execute("ALTER TABLE holds ADD COLUMN reverted TEXT")
+        # Holds from before: whether their revert was pushed is unknown; never push again.
+        db.execute("UPDATE holds SET reverted = 'recorded before revert push records'")
+
+
+def _current(db: sqlite3.Connection) -> bool:
+    """Whether a store has every table and column this version reads (a file from before
+    one was added is migrated by a writer, read from a copy in memory by a reader)."""
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    wanted = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
+    if not wanted <= tables:
+        return False
+    specs = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
+    holds = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
+    return "backend" in specs and "reverted" in holds
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """The record at ``path`` for a command that only reads it; see the module's docstring."""
+    if path.exists():
+        try:
+            db = sqlite3.connect(
+                f"{path.resolve().as_uri()}?mode=ro",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            try:
+                _check(db)
+                if not _current(db):  # migrated in a copy in memory, the file untouched
+                    copy = _in_memory()
+                    db.backup(copy)
+                    db.close()
+                    db = copy
+                    _migrate(db)
+            except sqlite3.DatabaseError:
+                db.close()
+                raise
+            db.execute("PRAGMA query_only=1")
+            return db
+        except sqlite3.DatabaseError as exc:
+            log.warning(
+                f"state file {path} is unreadable ({exc}): read as an empty record; the next "
+                "apply or run moves it aside"
+            )
+    db = _in_memory()
+    _migrate(db)
+    db.execute("PRAGMA query_only=1")
+    return db
+
+
+def _in_memory() -> sqlite3.Connection:
+    return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+
+
 class StateStore:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = path
         self.recovered: str | None = None  # what happened to an unreadable or missing file
+        if read_only:
+            self._db = _read_only(path)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             self.recovered = (
                 f"state file {path} does not exist: starting with an empty state. If this "

@@ -26,7 +26,7 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
     manifests = ports.manifests
     revision = manifests.read(manifests.fetch(source.ref), source.path)
     desired, _ = instances(load_desired_state(revision.files), ports.resolver)
-    state = ports.open_state()
+    state = ports.read_state()
     try:
         history = state.history()
         clients = {name: ports.triton(server) for name, server in desired.servers.items()}
@@ -99,6 +99,7 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
             for name, route in sorted(routes.items())
         },
         _conditions(models, history, rfc3339(time.time())),
+        no_server_reached=bool(serving) and not any(s.reachable for s in serving.values()),
     )
 
 

@@ -119,7 +119,10 @@ class Daemon:
         self.memory = PassMemory()  # what passes keep for the next: clients, manifests
         self._pending = threading.Event()
         self._fetched_once = False
-        self._passed_once = False
+        # A pass read the manifests and reached a server (or none is declared): ready, even
+        # if some server or model failed, so one flaky instance keeps no restarted pod out.
+        self._reached_once = False
+        self._passed_once = False  # a fully successful pass (last_success_timestamp's too)
         self.backoff = ServerBackoff(self.rng)
         self._git_failures = 0
         self._last: PassReport | None = None
@@ -245,6 +248,8 @@ class Daemon:
         self.metrics.revision.info({"revision": report.revision})
         unreachable = {p.server for p in report.plan.problems if p.model is None}
         skipped = set(self._skip_list())
+        if not report.servers or set(report.servers) - unreachable - skipped:
+            self._reached_once = True
         for server in report.servers:
             if server in skipped:
                 continue
@@ -354,11 +359,12 @@ class Daemon:
         return 200, {"status": "alive"}
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
-        ready = self._fetched_once and self._passed_once
+        ready = self._fetched_once and self._reached_once
         return (200 if ready else 503), {
             "ready": ready,
             "leading": self.lock is None or self.lock.held(),
             "fetched": self._fetched_once,
+            "reached": self._reached_once,
             "passed": self._passed_once,
             "revision": self._last.revision if self._last else None,
         }

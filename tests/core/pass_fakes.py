@@ -318,6 +318,7 @@ class World:
             manifests=self.manifests,
             approval=self.manifests,
             open_state=lambda: self.state,
+            read_state=lambda: self.state,
             open_alerts=lambda: self.alerts,
             triton=self.client,
             metrics=lambda server: None,
