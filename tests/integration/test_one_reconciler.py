@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit.cli_run import cli
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.service_process import Service, wait_until
 from tests.integration.test_daemon import service_process
@@ -105,6 +106,10 @@ def test_an_apply_beside_a_running_service_refuses_naming_it_or_waits_for_it(
         assert f"another reconciler holds the lock {state}.lock: pid {pid} (run) on {host}" in err
         assert "triton-gitops reconcile --service URL" in err
         assert not (tmp_path / "refused" / "cache").exists()  # it fetched nothing
+        # undo pushes to Git: the same lock (in this process, against the service's).
+        options = ("--repo", repo, "--state", str(state), "--cache-dir", str(tmp_path / "u"))
+        undone = cli("undo", "echo", *options, "--lock-timeout", "0")
+        assert undone.code == 1 and f"pid {pid} (run)" in undone.err, undone.err
 
         waiting = start_apply(state, tmp_path / "waits", "--lock-timeout", "30")
         wait_until(
