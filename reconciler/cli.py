@@ -21,7 +21,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -45,6 +46,7 @@ from reconciler.adapters.options import (
 )
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
+from reconciler.adapters.secret_files import SecretFileError, SecretFiles
 from reconciler.adapters.state import StateStore
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.rules import analysis_source_problems, promql_without_prometheus
@@ -76,7 +78,7 @@ from reconciler.model.settings import (
 )
 from reconciler.model.source import GitCredentials, SignaturePolicy, Source
 from reconciler.service.daemon import Daemon
-from reconciler.service.operator import OperatorTokensError, parse_tokens
+from reconciler.service.operator import parse_tokens
 from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
 from reconciler.views.live import evaluation_line, live_text, started_line, waiting_line
 from reconciler.views.render import (
@@ -249,6 +251,12 @@ def _source_options(
         help="longest wait for any other Triton call (default 10)",
     )
     run.add_argument(
+        "--leader-lease",
+        metavar="NAMESPACE/NAME",
+        help="apply, undo and run also take this coordination.k8s.io/v1 Lease (leader "
+        "election, for more than one replica) besides the lock file next to --state",
+    )
+    run.add_argument(
         "--config-recheck",
         type=float,
         default=600.0,
@@ -303,6 +311,17 @@ def _source_options(
         help="accept a revision that leaves a server with no declared models although the "
         "last applied one had some (otherwise refused, so that an empty or broken checkout "
         "never unloads production)",
+    )
+
+
+def _lock_timeout_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for another reconciler (a running service, another apply) "
+        "to release the lock next to --state before refusing (30; 0: refuse at once)",
     )
 
 
@@ -492,6 +511,7 @@ def build_parser() -> _Parser:
     undo_command.add_argument("--service", metavar="URL", help="ask the running service")
     _token_file_option(undo_command)
     _source_options(undo_command, repo_required=False)
+    _lock_timeout_option(undo_command)
 
     plan_command = commands.add_parser(
         "plan",
@@ -517,6 +537,7 @@ def build_parser() -> _Parser:
         "beside the old, verify, analyze, then unload the old.",
     )
     _source_options(apply_command)
+    _lock_timeout_option(apply_command)
     apply_command.add_argument(
         "--plan",
         type=Path,
@@ -722,10 +743,12 @@ def _secret(file: Path | None, variable: str) -> str | None:
     return os.environ.get(variable) or None
 
 
-def _operator_tokens(file: Path | None) -> dict[str, str]:
-    if file is None:
-        return {}
-    return parse_tokens(file.read_text(), str(file))
+# The environment variable each of run's secrets is read from without its file.
+_SECRET_VARIABLES = {
+    "github_secret": "TRITON_GITOPS_GITHUB_SECRET",
+    "gitlab_token": "TRITON_GITOPS_GITLAB_TOKEN",
+    "reconcile_token": "TRITON_GITOPS_RECONCILE_TOKEN",
+}
 
 
 def parse_arguments(
@@ -936,6 +959,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             message=args.revert_message,
         ),
         alerts=AlertSettings(alertmanager_url=args.alertmanager_url, webhook=args.alert_webhook),
+        leader_lease=getattr(args, "leader_lease", None),
         approval=ApprovalSettings(
             accept_rewrite=args.accept_rewrite,
             verify_signatures=(
@@ -1011,21 +1035,48 @@ def _tell(args: argparse.Namespace, text: str, **fields: Any) -> None:
         print(text, file=sys.stderr)
 
 
+@contextmanager
+def _one_reconciler(args: argparse.Namespace, settings: Settings) -> Iterator[None]:
+    """Hold the reconciler lock for a one-shot command that changes something (apply,
+    undo), waiting at most --lock-timeout for another holder; ReconcileError naming it."""
+    lock = wiring.reconciler_lock(settings, str(args.command))
+    holder = lock.holder()
+    if holder is not None and args.lock_timeout > 0:
+        waiting = f"waiting up to {args.lock_timeout:g} s for the reconciler lock {lock.where}"
+        if args.log_format == "json":
+            _log.warning(waiting, extra={"fields": {"holder": str(holder), "pid": holder.pid}})
+        else:
+            print(f"{waiting}, held by {holder}", file=sys.stderr, flush=True)
+    if not lock.acquire(args.lock_timeout):
+        holder = lock.holder()
+        raise ReconcileError(
+            f"another reconciler holds the lock {lock.where}: "
+            f"{holder or 'a process that just let it go'}; waited {args.lock_timeout:g} s "
+            "(--lock-timeout). To ask a running service for a pass: triton-gitops "
+            "reconcile --service URL"
+        )
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     source = Source(args.repo, args.ref, args.path)
     settings = _settings(args)
     lines = _ApplyLines(5.0 if sys.stderr.isatty() else 30.0, args.log_format == "json")
     try:
         saved = load_saved_plan(args.plan, source) if getattr(args, "plan", None) else None
-        report = reconcile(
-            source,
-            settings,
-            wiring.ports(settings, source),
-            apply_changes=apply_changes,
-            progress=lines.ended,
-            saved=saved,
-            events=lines,
-        )
+        with _one_reconciler(args, settings) if apply_changes else nullcontext():
+            report = reconcile(
+                source,
+                settings,
+                wiring.ports(settings, source),
+                apply_changes=apply_changes,
+                progress=lines.ended,
+                saved=saved,
+                events=lines,
+            )
     except ValidationError as exc:
         for problem in exc.problems:
             _tell(args, str(problem), file=problem.file, line=problem.line)
@@ -1209,7 +1260,9 @@ def _undo(args: argparse.Namespace) -> int:
         args.deployment, _actor(args), args.to_revision, args.reason, args.dry_run
     )
     try:
-        done = undo(request, source, settings, wiring.ports(settings, source))
+        # A dry run pushes nothing: it needs no lock.
+        with nullcontext() if args.dry_run else _one_reconciler(args, settings):
+            done = undo(request, source, settings, wiring.ports(settings, source))
     except ReconcileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -1314,26 +1367,51 @@ def _status(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level, replace=True)
+    # The secret files are read again whenever they change (a rotated Kubernetes Secret);
+    # a value from the environment stays as it was at start.
+    files = {
+        "git_token": args.git_token_file,
+        "github_secret": args.github_secret_file,
+        "gitlab_token": args.gitlab_token_file,
+        "reconcile_token": args.reconcile_token_file,
+        "operator_tokens": args.operator_tokens_file,
+    }
     try:
-        operator_tokens = _operator_tokens(args.operator_tokens_file)
-    except (OSError, OperatorTokensError) as exc:
-        print(f"error: operator tokens: {exc}", file=sys.stderr)
+        secrets = SecretFiles(
+            {name: path for name, path in files.items() if path is not None},
+            {"operator_tokens": parse_tokens},
+        )
+    except SecretFileError as exc:
+        print(f"error: secret file: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    current = secrets.current()
+
+    def secret(name: str) -> str | None:
+        return current[name] if name in current else os.environ.get(_SECRET_VARIABLES[name])
+
+    settings = _settings(args)
+    try:
+        lock = wiring.reconciler_lock(settings, "run")
+    except ReconcileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     daemon = Daemon(
         Source(args.repo, args.ref, args.path),
-        _settings(args),
+        settings,
         RunSettings(
             interval=args.interval,
             jitter=args.jitter,
             listen=args.listen,
-            github_secret=_secret(args.github_secret_file, "TRITON_GITOPS_GITHUB_SECRET"),
-            gitlab_token=_secret(args.gitlab_token_file, "TRITON_GITOPS_GITLAB_TOKEN"),
-            reconcile_token=_secret(args.reconcile_token_file, "TRITON_GITOPS_RECONCILE_TOKEN"),
-            operator_tokens=operator_tokens,
+            github_secret=secret("github_secret") or None,
+            gitlab_token=secret("gitlab_token") or None,
+            reconcile_token=secret("reconcile_token") or None,
+            operator_tokens=current.get("operator_tokens", {}),
             watch_interval=args.watch_interval,
             shutdown_deadline=args.shutdown_deadline,
             dry_run=args.dry_run,
         ),
+        lock=lock,
+        secrets=secrets,
     )
     code = daemon.serve()
     if code != 0:

@@ -345,3 +345,44 @@ class MemoryGauge(Protocol):
         ...
 
     def server_memory(self) -> int | None: ...
+
+
+# -- one reconciler at a time (cli.py's apply and undo, service/daemon.py) ------------------
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds the reconciler lock: enough for a refusal to name it."""
+
+    pid: int
+    command: str  # apply, run, undo
+    since: str  # RFC 3339
+    host: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} ({self.command}) on {self.host} since {self.since}"
+
+
+class ReconcilerLock(Protocol):
+    """The one lock every command that changes anything holds while it runs, so that a
+    one-shot ``apply`` never runs beside ``run`` on the same state store and Git mirror.
+    ``adapters/reconciler_lock.py``'s ``StateLockFile`` (a file next to the state store) and
+    ``adapters/leader_lease.py``'s ``LeaderLease`` (a Kubernetes Lease, for several replicas)
+    are the real ones."""
+
+    where: str  # the lock file or the Lease, for messages
+
+    def acquire(self, timeout: float) -> bool:
+        """Take the lock, waiting at most ``timeout`` seconds; False when another still
+        holds it then."""
+        ...
+
+    def release(self) -> None: ...
+
+    def holder(self) -> LockHolder | None:
+        """Who holds it now (None: nobody)."""
+        ...
+
+    def held(self) -> bool:
+        """Still ours: False once lost (a Lease that could not be renewed)."""
+        ...

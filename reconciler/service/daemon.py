@@ -37,6 +37,7 @@ import random
 import signal
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
@@ -51,6 +52,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from reconciler.adapters.credentials import conceal, redact
+from reconciler.adapters.secret_files import SecretFiles
 from reconciler.adapters.state import StateStore
 from reconciler.core.failures import pass_failures
 from reconciler.core.records import model_states, rfc3339
@@ -73,12 +75,18 @@ from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 from reconciler.model.settings import RunSettings, Settings
 from reconciler.model.source import Source
+from reconciler.ports import ReconcilerLock
 from reconciler.service.backoff import ServerBackoff, backoff_delay
 from reconciler.service.http import _Listener, handler_for
 from reconciler.service.telemetry import ReconcilerMetrics, _event, fewer_malloc_arenas, log
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
 from reconciler.wiring import ports
+
+# The secret files that are RunSettings fields; "git_token" is the Git credentials' token.
+_RUN_SECRETS = ("github_secret", "gitlab_token", "reconcile_token", "operator_tokens")
+# How often a service waiting for the reconciler lock says who holds it.
+_LOCK_WAIT_LOG_EVERY = 30.0
 
 
 class Daemon:
@@ -92,10 +100,16 @@ class Daemon:
         run: RunSettings,
         *,
         rng: random.Random | None = None,
+        lock: ReconcilerLock | None = None,
+        secrets: SecretFiles | None = None,
     ) -> None:
         self.source = source
         self.settings = settings
         self.run_settings = run
+        # Held from before the first pass until the last: one reconciler at a time.
+        self.lock = lock
+        self._lock_lost = False
+        self.secrets = secrets  # re-read when their files change (a rotated Secret)
         token = settings.git.credentials.token
         conceal(
             run.github_secret, run.gitlab_token, run.reconcile_token, token,
@@ -122,7 +136,26 @@ class Daemon:
         self._watch = Watch(settings, self.backoff)
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: _Listener | None = None
-        self.webhooks = WebhookGate(run, settings.state_path)
+        self.webhooks = WebhookGate(run, settings.state_path, self.run_now)
+
+    # -- secrets that rotate ------------------------------------------------------------
+
+    def run_now(self) -> RunSettings:
+        """The service's settings with the webhook secrets and operator tokens as their
+        files say now."""
+        if self.secrets is None:
+            return self.run_settings
+        current = self.secrets.current()
+        return replace(self.run_settings, **{k: v for k, v in current.items() if k in _RUN_SECRETS})
+
+    def settings_now(self) -> Settings:
+        """A pass's settings with the Git token as its file says now."""
+        token = self.secrets.current().get("git_token") if self.secrets else None
+        if token is None:
+            return self.settings
+        git = self.settings.git
+        credentials = replace(git.credentials, token=token)
+        return replace(self.settings, git=replace(git, credentials=credentials))
 
     # -- passes --------------------------------------------------------------------------
 
@@ -137,7 +170,7 @@ class Daemon:
         return self.backoff.skip_list()
 
     def run_pass(self, trigger: str = "schedule") -> PassReport | None:
-        if self.stop_requested.is_set():
+        if self.stop_requested.is_set() or self._lost_the_lock():
             return None
         if not self._pass_lock.acquire(blocking=False):
             self._pending.set()
@@ -148,11 +181,12 @@ class Daemon:
         report: PassReport | None = None
         self._started += 1
         number = self._started
+        settings = self.settings_now()
         try:
             report = reconcile(
                 self.source,
-                self.settings,
-                ports(self.settings, self.source),  # fresh each pass: no Git handle outlives it
+                settings,
+                ports(settings, self.source),  # fresh each pass: no Git handle outlives it
                 apply_changes=not self.run_settings.dry_run,
                 progress=log_step,
                 skip=self._skip_list(),
@@ -288,11 +322,53 @@ class Daemon:
         """Compare each server's index with what the last pass left serving, and each
         discovered server's DNS name with the instances the last pass found."""
         report = self._last
+        if self._lost_the_lock():
+            return
         if report is None or self.stop_requested.is_set() or self._pass_lock.locked():
             return
         why = self._watch.reason_for_a_pass(report)
         if why is not None:
             self.trigger(why)
+
+    # -- one reconciler at a time ---------------------------------------------------------
+
+    def take_lock(self) -> bool:
+        """Wait for the reconciler lock (another service, an apply), saying who holds it
+        every little while; False when asked to stop first."""
+        lock = self.lock
+        if lock is None:
+            return True
+        began, told = time.monotonic(), None
+        while not self.stop_requested.is_set():
+            # A couple of seconds a try: a Lease is tried about as often as client-go does
+            # (every 2 s), and SIGTERM is heard within that.
+            if lock.acquire(timeout=2.0):
+                if told is not None:
+                    _event("reconciler lock taken", lock=lock.where,
+                           waited_seconds=round(time.monotonic() - began, 1))  # fmt: skip
+                return True
+            if told is None or time.monotonic() - told >= _LOCK_WAIT_LOG_EVERY:
+                told = time.monotonic()
+                holder = lock.holder()
+                _event(
+                    "waiting for the reconciler lock", logging.WARNING, lock=lock.where,
+                    holder=str(holder) if holder else None,
+                    holder_pid=holder.pid if holder else None,
+                    holder_command=holder.command if holder else None,
+                )  # fmt: skip
+        return False
+
+    def _lost_the_lock(self) -> bool:
+        """A Lease that could not be renewed: another replica may lead now, so this one
+        stops (exit 1: Kubernetes restarts it, and it waits as a follower)."""
+        if self.lock is None or self._lock_lost or self.stop_requested.is_set():
+            return self._lock_lost  # stopping: shutdown lets it go itself
+        if self.lock.held():
+            return False
+        self._lock_lost = True
+        _event("reconciler lock lost; stopping", logging.ERROR, lock=self.lock.where)
+        self.request_stop()
+        return True
 
     # -- what the HTTP front door asks (http.ServiceFront) --------------------------------
 
@@ -303,6 +379,7 @@ class Daemon:
         ready = self._fetched_once and self._reached_once
         return (200 if ready else 503), {
             "ready": ready,
+            "leading": self.lock is None or self.lock.held(),
             "fetched": self._fetched_once,
             "reached": self._reached_once,
             "passed": self._passed_once,
@@ -324,6 +401,8 @@ class Daemon:
         who = f"token:{by}"
         if verb == "undo" and deployment is not None:
             return self._undo(UndoRequest(deployment, who, to_revision, reason, dry_run))
+        if verb == "reconcile" and self.lock is not None and not self.lock.held():
+            return 503, {"verb": verb, "error": f"this reconciler does not hold {self.lock.where}"}
         if verb == "reconcile":
             after = self._started  # a pass numbered above this started after the request
             store = StateStore(self.settings.state_path)
@@ -365,8 +444,12 @@ class Daemon:
         """``undo`` through the service: the commit is pushed from here (with the service's
         Git credentials and revert author), and a pass applies it at once."""
         reply: dict[str, Any] = {"verb": "undo", "target": request.deployment, "by": request.by}
+        if self.lock is not None and not self.lock.held():
+            # A replica waiting for the lock pushes nothing: the one holding it reconciles.
+            return 503, {**reply, "error": f"this reconciler does not hold {self.lock.where}"}
+        settings = self.settings_now()
         try:
-            done = undo(request, self.source, self.settings, ports(self.settings, self.source))
+            done = undo(request, self.source, settings, ports(settings, self.source))
         except UndoRefused as exc:
             return 409, {**reply, "error": str(exc)}
         except ReconcileError as exc:
@@ -450,6 +533,10 @@ class Daemon:
 
     def start(self) -> None:
         self.start_http()
+        self.start_passes()
+
+    def start_passes(self) -> None:
+        """The scheduled passes and the watch between them."""
         self.scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
         self.scheduler.add_listener(self._job_ended, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
         self.scheduler.add_job(
@@ -498,7 +585,8 @@ class Daemon:
     def shutdown(self) -> int:
         """Finish the change in progress (within the deadline), then stop everything."""
         self.stop_requested.set()
-        self.scheduler.shutdown(wait=False)
+        if self.scheduler.running:  # not yet when stopped while waiting for the lock
+            self.scheduler.shutdown(wait=False)
         finished = self._pass_lock.acquire(timeout=self.run_settings.shutdown_deadline)
         if self.http is not None:
             self.http.shutdown()
@@ -506,9 +594,11 @@ class Daemon:
             self.webhooks.close()
         if finished:
             self.memory.close()
+            if self.lock is not None:
+                self.lock.release()
             self._pass_lock.release()
             _event("stopped")
-            return 0
+            return 1 if self._lock_lost else 0
         _event(
             "stopped at the deadline with a pass still running",
             logging.ERROR,
@@ -521,7 +611,11 @@ class Daemon:
         fewer_malloc_arenas()
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        self.start()
+        # Health checks and the on-call verbs that only write the state store are served
+        # while waiting for the lock; passes start once it is taken.
+        self.start_http()
+        if self.take_lock():
+            self.start_passes()
         while not self.stop_requested.wait(1.0):
             pass
         return self.shutdown()

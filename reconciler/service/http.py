@@ -41,7 +41,6 @@ from reconciler.service.framing import (
 from reconciler.service.operator import (
     LAST_PASS,
     LIVE_STATUS,
-    caller,
     reason_of,
     route,
     undo_of,
@@ -295,7 +294,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         if self.path in (LAST_PASS, LIVE_STATUS):
             # What the service is doing, per model and server: for an operator's token only.
             headers = {k.lower(): v for k, v in self.headers.items()}
-            if caller(self.run.operator_tokens, headers) is None:
+            if self.service.webhooks.operator(headers) is None:
                 self._refuse("operator", "unauthorized", 401, "operator token missing or wrong")
                 return
             if self.path == LAST_PASS:
@@ -354,7 +353,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         if body is None:
             return
         headers = {k.lower(): v for k, v in self.headers.items()}
-        by = caller(self.run.operator_tokens, headers)
+        by = self.service.webhooks.operator(headers)
         if by is None:
             self._refuse("operator", "unauthorized", 401, "operator token missing or wrong")
             return

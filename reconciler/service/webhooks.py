@@ -18,6 +18,7 @@ from pathlib import Path
 
 from reconciler.adapters.state import StateStore
 from reconciler.model.settings import RunSettings
+from reconciler.service.operator import caller
 from reconciler.service.telemetry import _event
 
 # Webhook endpoints and the source each is counted and verified as.
@@ -109,8 +110,15 @@ class WebhookGate:
     """The secrets a webhook is checked against, the deliveries already seen, and the slots
     for reading bodies (bounded so that slow senders cannot take every thread)."""
 
-    def __init__(self, run: RunSettings, state_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        run: RunSettings,
+        state_path: Path | None = None,
+        now: Callable[[], RunSettings] | None = None,
+    ) -> None:
         self.run_settings = run
+        # The secrets as their files say now (``Daemon.run_now``: a rotated Secret).
+        self._now = now or (lambda: run)
         self.deliveries = DeliveryMemory(run.replay_window, run.replay_memory)
         self.reads = threading.BoundedSemaphore(run.max_webhook_reads)
         self.state_path = state_path  # where deliveries outlive the process (None: nowhere)
@@ -148,7 +156,7 @@ class WebhookGate:
 
         ``headers`` are keyed in lower case (HTTP header names are case-insensitive).
         """
-        run = self.run_settings
+        run = self._now()
         if path == "/webhook/github" and run.github_secret:
             signature = headers.get("x-hub-signature-256", "")
             digest = hmac.new(run.github_secret.encode(), body, hashlib.sha256).hexdigest()
@@ -160,6 +168,10 @@ class WebhookGate:
             given = headers.get("authorization", "")
             return "token" if hmac.compare_digest(given, f"Bearer {run.reconcile_token}") else None
         return None
+
+    def operator(self, headers: Mapping[str, str]) -> str | None:
+        """The name of the operator token a request carries, else None."""
+        return caller(self._now().operator_tokens, headers)
 
     def first_sighting(self, verified: str, headers: Mapping[str, str], body: bytes) -> bool:
         """Remember a verified delivery, in the state store too; False when it is a replay."""
