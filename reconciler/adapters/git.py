@@ -22,6 +22,7 @@ from reconciler.adapters.signatures import (
     CommitVerifier,
     approvals,
     commits_to_verify,
+    has_commit,
     is_fast_forward,
 )
 from reconciler.core.spec.edit import restore_deployment, restore_spec
@@ -218,6 +219,7 @@ class GitManifests:
         self.source = source
         self.keyring_home = keyring_home
         self.in_place = in_place
+        self.location = redact(source.url)
         self._commits: dict[str, git.Commit] = {}
 
     def fetch(self, ref: str) -> str:
@@ -237,6 +239,9 @@ class GitManifests:
 
     def is_fast_forward(self, old: str, new: str) -> bool:
         return is_fast_forward(self.source.cache, old, new)
+
+    def has_commit(self, sha: str) -> bool:
+        return has_commit(self.source.cache, sha)
 
     def signature_verdicts(
         self, trusted_keys: Path, policy: SignaturePolicy, old: str | None, new: str

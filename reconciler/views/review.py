@@ -429,10 +429,14 @@ def github_annotations(problems: Iterable[Problem], level: str = "error") -> str
     return "\n".join(lines)
 
 
-def problems_json(problems: Iterable[Problem]) -> dict[str, Any]:
-    found = _sorted(problems)
-    return {
+def problems_json(problems: Iterable[Problem], warnings: Iterable[Problem] = ()) -> dict[str, Any]:
+    """``validate --output json``; ``warnings`` (said, not failed) only when there are."""
+    found, said = _sorted(problems), _sorted(warnings)
+    doc: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "valid": not found,
         "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in found],
     }
+    if said:
+        doc["warnings"] = [{"file": p.file, "line": p.line, "message": p.message} for p in said]
+    return doc

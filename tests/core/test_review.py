@@ -557,7 +557,7 @@ def test_plan_markdown_lists_holds_and_problems() -> None:
     p = Plan(
         HEAD_REV,
         problems=(
-            PlanProblem("edge-b", None, "server edge-b: did not answer"),
+            PlanProblem("edge-b", None, "did not answer"),
             PlanProblem(
                 "edge-a", "ranker", "version(s) 4 not in the model repository (it holds 3)"
             ),
@@ -572,7 +572,7 @@ def test_plan_markdown_lists_holds_and_problems() -> None:
     assert (
         "#### Problems\n\n"
         "- server edge-a, model ranker: version(s) 4 not in the model repository (it holds 3)\n"
-        "- server edge-b: server edge-b: did not answer\n"
+        "- server edge-b: did not answer\n"
     ) in markdown
 
 

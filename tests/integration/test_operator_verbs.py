@@ -5,7 +5,6 @@ asked and when."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -290,7 +289,7 @@ def test_abort_and_promote_through_the_service_act_within_a_second_and_status_wa
             10,
             "status --watch sees the rollout end",
         )
-        watcher.send_signal(signal.SIGINT)
+        watcher.terminate()  # SIGTERM: as a script would (SIGINT is ignored in background)
         assert watcher.wait(30) == 0
         shown = watched.read_text()
         assert "echo (model echo)" in shown and "edge-a: analyzing [2] for " in shown

@@ -150,15 +150,18 @@ def test_an_empty_repository_is_a_warning_not_valid(tmp_path: Path) -> None:
 
 
 def test_four_problems_come_out_in_one_run_in_words(tmp_path: Path) -> None:
+    # One problem per stage: schema (two), cross-document reference, analysis source. On
+    # main before this change, each fix revealed the next batch.
     write(
         tmp_path,
         {
-            "servers.yaml": server_doc("edge-a", "localhost", Path("/models")),
-            "models/echo.yaml": deployment_doc("echo", [1], ["edge-a", "edge-b"]).replace(
+            "servers.yaml": server_doc("edge-a", "localhost", Path("/models"))
+            + "---\n" + server_doc("edge-b", "edge-b:8001", Path("/models")),
+            "models/echo.yaml": deployment_doc("echo", [1], ["edge-a", "edge-c"]).replace(
                 "spec:\n", "spec:\n  verify:\n    timeout: 2h\n    analysis:\n      interval: 5\n"
                 "      checks: [{name: ok, successRate: {min: 0.99}}]\n",
             ),
-            "models/kpi.yaml": deployment_doc("kpi", [1], ["edge-a"]).replace(
+            "models/kpi.yaml": deployment_doc("kpi", [1], ["edge-b"]).replace(
                 "spec:\n", "spec:\n  verify:\n    analysis:\n      checks: "
                 "[{name: kpi, promql: 'sum(rate(kpi_total[1m]))', min: 1}]\n",
             ),
@@ -169,10 +172,13 @@ def test_four_problems_come_out_in_one_run_in_words(tmp_path: Path) -> None:
 
     assert result.code == 1
     assert result.err.splitlines() == [
+        "models/kpi.yaml:7: warning: promql check(s) kpi need --prometheus-url where the "
+        "reconciler runs them (validate checked their syntax only)",
         "models/echo.yaml:9: spec.verify.analysis.interval: 5 is not a duration "
         "(e.g. 500ms, 30s, 1m30s, 2h)",
-        "models/echo.yaml:12: ModelDeployment 'echo' names unknown TritonServer 'edge-b'",
-        "models/kpi.yaml:7: promql check(s) kpi need --prometheus-url",
+        "models/echo.yaml:12: ModelDeployment 'echo' names unknown TritonServer 'edge-c'",
+        "models/kpi.yaml:7: the analysis of 'kpi' needs metrics: set spec.metrics on "
+        "TritonServer(s) edge-b",
         "servers.yaml:6: spec.grpc: 'localhost' is not host:port (e.g. triton-0.triton:8001)",
         "4 problem(s)",
     ]

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from reconciler.core.spec.promql import promql_syntax_error
 from reconciler.core.spec.schema import ANY, JsonPath, _schemas, default
 from reconciler.core.spec.yaml import _Document
 from reconciler.core.triton_config import canonical
@@ -128,6 +129,7 @@ def _build_deployment(
     versions, digests = _versions(doc, body, problems)
     servers = body["servers"]
     analysis = verify.get("analysis")
+    _check_promql(doc, analysis or {}, problems)
     return ModelDeployment(
         name=metadata["name"],
         model=model,
@@ -211,6 +213,21 @@ def _check_config(
                 f"config.name {config['name']!r} must equal the model name {model!r}",
             )
         )
+
+
+def _check_promql(doc: _Document, analysis: dict[str, Any], problems: list[Problem]) -> None:
+    """Each promql check's query must parse (syntax only: no Prometheus is asked)."""
+    for index, check in enumerate(analysis.get("checks", [])):
+        if "promql" not in check:
+            continue
+        error = promql_syntax_error(check["promql"])
+        if error is not None:
+            problems.append(
+                doc.problem(
+                    (*_ANALYSIS, "checks", index, "promql"),
+                    f"check {check['name']}: promql is not valid PromQL: {error}",
+                )
+            )
 
 
 def _smoke_cases(

@@ -102,19 +102,28 @@ def _cross_check(
             )
 
 
-def analysis_source_problems(desired: DesiredState, *, prometheus: bool) -> list[Problem]:
-    """Analyses that cannot read their metrics: PromQL checks without Prometheus, any check
-    on a server without a metrics URL."""
+def promql_without_prometheus(desired: DesiredState) -> list[Problem]:
+    """The analyses with promql checks, which the reconciler runs only with a Prometheus
+    (``--prometheus-url``): a problem for a pass without one, a warning for ``validate``."""
     problems = []
     for deployment in desired.deployments.values():
         spec, where = deployment.analysis, deployment.analysis_location
-        if spec is None or where is None:
-            continue
-        if spec.needs_prometheus and not prometheus:
+        if spec is not None and where is not None and spec.needs_prometheus:
             names = ", ".join(c.name for c in spec.checks if c.kind == "promql")
             problems.append(
                 Problem(where.file, where.line, f"promql check(s) {names} need --prometheus-url")
             )
+    return problems
+
+
+def analysis_source_problems(desired: DesiredState, *, prometheus: bool) -> list[Problem]:
+    """Analyses that cannot read their metrics: PromQL checks without Prometheus, any check
+    on a server without a metrics URL."""
+    problems = [] if prometheus else promql_without_prometheus(desired)
+    for deployment in desired.deployments.values():
+        spec, where = deployment.analysis, deployment.analysis_location
+        if spec is None or where is None:
+            continue
         # Metrics are located by each server's metrics URL, scraped directly or as the
         # Prometheus target's instance label.
         blind = sorted(
