@@ -273,6 +273,9 @@ def test_abort_and_promote_through_the_service_act_within_a_second_and_status_wa
         entry = _analysing(service, token, 2)
         assert 0 < entry["seconds_left"] < 60
         assert entry["evaluation"]["checks"][0]["check"] == "success-rate"
+        wait_until(
+            lambda: "success-rate=" in watched.read_text(), 10, "status --watch shows it too"
+        )
         # Refused without the token, and nothing recorded.
         assert service.post("/v1/deployments/echo/abort", b"{}", {}) == 401
         aborted = cli("abort", "echo", *verb, "--reason", "pager: error budget")
