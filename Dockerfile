@@ -64,7 +64,7 @@ LABEL org.opencontainers.image.title="triton-gitops" \
 # One layer: every layer is a full copy of the file system under podman's vfs storage.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends git ca-certificates openssh-client gnupg tini procps \
-    && rm -rf /var/lib/apt/lists/* \
+    && apt-get clean && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 triton-gitops \
     && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/triton-gitops \
         --shell /usr/sbin/nologin triton-gitops \

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import time
 import tomllib
@@ -82,11 +83,11 @@ def wait_for_build(folder: Path) -> str:
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    find_binary(("podman",), "podman runc mmdebstrap uidmap")
-    find_binary(("mmdebstrap",), "mmdebstrap")
     started = os.environ.get("TRITON_GITOPS_IMAGE_BUILD")
     if started:
         return wait_for_build(Path(started))
+    find_binary(("podman",), "podman runc uidmap")
+    find_binary(("mmdebstrap",), "mmdebstrap")
     folder = tmp_path_factory.mktemp("image-build")
     subprocess.run([str(ROOT / "dev"), "image", str(folder)], timeout=BUILD_WAIT, check=False)
     return wait_for_build(folder)
@@ -116,20 +117,36 @@ def healthz(port: int) -> int:
         return int(response.status)
 
 
+# Longer than pytest's 600 s: the wait for the image build counts.
+@pytest.mark.timeout(BUILD_WAIT + 300)
 def test_image_runs_the_reconciler_under_tini_and_stops_cleanly_on_sigterm(
     image: str,
     container_name: str,
     triton: LocalTriton,
     manifests: ManifestRepo,
+    model_repository: Path,
+    tmp_path: Path,
 ) -> None:
-    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, None))
+    # The reconciler reads each model's base config from spec.modelRepository: a copy the
+    # container's user may read (pytest's folders are root's, mode 0700), at the same path.
+    readable = tmp_path / "models"
+    shutil.copytree(model_repository, readable)
+    readable.chmod(0o755)
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
     manifests.commit("deploy echo 1")
     port = free_port()
     bare = str(manifests.bare)
+    # The remote belongs to root on the host, the container's user is 10001: git refuses a
+    # repository of another owner unless a global config names it safe.directory.
+    gitconfig = manifests.bare.parent / "container.gitconfig"
+    gitconfig.write_text(f"[safe]\n\tdirectory = {bare}\n")
     started = podman(
         "run", "--detach", "--name", container_name, "--network", "host",
         "--volume", f"{bare}:{bare}:ro",
+        "--volume", f"{readable}:{model_repository}:ro",
+        "--volume", f"{gitconfig}:/etc/triton-gitops/gitconfig:ro",
+        "--env", "GIT_CONFIG_GLOBAL=/etc/triton-gitops/gitconfig",
         "--env", f"TRITON_GITOPS_LISTEN=127.0.0.1:{port}",
         image,
         "--repo", manifests.url, "--ref", "main", "--interval", "300", "--jitter", "0",
@@ -147,6 +164,10 @@ def test_image_runs_the_reconciler_under_tini_and_stops_cleanly_on_sigterm(
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 90, "a pass loads echo 1")
     except Exception as exc:
         raise AssertionError(f"{exc}; the container's log:\n{logs()}") from exc
+
+    # The image's HEALTHCHECK, run by podman as a runtime would.
+    health = podman("healthcheck", "run", container_name)
+    assert health.returncode == 0, health.stdout + health.stderr
 
     # PID 1 is tini (its host pid, seen from the host: rootful podman maps no uids), and the
     # reconciler is its child; both run as the image's user.
