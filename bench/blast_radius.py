@@ -204,7 +204,7 @@ def deployment_doc(
     different spec: a held spec is never tried again); ``slow_ms`` is in every manifest's
     config (only version 5 reads it), so the config never changes between rollouts."""
     lines = [
-        "apiVersion: triton-gitops/v1alpha1",
+        "apiVersion: triton-gitops.dev/v1alpha1",
         "kind: ModelDeployment",
         "metadata:",
         f"  name: {MODEL}",

@@ -347,14 +347,14 @@ def write_manifests(root: Path, models: Sequence[str], grpc_port: int) -> Manife
     repo = ManifestRepo(root)
     repo.write(
         "servers.yaml",
-        "apiVersion: triton-gitops/v1alpha1\nkind: TritonServer\nmetadata:\n  name: pool\n"
+        "apiVersion: triton-gitops.dev/v1alpha1\nkind: TritonServer\nmetadata:\n  name: pool\n"
         f"spec:\n  discovery:\n    dns: {DNS}\n    grpcPort: {grpc_port}\n",
     )
     config = json.dumps(SPEC_CONFIG)
     for model in models:
         repo.write(
             f"models/{model}.yaml",
-            "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeployment\nmetadata:\n"
+            "apiVersion: triton-gitops.dev/v1alpha1\nkind: ModelDeployment\nmetadata:\n"
             f"  name: {model}\nspec:\n  servers:\n    names: [pool]\n  versions: [1]\n"
             f"  config: {config}\n",
         )

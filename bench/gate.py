@@ -39,7 +39,7 @@ from testkit.manifests import write_scorer_repository
 
 SCENARIOS = {"good": 2, "slow": 3, "heavy": 5, "good-noisy": 2}
 SERVER = """\
-apiVersion: triton-gitops/v1alpha1
+apiVersion: triton-gitops.dev/v1alpha1
 kind: TritonServer
 metadata: {name: prod}
 spec: {grpc: "10.0.0.1:8001", modelRepository: /models}
@@ -48,7 +48,7 @@ spec: {grpc: "10.0.0.1:8001", modelRepository: /models}
 
 def _deployment(version: int) -> str:
     return (
-        "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeployment\nmetadata: {name: scorer}\n"
+        "apiVersion: triton-gitops.dev/v1alpha1\nkind: ModelDeployment\nmetadata: {name: scorer}\n"
         "spec:\n  servers: {names: [prod]}\n"
         f"  versions: [{version}]\n"
         "  verify:\n    smoke:\n      - name: doubles\n        inputs:\n"

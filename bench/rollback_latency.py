@@ -76,7 +76,7 @@ def deployment_doc(versions: list[int], failure_limit: bool) -> str:
     """The analysed ModelDeployment; ``failure_limit`` adds the default ``failureLimit: 0``
     (same behaviour, different spec: a held spec is never tried again)."""
     return (
-        "apiVersion: triton-gitops/v1alpha1\n"
+        "apiVersion: triton-gitops.dev/v1alpha1\n"
         "kind: ModelDeployment\n"
         "metadata:\n"
         f"  name: {MODEL}\n"

@@ -67,7 +67,7 @@ def deployment(version: int, traffic: str | None, flip: bool, extra: str = "") -
     """The ModelDeployment; ``flip`` adds a harmless ``failureLimit: 0`` so that a spec held
     by an earlier failed rollout is a new spec."""
     text = (
-        "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeployment\nmetadata: {name: echo}\n"
+        "apiVersion: triton-gitops.dev/v1alpha1\nkind: ModelDeployment\nmetadata: {name: echo}\n"
         f"spec:\n  servers: {{names: [a, b, c]}}\n  versions: [{version}]\n  verify:\n"
         + ANALYSIS.format(extra=extra + ("      failureLimit: 0\n" if flip else ""))
     )
@@ -98,7 +98,7 @@ class Arm:
 
 def router_doc(envoy: LocalEnvoy) -> str:
     return (
-        "apiVersion: triton-gitops/v1alpha1\nkind: Router\nmetadata: {name: edge}\nspec:\n"
+        "apiVersion: triton-gitops.dev/v1alpha1\nkind: Router\nmetadata: {name: edge}\nspec:\n"
         f"  envoy: {{admin: '{envoy.admin_url}'}}\n  pools:\n"
         "    - {name: stable, servers: {names: [a, b]}}\n"
         "    - {name: canary, servers: {names: [c]}}\n"

@@ -2,7 +2,8 @@
 
 Exit codes: ``validate`` 0 valid, 1 invalid; ``plan`` 0 nothing to do, 2 changes pending,
 1 error; ``apply`` 0 every server converged, 1 anything failed or was reverted;
-``history`` 0, or 1 without a state store.
+``history`` 0 (also without a state store: no history yet); ``status`` 0, or 3 when every
+declared server is unreachable (1 an error).
 """
 
 from __future__ import annotations
@@ -14,17 +15,17 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
-
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
 from reconciler import __version__, wiring
 from reconciler.adapters.artifacts import tree_digest
@@ -34,12 +35,23 @@ from reconciler.adapters.git import path_in_work_tree
 from reconciler.adapters.local_triton import LocalTritonError
 from reconciler.adapters.logs import LOG_FORMATS, LOG_LEVELS, configure_logging
 from reconciler.adapters.operator_client import ask_service, live_status, wait_for_pass
+from reconciler.adapters.options import (
+    ConfigFile,
+    OptionSourceError,
+    command_in,
+    config_path,
+    known_keys,
+    read_config_file,
+    refuse_unknown_keys,
+    take_defaults,
+)
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
+from reconciler.adapters.secret_files import SecretFileError, SecretFiles
 from reconciler.adapters.state import StateStore
-from reconciler.core.spec.desired import load_desired_state
-from reconciler.core.spec.rules import analysis_source_problems
-from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES, attach_shadow_requests
+from reconciler.core.spec.desired import read_manifests
+from reconciler.core.spec.rules import promql_without_prometheus
+from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.gate import gated, run_gate
@@ -66,8 +78,9 @@ from reconciler.model.settings import (
     TritonSettings,
 )
 from reconciler.model.source import GitCredentials, SignaturePolicy, Source
+from reconciler.model.spec import DesiredState, ManifestReading
 from reconciler.service.daemon import Daemon
-from reconciler.service.operator import OperatorTokensError, parse_tokens
+from reconciler.service.operator import parse_tokens
 from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
 from reconciler.views.live import evaluation_line, live_text, started_line, waiting_line
 from reconciler.views.render import (
@@ -84,14 +97,14 @@ from reconciler.views.review import (
     diff_json,
     diff_markdown,
     diff_text,
-    github_annotations,
     plan_markdown,
-    problems_json,
 )
 from reconciler.views.steps import plan_steps_json
+from reconciler.views.validation import validation_annotations, validation_json, validation_text
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 EXIT_GATE_FAILED = 3  # gate: a deployment failed it (1 stays an error: not judged)
+EXIT_NO_SERVER = 3  # status: every declared server unreachable (1: status could not run)
 # plan and apply's own records with --log-format json (their progress, why they stopped)
 _log = logging.getLogger("triton_gitops.cli")
 
@@ -239,6 +252,12 @@ def _source_options(
         help="longest wait for any other Triton call (default 10)",
     )
     run.add_argument(
+        "--leader-lease",
+        metavar="NAMESPACE/NAME",
+        help="apply, undo and run also take this coordination.k8s.io/v1 Lease (leader "
+        "election, for more than one replica) besides the lock file next to --state",
+    )
+    run.add_argument(
         "--config-recheck",
         type=float,
         default=600.0,
@@ -296,6 +315,17 @@ def _source_options(
     )
 
 
+def _lock_timeout_option(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long to wait for another reconciler (a running service, another apply) "
+        "to release the lock next to --state before refusing (30; 0: refuse at once)",
+    )
+
+
 def _two_refs(command: argparse.ArgumentParser) -> None:
     """The options of a command that compares two refs of one repository (diff, gate)."""
     command.add_argument("--repo", required=True, metavar="URL|PATH")
@@ -305,14 +335,30 @@ def _two_refs(command: argparse.ArgumentParser) -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors exit 1: exit 2 means "changes pending" for plan and diff."""
+    """Usage errors exit 1: exit 2 means "changes pending" for plan and diff. Abbreviated
+    options are off (in every subparser: they are made of this class), so that ``--config``
+    is never taken for ``--config-recheck`` and a new option never breaks an old script."""
+
+    commands: dict[str, argparse.ArgumentParser]  # the subcommands' parsers, by name
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
         self.exit(EXIT_ERROR, f"{self.prog}: error: {message}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+_CONFIG_HELP = (
+    "YAML file of option defaults (keys are long option names, e.g. repo, interval, "
+    "revert-mode; a key no command has is refused). Precedence: command-line flag, then "
+    "$TRITON_GITOPS_<OPTION> (e.g. TRITON_GITOPS_REPO), then this file, then the built-in "
+    "default. $TRITON_GITOPS_CONFIG names the file too."
+)
+
+
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="triton-gitops",
         description="GitOps for NVIDIA Triton Inference Server: make every server serve the "
@@ -320,23 +366,20 @@ def build_parser() -> argparse.ArgumentParser:
         "swaps (load new beside old, verify, then unload old).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--config",
-        type=Path,
-        metavar="FILE",
-        help="YAML file of option defaults (keys are long option names, e.g. repo, "
-        "interval, revert-mode). Precedence: command-line flag, then $TRITON_GITOPS_<OPTION> "
-        "(e.g. TRITON_GITOPS_REPO), then this file, then the built-in default. "
-        "$TRITON_GITOPS_CONFIG names the file too.",
-    )
+    parser.add_argument("--config", type=Path, metavar="FILE", help=_CONFIG_HELP)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     validate = commands.add_parser(
         "validate",
         help="check manifests in a folder; exit 0 valid, 1 invalid",
-        description="Validate every *.yaml/*.yml manifest under DIR against the JSON Schemas "
-        "and the cross-document rules, printing every problem as FILE:LINE: message. "
-        "Exit 0 when valid, 1 when not.",
+        description="Validate every *.yaml/*.yml manifest under DIR (hidden files and folders "
+        "and what a .sourceignore excludes left out; documents of other tools counted and "
+        "left alone) against the JSON Schemas and the cross-document rules, printing every "
+        "problem as FILE:LINE: message. Exit 0 when valid, 1 when not; a DIR with no "
+        "manifest of ours is a warning (exit 0, no 'valid' line, JSON empty: true). It reads "
+        "files only: no server, Git remote or Prometheus is asked, so it runs in CI. The "
+        "query of each promql analysis check is checked for syntax only (whether its metrics "
+        "exist only the Prometheus can tell).",
     )
     validate.add_argument("dir", nargs="?", default=".", type=Path, metavar="DIR")
     validate.add_argument(
@@ -349,8 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--prometheus-url",
         metavar="URL",
-        help="the Prometheus the reconciler will use: promql checks need one, built-in "
-        "checks need it or each server's spec.metrics",
+        help="the Prometheus the reconciler will use (validate never queries it). Only "
+        "promql checks need a Prometheus: plan, apply and run refuse them without "
+        "--prometheus-url; validate checks their syntax only and, without this option, "
+        "warns that they need one (exit 0). Built-in checks (successRate, latency, memory) "
+        "need no Prometheus, but each server they run on needs spec.metrics, with or without "
+        "it.",
     )
 
     history = commands.add_parser(
@@ -468,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     undo_command.add_argument("--service", metavar="URL", help="ask the running service")
     _token_file_option(undo_command)
     _source_options(undo_command, repo_required=False)
+    _lock_timeout_option(undo_command)
 
     plan_command = commands.add_parser(
         "plan",
@@ -493,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
         "beside the old, verify, analyze, then unload the old.",
     )
     _source_options(apply_command)
+    _lock_timeout_option(apply_command)
     apply_command.add_argument(
         "--plan",
         type=Path,
@@ -583,10 +632,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Observe every declared server and show, per server and model, the "
         "versions the manifests ask for, the versions Triton serves, whether it is in sync, "
         "pending, held, suspended or unreachable, the last rollout, and the last applied "
-        "revision. Changes nothing. With --watch, shows instead the rollouts in progress "
-        "as they run (each server's step and since when, the latest evaluation with each "
-        "check's value and threshold, the analysis time left), from the state store a "
-        "running reconciler writes (--state) or from a running service (--service).",
+        "revision. Changes nothing (the state store is only read). Exit 0, 3 when every "
+        "declared server is unreachable, 1 when it cannot run. With --watch, shows instead "
+        "the rollouts in progress as they run (each server's step and since when, the latest "
+        "evaluation with each check's value and threshold, the analysis time left), from the "
+        "state store a running reconciler writes (--state) or from a running service "
+        "(--service).",
     )
     _source_options(status, repo_required=False)
     status.add_argument(
@@ -664,6 +715,11 @@ def build_parser() -> argparse.ArgumentParser:
         )
     for name, command in commands.choices.items():
         _log_options(command, "json" if name == "run" else "text")
+        # after the command too; absent unless given, so that the global one is kept
+        command.add_argument(
+            "--config", type=Path, metavar="FILE", default=argparse.SUPPRESS, help=_CONFIG_HELP
+        )
+    parser.commands = dict(commands.choices)
     return parser
 
 
@@ -691,100 +747,70 @@ def _secret(file: Path | None, variable: str) -> str | None:
     return os.environ.get(variable) or None
 
 
-def _operator_tokens(file: Path | None) -> dict[str, str]:
-    if file is None:
-        return {}
-    return parse_tokens(file.read_text(), str(file))
+# The environment variable each of run's secrets is read from without its file.
+_SECRET_VARIABLES = {
+    "github_secret": "TRITON_GITOPS_GITHUB_SECRET",
+    "gitlab_token": "TRITON_GITOPS_GITLAB_TOKEN",
+    "reconcile_token": "TRITON_GITOPS_RECONCILE_TOKEN",
+}
 
 
-def _truthy(text: str) -> bool:
-    return text.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _config_file(argv: Sequence[str]) -> Path | None:
-    for index, arg in enumerate(argv):
-        if arg == "--config" and index + 1 < len(argv):
-            return Path(argv[index + 1])
-        if arg.startswith("--config="):
-            return Path(arg.split("=", 1)[1])
-    variable = os.environ.get("TRITON_GITOPS_CONFIG")
-    return Path(variable) if variable else None
-
-
-def external_defaults(
-    parser: argparse.ArgumentParser, environ: Mapping[str, str], config: Mapping[str, Any]
-) -> None:
-    """Take option defaults from the config file, then the environment (which wins); a flag
-    on the command line wins over both. Option --foo-bar is key foo-bar (or foo_bar) in the
-    file and $TRITON_GITOPS_FOO_BAR in the environment."""
-    parsers = [parser] + [
-        sub
-        for action in parser._actions
-        if isinstance(action, argparse._SubParsersAction)
-        for sub in action.choices.values()
-    ]
-    for sub in parsers:
-        for action in sub._actions:
-            longs = [o for o in action.option_strings if o.startswith("--")]
-            if not longs or action.dest in ("help", "version", "config"):
-                continue
-            key = longs[0][2:]
-            raw: Any = None
-            if key in config or key.replace("-", "_") in config:
-                raw = config.get(key, config.get(key.replace("-", "_")))
-            variable = "TRITON_GITOPS_" + key.upper().replace("-", "_")
-            if variable in environ:
-                raw = environ[variable]
-            if raw is None:
-                continue
-            if isinstance(action, argparse._StoreTrueAction):
-                value: Any = raw if isinstance(raw, bool) else _truthy(str(raw))
-            elif action.type is not None and callable(action.type):
-                try:
-                    value = action.type(str(raw))
-                except (TypeError, ValueError) as exc:
-                    raise ValueError(f"{variable} or config key {key}: {raw!r}: {exc}") from exc
-            else:
-                value = str(raw)
-            if action.choices is not None and value not in action.choices:
-                raise ValueError(
-                    f"{variable} or config key {key}: {value!r} is not one of "
-                    f"{', '.join(map(str, action.choices))}"
-                )
-            action.default = value
-            action.required = False
+def parse_arguments(
+    argv: Sequence[str], environ: Mapping[str, str], config: ConfigFile | None = None
+) -> argparse.Namespace:
+    """The command line, with the defaults the environment and the config file give (see
+    ``adapters/options.py``); ``config``: that file, already read (else --config's or
+    $TRITON_GITOPS_CONFIG's). OptionSourceError for a file or variable that cannot be used;
+    usage errors exit 1 (argparse)."""
+    parser = build_parser()
+    if config is None:
+        path = config_path(argv, environ)
+        config = read_config_file(path) if path is not None else None
+    if config is not None:
+        refuse_unknown_keys(config, known_keys(parser.commands))
+    command = command_in(argv, parser.commands)
+    if command is not None:
+        take_defaults(parser.commands[command], environ, config)
+    return parser.parse_args(argv)
 
 
 def _validate(args: argparse.Namespace) -> int:
-    counts = ""
     try:
-        desired = attach_shadow_requests(
-            load_desired_state(manifest_files_in(args.dir)),
+        # Validate never asks a Prometheus: promql queries were parsed with the manifests;
+        # that the reconciler needs one to run them is a warning unless --prometheus-url
+        # says it will have one.
+        reading = read_manifests(
+            manifest_files_in(args.dir),
             lambda name: read_in_directory(args.dir, name, MAX_SHADOW_FILE_BYTES),
+            prometheus=True,
         )
-        problems = analysis_source_problems(desired, prometheus=args.prometheus_url is not None)
-        if problems:
-            raise ValidationError(problems)
-        counts = f"{len(desired.servers)} server(s), {len(desired.deployments)} model deployment(s)"
-    except ValidationError as exc:
-        problems = exc.problems
-    if args.output == "github":
-        # Annotations must name files as the repository does.
-        prefix = path_in_work_tree(args.dir)
-        located = [
-            Problem(f"{prefix}/{p.file}" if prefix else p.file, p.line, p.message) for p in problems
+    except ValidationError as exc:  # no such directory
+        reading = ManifestReading(DesiredState.build([], []), tuple(exc.problems))
+    if args.prometheus_url is None:
+        syntax_only = "where the reconciler runs them (validate checked their syntax only)"
+        said = [
+            Problem(p.file, p.line, f"{p.message} {syntax_only}")
+            for p in promql_without_prometheus(reading.desired)
         ]
-        if located:
-            print(github_annotations(located))
+        reading = replace(reading, warnings=tuple(sorted([*reading.warnings, *said], key=_where)))
+    where = str(args.dir)
+    if args.output == "github":
+        annotations = validation_annotations(reading, where, path_in_work_tree(args.dir))
+        if annotations:
+            print(annotations)
     elif args.output == "json":
-        print(json.dumps(problems_json(problems)))
-    elif problems:
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        print(f"{len(problems)} problem(s)", file=sys.stderr)
+        print(json.dumps(validation_json(reading, where)))
     else:
-        print(f"valid: {counts}")
-    return EXIT_ERROR if problems else EXIT_OK
+        out, err = validation_text(reading, where)
+        if err:
+            print(err, file=sys.stderr)
+        if out:
+            print(out)
+    return EXIT_ERROR if reading.problems else EXIT_OK
+
+
+def _where(problem: Problem) -> tuple[str, int]:
+    return problem.file, problem.line
 
 
 def _diff(args: argparse.Namespace) -> int:
@@ -929,6 +955,7 @@ def _settings(args: argparse.Namespace) -> Settings:
             message=args.revert_message,
         ),
         alerts=AlertSettings(alertmanager_url=args.alertmanager_url, webhook=args.alert_webhook),
+        leader_lease=getattr(args, "leader_lease", None),
         approval=ApprovalSettings(
             accept_rewrite=args.accept_rewrite,
             verify_signatures=(
@@ -1004,21 +1031,48 @@ def _tell(args: argparse.Namespace, text: str, **fields: Any) -> None:
         print(text, file=sys.stderr)
 
 
+@contextmanager
+def _one_reconciler(args: argparse.Namespace, settings: Settings) -> Iterator[None]:
+    """Hold the reconciler lock for a one-shot command that changes something (apply,
+    undo), waiting at most --lock-timeout for another holder; ReconcileError naming it."""
+    lock = wiring.reconciler_lock(settings, str(args.command))
+    holder = lock.holder()
+    if holder is not None and args.lock_timeout > 0:
+        waiting = f"waiting up to {args.lock_timeout:g} s for the reconciler lock {lock.where}"
+        if args.log_format == "json":
+            _log.warning(waiting, extra={"fields": {"holder": str(holder), "pid": holder.pid}})
+        else:
+            print(f"{waiting}, held by {holder}", file=sys.stderr, flush=True)
+    if not lock.acquire(args.lock_timeout):
+        holder = lock.holder()
+        raise ReconcileError(
+            f"another reconciler holds the lock {lock.where}: "
+            f"{holder or 'a process that just let it go'}; waited {args.lock_timeout:g} s "
+            "(--lock-timeout). To ask a running service for a pass: triton-gitops "
+            "reconcile --service URL"
+        )
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
     source = Source(args.repo, args.ref, args.path)
     settings = _settings(args)
     lines = _ApplyLines(5.0 if sys.stderr.isatty() else 30.0, args.log_format == "json")
     try:
         saved = load_saved_plan(args.plan, source) if getattr(args, "plan", None) else None
-        report = reconcile(
-            source,
-            settings,
-            wiring.ports(settings, source),
-            apply_changes=apply_changes,
-            progress=lines.ended,
-            saved=saved,
-            events=lines,
-        )
+        with _one_reconciler(args, settings) if apply_changes else nullcontext():
+            report = reconcile(
+                source,
+                settings,
+                wiring.ports(settings, source),
+                apply_changes=apply_changes,
+                progress=lines.ended,
+                saved=saved,
+                events=lines,
+            )
     except ValidationError as exc:
         for problem in exc.problems:
             _tell(args, str(problem), file=problem.file, line=problem.line)
@@ -1050,9 +1104,13 @@ def _reconcile(args: argparse.Namespace, apply_changes: bool) -> int:
 
 def _history(args: argparse.Namespace) -> int:
     if not args.state.exists():
-        print(f"error: no state store at {args.state}", file=sys.stderr)
-        return EXIT_ERROR
-    store = StateStore(args.state)
+        # Not an error: nothing was applied with this state store yet (and none is made).
+        print(f"no history yet: no state store at {args.state} (apply and run write it)",
+              file=sys.stderr)  # fmt: skip
+        if args.output == "json":
+            print(history_json([], []))
+        return EXIT_OK
+    store = StateStore(args.state, read_only=True)
     try:
         rollouts = store.rollouts(args.model, args.limit)
         actions = store.operator_actions(args.model, args.limit)
@@ -1198,7 +1256,9 @@ def _undo(args: argparse.Namespace) -> int:
         args.deployment, _actor(args), args.to_revision, args.reason, args.dry_run
     )
     try:
-        done = undo(request, source, settings, wiring.ports(settings, source))
+        # A dry run pushes nothing: it needs no lock.
+        with nullcontext() if args.dry_run else _one_reconciler(args, settings):
+            done = undo(request, source, settings, wiring.ports(settings, source))
     except ReconcileError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
@@ -1241,13 +1301,16 @@ def _watch_status(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return EXIT_ERROR
     terminal, shown = sys.stdout.isatty(), ""
+    # SIGTERM ends it as Ctrl-C does (a process started in the background by a shell that
+    # has no job control ignores SIGINT, so a supervisor or a script sends SIGTERM).
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         while True:
             try:
                 if args.service:
                     snapshot = live_status(args.service, str(token)).get("in_progress")
                 else:
-                    store = StateStore(args.state)
+                    store = StateStore(args.state, read_only=True)
                     try:
                         snapshot = store.live()
                     finally:
@@ -1269,6 +1332,10 @@ def _watch_status(args: argparse.Namespace) -> int:
         return EXIT_OK
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def _without_clock(text: str) -> str:
     """The live view less what changes every second (durations): a log gets a block only
     when a step, a state or an evaluation changed."""
@@ -1288,31 +1355,59 @@ def _status(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     print(status_json(report) if args.output == "json" else status_text(report))
+    if report.no_server_reached:
+        print("error: no declared server answered", file=sys.stderr)
+        return EXIT_NO_SERVER
     return EXIT_OK
 
 
 def _run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level, replace=True)
+    # The secret files are read again whenever they change (a rotated Kubernetes Secret);
+    # a value from the environment stays as it was at start.
+    files = {
+        "git_token": args.git_token_file,
+        "github_secret": args.github_secret_file,
+        "gitlab_token": args.gitlab_token_file,
+        "reconcile_token": args.reconcile_token_file,
+        "operator_tokens": args.operator_tokens_file,
+    }
     try:
-        operator_tokens = _operator_tokens(args.operator_tokens_file)
-    except (OSError, OperatorTokensError) as exc:
-        print(f"error: operator tokens: {exc}", file=sys.stderr)
+        secrets = SecretFiles(
+            {name: path for name, path in files.items() if path is not None},
+            {"operator_tokens": parse_tokens},
+        )
+    except SecretFileError as exc:
+        print(f"error: secret file: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    current = secrets.current()
+
+    def secret(name: str) -> str | None:
+        return current[name] if name in current else os.environ.get(_SECRET_VARIABLES[name])
+
+    settings = _settings(args)
+    try:
+        lock = wiring.reconciler_lock(settings, "run")
+    except ReconcileError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     daemon = Daemon(
         Source(args.repo, args.ref, args.path),
-        _settings(args),
+        settings,
         RunSettings(
             interval=args.interval,
             jitter=args.jitter,
             listen=args.listen,
-            github_secret=_secret(args.github_secret_file, "TRITON_GITOPS_GITHUB_SECRET"),
-            gitlab_token=_secret(args.gitlab_token_file, "TRITON_GITOPS_GITLAB_TOKEN"),
-            reconcile_token=_secret(args.reconcile_token_file, "TRITON_GITOPS_RECONCILE_TOKEN"),
-            operator_tokens=operator_tokens,
+            github_secret=secret("github_secret") or None,
+            gitlab_token=secret("gitlab_token") or None,
+            reconcile_token=secret("reconcile_token") or None,
+            operator_tokens=current.get("operator_tokens", {}),
             watch_interval=args.watch_interval,
             shutdown_deadline=args.shutdown_deadline,
             dry_run=args.dry_run,
         ),
+        lock=lock,
+        secrets=secrets,
     )
     code = daemon.serve()
     if code != 0:
@@ -1324,25 +1419,11 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
-    config_file = _config_file(arguments)
-    config: dict[str, Any] = {}
-    if config_file is not None:
-        try:
-            loaded = YAML(typ="safe").load(config_file.read_text())
-        except (OSError, YAMLError) as exc:
-            print(f"error: config file {config_file}: {exc}", file=sys.stderr)
-            return EXIT_ERROR
-        if not isinstance(loaded, dict):
-            print(f"error: config file {config_file}: not a mapping", file=sys.stderr)
-            return EXIT_ERROR
-        config = loaded
     try:
-        external_defaults(parser, os.environ, config)
-    except ValueError as exc:
+        args = parse_arguments(arguments, os.environ)
+    except OptionSourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
-    args = parser.parse_args(arguments)
     if args.command == "run":
         return _run(args)
     # Log records (alerts, each failure of a pass) go to stderr, as text or JSON lines.

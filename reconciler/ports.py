@@ -71,6 +71,10 @@ class ModelControl(Protocol):
 class ManifestSource(Protocol):
     """The manifest repository, commits named by their sha (``adapters.git.GitManifests``)."""
 
+    # The repository as messages and the state store name it: its URL without credentials,
+    # a local path made absolute.
+    location: str
+
     def fetch(self, ref: str) -> str:
         """Bring the mirror up to date and resolve ``ref``: the commit's full sha."""
         ...
@@ -85,6 +89,10 @@ class CommitChecks(Protocol):
 
     def is_fast_forward(self, old: str, new: str) -> bool: ...
 
+    def has_commit(self, sha: str) -> bool:
+        """Whether the mirror holds the commit ``sha``."""
+        ...
+
     def signature_verdicts(
         self, trusted_keys: Path, policy: SignaturePolicy, old: str | None, new: str
     ) -> list[CommitVerdict]: ...
@@ -98,6 +106,10 @@ class StateStore(Protocol):
     def history(self) -> History: ...
 
     def last_pass(self) -> dict[str, Any] | None: ...
+
+    def bound_source(self) -> tuple[str, str] | None: ...
+
+    def bind_source(self, repo: str, path: str) -> None: ...
 
     def applied_spec(self, deployment: str) -> AppliedSpec | None: ...
 
@@ -229,13 +241,15 @@ class NoPassHooks:
 class Ports:
     """Everything outside that one pass reaches, as one value (``wiring.ports`` builds it).
 
-    The state store and the alerter are opened once per pass (``open_state``,
-    ``open_alerts``), clients and metric readers made per server; the rest is used as is.
+    The state store and the alerter are opened once per pass (``open_state`` to apply,
+    ``read_state`` to plan or show status: never created nor written), clients and metric
+    readers made per server; the rest is used as is.
     """
 
     manifests: ManifestSource
     approval: CommitChecks
     open_state: Callable[[], StateStore]
+    read_state: Callable[[], StateStore]
     open_alerts: Callable[[], Alerts]
     triton: Callable[[TritonServer], TritonClient]
     metrics: Callable[[TritonServer], FiguresSource | None]
@@ -331,3 +345,44 @@ class MemoryGauge(Protocol):
         ...
 
     def server_memory(self) -> int | None: ...
+
+
+# -- one reconciler at a time (cli.py's apply and undo, service/daemon.py) ------------------
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds the reconciler lock: enough for a refusal to name it."""
+
+    pid: int
+    command: str  # apply, run, undo
+    since: str  # RFC 3339
+    host: str
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} ({self.command}) on {self.host} since {self.since}"
+
+
+class ReconcilerLock(Protocol):
+    """The one lock every command that changes anything holds while it runs, so that a
+    one-shot ``apply`` never runs beside ``run`` on the same state store and Git mirror.
+    ``adapters/reconciler_lock.py``'s ``StateLockFile`` (a file next to the state store) and
+    ``adapters/leader_lease.py``'s ``LeaderLease`` (a Kubernetes Lease, for several replicas)
+    are the real ones."""
+
+    where: str  # the lock file or the Lease, for messages
+
+    def acquire(self, timeout: float) -> bool:
+        """Take the lock, waiting at most ``timeout`` seconds; False when another still
+        holds it then."""
+        ...
+
+    def release(self) -> None: ...
+
+    def holder(self) -> LockHolder | None:
+        """Who holds it now (None: nobody)."""
+        ...
+
+    def held(self) -> bool:
+        """Still ours: False once lost (a Lease that could not be renewed)."""
+        ...

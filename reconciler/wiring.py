@@ -9,6 +9,9 @@ The other functions build one adapter each, for those and for the service's watc
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,13 +29,17 @@ from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.adapters.gateway import GatewayRouter
 from reconciler.adapters.git import GitManifests, GitSource, GitWriter
 from reconciler.adapters.hooks import HttpStepHooks
+from reconciler.adapters.leader_lease import LeaderLease, lease_api
 from reconciler.adapters.local_triton import LocalTriton
 from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.perf_analyzer import PerfAnalyzer
+from reconciler.adapters.reconciler_lock import Locks, StateLockFile, lock_path
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.adapters.triton_load import GrpcLoadTester
+from reconciler.core.records import rfc3339
 from reconciler.loop.gate import GATE_SERVER, IsolatedServer
+from reconciler.model.errors import ReconcileError
 from reconciler.model.settings import Settings
 from reconciler.model.source import GitCredentials, Source
 from reconciler.model.spec import TritonServer
@@ -40,9 +47,11 @@ from reconciler.model.traffic import RouterSpec
 from reconciler.ports import (
     FiguresSource,
     LoadTester,
+    LockHolder,
     NoPassHooks,
     PassHooks,
     Ports,
+    ReconcilerLock,
     TrafficRouter,
 )
 
@@ -101,6 +110,7 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
         manifests=manifests,
         approval=manifests,
         open_state=lambda: StateStore(settings.state_path),
+        read_state=lambda: StateStore(settings.state_path, read_only=True),
         open_alerts=lambda: alerter(settings),
         triton=lambda server: new_client(server, settings),
         metrics=metrics,
@@ -110,6 +120,23 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
         hooks=hooks or NoPassHooks(),
         step_hooks=HttpStepHooks(),
         routers=router_client,
+    )
+
+
+def reconciler_lock(settings: Settings, command: str) -> ReconcilerLock:
+    """The lock ``command`` (apply, undo, run) holds while it runs: the file next to the
+    state store, then, with ``settings.leader_lease``, the Kubernetes Lease."""
+    me = LockHolder(os.getpid(), command, rfc3339(time.time()), socket.gethostname())
+    file_lock = StateLockFile(lock_path(settings.state_path), me)
+    if settings.leader_lease is None:
+        return file_lock
+    namespace, _, name = settings.leader_lease.partition("/")
+    if not namespace or not name:
+        raise ReconcileError(
+            f"--leader-lease {settings.leader_lease!r}: expected NAMESPACE/NAME of a Lease"
+        )
+    return Locks(
+        (file_lock, LeaderLease(namespace, name, me, lease_api(os.environ.get("KUBECONFIG"))))
     )
 
 

@@ -120,7 +120,7 @@ def server_doc(
     metrics: str | None = None,
 ) -> str:
     lines = [
-        "apiVersion: triton-gitops/v1alpha1",
+        "apiVersion: triton-gitops.dev/v1alpha1",
         "kind: TritonServer",
         "metadata:",
         f"  name: {name}",
@@ -145,7 +145,7 @@ def deployment_doc(
     extra: str = "",
 ) -> str:
     lines = [
-        "apiVersion: triton-gitops/v1alpha1",
+        "apiVersion: triton-gitops.dev/v1alpha1",
         "kind: ModelDeployment",
         "metadata:",
         f"  name: {name}",

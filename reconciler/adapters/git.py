@@ -22,11 +22,18 @@ from reconciler.adapters.signatures import (
     CommitVerifier,
     approvals,
     commits_to_verify,
+    has_commit,
     is_fast_forward,
 )
 from reconciler.core.spec.edit import restore_deployment, restore_spec
+from reconciler.core.spec.selection import (
+    MAX_SOURCE_IGNORE_BYTES,
+    SOURCE_IGNORE,
+    ManifestSelection,
+    ignore_text,
+)
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
-from reconciler.core.spec.yaml import MANIFEST_SUFFIXES, MAX_MANIFEST_BYTES, UnreadFile
+from reconciler.core.spec.yaml import MAX_MANIFEST_BYTES, UnreadFile
 from reconciler.faults import fault_point
 from reconciler.model.errors import SourceUnavailable
 from reconciler.model.source import (
@@ -145,9 +152,19 @@ class GitSource:
             raise SourceUnavailable(f"{redact(self.url)} has no commit {ref!r}") from exc
 
     def read(self, commit: git.Commit, path: str = "") -> Revision:
-        """Manifest files under ``path`` in ``commit``'s tree, by their path in the repository."""
+        """The manifests under ``path`` in ``commit``'s tree (core/spec/selection.py says
+        which files are), by their path in the repository."""
         tree = commit.tree
         prefix = path.strip("/")
+        selection = ManifestSelection(
+            prefix,
+            ignore_text(self.read_file(commit, SOURCE_IGNORE, MAX_SOURCE_IGNORE_BYTES)),
+            ignore_text(
+                self.read_file(commit, f"{prefix}/{SOURCE_IGNORE}", MAX_SOURCE_IGNORE_BYTES)
+            )
+            if prefix
+            else None,
+        )
         if prefix:
             try:
                 tree = tree / prefix
@@ -160,7 +177,7 @@ class GitSource:
             if not isinstance(item, git.Blob):
                 continue
             name = str(item.path)
-            if not name.endswith(MANIFEST_SUFFIXES):
+            if not selection.selects(name):
                 continue
             if item.mode == _SYMLINK_MODE:
                 # A link could point anywhere, outside the repository included: never follow.
@@ -202,6 +219,7 @@ class GitManifests:
         self.source = source
         self.keyring_home = keyring_home
         self.in_place = in_place
+        self.location = redact(source.url)
         self._commits: dict[str, git.Commit] = {}
 
     def fetch(self, ref: str) -> str:
@@ -221,6 +239,9 @@ class GitManifests:
 
     def is_fast_forward(self, old: str, new: str) -> bool:
         return is_fast_forward(self.source.cache, old, new)
+
+    def has_commit(self, sha: str) -> bool:
+        return has_commit(self.source.cache, sha)
 
     def signature_verdicts(
         self, trusted_keys: Path, policy: SignaturePolicy, old: str | None, new: str

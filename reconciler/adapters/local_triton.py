@@ -22,6 +22,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,7 +121,14 @@ class LocalTriton:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     # A tritonserver binary (its backends in ../backends); None: the nvidia-pytriton wheel's.
     binary: Path | None = None
+    # stop() ends the server at once (SIGKILL, then its shared memory removed) instead of
+    # Triton's graceful shutdown, which takes 1 to 3 s (it unloads every model and polls once
+    # a second): for the tests, which start a server per test and need no graceful end.
+    fast_stop: bool = False
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    # The Python backend's shared-memory regions (/dev/shm) of this server are named with
+    # this prefix, so that a server ended by SIGKILL leaves none behind (kill() removes them).
+    shm_prefix: str = field(default_factory=lambda: f"triton_gitops_{uuid.uuid4().hex[:12]}_")
 
     @property
     def grpc_address(self) -> str:
@@ -172,6 +180,7 @@ class LocalTriton:
             f"--grpc-port={self.grpc_port}",
             f"--metrics-port={self.metrics_port}",
             "--exit-timeout-secs=5",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             *self.extra_args,
         ]
         if self.log_file is None:
@@ -209,18 +218,29 @@ class LocalTriton:
         return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self, timeout: float = 20.0) -> None:
-        """End the server by its pid: SIGTERM, then SIGKILL if it has not exited in time."""
+        """End the server by its pid: SIGTERM, then SIGKILL if it has not exited in time
+        (``fast_stop``: SIGKILL at once)."""
+        if self.fast_stop:
+            self.kill()
+            return
         process, self.process = self.process, None
         # The server starts one backend stub process per model instance in its session;
         # signalling the process group ends them together with the server.
         end_process_group(process, timeout)
+        self._remove_shared_memory()
 
     def kill(self) -> None:
-        """End the server at once (SIGKILL), as a crash would."""
+        """End the server at once (SIGKILL), as a crash would; its shared memory is removed
+        (a crashed server's would stay in /dev/shm until the host restarts)."""
         process, self.process = self.process, None
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        self._remove_shared_memory()
+
+    def _remove_shared_memory(self) -> None:
+        for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            region.unlink(missing_ok=True)
 
     def version_memory(self, model: str, version: int) -> int | None:
         """Resident memory of the Python-backend stub processes that run ``version`` of

@@ -252,6 +252,14 @@ def commits_to_verify(
     return commits_between(repo_dir, old, new)
 
 
+def has_commit(repo_dir: Path, sha: str) -> bool:
+    """Whether ``repo_dir`` holds the commit ``sha`` (a mirror fetched after a force-push
+    into a fresh cache never got the old history)."""
+    commit = f"{_revision(sha)}^{{commit}}"
+    done = _git(repo_dir, "rev-parse", "--verify", "--quiet", commit, ok_codes=(0, 1))
+    return done.returncode == 0
+
+
 def is_fast_forward(repo_dir: Path, old: str, new: str) -> bool:
     """Whether ``new`` descends from ``old`` (a commit descends from itself)."""
     done = _git(

@@ -4,8 +4,16 @@ Per server, the models the last applied revision placed there (so that a ModelDe
 removed from Git unloads its model); holds on ModelDeployments whose rollout failed; every
 rollout with its verdict and check values (for ``history``); the failure alerts still open;
 alerts a receiver has not taken yet (retried by the next pass); each pass's outcome; and each
-ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``).
+ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``);
+and the repository and manifest folder it is the record of (``bound_source``).
 WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
+
+``StateStore(path, read_only=True)`` is the record as ``plan``, ``status`` and ``history``
+see it: an existing file opened read-only (SQLite ``mode=ro``, ``query_only``: a write
+raises), never created, migrated or moved aside; no file, or one that cannot be read, is an
+empty record in memory. Only ``apply``, ``run`` and the on-call verbs write. (A reader of a
+WAL store may leave SQLite's ``-wal`` and ``-shm`` side files, its readers' shared index,
+not the record: removing them under another process's connection would be unsafe.)
 
 A state file that cannot be read (garbage, a truncated copy) is moved aside as
 ``<name>.corrupt-<unix time>`` and a new, empty one is started, with an error in the log naming
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping
@@ -143,6 +152,19 @@ CREATE TABLE IF NOT EXISTS condition_transitions (
     since TEXT NOT NULL,
     PRIMARY KEY (deployment, type)
 );
+-- The repository (its URL without credentials) and manifest folder this store is the record
+-- of, written by the first pass that records; a pass over any other is refused.
+CREATE TABLE IF NOT EXISTS bound_source (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    repo TEXT NOT NULL,
+    path TEXT NOT NULL,
+    bound_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS webhook_deliveries (
+    key TEXT PRIMARY KEY,
+    seen_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS webhook_deliveries_by_time ON webhook_deliveries (seen_at);
 """
 
 
@@ -163,31 +185,93 @@ def _connect(path: Path) -> sqlite3.Connection:
         # With WAL, NORMAL keeps the store consistent through a crash or a kill (a power cut
         # may lose the last pass's record, never corrupt it) and saves a sync per commit.
         db.execute("PRAGMA synchronous=NORMAL")
-        # Garbage after a valid header only shows when its pages are read: check them all now
-        # (a few milliseconds for a store of this size) rather than fail mid-pass.
-        verdict = db.execute("PRAGMA quick_check").fetchone()[0]
-        if verdict != "ok":
-            raise sqlite3.DatabaseError(f"integrity check: {verdict}")
-        db.executescript(_SCHEMA)
-        columns = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
-        if "backend" not in columns:  # a state file from before backend revisions
-            db.execute("ALTER TABLE applied_specs ADD COLUMN backend TEXT")
-        columns = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
-        if "reverted" not in columns:  # a state file from before revert push records
-            db.execute("ALTER TABLE holds ADD COLUMN reverted TEXT")
-            # Holds from before: whether their revert was pushed is unknown; never push again.
-            db.execute("UPDATE holds SET reverted = 'recorded before revert push records'")
+        _check(db)
+        _migrate(db)
     except sqlite3.DatabaseError:
         db.close()
         raise
     return db
 
 
+def _check(db: sqlite3.Connection) -> None:
+    # Garbage after a valid header only shows when its pages are read: check them all now
+    # (a few milliseconds for a store of this size) rather than fail mid-pass.
+    verdict = db.execute("PRAGMA quick_check").fetchone()[0]
+    if verdict != "ok":
+        raise sqlite3.DatabaseError(f"integrity check: {verdict}")
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    """Every table and column this version reads, added to a store from before them."""
+    db.executescript(_SCHEMA)
+    columns = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
+    if "backend" not in columns:  # a state file from before backend revisions
+        db.execute("ALTER TABLE applied_specs ADD COLUMN backend TEXT")
+    columns = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
+    if "reverted" not in columns:  # a state file from before revert push records
+        db.execute("ALTER TABLE holds ADD COLUMN reverted TEXT")
+        # Holds from before: whether their revert was pushed is unknown; never push again.
+        db.execute("UPDATE holds SET reverted = 'recorded before revert push records'")
+
+
+def _current(db: sqlite3.Connection) -> bool:
+    """Whether a store has every table and column this version reads (a file from before
+    one was added is migrated by a writer, read from a copy in memory by a reader)."""
+    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    wanted = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
+    if not wanted <= tables:
+        return False
+    specs = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
+    holds = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
+    return "backend" in specs and "reverted" in holds
+
+
+def _read_only(path: Path) -> sqlite3.Connection:
+    """The record at ``path`` for a command that only reads it; see the module's docstring."""
+    if path.exists():
+        try:
+            db = sqlite3.connect(
+                f"{path.resolve().as_uri()}?mode=ro",
+                uri=True,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            try:
+                _check(db)
+                if not _current(db):  # migrated in a copy in memory, the file untouched
+                    copy = _in_memory()
+                    db.backup(copy)
+                    db.close()
+                    db = copy
+                    _migrate(db)
+            except sqlite3.DatabaseError:
+                db.close()
+                raise
+            db.execute("PRAGMA query_only=1")
+            return db
+        except sqlite3.DatabaseError as exc:
+            log.warning(
+                f"state file {path} is unreadable ({exc}): read as an empty record; the next "
+                "apply or run moves it aside"
+            )
+    db = _in_memory()
+    _migrate(db)
+    db.execute("PRAGMA query_only=1")
+    return db
+
+
+def _in_memory() -> sqlite3.Connection:
+    return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
+
+
 class StateStore:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = path
         self.recovered: str | None = None  # what happened to an unreadable or missing file
+        if read_only:
+            self._db = _read_only(path)
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
         if not path.exists():
             self.recovered = (
                 f"state file {path} does not exist: starting with an empty state. If this "
@@ -248,14 +332,15 @@ class StateStore:
             )
         }
         staged = {}
-        for name, fingerprint, progress in self._db.execute(
-            "SELECT deployment, fingerprint, progress FROM staged_rollouts"
+        for name, fingerprint, revision, progress in self._db.execute(
+            "SELECT deployment, fingerprint, revision, progress FROM staged_rollouts"
         ):
             data = json.loads(progress)
             staged[name] = StagedRecord(
                 fingerprint,
                 frozenset(data["completed"]),
                 {server: tuple(versions) for server, versions in data["started"].items()},
+                revision,
             )
         return History(
             staged=staged,
@@ -500,6 +585,21 @@ class StateStore:
             "summary": json.loads(row[3]),
         }
 
+    def bound_source(self) -> tuple[str, str] | None:
+        """The repository and manifest folder this store records (None: not bound yet, a
+        new store or one from before the binding)."""
+        row = self._db.execute("SELECT repo, path FROM bound_source").fetchone()
+        return (str(row[0]), str(row[1])) if row else None
+
+    def bind_source(self, repo: str, path: str) -> None:
+        """Make this store the record of ``repo`` at ``path``; a store bound already keeps
+        its binding."""
+        with self._db:
+            self._db.execute(
+                "INSERT OR IGNORE INTO bound_source (id, repo, path, bound_at) VALUES (1, ?, ?, ?)",
+                (repo, path, _now()),
+            )
+
     def undelivered_alerts(self) -> dict[str, list[Any]]:
         """Per alert receiver (its key, never its URL), the deliveries still to make."""
         return {
@@ -660,3 +760,40 @@ class StateStore:
             )
             for row in self._db.execute(query, (*args, limit))
         ]
+
+    # -- webhook deliveries seen (service/webhooks.py), so that a restart forgets no replay --
+
+    def seen_deliveries(self, since: float, limit: int) -> list[tuple[str, float]]:
+        """The webhook delivery keys seen after ``since`` (wall clock) with their time, the
+        newest ``limit``, oldest first. A store that cannot be read gives none (logged)."""
+        try:
+            rows = self._db.execute(
+                "SELECT key, seen_at FROM webhook_deliveries WHERE seen_at > ? "
+                "ORDER BY seen_at DESC, rowid DESC LIMIT ?",
+                (since, limit),
+            ).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("state file %s: webhook deliveries cannot be read: %s", self.path, exc)
+            return []
+        return [(key, at) for key, at in reversed(rows)]
+
+    def remember_deliveries(self, keys: Iterable[str], at: float, since: float, limit: int) -> None:
+        """Record ``keys`` as seen at ``at``, forgetting those seen at or before ``since`` and
+        all but the newest ``limit``. A failed write is logged: the service's own memory
+        still refuses the replay until it restarts."""
+        try:
+            with self._db:
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO webhook_deliveries (key, seen_at) VALUES (?, ?)",
+                    [(key, at) for key in keys],
+                )
+                self._db.execute("DELETE FROM webhook_deliveries WHERE seen_at <= ?", (since,))
+                # By rowid too: the keys of one delivery share their time.
+                self._db.execute(
+                    "DELETE FROM webhook_deliveries WHERE rowid NOT IN (SELECT rowid FROM "
+                    "webhook_deliveries ORDER BY seen_at DESC, rowid DESC LIMIT ?)",
+                    (limit,),
+                )
+        except sqlite3.Error as exc:
+            log.warning("state file %s: webhook deliveries cannot be written: %s", self.path, exc)

@@ -161,6 +161,13 @@ class TritonServerClient:
             return ServerUnavailable(self.name, f"{self.address} did not answer ({doing})")
         return StepFailed(f"server {self.name}: {doing}: {exc.message()}")
 
+    def _unobserved(self, exc: ServerUnavailable | StepFailed) -> str:
+        # A ServerState names its server: its error says only why, so that a plan problem
+        # or a status line that shows the name shows it once.
+        if isinstance(exc, ServerUnavailable):
+            return exc.reason
+        return str(exc).removeprefix(f"server {self.name}: ")
+
     # -- observation -------------------------------------------------------------------------
 
     def _index_answer(self) -> Any:
@@ -239,7 +246,7 @@ class TritonServerClient:
         try:
             answer = self._index_answer()
         except (ServerUnavailable, StepFailed) as exc:
-            return ServerState(self.name, error=str(exc))
+            return ServerState(self.name, error=self._unobserved(exc))
         models = tuple(models)
         raw = answer.SerializeToString(deterministic=True)
         last = self._last
@@ -277,7 +284,7 @@ class TritonServerClient:
                     model, versions, loaded, repository_config, repository_versions
                 )
         except ServerUnavailable as exc:
-            return ServerState(self.name, error=str(exc))
+            return ServerState(self.name, error=self._unobserved(exc))
         listed = frozenset(e.name for e in entries if e.name)
         token.append(listed)
         state = ServerState(self.name, states, listed, token=tuple(token))

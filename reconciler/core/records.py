@@ -75,6 +75,63 @@ def rollouts_from(result: ApplyResult, now: float) -> tuple[Rollout, ...]:
     return tuple(records)
 
 
+def interrupted_swaps_finished(
+    history: History,
+    desired: DesiredState,
+    plan_: Plan,
+    result: ApplyResult,
+    begun: Iterable[str],
+    now: float,
+) -> tuple[tuple[str, ...], tuple[Rollout, ...]]:
+    """In-flight records an earlier pass left behind (killed after its swap, or while the old
+    versions unloaded) that this pass finds finished: the ModelDeployment, still at the same
+    spec, had nothing left but an unload (done now, converged) or nothing at all, with no
+    problem planning it. Their names (the records end) and the swaps the killed pass never
+    recorded, one per server it had begun (``begun``: the records this pass began itself,
+    which end as usual; a staged rollout in the plan ends by its own run)."""
+    staged = {r.deployment for r in plan_.rollouts} | set(begun)
+    held = {h.deployment for h in plan_.held}
+    recorded = {(r.deployment, r.server) for r in rollouts_from(result, now)}
+    ended: list[str] = []
+    swaps: list[Rollout] = []
+    for name, record in sorted(history.staged.items()):
+        spec = desired.deployments.get(name)
+        if spec is None or spec.fingerprint != record.fingerprint or name in staged | held:
+            continue
+        servers = {
+            server
+            for server, placements in desired.placements.items()
+            if any(p.deployment.name == name for p in placements.values())
+        }
+        changes = [c for c in result.changes if c.change.deployment == name]
+        troubled = any(
+            p.server in servers and p.model in (None, spec.model) for p in plan_.problems
+        )
+        if troubled or any(c.outcome is not Outcome.CONVERGED for c in changes):
+            continue
+        ended.append(name)
+        for server in sorted((set(record.started) | record.completed) & servers):
+            if (name, server) in recorded:
+                continue
+            swaps.append(
+                Rollout(
+                    revision=record.revision or result.revision,
+                    deployment=name,
+                    server=server,
+                    model=spec.model,
+                    from_versions=record.started.get(server, ()),
+                    to_versions=spec.versions,
+                    outcome=str(Outcome.CONVERGED),
+                    verdict="passed" if server in record.completed else None,
+                    checks=(),  # the interrupted pass's evaluations were never written
+                    error=None,
+                    rollback_seconds=None,
+                    finished_at=now,
+                )
+            )
+    return tuple(ended), tuple(swaps)
+
+
 def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> tuple[Hold, ...]:
     """A hold for every ModelDeployment with a reverted change, naming every server involved."""
     reverted: dict[str, list[ChangeResult]] = {}

@@ -21,7 +21,9 @@ class PassMemory:
     the manifests of the last revision it read (a pass at the same commit does not parse
     them again), one Triton client per server (a gRPC connection, and the configs it read:
     see ``adapters.triton.TritonServerClient.observe``), and the settle keys of the servers
-    whose last plan had nothing to do (``plan``'s ``settled``). One-shot commands keep nothing.
+    whose last plan had nothing to do (``plan``'s ``settled``). And the refusal it alerted
+    (``first_refusal``): a revision refused pass after pass is alerted once, not every pass.
+    One-shot commands keep nothing.
 
     Passes never overlap (the scheduler runs one at a time), so no lock.
     """
@@ -30,6 +32,7 @@ class PassMemory:
         self._desired: tuple[str, str, DesiredState] | None = None
         self._clients: dict[str, tuple[tuple[object, ...], TritonClient]] = {}
         self._settled: dict[str, tuple[object, ...]] = {}
+        self._refusal: tuple[str, str] | None = None  # (alert kind, what was refused)
 
     def desired(self, revision: str, path: str) -> DesiredState | None:
         if self._desired is not None and self._desired[:2] == (revision, path):
@@ -86,6 +89,19 @@ class PassMemory:
     def remember_plan(self, keys: Mapping[str, tuple[object, ...]], plan_: Plan) -> None:
         busy = {c.server for c in plan_.changes} | {p.server for p in plan_.problems}
         self._settled = {s: k for s, k in keys.items() if s not in busy}
+
+    def first_refusal(self, kind: str, what: str) -> bool:
+        """Whether this refusal differs from the one alerted last (then it is alerted);
+        the same refusal again is not."""
+        new = self._refusal != (kind, what)
+        self._refusal = (kind, what)
+        return new
+
+    def refusal_ended(self) -> str | None:
+        """The alert kind of the refusal alerted, now over (a pass got through); None when
+        none was alerted."""
+        ended, self._refusal = self._refusal, None
+        return ended[0] if ended else None
 
     def close(self) -> None:
         for _, client in self._clients.values():

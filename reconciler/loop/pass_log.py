@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from reconciler.core.failures import pass_failures
+from reconciler.model.errors import Problem
 from reconciler.model.reports import PassFailure, PassReport
 from reconciler.model.results import StepResult
 
@@ -66,3 +67,20 @@ def log_failures(report: PassReport) -> None:
     for failure in pass_failures(report):
         level = logging.ERROR if failure.severe else logging.WARNING
         log.log(level, "failure", extra={"fields": failure_fields(failure)})
+
+
+def log_manifest_warnings(revision: str, warnings: tuple[Problem, ...]) -> None:
+    """One event per warning about the manifests at ``revision`` (a deprecated apiVersion),
+    when the pass reads them: the service reads a revision once, so it says so once."""
+    for warning in warnings:
+        log.warning(
+            "manifest warning",
+            extra={
+                "fields": {
+                    "revision": revision,
+                    "file": warning.file,
+                    "line": warning.line,
+                    "reason": warning.message,
+                }
+            },
+        )

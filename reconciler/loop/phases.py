@@ -2,7 +2,8 @@
 order (and times through ``ports.hooks``):
 
     fetch     Git ref -> the commit's sha
-    approve   refuse a revision not fast-forward, signed, approved (or not the saved plan's)
+    approve   refuse a state store that is another repository's record; a revision not
+              fast-forward, signed, approved (or not the saved plan's)
     read      the revision's manifests -> DesiredState     (ValidationError: nothing applied)
     discover  servers found through DNS -> their instances
     guard     refuse a revision that would empty a server that serves declared models
@@ -32,19 +33,19 @@ from reconciler.core.records import (
     footprints_from,
     hold_reminders,
     holds_from,
+    interrupted_swaps_finished,
     problem_alerts,
     released_holds,
     rfc3339,
     rollouts_from,
 )
-from reconciler.core.spec.desired import load_desired_state
-from reconciler.core.spec.rules import analysis_source_problems
-from reconciler.core.spec.shadow import attach_shadow_requests
+from reconciler.core.spec.desired import read_manifests
 from reconciler.engine.apply import apply as execute
 from reconciler.engine.journal import Journal, unpushed
 from reconciler.engine.steps import Timing
 from reconciler.faults import fault_point
 from reconciler.loop.approval import check_approved
+from reconciler.loop.binding import bind, check_bound
 from reconciler.loop.live import FanOut, LiveStatus
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.observation import (
@@ -55,6 +56,7 @@ from reconciler.loop.observation import (
     refuse_emptying,
     with_free_memory,
 )
+from reconciler.loop.pass_log import log_manifest_warnings
 from reconciler.loop.records import (
     drift_corrected,
     expected_serving,
@@ -63,7 +65,13 @@ from reconciler.loop.records import (
     write_back,
 )
 from reconciler.loop.saved_plan import check_saved_plan, serving_digest
-from reconciler.model.errors import ReconcileError, StalePlan, UnsafeRevision, ValidationError
+from reconciler.model.errors import (
+    ForeignState,
+    ReconcileError,
+    StalePlan,
+    UnsafeRevision,
+    ValidationError,
+)
 from reconciler.model.history import AlertEvent, History, Hold, PassRecord
 from reconciler.model.plan import Plan
 from reconciler.model.reports import PassReport, SavedPlan
@@ -158,8 +166,16 @@ def fetch(run: PassRun) -> str:
 
 
 def approve(run: PassRun, revision: str) -> None:
-    """Refuse (and, applying, alert) a revision not approved the way the settings demand;
-    a saved plan made at another revision is stale."""
+    """Refuse (and, applying, alert) a state store that records another repository, and a
+    revision not approved the way the settings demand; a saved plan made at another
+    revision is stale."""
+    location = run.ports.manifests.location
+    try:
+        check_bound(run.state, location, run.source.path, str(run.settings.state_path))
+    except ForeignState as exc:
+        summary = f"the state file is another repository's record; revision {revision[:12]} "
+        _alert_refusal(run, "state-mismatch", summary + "not applied", revision, exc)
+        raise
     last = run.state.last_pass()
     try:
         check_approved(
@@ -167,25 +183,33 @@ def approve(run: PassRun, revision: str) -> None:
             str(last["revision"]) if last else None,
             revision,
             run.settings.approval,
+            repository=location,
         )
     except UnsafeRevision as exc:
-        if run.apply_changes:
-            run.alerts.send(
-                AlertEvent(
-                    "revision-refused",
-                    "critical",
-                    f"revision {revision[:12]} refused; the last applied revision keeps serving",
-                    revision,
-                    details={"reason": str(exc)},
-                )
-            )
-            run.alerts.flush()
+        summary = f"revision {revision[:12]} refused; the last applied revision keeps serving"
+        _alert_refusal(run, "revision-refused", summary, revision, exc)
         raise
+    ended = run.memory.refusal_ended() if run.memory and run.apply_changes else None
+    if ended is not None:
+        run.alerts.send(
+            AlertEvent(ended, "info", f"revision {revision[:12]} accepted", revision, resolved=True)
+        )
     if run.saved is not None and revision != run.saved.revision:
         raise StalePlan(
             f"stale plan: {run.source.ref} is at {revision} now, the plan was made at "
             f"{run.saved.revision}; make a new plan"
         )
+
+
+def _alert_refusal(
+    run: PassRun, kind: str, summary: str, revision: str, exc: ReconcileError
+) -> None:
+    """Alert a refusal when applying: in the service once while the same refusal lasts (its
+    memory), in a one-shot command every time it is run."""
+    if not run.apply_changes or (run.memory and not run.memory.first_refusal(kind, str(exc))):
+        return
+    run.alerts.send(AlertEvent(kind, "critical", summary, revision, details={"reason": str(exc)}))
+    run.alerts.flush()
 
 
 def read(run: PassRun, revision: str) -> DesiredState:
@@ -204,13 +228,13 @@ def _read_desired(run: PassRun, revision: str) -> DesiredState:
     invalid manifests raise (and, when applying, alert): nothing is applied."""
     manifests, folder = run.ports.manifests, run.source.path
     files = manifests.read(revision, folder)
-    try:
-        desired = attach_shadow_requests(
-            load_desired_state(files.files),
-            lambda name: manifests.read_file(revision, f"{folder.strip('/')}/{name}"),
-        )
-        check_analysis_sources(desired, run.settings)
-    except ValidationError as exc:
+    # Every stage on what could be built: every problem of the revision in one alert.
+    reading = read_manifests(
+        files.files,
+        lambda name: manifests.read_file(revision, f"{folder.strip('/')}/{name}"),
+        prometheus=run.settings.analysis.prometheus_url is not None,
+    )
+    if reading.problems:
         if run.apply_changes:
             run.alerts.send(
                 AlertEvent(
@@ -218,19 +242,12 @@ def _read_desired(run: PassRun, revision: str) -> DesiredState:
                     "warning",
                     f"the manifests at {files.sha[:12]} are invalid; nothing applied",
                     files.sha,
-                    details={"problems": "\n".join(str(p) for p in exc.problems)},
+                    details={"problems": "\n".join(str(p) for p in reading.problems)},
                 )
             )
-        raise ValidationError(exc.problems, files.sha) from None
-    return desired
-
-
-def check_analysis_sources(desired: DesiredState, settings: Settings) -> None:
-    problems = analysis_source_problems(
-        desired, prometheus=settings.analysis.prometheus_url is not None
-    )
-    if problems:
-        raise ValidationError(problems)
+        raise ValidationError(list(reading.problems), files.sha)
+    log_manifest_warnings(files.sha, reading.warnings)
+    return reading.desired
 
 
 def discover(run: PassRun, desired: DesiredState) -> tuple[DesiredState, Discovered]:
@@ -405,6 +422,12 @@ def _record_pass(
     desired, history, result, plan_ = target.desired, target.history, applied.result, report.plan
     managed = next_managed(desired, history, plan_, result)
     journal = applied.journal
+    now = time.time()
+    # A swap an earlier pass finished or nearly finished before it was killed: its record
+    # ends and the swap is in history, so that the next plan is empty (issue 17).
+    finished, swaps = interrupted_swaps_finished(
+        history, desired, plan_, result, journal.deployments, now
+    )
     record = PassRecord(
         target.revision,
         # Only what changed: a fleet's managed rows are instances x models.
@@ -417,7 +440,7 @@ def _record_pass(
             ],
             "problems": [str(p) for p in plan_.problems],
         },
-        rollouts=rollouts_from(result, time.time()),
+        rollouts=(*rollouts_from(result, now), *swaps),
         holds=holds,
         released=tuple(
             n
@@ -428,12 +451,13 @@ def _record_pass(
         footprints=footprints_from(result),
         alerts_opened=tuple((e.model or "", e.server or "", e.kind) for e in opened),
         alerts_resolved=tuple((e.model or "", e.server or "") for e in resolved),
-        stages_ended=tuple(_stages_ended(target, plan_, applied)),
+        stages_ended=(*_stages_ended(target, plan_, applied), *finished),
         transitions=pass_transitions(
             report, desired, holds, history.transitions, rfc3339(time.time())
         ),
     )
     run.state.record_pass(record)
+    bind(run.state, run.ports.manifests.location, run.source.path)
 
 
 def _stages_ended(target: Target, plan_: Plan, applied: Applied) -> list[str]:

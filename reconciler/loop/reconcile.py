@@ -49,10 +49,14 @@ def reconcile(
     plan made earlier (``plan --out``) that this pass must match exactly, or refuse;
     ``memory``: what the service keeps between passes (none: a one-shot pass); ``events``:
     who else watches apply's steps begin and its evaluations (``apply`` on a terminal)."""
-    state = ports.open_state()  # once per pass: opening costs milliseconds
+    # once per pass: opening costs milliseconds. A plan reads the record and writes nothing
+    # (no state file appears, an old one is left as it was).
+    state = ports.open_state() if apply_changes else ports.read_state()
     alerts = ports.open_alerts()
-    # What a receiver that was down did not take, from earlier passes (or processes).
-    alerts.restore(state.undelivered_alerts())
+    if apply_changes:
+        # What a receiver that was down did not take, from earlier passes (or processes);
+        # a plan leaves them to the next apply or pass, which records their delivery.
+        alerts.restore(state.undelivered_alerts())
     run = phases.PassRun(
         source,
         settings,
@@ -73,7 +77,8 @@ def reconcile(
         return report
     finally:
         alerts.flush()
-        state.save_undelivered_alerts(alerts.backlog())
+        if apply_changes:
+            state.save_undelivered_alerts(alerts.backlog())
         state.close()
 
 

@@ -6,8 +6,7 @@ the pre-merge ``gate`` compares. Called by the CLI with the manifests
 from __future__ import annotations
 
 from reconciler.core.review_diff import DesiredDiff, diff
-from reconciler.core.spec.desired import load_desired_state
-from reconciler.core.spec.shadow import attach_shadow_requests
+from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.model.errors import ValidationError
 from reconciler.model.spec import DesiredState
 from reconciler.ports import ManifestSource
@@ -32,11 +31,10 @@ def desired_at(manifests: ManifestSource, ref: str, path: str) -> tuple[str, Des
     """The validated desired state at ``ref`` with the shadow request files it names (the
     gate replays them): (sha, state). ValidationError names the revision."""
     revision = manifests.read(manifests.fetch(ref), path)
-    try:
-        desired = attach_shadow_requests(
-            load_desired_state(revision.files),
-            lambda name: manifests.read_file(revision.sha, f"{path.strip('/')}/{name}".lstrip("/")),
-        )
-    except ValidationError as exc:
-        raise ValidationError(exc.problems, revision.sha) from None
-    return revision.sha, desired
+    reading = read_manifests(
+        revision.files,
+        lambda name: manifests.read_file(revision.sha, f"{path.strip('/')}/{name}".lstrip("/")),
+    )
+    if reading.problems:
+        raise ValidationError(list(reading.problems), revision.sha)
+    return revision.sha, reading.desired

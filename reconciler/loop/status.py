@@ -11,6 +11,7 @@ from reconciler.core.conditions import PlacementState, conditions
 from reconciler.core.plan.planner import plan
 from reconciler.core.records import rfc3339
 from reconciler.core.spec.desired import load_desired_state
+from reconciler.loop.binding import check_bound
 from reconciler.loop.observation import instances, observe_routers, observe_servers
 from reconciler.model.history import Held, History, Rollout
 from reconciler.model.plan import ModelChange, Plan
@@ -26,8 +27,10 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
     manifests = ports.manifests
     revision = manifests.read(manifests.fetch(source.ref), source.path)
     desired, _ = instances(load_desired_state(revision.files), ports.resolver)
-    state = ports.open_state()
+    state = ports.read_state()
     try:
+        # Another repository's record would read as this one's history.
+        check_bound(state, manifests.location, source.path, str(settings.state_path))
         history = state.history()
         clients = {name: ports.triton(server) for name, server in desired.servers.items()}
         try:
@@ -99,6 +102,7 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
             for name, route in sorted(routes.items())
         },
         _conditions(models, history, rfc3339(time.time())),
+        no_server_reached=bool(serving) and not any(s.reachable for s in serving.values()),
     )
 
 

@@ -7,12 +7,15 @@
     ├── ServerUnavailable              a Triton server does not answer (transient)
     ├── DiscoveryFailed                a server's DNS name does not resolve; nothing applied
     ├── TrustedKeysError               --trusted-keys gives no keyring (configuration)
+    ├── ForeignState                   the state file was made for another repository or
+    │                                  manifest folder (configuration: names both, the fix)
     ├── ArtifactError                  a version folder cannot be hashed
     ├── UndoRefused                    ``undo`` has no earlier spec to go back to, or may not
     │                                  push one (names the deployment, file:line, revision)
     ├── UnsafeRevision                 a revision refused as a whole (e.g. it would empty a
     │   │                              server that serves models); nothing is applied
-    │   ├── HistoryRewritten           the branch was force-pushed (until --accept-rewrite)
+    │   ├── HistoryRewritten           the branch was force-pushed, or the last applied
+    │   │                              revision is not in the mirror (until --accept-rewrite)
     │   ├── UnverifiedRevision         commits not signed by a trusted key
     │   ├── NotApproved                too few approval trailers
     │   └── StalePlan                  a saved plan no longer matches the branch or servers
@@ -82,6 +85,9 @@ class ServerUnavailable(ReconcileError):
 
     def __init__(self, server: str, message: str) -> None:
         self.server = server
+        # Without the server's name: what a record that names the server already shows
+        # (ServerState.error, a plan problem), so the name is said once.
+        self.reason = message
         super().__init__(f"server {server}: {message}")
 
 
@@ -175,14 +181,51 @@ class UnverifiedRevision(UnsafeRevision):
 
 
 class HistoryRewritten(UnsafeRevision):
-    """The tracked branch no longer descends from the last applied commit (a force-push)."""
+    """The tracked branch no longer descends from the last applied commit (a force-push).
 
-    def __init__(self, old: str, new: str) -> None:
+    ``missing_from``: the repository, when the last applied commit is not even in the
+    mirror: a force-push the mirror never saw the old history of (a fresh cache), or a
+    state file that belongs to another repository. Either way the message names the
+    option that accepts this head, with the sha to give it."""
+
+    def __init__(self, old: str, new: str, *, missing_from: str | None = None) -> None:
         self.old, self.new = old, new
+        self.missing = missing_from is not None
+        accept = f"accept this head with --accept-rewrite {new[:12]}"
+        if missing_from is None:
+            why = f"it does not descend from the last applied revision {old} (a force-push)"
+            fix = f"If the rewrite is intended, {accept}"
+        else:
+            why = (
+                f"the last applied revision {old} is not in {missing_from} (a force-push whose "
+                "old history this cache never held, or a state file of another repository)"
+            )
+            fix = (
+                f"If the rewrite is intended, {accept}; if the state file is another "
+                "repository's, give this repository's --state"
+            )
         super().__init__(
-            f"refusing revision {new}: it does not descend from the last applied revision "
-            f"{old} (the branch was rewritten); the last applied revision keeps serving until "
-            "an operator accepts the rewrite"
+            f"refusing revision {new}: {why}; the last applied revision keeps serving. {fix}"
+        )
+
+
+class ForeignState(ReconcileError):
+    """The state file records another repository or manifest folder than the one given:
+    its managed models, holds and history are another desired state's."""
+
+    def __init__(self, state_file: str, recorded: tuple[str, str], given: tuple[str, str]) -> None:
+        self.state_file, self.recorded, self.given = state_file, recorded, given
+
+        def named(repo: str, path: str) -> str:
+            return f"{repo} ({f'folder {path!r}' if path else 'the whole repository'})"
+
+        super().__init__(
+            f"state file {state_file} was made for {named(*recorded)}, not for "
+            f"{named(*given)}: its record (the models it placed, holds, history) is another "
+            f"repository's. Give the --state that {given[0]} was reconciled with, or a new "
+            "state file (--state PATH, a file that does not exist yet) to start its record "
+            "afresh. (The same repository under a new URL or folder: delete the one row of "
+            "the state file's table bound_source, and the next pass binds it anew.)"
         )
 
 

@@ -88,6 +88,7 @@ class StagedRecord:
     fingerprint: str
     completed: frozenset[str]  # servers whose stage passed: new versions verified, analysed
     started: Mapping[str, tuple[int, ...]]  # servers of the stage in progress: what served
+    revision: str = ""  # the revision the interrupted pass was applying
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ KINDS = (
     "rollout-succeeded",
     "unload-failed",
     "revision-refused",
+    "state-mismatch",
     "artifact-mismatch",
     "no-headroom",
     "drain-timeout",

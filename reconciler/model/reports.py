@@ -103,3 +103,5 @@ class StatusReport:
     routes: Mapping[str, str] = field(default_factory=dict)
     # ModelDeployment -> its Ready, Reconciling and Stalled conditions
     conditions: Mapping[str, tuple[Condition, ...]] = field(default_factory=dict)
+    # Servers are declared and not one of them answered (``status`` exits 3).
+    no_server_reached: bool = False

@@ -53,7 +53,7 @@ class ServerState:
     server: str
     models: Mapping[str, ModelState] = field(default_factory=dict)
     in_repository: frozenset[str] = frozenset()  # model names Triton's repository index lists
-    error: str | None = None  # set when the server could not be observed
+    error: str | None = None  # why the server could not be observed (without its name)
     memory_free: float | None = None  # bytes, from the server's metrics when it has them
     # Equal for two observations exactly when the server reads the same in both (see
     # TritonServerClient.observe); None when the observer cannot tell. Free memory is left

@@ -110,3 +110,6 @@ class Settings:
     revert: RevertSettings = field(default_factory=RevertSettings)
     alerts: AlertSettings = field(default_factory=AlertSettings)
     approval: ApprovalSettings = field(default_factory=ApprovalSettings)
+    # NAMESPACE/NAME of a coordination.k8s.io/v1 Lease that the reconciler lock also takes
+    # (several replicas: one leads); None: the lock file next to the state store alone.
+    leader_lease: str | None = None

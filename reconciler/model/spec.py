@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from reconciler.model.analysis import AnalysisSpec
 
 if TYPE_CHECKING:
+    from reconciler.model.errors import Problem
     from reconciler.model.gate import GateSpec
     from reconciler.model.traffic import RouterSpec, TrafficSpec
 
@@ -257,3 +258,24 @@ class DesiredState:
                     for model, p in self.placements[name].items()
                 }
         return DesiredState(servers, self.deployments, placements, self.routers)
+
+
+@dataclass(frozen=True)
+class ManifestReading:
+    """What the manifests at one revision give, every stage run on what could be built
+    (``core.spec.desired.read_manifests``): the desired state of the documents that passed,
+    every problem (sorted by file and line), warnings, and the documents left alone.
+
+    ``desired`` is what the pass may act on only when ``problems`` is empty.
+    """
+
+    desired: DesiredState
+    problems: tuple[Problem, ...]
+    warnings: tuple[Problem, ...] = ()
+    # file -> the apiVersion of each document of another tool in it ("none" when it has none)
+    ignored: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    documents: int = 0  # documents of this reconciler's apiVersion read
+
+    @property
+    def ignored_count(self) -> int:
+        return sum(len(v) for v in self.ignored.values())

@@ -4,7 +4,8 @@
                               (max_instances=1, coalesced); an overrun is counted, not stacked
     webhooks                  GitHub (X-Hub-Signature-256), GitLab (X-Gitlab-Token) and a
                               token-authenticated POST /reconcile trigger a pass at once;
-                              replays (a delivery id or signature seen within the window),
+                              replays (a delivery id, signature or GitLab body digest seen
+                              within the window, before a restart too: the state store),
                               bodies over the cap (declared or chunked) and requests not
                               received within one whole-request deadline are refused, and
                               bounded connection counts keep a flood from starving the rest
@@ -13,7 +14,8 @@
                               model triggers a pass without waiting for the interval
     backoff                   a failing server is skipped until its next try (exponential,
                               jittered), the others go on; a Git remote that is down keeps
-                              everything serving and is retried the same way
+                              everything serving and is retried the same way, as is a
+                              refused revision or a state file of another repository
     observability             /metrics (prometheus-client), /healthz, /readyz; JSON log lines,
                               one "failure" event per server or model a pass left failed
     shutdown                  SIGTERM/SIGINT: the change in progress finishes (an analysis in
@@ -35,6 +37,7 @@ import random
 import signal
 import threading
 import time
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from types import FrameType
 from typing import Any
@@ -49,6 +52,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from reconciler.adapters.credentials import conceal, redact
+from reconciler.adapters.secret_files import SecretFiles
 from reconciler.adapters.state import StateStore
 from reconciler.core.failures import pass_failures
 from reconciler.core.records import model_states, rfc3339
@@ -59,6 +63,7 @@ from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.undo import undo
 from reconciler.model.errors import (
+    ForeignState,
     ReconcileError,
     SourceUnavailable,
     UndoRefused,
@@ -70,12 +75,18 @@ from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 from reconciler.model.settings import RunSettings, Settings
 from reconciler.model.source import Source
+from reconciler.ports import ReconcilerLock
 from reconciler.service.backoff import ServerBackoff, backoff_delay
 from reconciler.service.http import _Listener, handler_for
 from reconciler.service.telemetry import ReconcilerMetrics, _event, fewer_malloc_arenas, log
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
 from reconciler.wiring import ports
+
+# The secret files that are RunSettings fields; "git_token" is the Git credentials' token.
+_RUN_SECRETS = ("github_secret", "gitlab_token", "reconcile_token", "operator_tokens")
+# How often a service waiting for the reconciler lock says who holds it.
+_LOCK_WAIT_LOG_EVERY = 30.0
 
 
 class Daemon:
@@ -89,10 +100,16 @@ class Daemon:
         run: RunSettings,
         *,
         rng: random.Random | None = None,
+        lock: ReconcilerLock | None = None,
+        secrets: SecretFiles | None = None,
     ) -> None:
         self.source = source
         self.settings = settings
         self.run_settings = run
+        # Held from before the first pass until the last: one reconciler at a time.
+        self.lock = lock
+        self._lock_lost = False
+        self.secrets = secrets  # re-read when their files change (a rotated Secret)
         token = settings.git.credentials.token
         conceal(
             run.github_secret, run.gitlab_token, run.reconcile_token, token,
@@ -105,7 +122,10 @@ class Daemon:
         self.memory = PassMemory()  # what passes keep for the next: clients, manifests
         self._pending = threading.Event()
         self._fetched_once = False
-        self._passed_once = False
+        # A pass read the manifests and reached a server (or none is declared): ready, even
+        # if some server or model failed, so one flaky instance keeps no restarted pod out.
+        self._reached_once = False
+        self._passed_once = False  # a fully successful pass (last_success_timestamp's too)
         self.backoff = ServerBackoff(self.rng)
         self._git_failures = 0
         self._last: PassReport | None = None
@@ -116,7 +136,26 @@ class Daemon:
         self._watch = Watch(settings, self.backoff)
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: _Listener | None = None
-        self.webhooks = WebhookGate(run)
+        self.webhooks = WebhookGate(run, settings.state_path, self.run_now)
+
+    # -- secrets that rotate ------------------------------------------------------------
+
+    def run_now(self) -> RunSettings:
+        """The service's settings with the webhook secrets and operator tokens as their
+        files say now."""
+        if self.secrets is None:
+            return self.run_settings
+        current = self.secrets.current()
+        return replace(self.run_settings, **{k: v for k, v in current.items() if k in _RUN_SECRETS})
+
+    def settings_now(self) -> Settings:
+        """A pass's settings with the Git token as its file says now."""
+        token = self.secrets.current().get("git_token") if self.secrets else None
+        if token is None:
+            return self.settings
+        git = self.settings.git
+        credentials = replace(git.credentials, token=token)
+        return replace(self.settings, git=replace(git, credentials=credentials))
 
     # -- passes --------------------------------------------------------------------------
 
@@ -131,7 +170,7 @@ class Daemon:
         return self.backoff.skip_list()
 
     def run_pass(self, trigger: str = "schedule") -> PassReport | None:
-        if self.stop_requested.is_set():
+        if self.stop_requested.is_set() or self._lost_the_lock():
             return None
         if not self._pass_lock.acquire(blocking=False):
             self._pending.set()
@@ -142,11 +181,12 @@ class Daemon:
         report: PassReport | None = None
         self._started += 1
         number = self._started
+        settings = self.settings_now()
         try:
             report = reconcile(
                 self.source,
-                self.settings,
-                ports(self.settings, self.source),  # fresh each pass: no Git handle outlives it
+                settings,
+                ports(settings, self.source),  # fresh each pass: no Git handle outlives it
                 apply_changes=not self.run_settings.dry_run,
                 progress=log_step,
                 skip=self._skip_list(),
@@ -157,9 +197,8 @@ class Daemon:
             self._git_failures = 0
             result = self._record(report)
         except SourceUnavailable as exc:
-            self._git_failures += 1
             self.metrics.git_errors.inc()
-            delay = backoff_delay(self._git_failures, self.rng)
+            delay = self._git_backoff()
             result = "source-unavailable"
             _event(
                 "manifest repository unavailable; everything keeps serving",
@@ -167,7 +206,6 @@ class Daemon:
                 error=str(exc),
                 retry_in_seconds=round(delay, 1),
             )
-            self._retry_in(delay)
         except ValidationError as exc:
             self._fetched_once = True
             result = "invalid"
@@ -177,10 +215,18 @@ class Daemon:
                 revision=exc.revision,
                 problems=[str(p) for p in exc.problems],
             )
-        except UnsafeRevision as exc:
+        except (UnsafeRevision, ForeignState) as exc:
+            # Only an operator ends these (--accept-rewrite, the right --state, a new commit):
+            # retried on the Git remote's backoff, alerted once by the pass (its memory).
             self._fetched_once = True
             result = "refused"
-            _event("revision refused", logging.ERROR, error=str(exc))
+            delay = self._git_backoff()
+            _event(
+                "state file refused" if isinstance(exc, ForeignState) else "revision refused",
+                logging.ERROR,
+                error=str(exc),
+                retry_in_seconds=round(delay, 1),
+            )
         except ReconcileError as exc:
             _event("pass failed", logging.ERROR, error=str(exc))
         except Exception:
@@ -211,6 +257,8 @@ class Daemon:
         self.metrics.revision.info({"revision": report.revision})
         unreachable = {p.server for p in report.plan.problems if p.model is None}
         skipped = set(self._skip_list())
+        if not report.servers or set(report.servers) - unreachable - skipped:
+            self._reached_once = True
         for server in report.servers:
             if server in skipped:
                 continue
@@ -251,6 +299,14 @@ class Daemon:
             return "ok"
         return "partial"
 
+    def _git_backoff(self) -> float:
+        """Count a pass the Git side failed or refused; the next one comes after the
+        backoff's delay (sooner than the interval), in seconds."""
+        self._git_failures += 1
+        delay = backoff_delay(self._git_failures, self.rng)
+        self._retry_in(delay)
+        return delay
+
     def _retry_in(self, delay: float) -> None:
         """Bring the next pass forward to ``delay`` seconds from now if it is later."""
         if not self.scheduler.running or self.stop_requested.is_set():
@@ -266,11 +322,53 @@ class Daemon:
         """Compare each server's index with what the last pass left serving, and each
         discovered server's DNS name with the instances the last pass found."""
         report = self._last
+        if self._lost_the_lock():
+            return
         if report is None or self.stop_requested.is_set() or self._pass_lock.locked():
             return
         why = self._watch.reason_for_a_pass(report)
         if why is not None:
             self.trigger(why)
+
+    # -- one reconciler at a time ---------------------------------------------------------
+
+    def take_lock(self) -> bool:
+        """Wait for the reconciler lock (another service, an apply), saying who holds it
+        every little while; False when asked to stop first."""
+        lock = self.lock
+        if lock is None:
+            return True
+        began, told = time.monotonic(), None
+        while not self.stop_requested.is_set():
+            # A couple of seconds a try: a Lease is tried about as often as client-go does
+            # (every 2 s), and SIGTERM is heard within that.
+            if lock.acquire(timeout=2.0):
+                if told is not None:
+                    _event("reconciler lock taken", lock=lock.where,
+                           waited_seconds=round(time.monotonic() - began, 1))  # fmt: skip
+                return True
+            if told is None or time.monotonic() - told >= _LOCK_WAIT_LOG_EVERY:
+                told = time.monotonic()
+                holder = lock.holder()
+                _event(
+                    "waiting for the reconciler lock", logging.WARNING, lock=lock.where,
+                    holder=str(holder) if holder else None,
+                    holder_pid=holder.pid if holder else None,
+                    holder_command=holder.command if holder else None,
+                )  # fmt: skip
+        return False
+
+    def _lost_the_lock(self) -> bool:
+        """A Lease that could not be renewed: another replica may lead now, so this one
+        stops (exit 1: Kubernetes restarts it, and it waits as a follower)."""
+        if self.lock is None or self._lock_lost or self.stop_requested.is_set():
+            return self._lock_lost  # stopping: shutdown lets it go itself
+        if self.lock.held():
+            return False
+        self._lock_lost = True
+        _event("reconciler lock lost; stopping", logging.ERROR, lock=self.lock.where)
+        self.request_stop()
+        return True
 
     # -- what the HTTP front door asks (http.ServiceFront) --------------------------------
 
@@ -278,10 +376,12 @@ class Daemon:
         return 200, {"status": "alive"}
 
     def readiness(self) -> tuple[int, dict[str, Any]]:
-        ready = self._fetched_once and self._passed_once
+        ready = self._fetched_once and self._reached_once
         return (200 if ready else 503), {
             "ready": ready,
+            "leading": self.lock is None or self.lock.held(),
             "fetched": self._fetched_once,
+            "reached": self._reached_once,
             "passed": self._passed_once,
             "revision": self._last.revision if self._last else None,
         }
@@ -301,6 +401,8 @@ class Daemon:
         who = f"token:{by}"
         if verb == "undo" and deployment is not None:
             return self._undo(UndoRequest(deployment, who, to_revision, reason, dry_run))
+        if verb == "reconcile" and self.lock is not None and not self.lock.held():
+            return 503, {"verb": verb, "error": f"this reconciler does not hold {self.lock.where}"}
         if verb == "reconcile":
             after = self._started  # a pass numbered above this started after the request
             store = StateStore(self.settings.state_path)
@@ -342,8 +444,12 @@ class Daemon:
         """``undo`` through the service: the commit is pushed from here (with the service's
         Git credentials and revert author), and a pass applies it at once."""
         reply: dict[str, Any] = {"verb": "undo", "target": request.deployment, "by": request.by}
+        if self.lock is not None and not self.lock.held():
+            # A replica waiting for the lock pushes nothing: the one holding it reconciles.
+            return 503, {**reply, "error": f"this reconciler does not hold {self.lock.where}"}
+        settings = self.settings_now()
         try:
-            done = undo(request, self.source, self.settings, ports(self.settings, self.source))
+            done = undo(request, self.source, settings, ports(settings, self.source))
         except UndoRefused as exc:
             return 409, {**reply, "error": str(exc)}
         except ReconcileError as exc:
@@ -415,6 +521,7 @@ class Daemon:
 
     def start_http(self) -> None:
         """Serve webhooks, /metrics and the health checks (without the scheduler: tests)."""
+        self.webhooks.recall()  # replays of deliveries seen before a restart are refused too
         host, _, port = self.run_settings.listen.rpartition(":")
         self.http = _Listener(
             (host or "127.0.0.1", int(port)),
@@ -426,6 +533,10 @@ class Daemon:
 
     def start(self) -> None:
         self.start_http()
+        self.start_passes()
+
+    def start_passes(self) -> None:
+        """The scheduled passes and the watch between them."""
         self.scheduler.add_listener(self._overrun, EVENT_JOB_MAX_INSTANCES)
         self.scheduler.add_listener(self._job_ended, EVENT_JOB_EXECUTED | EVENT_JOB_ERROR)
         self.scheduler.add_job(
@@ -474,16 +585,20 @@ class Daemon:
     def shutdown(self) -> int:
         """Finish the change in progress (within the deadline), then stop everything."""
         self.stop_requested.set()
-        self.scheduler.shutdown(wait=False)
+        if self.scheduler.running:  # not yet when stopped while waiting for the lock
+            self.scheduler.shutdown(wait=False)
         finished = self._pass_lock.acquire(timeout=self.run_settings.shutdown_deadline)
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
+            self.webhooks.close()
         if finished:
             self.memory.close()
+            if self.lock is not None:
+                self.lock.release()
             self._pass_lock.release()
             _event("stopped")
-            return 0
+            return 1 if self._lock_lost else 0
         _event(
             "stopped at the deadline with a pass still running",
             logging.ERROR,
@@ -496,7 +611,11 @@ class Daemon:
         fewer_malloc_arenas()
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
-        self.start()
+        # Health checks and the on-call verbs that only write the state store are served
+        # while waiting for the lock; passes start once it is taken.
+        self.start_http()
+        if self.take_lock():
+            self.start_passes()
         while not self.stop_requested.wait(1.0):
             pass
         return self.shutdown()

@@ -1,6 +1,13 @@
 """The HTTP front door of the service: the request handler (webhooks, /metrics, /healthz,
-/readyz), bounded request reading (one deadline, body caps, chunked bodies) and the listener
+/readyz), bounded request reading (one deadline, body caps, strict framing) and the listener
 with its connection cap.
+
+http.server is kept (not a WSGI server such as waitress) because the caps are per stage of a
+request: one deadline from accept to the last body byte, a bounded number of webhook bodies
+read at once (the rest wait within their deadline) and a 503 at once to a connection over
+the cap; waitress times out idle connections only, buffers whole bodies before the
+application sees them, and stops accepting over its connection limit. What http.server
+parses laxly is checked first, strictly, by service/framing.py.
 
 ``Daemon.start_http`` (service/daemon.py) serves ``handler_for(daemon, run)`` on a
 ``_Listener``; what a webhook must pass is asked of ``WebhookGate`` (service/webhooks.py).
@@ -22,10 +29,18 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from reconciler.model.settings import RunSettings
+from reconciler.service.framing import (
+    BadRequest,
+    BodyTooLarge,
+    Framing,
+    body_framing,
+    check_request_line,
+    read_chunked,
+    read_field_block,
+)
 from reconciler.service.operator import (
     LAST_PASS,
     LIVE_STATUS,
-    caller,
     reason_of,
     route,
     undo_of,
@@ -57,34 +72,8 @@ class _DeadlineReader(io.RawIOBase):
         return self.sock.recv_into(buffer)
 
 
-class BodyTooLarge(Exception):
-    pass
-
-
-def read_chunked(rfile: io.BufferedIOBase, limit: int) -> bytes:
-    """A chunked request body, refused (``BodyTooLarge``) as soon as a chunk's declared size
-    would take it over ``limit``: before that chunk is read. ``ValueError`` when malformed."""
-    body = bytearray()
-    while True:
-        line = rfile.readline(1024)
-        if not line.endswith(b"\n"):
-            raise ValueError("chunk size line missing or too long")
-        size = int(line.split(b";", 1)[0].strip(), 16)
-        if size < 0:
-            raise ValueError("negative chunk size")
-        if len(body) + size > limit:
-            raise BodyTooLarge
-        if size == 0:
-            break
-        chunk = rfile.read(size)
-        if len(chunk) != size or rfile.read(2) != b"\r\n":
-            raise ValueError("chunk shorter than declared")
-        body += chunk
-    for _ in range(100):  # trailer fields, up to the blank line
-        line = rfile.readline(1024)
-        if line in (b"\r\n", b"\n", b""):
-            return bytes(body)
-    raise ValueError("too many trailer lines")
+LINGER_SECONDS = 1.0  # at most, and never past the request's deadline
+LINGER_BYTES = 256 * 1024
 
 
 class _Listener(ThreadingHTTPServer):
@@ -156,7 +145,7 @@ class ServiceFront(Protocol):
     def readiness(self) -> tuple[int, dict[str, Any]]: ...
 
     def refused(self, reason: str) -> None:
-        """Count a connection refused (``reason``: 'busy', 'timeout', 'error')."""
+        """Count a connection refused (``reason``: 'busy', 'timeout', 'malformed', 'error')."""
 
     def trigger(self, why: str) -> None:
         """Run a pass as soon as possible."""
@@ -196,6 +185,10 @@ class RequestHandler(BaseHTTPRequestHandler):
     error_message_format = '{"error": %(code)d, "explain": "%(explain)s"}'
     error_content_type = "application/json"
     deadline = 0.0
+    raw_requestline: bytes  # set by http.server before ``parse_request``
+    framing = Framing()  # how this request's body is delimited (``parse_request``)
+    refusal: str | None = None  # why service/framing.py refused it, when it did
+    unread = False  # refused or answered with bytes of it maybe unread: linger on close
 
     def setup(self) -> None:
         super().setup()
@@ -203,9 +196,62 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.rfile.close()  # the plain socket file: replaced by one with the deadline
         self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self.deadline))
 
+    def parse_request(self) -> bool:
+        """The request line and header, each line checked against RFC 9112 before
+        http.server parses them, and the body's framing; False (answered, the connection to
+        be closed) when refused."""
+        if self.raw_requestline in (b"\r\n", b"\n"):
+            return super().parse_request()  # an empty line: closed unanswered, as before
+        # What send_error needs before http.server has parsed anything (it would set them).
+        self.command, self.request_version, self.requestline = "", "HTTP/1.0", ""
+        self.close_connection = True
+        try:
+            check_request_line(self.raw_requestline)
+            head = read_field_block(self.rfile)
+        except BadRequest as exc:
+            return self._bad(exc)
+        # http.server reads the header from ``rfile``: give it the lines just checked.
+        reader, self.rfile = self.rfile, io.BytesIO(head)
+        try:
+            if not super().parse_request():
+                return False
+        finally:
+            self.rfile = reader
+        try:
+            self.framing = body_framing(self.command, self.request_version, self.headers.items())
+        except BadRequest as exc:
+            return self._bad(exc)
+        return True
+
+    def _bad(self, refused: BadRequest) -> bool:
+        self.refusal = refused.reason
+        self.send_error(refused.status, None, refused.reason)
+        return False
+
+    def finish(self) -> None:
+        super().finish()  # the answer is flushed
+        if not self.unread:
+            return
+        # A lingering close: closing a socket with unread bytes (a refused body, a request
+        # behind it) resets the connection, and the client (or a proxy) may lose the answer.
+        # Say we are done, then read what the client still sends, for a bounded time.
+        try:
+            self.connection.shutdown(socket.SHUT_WR)
+            until = min(self.deadline, time.monotonic() + LINGER_SECONDS)
+            drained = 0
+            while drained < LINGER_BYTES and (left := until - time.monotonic()) > 0:
+                self.connection.settimeout(left)
+                chunk = self.connection.recv(65536)
+                if not chunk:
+                    break
+                drained += len(chunk)
+        except OSError:
+            pass
+
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         # http.server's messages quote the client's request line, which may hold
         # anything (a token pasted in the wrong place): answer with the plain reason.
+        self.unread = True
         super().send_error(code, None, explain)
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -219,7 +265,9 @@ class RequestHandler(BaseHTTPRequestHandler):
         if format.startswith("Request timed out"):
             self.service.refused("timeout")
         elif format.startswith("code %d") and args:
-            _event("bad request", logging.WARNING, status=args[0])
+            # The reason is ours (service/framing.py), never the client's bytes.
+            _event("bad request", logging.WARNING, status=args[0], reason=self.refusal)
+            self.service.refused("malformed")
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
         # Reads may have left a short timeout on the socket; a reply gets its own.
@@ -240,12 +288,13 @@ class RequestHandler(BaseHTTPRequestHandler):
         _event("webhook refused", logging.WARNING, source=source, reason=result)
         self._json(status, {"error": error})
         self.close_connection = True
+        self.unread = True
 
     def do_GET(self) -> None:
         if self.path in (LAST_PASS, LIVE_STATUS):
             # What the service is doing, per model and server: for an operator's token only.
             headers = {k.lower(): v for k, v in self.headers.items()}
-            if caller(self.run.operator_tokens, headers) is None:
+            if self.service.webhooks.operator(headers) is None:
                 self._refuse("operator", "unauthorized", 401, "operator token missing or wrong")
                 return
             if self.path == LAST_PASS:
@@ -265,16 +314,11 @@ class RequestHandler(BaseHTTPRequestHandler):
         """The request body within the size cap and the deadline; None when it was
         refused (the reply, if any, is sent)."""
         limit = self.run.max_body_bytes
-        chunked = self.headers.get("Transfer-Encoding")
-        length = self.headers.get("Content-Length")
-        if chunked is not None and (length is not None or chunked.strip().lower() != "chunked"):
-            # Both framings at once is how requests are smuggled past proxies.
-            self._refuse(source, "bad-framing", 400, "unsupported body framing")
-            return None
-        if chunked is None and (length is None or not length.isdigit()):
+        length = self.framing.length  # its syntax was checked with the header (framing.py)
+        if not self.framing.chunked and length is None:
             self._refuse(source, "no-length", 411, "Content-Length required")
             return None
-        if length is not None and int(length) > limit:
+        if length is not None and length > limit:
             self._refuse(source, "too-large", 413, "body too large")
             return None
         # Waiting for a slot counts against the same deadline as reading.
@@ -285,15 +329,15 @@ class RequestHandler(BaseHTTPRequestHandler):
         self.service.metrics.webhook_reads.inc()
         try:
             if length is not None:
-                body = self.rfile.read(int(length))
-                if len(body) != int(length):
-                    raise ValueError("body shorter than Content-Length")
+                body = self.rfile.read(length)
+                if len(body) != length:
+                    raise BadRequest(400, "body shorter than Content-Length")
                 return body
             return read_chunked(self.rfile, limit)
         except BodyTooLarge:
             self._refuse(source, "too-large", 413, "body too large")
-        except ValueError as exc:
-            self._refuse(source, "malformed", 400, str(exc))
+        except BadRequest as exc:
+            self._refuse(source, "malformed", exc.status, exc.reason)
         except TimeoutError:
             self.service.metrics.webhooks.labels(source, "timeout").inc()
             _event("webhook body not received in time", logging.WARNING, source=source)
@@ -309,7 +353,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         if body is None:
             return
         headers = {k.lower(): v for k, v in self.headers.items()}
-        by = caller(self.run.operator_tokens, headers)
+        by = self.service.webhooks.operator(headers)
         if by is None:
             self._refuse("operator", "unauthorized", 401, "operator token missing or wrong")
             return
@@ -337,6 +381,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         source = WEBHOOK_ROUTES.get(self.path)
         if source is None:
             self._json(404, {"error": "not found"})
+            self.close_connection = self.unread = True  # its body is unread: never a request
             return
         body = self._body(source)
         if body is None:
@@ -347,7 +392,7 @@ class RequestHandler(BaseHTTPRequestHandler):
         if verified is None:
             self._refuse(source, "unauthorized", 401, "signature or token missing or wrong")
             return
-        if not gate.first_sighting(verified, headers):
+        if not gate.first_sighting(verified, headers, body):
             self._refuse(source, "replayed", 409, "delivery already received")
             return
         if verified == "github" and headers.get("x-github-event") == "ping":

@@ -121,7 +121,8 @@ class ReconcilerMetrics:
         self.connections_refused = Counter(
             "triton_gitops_http_connections_refused",
             "Connections closed unanswered or answered 503: busy (too many at once), timeout "
-            "(request not received within the deadline), error",
+            "(request not received within the deadline), malformed (a request line, header or "
+            "framing outside RFC 9112, answered 4xx/501 and closed), error",
             ["reason"],
             registry=r,
         )

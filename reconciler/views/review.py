@@ -414,8 +414,9 @@ def _sorted(problems: Iterable[Problem]) -> list[Problem]:
     return sorted(problems, key=lambda p: (p.file, p.line, p.message))
 
 
-def github_annotations(problems: Iterable[Problem]) -> str:
-    """One ``::error file=F,line=L::message`` workflow command per problem, one per line.
+def github_annotations(problems: Iterable[Problem], level: str = "error") -> str:
+    """One ``::error file=F,line=L::message`` workflow command per problem, one per line
+    (``level`` "warning": ``::warning``).
 
     A problem with no line (0) is annotated on its file only.
     """
@@ -424,14 +425,18 @@ def github_annotations(problems: Iterable[Problem]) -> str:
         where = f"file={_annotation_property(p.file)}"
         if p.line > 0:
             where += f",line={p.line}"
-        lines.append(f"::error {where}::{_annotation_data(p.message)}")
+        lines.append(f"::{level} {where}::{_annotation_data(p.message)}")
     return "\n".join(lines)
 
 
-def problems_json(problems: Iterable[Problem]) -> dict[str, Any]:
-    found = _sorted(problems)
-    return {
+def problems_json(problems: Iterable[Problem], warnings: Iterable[Problem] = ()) -> dict[str, Any]:
+    """``validate --output json``; ``warnings`` (said, not failed) only when there are."""
+    found, said = _sorted(problems), _sorted(warnings)
+    doc: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "valid": not found,
         "problems": [{"file": p.file, "line": p.line, "message": p.message} for p in found],
     }
+    if said:
+        doc["warnings"] = [{"file": p.file, "line": p.line, "message": p.message} for p in said]
+    return doc

@@ -14,7 +14,7 @@ import copy
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -60,11 +60,13 @@ class Request:
 
 
 class ApiServer:
-    """A loopback HTTP server answering from a script of (status, JSON body), in order,
-    and recording every request it was sent."""
+    """A loopback HTTP server answering from a script of (status, JSON body), in order (or,
+    when ``answer`` is set, from what it answers each request), and recording every
+    request it was sent."""
 
     def __init__(self) -> None:
         self.script: list[tuple[int, dict[str, Any]]] = []
+        self.answer: Callable[[Request], tuple[int, dict[str, Any]]] | None = None
         self.requests: list[Request] = []
         server = self
 
@@ -72,16 +74,18 @@ class ApiServer:
             def _answer(self) -> None:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 url = urlsplit(self.path)
-                server.requests.append(
-                    Request(
-                        self.command,
-                        url.path,
-                        url.query,
-                        {k.lower(): v for k, v in self.headers.items()},
-                        json.loads(raw) if raw else None,
-                    )
+                request = Request(
+                    self.command,
+                    url.path,
+                    url.query,
+                    {k.lower(): v for k, v in self.headers.items()},
+                    json.loads(raw) if raw else None,
                 )
-                status, body = server.script.pop(0) if server.script else (500, {})
+                server.requests.append(request)
+                if server.answer is not None:
+                    status, body = server.answer(request)
+                else:
+                    status, body = server.script.pop(0) if server.script else (500, {})
                 out = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -452,7 +456,7 @@ def test_the_example_route_s_backendrefs_are_the_router_s_pools(api: ApiServer) 
     manifest = only(documents, "Router")
     grpcroute = only(documents, "GRPCRoute")
     gateway_api = manifest["spec"]["gatewayAPI"]
-    assert manifest["apiVersion"] == "triton-gitops/v1alpha1"
+    assert manifest["apiVersion"] == "triton-gitops.dev/v1alpha1"
     assert (gateway_api["namespace"], gateway_api["grpcRoute"]) == (
         grpcroute["metadata"]["namespace"],
         grpcroute["metadata"]["name"],

@@ -76,3 +76,27 @@ def test_credentials_never_appear_in_errors(tmp_path: Path) -> None:
         GitSource(url, tmp_path / "cache").revision()
     assert "s3cr3t-token" not in str(caught.value)
     assert "***@127.0.0.1:9" in str(caught.value)
+
+
+def test_reads_only_what_the_manifest_selection_selects(
+    manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    # The rule validate applies to a folder (core/spec/selection.py), on a commit's tree.
+    for name in (
+        ".gitlab-ci.yml",
+        ".github/workflows/ci.yml",
+        "deploy/prod/a.yaml",
+        "deploy/prod/.hidden.yaml",
+        "deploy/prod/charts/t.yaml",
+        "deploy/prod/gen/x.generated.yaml",
+        "deploy/prod/gen/keep.generated.yaml",
+        "deploy/staging/b.yaml",
+    ):
+        manifests.write(name, "a: 1\n")
+    manifests.write(".sourceignore", "charts/\n*.generated.yaml\n")
+    manifests.write("deploy/prod/.sourceignore", "!keep.generated.yaml\n")
+    manifests.commit("a repository with other tools' files")
+
+    revision = GitSource(manifests.url, tmp_path / "cache").revision(path="deploy/prod")
+
+    assert sorted(revision.files) == ["deploy/prod/a.yaml", "deploy/prod/gen/keep.generated.yaml"]

@@ -159,3 +159,42 @@ def test_condition_transitions_are_written_with_the_pass_and_migrated_in(tmp_pat
     store.record_pass(PassRecord("c" * 40, {}, True, {}, transitions=second))
     store.close()
     assert StateStore(path).history().transitions == second
+
+
+def test_read_only_reads_the_record_and_never_writes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state" / "state.db"
+    # No file: an empty record, no file and no folder made, no warning about a lost record.
+    with caplog.at_level(logging.WARNING, logger="triton_gitops.state"):
+        empty = StateStore(path, read_only=True)
+    assert empty.history() == History() and empty.rollouts() == []
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        empty.record_pass(PassRecord("a" * 40, {}, True, {}))
+    empty.close()
+    assert not path.parent.exists() and caplog.text == ""
+
+    writer = StateStore(path)
+    writer.record_pass(PassRecord("a" * 40, {"edge-a": frozenset({"echo"})}, True, {}))
+    writer.close()
+    # A file from before a table was added: read from a migrated copy, the file untouched.
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE condition_transitions")
+    db.close()
+    before = path.read_bytes()
+    reader = StateStore(path, read_only=True)
+    assert reader.history().managed == {"edge-a": frozenset({"echo"})}
+    assert reader.recovered is None
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader.save_undelivered_alerts({"am": [{"x": 1}]})
+    reader.close()
+    assert path.read_bytes() == before
+
+    path.write_bytes(b"garbage" * 1000)
+    with caplog.at_level(logging.WARNING, logger="triton_gitops.state"):
+        damaged = StateStore(path, read_only=True)
+    assert damaged.history() == History()
+    damaged.close()
+    assert f"state file {path} is unreadable" in caplog.text
+    assert path.read_bytes() == b"garbage" * 1000  # not moved aside: apply does that
+    assert not list(path.parent.glob("*.corrupt-*"))

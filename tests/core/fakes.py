@@ -298,7 +298,7 @@ def _with_policy(config: Mapping[str, Any], model: str, versions: Iterable[int])
 def observe(fake: FakeTriton, *, readable_repository: bool = True) -> ServerState:
     """What the reconciler's observe phase would report for ``fake``, as a ServerState."""
     if fake.unreachable:
-        return ServerState(fake.name, error=f"server {fake.name}: did not answer")
+        return ServerState(fake.name, error="did not answer")
     models: dict[str, ModelState] = {}
     for model in sorted(set(fake.repository) | set(fake._models)):
         state = fake._models.get(model)

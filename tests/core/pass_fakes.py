@@ -65,6 +65,8 @@ class FakeManifests:
     """A manifest repository in memory: ``commit`` a set of files, the head moves there.
     Also the mirror's commit checks (fast-forward, signatures, trailers)."""
 
+    location = "fake://manifests"
+
     def __init__(self) -> None:
         self.revisions: dict[str, dict[str, bytes]] = {}
         self.head = ""
@@ -96,6 +98,9 @@ class FakeManifests:
     def is_fast_forward(self, old: str, new: str) -> bool:
         return self.fast_forward
 
+    def has_commit(self, sha: str) -> bool:
+        return sha in self.revisions
+
     def signature_verdicts(
         self, trusted_keys: Path, policy: SignaturePolicy, old: str | None, new: str
     ) -> list[CommitVerdict]:
@@ -126,6 +131,7 @@ class FakeState:
         self.actions: list[OperatorAction] = []
         self.given: list[OperatorOrder] = []  # the operators' orders (abort, promote)
         self.live: list[Mapping[str, Any] | None] = []  # every live snapshot written
+        self.bound: tuple[str, str] | None = None  # the repository and folder it records
 
     def history(self) -> History:
         return History(
@@ -134,6 +140,12 @@ class FakeState:
 
     def last_pass(self) -> dict[str, Any] | None:
         return {"revision": self.passes[-1]["revision"]} if self.passes else None
+
+    def bound_source(self) -> tuple[str, str] | None:
+        return self.bound
+
+    def bind_source(self, repo: str, path: str) -> None:
+        self.bound = self.bound or (repo, path)
 
     def applied_spec(self, deployment: str) -> AppliedSpec | None:
         return self.applied.get(deployment)
@@ -318,6 +330,7 @@ class World:
             manifests=self.manifests,
             approval=self.manifests,
             open_state=lambda: self.state,
+            read_state=lambda: self.state,
             open_alerts=lambda: self.alerts,
             triton=self.client,
             metrics=lambda server: None,

@@ -557,7 +557,7 @@ def test_plan_markdown_lists_holds_and_problems() -> None:
     p = Plan(
         HEAD_REV,
         problems=(
-            PlanProblem("edge-b", None, "server edge-b: did not answer"),
+            PlanProblem("edge-b", None, "did not answer"),
             PlanProblem(
                 "edge-a", "ranker", "version(s) 4 not in the model repository (it holds 3)"
             ),
@@ -572,7 +572,7 @@ def test_plan_markdown_lists_holds_and_problems() -> None:
     assert (
         "#### Problems\n\n"
         "- server edge-a, model ranker: version(s) 4 not in the model repository (it holds 3)\n"
-        "- server edge-b: server edge-b: did not answer\n"
+        "- server edge-b: did not answer\n"
     ) in markdown
 
 
@@ -629,7 +629,7 @@ metadata: {name: tagger
 }
 
 ANNOTATIONS = """\
-::error file=models/echo.yaml,line=8::spec.verify.timeout: '2 minutes' does not match '^[0-9]+(ms|s|m)$'
+::error file=models/echo.yaml,line=8::spec.verify.timeout: '2 minutes' is not a duration (e.g. 500ms, 30s, 1m30s, 2h)
 ::error file=models/ranker.yaml,line=5::ModelDeployment 'ranker' names unknown TritonServer 'edge-z'
 ::error file=models/ranker.yaml,line=8::config.name 'scorer' must equal the model name 'ranker'
 ::error file=models/tagger%2Cv2.yaml,line=4::invalid YAML: expected ',' or '}', but got '<stream end>'\
@@ -666,7 +666,8 @@ def test_problems_json() -> None:
             {
                 "file": "models/echo.yaml",
                 "line": 8,
-                "message": "spec.verify.timeout: '2 minutes' does not match '^[0-9]+(ms|s|m)$'",
+                "message": "spec.verify.timeout: '2 minutes' is not a duration "
+                "(e.g. 500ms, 30s, 1m30s, 2h)",
             },
             {
                 "file": "models/ranker.yaml",

@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.desired import load_desired_state, read_manifests
+from reconciler.core.spec.schema import API_VERSION
 from reconciler.model.errors import Problem, ValidationError
 from reconciler.model.spec import Expectation, Tensor
 
@@ -182,7 +183,7 @@ CASES: dict[str, tuple[str, str]] = {
     ),
     "version-not-integer": (
         deployment("typed", "servers: {names: [edge-a]}\n", versions="\n    - 1\n    - two  # <-"),
-        "spec.versions[1]: 'two' is not of type 'integer'",
+        "spec.versions[1]: 'two' is not a whole number",
     ),
     "versions-empty": (
         deployment("empty", "servers: {names: [edge-a]}\n", versions="[]  # <-"),
@@ -353,17 +354,20 @@ def test_every_problem_of_every_file_is_reported_at_once() -> None:
 
 
 def test_documents_that_are_not_mappings_and_bad_bytes() -> None:
-    problems = problems_of(
-        {
-            "list.yaml": "- a\n- b\n",
-            "missing.yaml": "kind: TritonServer\nmetadata: {name: q}\n",
-            "empty.yaml": "",
-        }
-    )
-    assert [(p.file, p.line, p.message) for p in problems] == [
-        ("list.yaml", 1, "a manifest must be a mapping"),
-        ("missing.yaml", 1, "apiVersion is required"),
+    files = {
+        "list.yaml": "- a\n- b\n",  # an Ansible playbook, say: another tool's file
+        "value-key.yaml": "=",  # a document with no position (the YAML 1.1 value key)
+        "missing.yaml": "kind: TritonServer\nmetadata: {name: q}\n",
+        "empty.yaml": "",
+    }
+    reading = read_manifests(encode(files))
+    assert [(p.file, p.line, p.message) for p in reading.problems] == [
+        ("missing.yaml", 1, f"apiVersion is required (apiVersion: {API_VERSION})"),
     ]
+    assert reading.ignored == {
+        "list.yaml": ("not a mapping",),
+        "value-key.yaml": ("not a mapping",),
+    }
     with pytest.raises(ValidationError) as caught:
         load_desired_state({"bad.yaml": b"\xff\xfe"})
     assert [(p.file, p.line) for p in caught.value.problems] == [("bad.yaml", 1)]

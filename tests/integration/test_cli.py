@@ -273,5 +273,5 @@ def test_options_from_environment_and_config_file(
     monkeypatch.setenv("TRITON_GITOPS_REVERT_MODE", "sideways")
     refused = cli("--config", str(config), "plan")
     assert refused.code == 1
-    assert "TRITON_GITOPS_REVERT_MODE or config key revert-mode: 'sideways'" in refused.err
+    assert "$TRITON_GITOPS_REVERT_MODE: 'sideways' is not one of" in refused.err
     assert cli("plan", "--no-such-option").code == 1  # usage errors are not "changes"

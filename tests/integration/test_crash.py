@@ -162,6 +162,23 @@ def settle(reconciler: Crashable, runs: int = 3) -> None:
     raise AssertionError(f"not converged after {runs} passes")
 
 
+def ended_cleanly(reconciler: Crashable, version: int) -> None:
+    """After the rerun: no in-flight record left, ``plan`` empty, ``status`` in sync, and the
+    swap to ``version`` in history."""
+    store = StateStore(reconciler.state_path)
+    try:
+        assert store.in_progress() == set(), "the in-flight record was left behind"
+    finally:
+        store.close()
+    planned = reconciler.run("plan")
+    assert planned.code == 0, f"plan after the rerun is not empty:\n{planned.out}"
+    shown = reconciler.run("status")
+    (line,) = [x for x in shown.out.splitlines() if " echo " in f" {x} "]
+    assert "in-sync" in line or "in sync" in line, shown.out
+    swaps = [r for r in reconciler.rollouts() if r[1] == (version,)]
+    assert any(outcome == "converged" for _, _, outcome, _ in swaps), reconciler.rollouts()
+
+
 def not_interleaved(reconciler: Crashable, old: int, new: int) -> None:
     """Every rollout of echo went from the old version alone to the new one alone: a pass
     after a kill never took the half-done swap (both loaded) as its starting point."""
@@ -194,8 +211,11 @@ def test_good_swap_killed_at(
         load.wait_for_samples(50)
         killed = reconciler.spawn(point)
         assert killed.code == -9, (killed.code, killed.out, killed.err)  # it died at the point
-        settle(reconciler)
+        rerun = reconciler.run()
         load.wait_for_samples(len(load.samples) + 50)
+    # One rerun finishes the interrupted swap, and leaves a true record.
+    assert rerun.code == 0, rerun.out + rerun.err
+    ended_cleanly(reconciler, 2)
     assert ready_versions(triton, "echo") == {2}
     assert served_factor(triton, "echo") == 2.0
     assert load.failures == []
@@ -267,6 +287,19 @@ def test_bad_version_killed_at(
         store.close()
     again = reconciler.run()
     assert again.code == 0 and "write-back" not in again.out + again.err, again.out
+    store = StateStore(reconciler.state_path)
+    try:
+        assert store.in_progress() == set(), "the in-flight record was left behind"
+    finally:
+        store.close()
+    failed = [r for r in reconciler.rollouts() if r[1] == (4,)]
+    if case.point in ("apply.load.accepted", "apply.analysis", "git.push.before", "git.push.after",
+                      "loop.alerts"):  # fmt: skip
+        assert any(outcome == "reverted" for _, _, outcome, _ in failed), reconciler.rollouts()
+    else:
+        # Killed after the failure and before the pass's record: the hold (written at once)
+        # survives, the rollout's row is lost (not built yet: issue 17, point 1).
+        assert failed == [], "the row of a rollout whose pass died before its record"
     not_interleaved(reconciler, 1, 4)
     assert load.versions_seen() <= {1, 4}
 

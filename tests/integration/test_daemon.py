@@ -339,3 +339,27 @@ def test_a_partial_pass_logs_each_failure_and_no_scheduler_lines(
     text = service.log.read_text()
     assert "Running job" not in text and "executed successfully" not in text
     assert not [e for e in logged if str(e.get("logger", "")).startswith("apscheduler")]
+
+
+@pytest.mark.triton
+def test_ready_once_a_pass_reaches_a_server_though_another_is_down(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    # What the user saw: one flaky instance kept a restarted pod NotReady (503) for good.
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("down.yaml", server_doc("edge-z", f"127.0.0.1:{free_port()}", model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a", "edge-z"]))
+    manifests.commit("echo on a server that answers and one that does not")
+    service = service_process(manifests.url, tmp_path / "service").start()
+    try:
+        assert service.get("/readyz")[0] == 503  # no pass yet
+        wait_until(lambda: service.get("/readyz")[0] == 200, 30, "ready after the first pass")
+        ready = json.loads(service.get("/readyz")[1])
+        assert ready["reached"] is True and ready["passed"] is False  # partial: edge-z is down
+        assert ready_versions(triton, "echo") == {1}
+        # Still no fully successful pass: the age alert on it keeps seeing that.
+        metrics = service.get("/metrics")[1]
+        assert b"triton_gitops_last_success_timestamp_seconds 0.0" in metrics
+        assert b'triton_gitops_server_reachable{server="edge-z"} 0.0' in metrics
+    finally:
+        assert service.stop() == 0

@@ -311,6 +311,7 @@ def test_without_perf_analyzer_auto_uses_the_built_in_generator(
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ci"
+INSTALL_FROM = "git+https://github.com/YOUR-ORG/triton-gitops@YOUR-TAG"
 
 
 def test_the_example_ci_gate_jobs_run_as_written(tmp_path: Path) -> None:
@@ -338,7 +339,12 @@ def test_the_example_ci_gate_jobs_run_as_written(tmp_path: Path) -> None:
     }
     workflow = YAML(typ="safe").load((EXAMPLES / "github-actions.yml").read_text())
     job = workflow["jobs"]["gate"]
-    steps = [s for s in job["steps"] if "triton-gitops " in s.get("run", "")]
+    # Installed from the repository (a placeholder the user replaces): checked, not run.
+    installs = [s["run"] for s in job["steps"] if "pip install" in s.get("run", "")]
+    assert installs == [f'pip install "triton-gitops[local,chart] @ {INSTALL_FROM}"']
+    steps = [
+        s for s in job["steps"] if "triton-gitops " in s.get("run", "") and s["run"] not in installs
+    ]
     assert [s["name"] for s in steps] == ["Quality gate"]
     done = subprocess.run(
         ["bash", "-e", "-c", steps[0]["run"]], cwd=manifests.work, env={**env, **job["env"]},
@@ -350,6 +356,7 @@ def test_the_example_ci_gate_jobs_run_as_written(tmp_path: Path) -> None:
     assert (manifests.work / "gate-report" / "good-v2-latency.svg").exists()
     gitlab = YAML(typ="safe").load((EXAMPLES / "gitlab-ci.yml").read_text())
     job = gitlab["triton-gitops-gate"]
+    assert [line for line in job["before_script"] if "pip install" in line] == installs
     script = [line for line in job["script"] if "triton-gitops" in line]
     assert len(script) == 1
     done = subprocess.run(

@@ -5,7 +5,6 @@ asked and when."""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -274,6 +273,9 @@ def test_abort_and_promote_through_the_service_act_within_a_second_and_status_wa
         entry = _analysing(service, token, 2)
         assert 0 < entry["seconds_left"] < 60
         assert entry["evaluation"]["checks"][0]["check"] == "success-rate"
+        wait_until(
+            lambda: "success-rate=" in watched.read_text(), 10, "status --watch shows it too"
+        )
         # Refused without the token, and nothing recorded.
         assert service.post("/v1/deployments/echo/abort", b"{}", {}) == 401
         aborted = cli("abort", "echo", *verb, "--reason", "pager: error budget")
@@ -290,7 +292,7 @@ def test_abort_and_promote_through_the_service_act_within_a_second_and_status_wa
             10,
             "status --watch sees the rollout end",
         )
-        watcher.send_signal(signal.SIGINT)
+        watcher.terminate()  # SIGTERM: as a script would (SIGINT is ignored in background)
         assert watcher.wait(30) == 0
         shown = watched.read_text()
         assert "echo (model echo)" in shown and "edge-a: analyzing [2] for " in shown

@@ -4,7 +4,7 @@ Nothing is built or applied here: tests/integration/test_image.py builds and run
 no test applies the Kubernetes files to a cluster or enforces the NetworkPolicy. The
 Dockerfile, the lock files, examples/deploy/kubernetes/*.yaml, the example TritonServer
 manifest, the Grafana dashboard and the PrometheusRule are parsed and checked against the real
-command line (``build_parser``, ``external_defaults``), the real manifest loader, the real
+command line (``build_parser``, ``parse_arguments``), the real manifest loader, the real
 metrics registry (``ReconcilerMetrics``) and ``promtool``: option names, file paths, ports,
 probes, selectors and metric names that do not exist fail here instead of in a cluster.
 """
@@ -37,7 +37,8 @@ from ruamel.yaml import YAML
 
 from reconciler.adapters.files import manifest_files_in
 from reconciler.adapters.metrics import instance_of
-from reconciler.cli import build_parser, external_defaults
+from reconciler.adapters.options import ConfigFile
+from reconciler.cli import build_parser, parse_arguments
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.service.telemetry import ReconcilerMetrics
@@ -279,9 +280,7 @@ def reconciler_command() -> list[str]:
 
 def run_options() -> dict[str, argparse.Action]:
     """The long options of `triton-gitops run`, by name without the dashes."""
-    parser = build_parser()
-    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    run = subparsers.choices["run"]
+    run = build_parser().commands["run"]
     return {
         option[2:]: action
         for action in run._actions
@@ -316,9 +315,12 @@ def container_startup() -> argparse.Namespace:
     assert "command" not in container, "the image's ENTRYPOINT must not be replaced"
     entrypoint = reconciler_command()
     assert entrypoint[0] == "triton-gitops"
-    parser = build_parser()
-    external_defaults(parser, startup_environment(), reconciler_config()[1])
-    return parser.parse_args([*entrypoint[1:], *map(str, container.get("args", []))])
+    key, config = reconciler_config()
+    return parse_arguments(
+        [*entrypoint[1:], *map(str, container.get("args", []))],
+        startup_environment(),
+        ConfigFile(Path(key), config),
+    )
 
 
 def walk(node: Any) -> Iterator[dict[str, Any]]:
@@ -536,12 +538,11 @@ def test_config_file_keys_are_run_options_and_are_accepted() -> None:
     options = run_options()
     assert set(config) <= set(options), f"not options of run: {set(config) - set(options)}"
     assert {"repo", "ref", "path", "interval", "revert-mode"} <= set(config)
-    parser = build_parser()
-    external_defaults(parser, {}, config)  # raises on a value it cannot take
-    args = parser.parse_args(["run"])  # --repo is required: the file gives it
+    # raises on a value it cannot take; --repo is required: the file gives it
+    args = parse_arguments(["run"], {}, ConfigFile(Path("config.yaml"), config))
     for key, value in config.items():
         action = options[key]
-        if isinstance(action, argparse._StoreTrueAction):
+        if action.nargs == 0:  # a flag
             expected: Any = bool(value)
         elif callable(action.type):
             expected = action.type(str(value))
@@ -1001,9 +1002,7 @@ def test_dockerfile_runs_the_reconciler_as_a_non_root_user() -> None:
     for key in ("TRITON_GITOPS_STATE", "TRITON_GITOPS_CACHE_DIR", "HOME"):
         assert any(env[key].startswith(v.rstrip("/") + "/") or env[key] == v for v in volumes), key
     # The image's environment alone is a valid configuration of `run`.
-    parser = build_parser()
-    external_defaults(parser, env, {})
-    args = parser.parse_args([*reconciler_command()[1:], "--repo", "https://example.com/m.git"])
+    args = parse_arguments([*reconciler_command()[1:], "--repo", "https://example.com/m.git"], env)
     host, _, port = args.listen.rpartition(":")
     assert host in LISTEN_ANYWHERE and port in docker("EXPOSE")[0].split()
     assert str(args.state) == env["TRITON_GITOPS_STATE"]

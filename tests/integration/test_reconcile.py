@@ -217,7 +217,7 @@ def test_broken_manifest_applies_nothing(
     result = reconciler.apply()
     assert result.code == 1
     lines = result.err.splitlines()
-    assert "models/echo.yaml:8: spec.versions[0]: 'two' is not of type 'integer'" in lines
+    assert "models/echo.yaml:8: spec.versions[0]: 'two' is not a whole number" in lines
     assert "models/other.yaml:7: ModelDeployment 'other' names unknown TritonServer 'edge-z'" in (
         lines
     )

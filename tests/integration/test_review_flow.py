@@ -83,11 +83,43 @@ def test_diff_between_refs_needs_no_server(
     assert in_place.code == 2, in_place.err
 
 
+# What the CI examples install from: the repository, a placeholder the user replaces (the
+# package is on no registry, and a name there would be anyone's).
+INSTALL_FROM = "git+https://github.com/YOUR-ORG/triton-gitops@YOUR-TAG"
+
+# A model watched by a promql check: validate passes it with no Prometheus (syntax only).
+KPI = """\
+apiVersion: triton-gitops/v1alpha1
+kind: TritonServer
+metadata: {name: edge-k}
+spec: {grpc: "127.0.0.1:8001", metrics: "http://127.0.0.1:8002/metrics"}
+---
+apiVersion: triton-gitops/v1alpha1
+kind: ModelDeployment
+metadata: {name: echo-kpi}
+spec:
+  model: echo
+  servers: {names: [edge-k]}
+  versions: [1]
+  config: {backend: python}
+  verify:
+    analysis:
+      checks:
+        - name: business-kpi
+          promql: 'sum(rate(my_kpi_total[1m]))'
+          min: 10
+"""
+
+
 def test_the_example_ci_workflows_run_as_written(
     manifests: ManifestRepo, model_repository: Path, tmp_path: Path
 ) -> None:
-    """The run: steps of examples/ci, executed in a checkout like the CI job's."""
+    """The run: steps of examples/ci, executed in a checkout like the CI job's (with the
+    package installed already: the install step is checked, not run, as it needs GitHub)."""
     _base_and_change(manifests, model_repository)
+    manifests.write("manifests/kpi.yaml", KPI)
+    git(manifests.work, "add", "--all")
+    git(manifests.work, "commit", "--quiet", "-m", "echo on edge-k, watched by a promql check")
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -97,7 +129,14 @@ def test_the_example_ci_workflows_run_as_written(
         "TRITON_GITOPS_CACHE_DIR": str(tmp_path / "cache"),
     }
     workflow = YAML(typ="safe").load((EXAMPLES / "github-actions.yml").read_text())
-    steps = [s for s in workflow["jobs"]["review"]["steps"] if "triton-gitops " in s.get("run", "")]
+    review = workflow["jobs"]["review"]["steps"]
+    installs = [s["run"] for s in review if "pip install" in s.get("run", "")]
+    assert installs == [f'pip install "triton-gitops @ {INSTALL_FROM}"']
+    assert (
+        f'pip install "triton-gitops @ {INSTALL_FROM}"'
+        in (EXAMPLES / "../../README.md").read_text()
+    )
+    steps = [s for s in review if "triton-gitops " in s.get("run", "") and s["run"] not in installs]
     assert [s["name"] for s in steps] == ["Validate", "Diff against the target branch"]
     for step in steps:
         done = subprocess.run(
@@ -105,9 +144,15 @@ def test_the_example_ci_workflows_run_as_written(
             text=True,
         )  # fmt: skip
         assert done.returncode == 0, (step["name"], done.stdout, done.stderr)
+        if step["name"] == "Validate":
+            assert "::warning file=manifests/kpi.yaml" in done.stdout  # needs --prometheus-url
     comment = (manifests.work / "comment.md").read_text()
     assert comment.startswith("<!-- triton-gitops diff -->")
     gitlab = YAML(typ="safe").load((EXAMPLES / "gitlab-ci.yml").read_text())
+    before = gitlab["triton-gitops-review"]["before_script"]
+    assert [line for line in before if "pip install" in line] == [
+        f'pip install "triton-gitops @ {INSTALL_FROM}"'
+    ]
     script = [line for line in gitlab["triton-gitops-review"]["script"] if "triton-gitops" in line]
     for line in script:
         done = subprocess.run(

@@ -1,6 +1,7 @@
-"""Hostile webhook traffic against the real ``triton-gitops run``: replays, oversized bodies
-(declared and chunked), wrong signatures and slowloris connections are refused, and passes,
-/healthz and honest webhooks keep working meanwhile.
+"""Hostile webhook traffic against the real ``triton-gitops run``: replays (also after a
+restart), oversized bodies (declared and chunked), malformed and smuggling-shaped framing,
+wrong signatures and slowloris connections are refused, and passes, /healthz and honest
+webhooks keep working meanwhile.
 
 The connection caps are checked in-process (``Daemon.start_http``), where they can be set low;
 the replay memory is checked with an injected clock.
@@ -25,7 +26,7 @@ import pytest
 from reconciler.model.settings import RunSettings, Settings
 from reconciler.model.source import Source
 from reconciler.service.daemon import Daemon
-from reconciler.service.http import BodyTooLarge, read_chunked
+from reconciler.service.framing import BadRequest, BodyTooLarge, read_chunked
 from reconciler.service.webhooks import DeliveryMemory
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc
@@ -127,14 +128,14 @@ def test_chunked_bodies_are_decoded_and_capped_before_the_chunk_is_read() -> Non
     with pytest.raises(BodyTooLarge):
         read_chunked(stream, 1000)
     assert stream.read() == b"z" * 100  # the oversized chunk itself was never read
-    with pytest.raises(ValueError):
+    with pytest.raises(BadRequest):
         read_chunked(io.BytesIO(b"5\r\nab"), 1000)
 
 
 # -- against the real service ------------------------------------------------------------
 
 
-def test_replayed_deliveries_are_refused_and_trigger_one_pass(hostile: Service) -> None:
+def test_replayed_deliveries_are_refused_also_after_a_restart(hostile: Service) -> None:
     port = hostile.port
     body = json.dumps({"ref": "refs/heads/main", "after": "1" * 40}).encode()
     headers = {"X-Hub-Signature-256": signed(body), "X-GitHub-Event": "push"}
@@ -147,44 +148,124 @@ def test_replayed_deliveries_are_refused_and_trigger_one_pass(hostile: Service) 
     assert webhook_requests(hostile, "github") == 1
     assert metric(hostile, "triton_gitops_webhooks_total", source="github", result="replayed") == 2
 
-    gitlab = {"X-Gitlab-Token": GITLAB_TOKEN, "X-Gitlab-Event-UUID": "u-1"}
-    assert post(port, "/webhook/gitlab", b"{}", gitlab) == 202
-    assert post(port, "/webhook/gitlab", b"{}", gitlab) == 409
-    assert post(port, "/webhook/gitlab", b"{}", {**gitlab, "X-Gitlab-Event-UUID": "u-2"}) == 202
+    gitlab = {"X-Gitlab-Token": GITLAB_TOKEN, "X-Gitlab-Event": "Push Hook"}
+    assert post(port, "/webhook/gitlab", b"{}", {**gitlab, "X-Gitlab-Event-UUID": "u-1"}) == 202
+    assert post(port, "/webhook/gitlab", b"{}", {**gitlab, "X-Gitlab-Event-UUID": "u-1"}) == 409
+    # GitLab's token does not sign the body, but the same body under a new UUID is the
+    # same delivery replayed: caught by the body's digest.
+    assert post(port, "/webhook/gitlab", b"{}", {**gitlab, "X-Gitlab-Event-UUID": "u-2"}) == 409
+    assert post(port, "/webhook/gitlab", b"{ }", {**gitlab, "X-Gitlab-Event-UUID": "u-2"}) == 202
     assert webhook_requests(hostile, "gitlab") == 2
     refusals = [e for e in hostile.events() if e.get("reason") == "replayed"]
-    assert len(refusals) == 3 and all(e["message"] == "webhook refused" for e in refusals)
+    assert len(refusals) == 4 and all(e["message"] == "webhook refused" for e in refusals)
 
-
-def test_oversized_bodies_are_refused_with_and_without_content_length(
-    hostile: Service,
-) -> None:
+    # The same state store, a new process: what the last one saw is refused still.
+    hostile.stop()
+    hostile.start()
     port = hostile.port
-    # Declared too large: refused from the header, the body is never sent nor read.
-    answer = exchange(port, HEAD + f"Content-Length: {LIMIT + 1}\r\n\r\n".encode())
-    assert status_of(answer) == 413
-    # Chunked: the server reads up to the cap (16 x 64 KiB), then refuses the next chunk
-    # from its size line alone.
-    chunks = b"".join(b"10000\r\n" + b"a" * 0x10000 + b"\r\n" for _ in range(16))
-    answer = exchange(port, HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"10000\r\n")
-    assert status_of(answer) == 413
-    # One chunk declaring 16 MiB.
-    answer = exchange(port, HEAD + b"Transfer-Encoding: chunked\r\n\r\n1000000\r\n")
-    assert status_of(answer) == 413
-    # No length at all, and both framings at once (a smuggling shape).
-    assert status_of(exchange(port, HEAD + b"\r\n")) == 411
-    both = HEAD + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"
-    assert status_of(exchange(port, both)) == 400
-    too_large = metric(hostile, "triton_gitops_webhooks_total", source="github", result="too-large")
-    assert too_large == 3
-    assert webhook_requests(hostile, "github") == 0
-    # A chunked body within the cap is read and verified like any other.
-    body = b'{"ref": "refs/heads/main"}'
-    framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    signature = f"X-Hub-Signature-256: {signed(body)}\r\n".encode()
-    answer = exchange(port, HEAD + signature + b"Transfer-Encoding: chunked\r\n\r\n" + framed)
-    assert status_of(answer) == 202
+    assert post(port, "/webhook/github", body, first) == 409
+    assert post(port, "/webhook/github", body, {**headers, "X-GitHub-Delivery": "d-3"}) == 409
+    assert post(port, "/webhook/gitlab", b"{}", {**gitlab, "X-Gitlab-Event-UUID": "u-1"}) == 409
+    assert post(port, "/webhook/gitlab", b"{ }", {**gitlab, "X-Gitlab-Event-UUID": "u-3"}) == 409
+    other = body.replace(b"1", b"2")
+    assert post(port, "/webhook/github", other, {"X-Hub-Signature-256": signed(other)}) == 202
+    assert webhook_requests(hostile, "github") == 2 and webhook_requests(hostile, "gitlab") == 2
+
+
+# A signed body, so that a request the server wrongly accepted would trigger a pass.
+SIGNED_BODY = b'{"ref": "refs/heads/main", "after": "5555555555555555555555555555555555555555"}'
+SIGNED = b"POST /webhook/github HTTP/1.1\r\nHost: x\r\nX-Hub-Signature-256: %s\r\n" % (
+    signed(SIGNED_BODY).encode()
+)
+SIZE = b"%x" % len(SIGNED_BODY)
+CHUNKED = SIZE + b"\r\n" + SIGNED_BODY + b"\r\n0\r\n\r\n"
+LENGTH = b"%d" % len(SIGNED_BODY)
+TE = b"Transfer-Encoding: chunked\r\n"
+# A second request after the first: a server that framed the first differently from a proxy
+# in front of it would answer this one too (a smuggled request).
+SMUGGLED = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+
+# (what, request, status): each is outside RFC 9112 or this server's bounds.
+MALFORMED = [
+    ("chunk size 0x..", SIGNED + TE + b"\r\n0x" + CHUNKED, 400),
+    ("chunk size with _", SIGNED + TE + b"\r\n" + SIZE[:1] + b"_" + CHUNKED[1:], 400),
+    ("chunk size with +", SIGNED + TE + b"\r\n+" + CHUNKED, 400),
+    ("chunk size after a space", SIGNED + TE + b"\r\n " + CHUNKED, 400),
+    ("chunk size of 18 digits", SIGNED + TE + b"\r\n" + b"0" * 16 + CHUNKED, 400),
+    ("empty chunk extension", SIGNED + TE + b"\r\n" + SIZE + b";" + CHUNKED[len(SIZE) :], 400),
+    ("chunk without its CRLF", SIGNED + TE + b"\r\n" + CHUNKED.replace(b"}\r\n0", b"}0"), 400),
+    ("malformed trailer", SIGNED + TE + b"\r\n" + CHUNKED[:-2] + b"no colon\r\n\r\n", 400),
+    ("33 trailers", SIGNED + TE + b"\r\n" + CHUNKED[:-2] + b"T: 1\r\n" * 33 + b"\r\n", 400),
+    ("Content-Length +n", SIGNED + b"Content-Length: +" + LENGTH + b"\r\n\r\n" + SIGNED_BODY, 400),
+    ("Content-Length 0x..", SIGNED + b"Content-Length: 0x%x\r\n\r\n" % len(SIGNED_BODY), 400),
+    (
+        "Content-Length twice",
+        SIGNED
+        + b"Content-Length: %s\r\nContent-Length: %s\r\n\r\n" % (LENGTH, LENGTH)
+        + SIGNED_BODY,
+        400,
+    ),
+    ("Content-Length n, n", SIGNED + b"Content-Length: %s, %s\r\n\r\n" % (LENGTH, LENGTH), 400),
+    ("Content-Length and chunked", SIGNED + b"Content-Length: 4\r\n" + TE + b"\r\n" + CHUNKED, 400),
+    ("chunked twice over", SIGNED + TE + b"Transfer-Encoding: identity\r\n\r\n" + CHUNKED, 501),
+    ("gzip, chunked", SIGNED + b"Transfer-Encoding: gzip, chunked\r\n\r\n" + CHUNKED, 501),
+    ("chunked in HTTP/1.0", SIGNED.replace(b"1.1", b"1.0") + TE + b"\r\n" + CHUNKED, 400),
+    ("folded Transfer-Encoding", SIGNED + b"Transfer-Encoding:\r\n chunked\r\n\r\n" + CHUNKED, 400),
+    (
+        "Content-Length behind a bare CR",
+        SIGNED + b"X-Note: a\rContent-Length: " + LENGTH + b"\r\n\r\n" + SIGNED_BODY,
+        400,
+    ),
+    ("space before the colon", SIGNED + b"Transfer-Encoding : chunked\r\n\r\n" + CHUNKED, 400),
+    (
+        "bare LF line ends",
+        (SIGNED + b"Content-Length: " + LENGTH + b"\r\n\r\n").replace(b"\r\n", b"\n") + SIGNED_BODY,
+        400,
+    ),
+    (
+        "two spaces in the request line",
+        SIGNED.replace(b"POST ", b"POST  ") + TE + b"\r\n" + CHUNKED,
+        400,
+    ),
+    ("a GET with a body", b"GET /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nGET /", 400),
+]
+
+
+def exchange_once(port: int, request: bytes) -> tuple[bytes, bool]:
+    """Send ``request`` and read the answer: (answer, whether the server closed the connection
+    within 3 s; its request deadline is 5 s)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as conn:
+        conn.sendall(request)
+        answer = b""
+        try:
+            while chunk := conn.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            return answer, False
+    return answer, True
+
+
+def test_malformed_and_smuggling_framing_is_refused_and_closed(hostile: Service) -> None:
+    port = hostile.port
+    wrong = []
+    for what, request, status in MALFORMED:
+        answer, closed = exchange_once(port, request + SMUGGLED)
+        answers = len(re.findall(rb"(?m)^HTTP/1\.[01] \d{3} ", answer))
+        if (status_of(answer), answers, closed) != (status, 1, True):
+            wrong.append((what, answer[:60], closed))
+    assert wrong == []
+    assert webhook_requests(hostile, "github") == 0  # nothing triggered
+    refused = metric(hostile, "triton_gitops_http_connections_refused_total", reason="malformed")
+    refused += metric(hostile, "triton_gitops_webhooks_total", source="github", result="malformed")
+    assert refused == len(MALFORMED)
+    # Still serving, and the refused requests left no trace in the replay memory: the same
+    # signed body, framed well (an upper-case size, a quoted chunk extension, a trailer), is
+    # accepted once.
+    framed = SIZE.upper() + b' ; name="a \\" b"\r\n' + SIGNED_BODY + b"\r\n0\r\nT: 1\r\n\r\n"
+    answer, closed = exchange_once(port, SIGNED + b"Transfer-Encoding: Chunked\r\n\r\n" + framed)
+    assert (status_of(answer), closed) == (202, True)
     assert webhook_requests(hostile, "github") == 1
+    assert hostile.get("/healthz")[0] == 200
 
 
 def test_wrongly_signed_webhooks_are_refused(hostile: Service) -> None:

@@ -15,7 +15,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.core.spec.schema import ANY, JsonPath, default
+from reconciler.core.spec.promql import promql_syntax_error
+from reconciler.core.spec.schema import ANY, JsonPath, _schemas, default
 from reconciler.core.spec.yaml import _Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
@@ -44,15 +45,23 @@ from reconciler.model.traffic import (
     TrafficSpec,
 )
 
-_DURATION = re.compile(r"^([0-9]+)(ms|s|m|h)$")
+# Durations are parsed with the schema's own pattern (common.schema.json#/$defs/duration),
+# so what the schema accepts and what the code reads cannot drift apart: its four groups
+# are the hours, minutes, seconds and milliseconds, each optional.
+_DURATION = re.compile(_schemas()["common.schema.json"]["$defs"]["duration"]["pattern"])
+_DURATION_UNITS = (3600.0, 60.0, 1.0, 0.001)
 _SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
 
 
 def _seconds(text: str) -> float:
+    """A duration as the schema writes it (90s, 1m30s, 2h, 500ms, 1.5s) in seconds."""
     match = _DURATION.match(text)
     assert match is not None  # the schema's pattern guarantees the form
-    factor = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2)]
-    return int(match.group(1)) * factor
+    return sum(
+        float(amount) * unit
+        for amount, unit in zip(match.groups(), _DURATION_UNITS, strict=True)
+        if amount is not None
+    )
 
 
 def _bytes(value: int | str) -> int:
@@ -120,6 +129,7 @@ def _build_deployment(
     versions, digests = _versions(doc, body, problems)
     servers = body["servers"]
     analysis = verify.get("analysis")
+    _check_promql(doc, analysis or {}, problems)
     return ModelDeployment(
         name=metadata["name"],
         model=model,
@@ -203,6 +213,21 @@ def _check_config(
                 f"config.name {config['name']!r} must equal the model name {model!r}",
             )
         )
+
+
+def _check_promql(doc: _Document, analysis: dict[str, Any], problems: list[Problem]) -> None:
+    """Each promql check's query must parse (syntax only: no Prometheus is asked)."""
+    for index, check in enumerate(analysis.get("checks", [])):
+        if "promql" not in check:
+            continue
+        error = promql_syntax_error(check["promql"])
+        if error is not None:
+            problems.append(
+                doc.problem(
+                    (*_ANALYSIS, "checks", index, "promql"),
+                    f"check {check['name']}: promql is not valid PromQL: {error}",
+                )
+            )
 
 
 def _smoke_cases(

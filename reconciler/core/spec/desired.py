@@ -1,39 +1,86 @@
-"""``load_desired_state``: manifest files to a DesiredState, or a
-ValidationError listing every problem.
+"""Manifest files to a DesiredState: ``read_manifests`` runs every stage (YAML, schema,
+builders, cross-document references, shadow request files, analysis sources) on whatever
+could be built and gives every problem of every stage at once; ``load_desired_state`` is
+the same, raising a ValidationError when there is any.
+
+Documents of other tools (a Kubernetes Deployment, a CI file that slipped through the
+selection) are left alone and counted (``yaml.other_tool`` says which are).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jsonschema
 
 from reconciler.core.spec.build import _build_deployment, _build_router, _build_server
-from reconciler.core.spec.rules import _cross_check, _dependency_problems, _traffic_problems
-from reconciler.core.spec.schema import API_VERSION, KIND_SCHEMAS, _schema_message, _validators
+from reconciler.core.spec.rules import (
+    Unbuilt,
+    _cross_check,
+    _dependency_problems,
+    _traffic_problems,
+    analysis_source_problems,
+)
+from reconciler.core.spec.schema import (
+    API_VERSION,
+    KIND_SCHEMAS,
+    LEGACY_API_VERSION,
+    _mapping,
+    _schema_message,
+    _validators,
+)
+from reconciler.core.spec.shadow import attach_shadow_requests
 from reconciler.core.spec.yaml import _Document, _documents, plain
 from reconciler.model.errors import Problem, ValidationError
-from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
+from reconciler.model.spec import DesiredState, ManifestReading, ModelDeployment, TritonServer
 from reconciler.model.traffic import RouterSpec
 
 
-def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
-    """Parse, validate and cross-check manifests; raise ValidationError with every problem."""
+def read_manifests(
+    files: Mapping[str, bytes],
+    read_file: Callable[[str], bytes | None] | None = None,
+    *,
+    prometheus: bool | None = None,
+) -> ManifestReading:
+    """Every stage on what could be built, every problem at once.
+
+    ``read_file`` gives a file of the revision by its path under the manifest folder (for
+    shadow request files; None: they are not read). ``prometheus``: whether the analyses
+    may read Prometheus (None: their metric sources are not checked).
+    """
     problems: list[Problem] = []
+    warnings: list[Problem] = []
+    ignored: dict[str, list[str]] = {}
     servers: list[tuple[_Document, TritonServer]] = []
     deployments: list[tuple[_Document, ModelDeployment]] = []
     routers: list[tuple[_Document, RouterSpec]] = []
+    unbuilt = Unbuilt()
     validators = _validators()
-    for doc in _documents(files, problems):
+    documents = 0
+    for doc in _documents(files, problems, ignored):
+        documents += 1
         api_version, kind = doc.root.get("apiVersion"), doc.root.get("kind")
-        if api_version != API_VERSION:
+        if api_version is None:
+            problems.append(doc.problem((), f"apiVersion is required (apiVersion: {API_VERSION})"))
+            continue
+        if api_version not in (API_VERSION, LEGACY_API_VERSION):
             problems.append(
                 doc.problem(
                     ("apiVersion",),
-                    f"unknown apiVersion {api_version!r} (expected {API_VERSION!r})"
-                    if api_version is not None
-                    else "apiVersion is required",
+                    f"unknown apiVersion {api_version!r} (expected {API_VERSION!r})",
                 )
             )
             continue
+        if api_version == LEGACY_API_VERSION:
+            warnings.append(
+                doc.problem(
+                    ("apiVersion",),
+                    f"apiVersion {LEGACY_API_VERSION!r} is deprecated: write "
+                    f"apiVersion: {API_VERSION} (a Kubernetes API group needs a DNS name)",
+                )
+            )
         if not isinstance(kind, str) or kind not in KIND_SCHEMAS:
             problems.append(
                 doc.problem(
@@ -48,18 +95,112 @@ def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
         )
         if errors:
             problems.extend(doc.problem(tuple(e.absolute_path), _schema_message(e)) for e in errors)
-            continue
+            salvaged = _salvaged(validators[kind], data, errors)
+            if salvaged is None:
+                unbuilt.add(kind, data)
+                continue
+            data = salvaged
         if kind == "TritonServer":
             servers.append((doc, _build_server(doc, data)))
         elif kind == "Router":
             routers.append((doc, _build_router(doc, data)))
         else:
             deployments.append((doc, _build_deployment(doc, data, problems)))
-    problems.extend(_cross_check(servers, deployments))
-    problems.extend(_dependency_problems(deployments))
-    problems.extend(_traffic_problems(servers, deployments, routers))
-    if problems:
-        raise ValidationError(problems)
-    return DesiredState.build(
+    problems.extend(_cross_check(servers, deployments, unbuilt))
+    problems.extend(_dependency_problems(deployments, unbuilt))
+    problems.extend(_traffic_problems(servers, deployments, routers, unbuilt))
+    desired = DesiredState.build(
         [s for _, s in servers], [d for _, d in deployments], [r for _, r in routers]
     )
+    if read_file is not None:
+        try:
+            desired = attach_shadow_requests(desired, read_file)
+        except ValidationError as exc:
+            problems.extend(exc.problems)
+    if prometheus is not None:
+        problems.extend(analysis_source_problems(desired, prometheus=prometheus))
+    return ManifestReading(
+        desired,
+        tuple(sorted(problems, key=lambda p: (p.file, p.line, p.message))),
+        tuple(sorted(warnings, key=lambda p: (p.file, p.line))),
+        {file: tuple(found) for file, found in sorted(ignored.items())},
+        documents,
+    )
+
+
+# How many times the refused values are taken out before a document is given up on (taking a
+# value out can leave a list or an object too small, which is then taken out in turn).
+_SALVAGE_ROUNDS = 3
+
+
+def _salvaged(
+    validator: jsonschema.protocols.Validator,
+    data: dict[str, Any],
+    errors: list[jsonschema.ValidationError],
+) -> dict[str, Any] | None:
+    """The document with the values the schema refused taken out, when what is left is
+    valid (the schema's defaults stand in for them), so that the cross-document, shadow and
+    analysis checks still see it: one wrong value does not hide the next batch of problems.
+    None when a part that cannot go is wrong (a required field, a whole object)."""
+    for _ in range(_SALVAGE_ROUNDS):
+        data = copy.deepcopy(data)
+        gone: list[tuple[str | int, ...]] = []  # values taken out (with all below them)
+        # The deepest and last first, so that taking out a list item moves no other path.
+        for error in sorted(errors, key=_path_order, reverse=True):
+            path = tuple(error.absolute_path)
+            if any(path[: len(taken)] == taken for taken in gone):
+                continue  # a second error about a value taken out already
+            taken_out = _take_out(data, error)
+            if taken_out is None:
+                return None
+            gone.append(taken_out)
+        errors = list(validator.iter_errors(data))
+        if not errors:
+            return data
+    return None
+
+
+def _path_order(error: jsonschema.ValidationError) -> list[tuple[int, str]]:
+    # List indices compare as numbers (10 after 9), keys as text.
+    return [(p, "") if isinstance(p, int) else (-1, str(p)) for p in error.absolute_path]
+
+
+def _take_out(
+    data: dict[str, Any], error: jsonschema.ValidationError
+) -> tuple[str | int, ...] | None:
+    """Take out of ``data`` what ``error`` refuses: the path of what went (its keys'
+    path for unexpected keys), or None when it cannot go."""
+    path = tuple(error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        holder = _at(data, path)
+        if not isinstance(holder, dict):
+            return None
+        declared = _mapping(error.schema).get("properties", {})
+        for key in [k for k in error.instance if k not in declared]:
+            holder.pop(key, None)
+        return (*path, "\0")  # no other error's path: the object itself stays
+    target = _at(data, path[:-1])
+    if not path or (isinstance(error.instance, dict) and not isinstance(target, list)):
+        return None  # a whole object is wrong: nothing sensible is left
+    in_list = isinstance(target, list) and isinstance(path[-1], int) and path[-1] < len(target)
+    if not (in_list or (isinstance(target, dict) and path[-1] in target)):
+        return None
+    del target[path[-1]]
+    return path
+
+
+def _at(data: Any, path: tuple[str | int, ...]) -> Any:
+    for step in path:
+        try:
+            data = data[step]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return data
+
+
+def load_desired_state(files: Mapping[str, bytes]) -> DesiredState:
+    """Parse, validate and cross-check manifests; raise ValidationError with every problem."""
+    reading = read_manifests(files)
+    if reading.problems:
+        raise ValidationError(list(reading.problems))
+    return reading.desired

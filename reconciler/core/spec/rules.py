@@ -5,7 +5,9 @@ deployment per model and server, dependency cycles, analysis sources.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
 
 from reconciler.core.spec.yaml import _Document
 from reconciler.model.errors import Problem
@@ -13,9 +15,35 @@ from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
 from reconciler.model.traffic import RouterSpec, TrafficSpec, share_text
 
 
+@dataclass
+class Unbuilt:
+    """The names of documents the schema refused, by kind: a reference to one of them is
+    not reported as unknown (its own problems are, once), so fixing a typo in a server
+    does not bring a second wave of problems about the deployments that name it."""
+
+    names: dict[str, set[str]] = field(default_factory=dict)
+    labels: list[Mapping[str, str]] = field(default_factory=list)  # of refused TritonServers
+
+    def add(self, kind: str, data: Mapping[str, Any]) -> None:
+        metadata = data.get("metadata")
+        if not isinstance(metadata, Mapping):
+            return
+        if isinstance(metadata.get("name"), str):
+            self.names.setdefault(kind, set()).add(metadata["name"])
+        if kind == "TritonServer" and isinstance(metadata.get("labels"), Mapping):
+            self.labels.append(metadata["labels"])
+
+    def declares(self, kind: str, name: str) -> bool:
+        return name in self.names.get(kind, ())
+
+    def could_match(self, labels: Mapping[str, str]) -> bool:
+        return any(all(found.get(k) == v for k, v in labels.items()) for found in self.labels)
+
+
 def _cross_check(
     servers: list[tuple[_Document, TritonServer]],
     deployments: list[tuple[_Document, ModelDeployment]],
+    unbuilt: Unbuilt,
 ) -> Iterator[Problem]:
     seen_servers: dict[str, TritonServer] = {}
     for doc, server in servers:
@@ -40,17 +68,18 @@ def _cross_check(
         seen_deployments[deployment.name] = deployment
         if deployment.server_names is not None:
             for index, name in enumerate(deployment.server_names):
-                if name not in seen_servers:
+                if name not in seen_servers and not unbuilt.declares("TritonServer", name):
                     yield doc.problem(
                         ("spec", "servers", "names", index),
                         f"ModelDeployment {deployment.name!r} names unknown TritonServer {name!r}",
                     )
         targets = [s for s in seen_servers.values() if deployment.selects(s)]
-        if deployment.match_labels is not None and not targets:
+        labels = deployment.match_labels
+        if labels is not None and not targets and not unbuilt.could_match(labels):
             yield doc.problem(
                 ("spec", "servers", "matchLabels"),
                 f"ModelDeployment {deployment.name!r}: matchLabels "
-                f"{dict(deployment.match_labels)} match no TritonServer",
+                f"{dict(labels)} match no TritonServer",
             )
         for server in targets:
             other = placed.get((server.name, deployment.model))
@@ -73,19 +102,28 @@ def _cross_check(
             )
 
 
-def analysis_source_problems(desired: DesiredState, *, prometheus: bool) -> list[Problem]:
-    """Analyses that cannot read their metrics: PromQL checks without Prometheus, any check
-    on a server without a metrics URL."""
+def promql_without_prometheus(desired: DesiredState) -> list[Problem]:
+    """The analyses with promql checks, which the reconciler runs only with a Prometheus
+    (``--prometheus-url``): a problem for a pass without one, a warning for ``validate``."""
     problems = []
     for deployment in desired.deployments.values():
         spec, where = deployment.analysis, deployment.analysis_location
-        if spec is None or where is None:
-            continue
-        if spec.needs_prometheus and not prometheus:
+        if spec is not None and where is not None and spec.needs_prometheus:
             names = ", ".join(c.name for c in spec.checks if c.kind == "promql")
             problems.append(
                 Problem(where.file, where.line, f"promql check(s) {names} need --prometheus-url")
             )
+    return problems
+
+
+def analysis_source_problems(desired: DesiredState, *, prometheus: bool) -> list[Problem]:
+    """Analyses that cannot read their metrics: PromQL checks without Prometheus, any check
+    on a server without a metrics URL."""
+    problems = [] if prometheus else promql_without_prometheus(desired)
+    for deployment in desired.deployments.values():
+        spec, where = deployment.analysis, deployment.analysis_location
+        if spec is None or where is None:
+            continue
         # Metrics are located by each server's metrics URL, scraped directly or as the
         # Prometheus target's instance label.
         blind = sorted(
@@ -134,7 +172,7 @@ def dependency_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
 
 
 def _dependency_problems(
-    deployments: list[tuple[_Document, ModelDeployment]],
+    deployments: list[tuple[_Document, ModelDeployment]], unbuilt: Unbuilt
 ) -> Iterator[Problem]:
     """dependsOn naming unknown ModelDeployments; cycles through dependsOn and ensembles."""
     names = {d.name for _, d in deployments}
@@ -146,7 +184,7 @@ def _dependency_problems(
     for doc, d in deployments:
         where[d.name] = doc
         for index, other in enumerate(d.depends_on):
-            if other not in names:
+            if other not in names and not unbuilt.declares("ModelDeployment", other):
                 yield doc.problem(
                     ("spec", "dependsOn", index),
                     f"ModelDeployment {d.name!r} depends on unknown ModelDeployment {other!r}",
@@ -165,6 +203,7 @@ def _traffic_problems(
     servers: list[tuple[_Document, TritonServer]],
     deployments: list[tuple[_Document, ModelDeployment]],
     routers: list[tuple[_Document, RouterSpec]],
+    unbuilt: Unbuilt,
 ) -> Iterator[Problem]:
     """Routers whose pools name unknown servers or share one, and ModelDeployments whose
     ``rollout.traffic`` names an unknown router or pool, selects a server in neither of its
@@ -188,7 +227,7 @@ def _traffic_problems(
                     f"Router {router.name!r}: pool {pool.name!r} is declared twice",
                 )
             for position, name in enumerate(pool.server_names or ()):
-                if name not in known:
+                if name not in known and not unbuilt.declares("TritonServer", name):
                     yield doc.problem(
                         ("spec", "pools", index, "servers", "names", position),
                         f"Router {router.name!r}, pool {pool.name!r}: unknown TritonServer "
@@ -209,7 +248,7 @@ def _traffic_problems(
         traffic = deployment.rollout.traffic
         if traffic is None:
             continue
-        yield from _deployment_traffic(doc, deployment, traffic, by_name, known)
+        yield from _deployment_traffic(doc, deployment, traffic, by_name, known, unbuilt)
 
 
 def _deployment_traffic(
@@ -218,6 +257,7 @@ def _deployment_traffic(
     traffic: TrafficSpec,
     routers: Mapping[str, RouterSpec],
     servers: Mapping[str, TritonServer],
+    unbuilt: Unbuilt,
 ) -> Iterator[Problem]:
     path = ("spec", "rollout", "traffic")
     name = f"ModelDeployment {deployment.name!r}"
@@ -244,9 +284,10 @@ def _deployment_traffic(
     router = routers.get(traffic.router)
     if router is None:
         known = ", ".join(sorted(routers)) or "none declared"
-        yield doc.problem(
-            (*path, "router"), f"{name}: unknown Router {traffic.router!r} (known: {known})"
-        )
+        if not unbuilt.declares("Router", traffic.router):
+            yield doc.problem(
+                (*path, "router"), f"{name}: unknown Router {traffic.router!r} (known: {known})"
+            )
         return
     pools = {p.name for p in router.pools}
     field_names = ("stablePool", "canaryPool") if traffic.strategy == "canary" else ("pools",)

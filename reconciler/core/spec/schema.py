@@ -21,7 +21,13 @@ from typing import Any
 import jsonschema
 import referencing
 
-API_VERSION = "triton-gitops/v1alpha1"
+# One API group for every kind, a DNS subdomain as a Kubernetes CRD group must be, so the
+# format can become CustomResourceDefinitions unchanged.
+API_GROUP = "triton-gitops.dev"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+# The first spelling, without a DNS group: still read, with a deprecation warning.
+LEGACY_API_VERSION = "triton-gitops/v1alpha1"
+API_GROUPS = (API_GROUP, LEGACY_API_VERSION.partition("/")[0])
 KIND_SCHEMAS = {
     "TritonServer": "triton-server.schema.json",
     "ModelDeployment": "model-deployment.schema.json",
@@ -139,25 +145,66 @@ def _where(path: JsonPath) -> str:
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
 
 
+def _same_form(error: jsonschema.ValidationError) -> list[jsonschema.ValidationError]:
+    """For a oneOf, the errors of the branches of the form the value was written in: an
+    object's for an object; for a scalar, the branches of its type (a size written as text
+    is judged as text, not as a number), else every scalar branch."""
+    branches = error.validator_value
+    scalar = [e for e in error.context if branches[e.schema_path[0]].get("type") != "object"]
+    if isinstance(error.instance, dict):
+        return [e for e in error.context if e not in scalar]
+    typed = [e for e in scalar if _of_type(error.instance, branches[e.schema_path[0]].get("type"))]
+    return typed or scalar
+
+
+def _of_type(value: Any, declared: Any) -> bool:
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "string": str,
+        "integer": int,
+        "number": (int, float),
+        "boolean": bool,
+        "array": list,
+        "null": type(None),
+    }
+    if not isinstance(declared, str) or declared not in kinds:
+        return False
+    if isinstance(value, bool) and declared != "boolean":
+        return False  # JSON's true is no number
+    return isinstance(value, kinds[declared])
+
+
 def _specific(error: jsonschema.ValidationError) -> jsonschema.ValidationError:
-    """For a oneOf between a scalar form and an object form, the error of the form the
-    value was written in: "'two' is not of type 'integer'", not "valid under none"."""
+    """For a oneOf between forms (a scalar or an object, a number or a text), the error of
+    the form the value was written in: "'two' is not a whole number", not "valid under
+    none"."""
     if error.validator != "oneOf" or not error.context:
         return error
-    written_as_object = isinstance(error.instance, dict)
-    branches = error.validator_value
-    same_form = [
-        e
-        for e in error.context
-        if (branches[e.schema_path[0]].get("type") == "object") == written_as_object
-    ]
+    same_form = _same_form(error)
     return jsonschema.exceptions.best_match(same_form) or error if same_form else error
 
 
+def _alternatives(error: jsonschema.ValidationError) -> str | None:
+    """For a text that fits none of a oneOf's text forms, each form's words at once:
+    "'lots' is not a percentage (e.g. 10%) or a size (...)"."""
+    if error.validator != "oneOf" or not error.context or not isinstance(error.instance, str):
+        return None
+    words = [
+        str(e.schema["errorMessage"]).removeprefix("is not ")
+        for e in _same_form(error)
+        if e.validator == "pattern" and "errorMessage" in _mapping(e.schema)
+    ]
+    if len(words) < 2:
+        return None
+    return f"{error.instance!r} is not {' or '.join(dict.fromkeys(words))}"
+
+
 def _schema_message(error: jsonschema.ValidationError) -> str:
+    alternatives = _alternatives(error)
     error = _specific(error)
     where = _where(tuple(error.absolute_path))
-    if error.validator == "not" and error.absolute_path and error.absolute_path[-1] == "config":
+    if alternatives is not None:
+        message = alternatives
+    elif error.validator == "not" and error.absolute_path and error.absolute_path[-1] == "config":
         message = "version_policy is set by the reconciler from spec.versions; remove it"
     elif error.validator == "not" and where.endswith("shadow.requests"):
         message = f"{error.instance!r} must stay inside the repository: no '..' part, no '\\'"
@@ -170,8 +217,33 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         message = "exactly one of grpc (with an optional metrics URL) or discovery is required"
     elif error.validator in ("minProperties", "maxProperties") and where.endswith("servers"):
         message = "exactly one of names or matchLabels is required"
-    elif error.validator == "pattern" and isinstance(error.instance, str):
-        message = f"{error.instance!r} does not match {error.validator_value!r}"
+    elif error.validator in ("pattern", "type", "not") and "errorMessage" in _mapping(error.schema):
+        # The schema's own words for a value of the wrong form: never its regular expression.
+        words = error.schema["errorMessage"]
+        scalar = not isinstance(error.instance, dict | list)
+        message = f"{error.instance!r} {words}" if scalar else words
+    elif error.validator == "pattern":
+        message = f"{error.instance!r} is not in the form this field takes"
+    elif error.validator == "type":
+        expected = error.validator_value
+        types: list[str] = expected if isinstance(expected, list) else [expected]
+        words = [_TYPE_WORDS.get(t, t) for t in types]
+        message = f"{error.instance!r} is not {' or '.join(words)}"
     else:
         message = error.message
     return f"{where}: {message}" if where else message
+
+
+def _mapping(schema: Any) -> Mapping[str, Any]:
+    return schema if isinstance(schema, Mapping) else {}  # a schema may be true or false
+
+
+_TYPE_WORDS = {
+    "string": "text",
+    "integer": "a whole number",
+    "number": "a number",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "null",
+}

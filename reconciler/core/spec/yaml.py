@@ -15,10 +15,16 @@ from ruamel.yaml.events import AliasEvent, ScalarEvent
 from ruamel.yaml.nodes import MappingNode, ScalarNode
 from ruamel.yaml.reader import ReaderError
 
-from reconciler.core.spec.schema import JsonPath, _foreign_value, _where, _yaml_type
+from reconciler.core.spec.schema import (
+    API_GROUPS,
+    KIND_SCHEMAS,
+    JsonPath,
+    _foreign_value,
+    _where,
+    _yaml_type,
+)
 from reconciler.model.errors import Problem
 
-MANIFEST_SUFFIXES = (".yaml", ".yml")
 # Caps that keep hostile manifests (YAML bombs, deep nesting, huge files) bounded in time and
 # memory. A real manifest is a few kilobytes, a few levels deep, a few hundred values.
 MAX_MANIFEST_BYTES = 1 << 20  # per file, checked before parsing
@@ -155,7 +161,29 @@ class _BoundedComposer(Composer):
         return node
 
 
-def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[_Document]:
+NO_API_VERSION = "none"
+
+
+def other_tool(document: Mapping[str, Any]) -> str | None:
+    """None for a document of this reconciler, else what it is (its apiVersion): a document
+    is ours when its apiVersion's group is ours or, without an apiVersion, when its kind is
+    one of ours (a forgotten apiVersion is said so, not passed over)."""
+    api_version = document.get("apiVersion")
+    if isinstance(api_version, str):
+        return None if api_version.rpartition("/")[0] in API_GROUPS else api_version
+    if api_version is None:
+        kind = document.get("kind")
+        return None if isinstance(kind, str) and kind in KIND_SCHEMAS else NO_API_VERSION
+    return repr(api_version)
+
+
+def _documents(
+    files: Mapping[str, bytes],
+    problems: list[Problem],
+    ignored: dict[str, list[str]] | None = None,
+) -> Iterator[_Document]:
+    """The documents of this reconciler in ``files``; those of other tools are left out (what
+    each is, by file, in ``ignored``), what cannot be read goes to ``problems``."""
     for file, content in sorted(files.items()):
         if len(content) > MAX_MANIFEST_BYTES:
             content = UnreadFile.too_large()
@@ -199,9 +227,12 @@ def _documents(files: Mapping[str, bytes], problems: list[Problem]) -> Iterator[
         for document in loaded:
             if document is None:
                 continue
-            if not isinstance(document, CommentedMap):
-                line = _start_line(document)
-                problems.append(Problem(file, line, "a manifest must be a mapping"))
+            # A list or a lone value is no tool's manifest that this reconciler could read:
+            # another tool's file (an Ansible playbook is a list).
+            other = other_tool(document) if isinstance(document, CommentedMap) else "not a mapping"
+            if other is not None or not isinstance(document, CommentedMap):
+                if ignored is not None:
+                    ignored.setdefault(file, []).append(other or "")
                 continue
             doc = _Document(file, document, _start_line(document))
             foreign = _foreign_value(document, ())

@@ -1,0 +1,94 @@
+"""Where options come from: flag > $TRITON_GITOPS_<OPTION> > config file > default, and
+what the command line refuses (abbreviations, config file keys no command has)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from reconciler.adapters.options import OptionSourceError
+from reconciler.cli import build_parser, parse_arguments
+
+
+def config_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "cfg.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_config_after_the_command_is_the_config_not_config_recheck(tmp_path: Path) -> None:
+    # What the user saw: "argument --config-recheck: invalid float value: 'cfg.yaml'".
+    cfg = config_file(tmp_path, "repo: https://git.example/m.git\nconfig-recheck: 30\n")
+    for argv in (["plan", "--config", str(cfg)], [f"--config={cfg}", "plan"]):
+        args = parse_arguments(argv, {})
+        assert (args.command, args.repo, args.config_recheck) == (
+            "plan",
+            "https://git.example/m.git",
+            30.0,
+        )
+        assert args.config == cfg
+
+
+@pytest.mark.parametrize(
+    ("argv", "word"),
+    [
+        (["plan", "--repo", "r", "--config-re", "5"], "--config-re"),
+        (["--conf", "x", "history"], "--conf"),
+        (["apply", "--repo", "r", "--revert", "commit"], "--revert"),
+    ],
+)
+def test_abbreviations_are_refused_everywhere(
+    argv: list[str], word: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_arguments(argv, {})
+    assert exited.value.code == 1  # a usage error, never "changes pending"
+    assert word in capsys.readouterr().err
+    # every parser, not only the ones tried above
+    parser = build_parser()
+    assert not parser.allow_abbrev
+    assert not any(sub.allow_abbrev for sub in parser.commands.values())
+
+
+def test_an_unknown_key_is_refused_with_file_line_and_the_nearest_key(tmp_path: Path) -> None:
+    cfg = config_file(tmp_path, "repo: r\n# the mode\nrevert_mod: commit\n")
+    with pytest.raises(OptionSourceError) as refused:
+        parse_arguments(["plan", "--config", str(cfg)], {})
+    assert str(refused.value).startswith(f"config file {cfg}:3: unknown key 'revert_mod'")
+    assert "did you mean 'revert-mode'?" in str(refused.value)
+
+
+def test_a_key_of_another_command_is_left_to_it(tmp_path: Path) -> None:
+    # One file for run and history: interval is run's, output markdown is plan's alone.
+    cfg = config_file(tmp_path, "interval: 30\noutput: json\nstate: /s.db\n")
+    args = parse_arguments(["history", "--config", str(cfg)], {})
+    assert (args.output, args.state) == ("json", Path("/s.db"))
+    assert not hasattr(args, "interval")
+    cfg.write_text("output: markdown\nrepo: r\n")
+    assert parse_arguments(["plan", "--config", str(cfg)], {}).output == "markdown"
+
+
+def test_flag_beats_environment_beats_file_beats_default(tmp_path: Path) -> None:
+    cfg = config_file(tmp_path, "repo: r\npath: from-file\nref: file-ref\nallow-empty: true\n")
+    env = {"TRITON_GITOPS_CONFIG": str(cfg), "TRITON_GITOPS_PATH": "from-env"}
+    args = parse_arguments(["plan"], env)
+    assert (args.path, args.ref, args.allow_empty, args.parallel) == (
+        "from-env",
+        "file-ref",
+        True,
+        8,
+    )
+    args = parse_arguments(["plan", "--path", "from-flag"], env)
+    assert args.path == "from-flag"
+    env["TRITON_GITOPS_ALLOW_EMPTY"] = "false"
+    assert parse_arguments(["plan"], env).allow_empty is False
+
+
+def test_a_bad_value_names_its_source(tmp_path: Path) -> None:
+    cfg = config_file(tmp_path, "repo: r\nparallel: many\n")
+    with pytest.raises(OptionSourceError, match=rf"config file {cfg}:2: parallel: 'many'"):
+        parse_arguments(["plan", "--config", str(cfg)], {})
+    env = {"TRITON_GITOPS_REVERT_MODE": "sideways"}
+    with pytest.raises(OptionSourceError, match=r"\$TRITON_GITOPS_REVERT_MODE: 'sideways' is not"):
+        parse_arguments(["plan", "--repo", "r"], env)
