@@ -1,10 +1,12 @@
 """The container image and the deployment examples hang together: no Docker, no cluster.
 
-Nothing is built or applied. The Dockerfile, examples/deploy/kubernetes/*.yaml, the example
-TritonServer manifest, the Grafana dashboard and the PrometheusRule are parsed and checked
-against the real command line (``build_parser``, ``parse_arguments``), the real manifest
-loader, the real metrics registry (``ReconcilerMetrics``) and ``promtool``: option names, file
-paths, ports, probes and metric names that do not exist fail here instead of in a cluster.
+Nothing is built or applied here: tests/integration/test_image.py builds and runs the image, and
+no test applies the Kubernetes files to a cluster or enforces the NetworkPolicy. The
+Dockerfile, the lock files, examples/deploy/kubernetes/*.yaml, the example TritonServer
+manifest, the Grafana dashboard and the PrometheusRule are parsed and checked against the real
+command line (``build_parser``, ``parse_arguments``), the real manifest loader, the real
+metrics registry (``ReconcilerMetrics``) and ``promtool``: option names, file paths, ports,
+probes, selectors and metric names that do not exist fail here instead of in a cluster.
 """
 
 from __future__ import annotations
@@ -25,8 +27,11 @@ import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
@@ -104,11 +109,15 @@ NAMESPACED = frozenset(
         "Service",
         "ServiceMonitor",
         "PrometheusRule",
+        "NetworkPolicy",
     }
 )
 DNS_1123 = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 LISTEN_ANYWHERE = ("0.0.0.0", "", "::", "[::]")
 RSS_TARGET_BYTES = 80 * 1000 * 1000
+# PID 1 of the image: it reaps the git processes GitPython kills at a timeout, and passes
+# SIGTERM on (the Debian packages of these names).
+INITS = ("tini", "dumb-init")
 
 
 # -- reading the files ------------------------------------------------------------------------
@@ -262,6 +271,13 @@ def image_entrypoint() -> list[str]:
     return command
 
 
+def reconciler_command() -> list[str]:
+    """What the image's init process starts: its ENTRYPOINT after ``--``."""
+    command = image_entrypoint()
+    assert Path(command[0]).name in INITS, f"PID 1 is {command[0]}, not an init process"
+    return command[command.index("--") + 1 :]
+
+
 def run_options() -> dict[str, argparse.Action]:
     """The long options of `triton-gitops run`, by name without the dashes."""
     run = build_parser().commands["run"]
@@ -297,7 +313,7 @@ def container_startup() -> argparse.Namespace:
     ENTRYPOINT plus the Deployment's args, defaults from the environment and config file."""
     container = only_container(reconciler_deployment())
     assert "command" not in container, "the image's ENTRYPOINT must not be replaced"
-    entrypoint = image_entrypoint()
+    entrypoint = reconciler_command()
     assert entrypoint[0] == "triton-gitops"
     key, config = reconciler_config()
     return parse_arguments(
@@ -388,6 +404,7 @@ def test_every_yaml_and_json_file_parses() -> None:
         "servicemonitor.yaml",
         "prometheusrule.yaml",
         "triton.yaml",
+        "networkpolicy.yaml",
     }
     assert DASHBOARD in jsons
     for path in yamls:
@@ -599,6 +616,135 @@ def test_servicemonitors_scrape_the_services() -> None:
     assert "triton-gitops" in scraped
     triton_service = one("Service", triton_service_name())
     assert triton_service["metadata"]["name"] in scraped
+
+
+# -- every Deployment, and the NetworkPolicy --------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["reconciler", "triton"])
+def test_each_deployment_runs_unprivileged_on_a_read_only_root(which: str) -> None:
+    deployment = reconciler_deployment() if which == "reconciler" else triton_deployment()
+    pod = deployment["spec"]["template"]["spec"]
+    container = only_container(deployment)
+    context = {**pod.get("securityContext", {}), **container.get("securityContext", {})}
+    name = deployment["metadata"]["name"]
+    assert context.get("runAsNonRoot") is True, name
+    uid = context.get("runAsUser")
+    assert isinstance(uid, int) and uid > 0, f"{name}: a numeric non-root runAsUser"
+    assert context.get("readOnlyRootFilesystem") is True, name
+    assert context.get("allowPrivilegeEscalation") is False, name
+    assert context.get("capabilities", {}).get("drop") == ["ALL"], name
+    assert not context.get("capabilities", {}).get("add"), name
+    assert context.get("seccompProfile", {}).get("type") == "RuntimeDefault", name
+    # What the process writes lies on a writable volume, not on the root.
+    mount, volume, _ = mounted(deployment, container, "/tmp")
+    assert not mount.get("readOnly") and "emptyDir" in volume, f"{name}: /tmp"
+
+
+def network_policy() -> dict[str, Any]:
+    policy = one("NetworkPolicy", "triton-gitops")
+    assert policy["apiVersion"] == "networking.k8s.io/v1"
+    return policy
+
+
+def namespace_of(peer: dict[str, Any]) -> str | None:
+    """The namespace a policy peer names by its kubernetes.io/metadata.name label."""
+    labels = peer.get("namespaceSelector", {}).get("matchLabels", {})
+    name: str | None = labels.get("kubernetes.io/metadata.name")
+    return name
+
+
+def allowed_ports(rule: dict[str, Any], container: dict[str, Any] | None = None) -> set[int]:
+    """A rule's TCP ports as numbers (a named port is the container's)."""
+    ports = set()
+    for entry in rule["ports"]:
+        if entry.get("protocol", "TCP") != "TCP":
+            continue
+        port = entry["port"]
+        if isinstance(port, str):
+            assert container is not None, f"named port {port} outside the selected pods"
+            port = container_port(container, port)
+        ports.add(int(port))
+    return ports
+
+
+def test_network_policy_lets_in_only_webhooks_and_prometheus_on_the_service_port() -> None:
+    policy = network_policy()
+    deployment = reconciler_deployment()
+    container = only_container(deployment)
+    assert selects(
+        policy["spec"]["podSelector"]["matchLabels"],
+        deployment["spec"]["template"]["metadata"]["labels"],
+    )
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    (rule,) = policy["spec"]["ingress"]
+    service = one("Service", "triton-gitops")
+    service_ports = {container_port(container, p["targetPort"]) for p in service["spec"]["ports"]}
+    assert allowed_ports(rule, container) == service_ports == {9090}
+    peers = rule["from"]
+    assert all(set(peer) == {"namespaceSelector"} for peer in peers), "namespaces, no ipBlock"
+    # Prometheus: where the ServiceMonitor's Prometheus and configmap.yaml's prometheus-url are.
+    _, config = reconciler_config()
+    prometheus = urlsplit(config["prometheus-url"]).hostname
+    assert prometheus, "prometheus-url names no host"
+    monitoring = prometheus.split(".")[1]  # <service>.<namespace>.svc...
+    assert sorted(namespace_of(peer) or "" for peer in peers) == sorted(
+        ["ingress-nginx", monitoring]
+    )
+
+
+def test_network_policy_lets_the_reconciler_reach_what_it_calls() -> None:
+    policy = network_policy()
+    egress = policy["spec"]["egress"]
+
+    def reaches(namespace: str | None, labels: dict[str, str], port: int) -> bool:
+        """Whether some rule lets a pod (``labels``) of ``namespace`` (None: the policy's own)
+        be reached on TCP ``port``."""
+        for rule in egress:
+            for peer in rule["to"]:
+                if "ipBlock" in peer:
+                    continue
+                in_namespace = (
+                    namespace_of(peer) == namespace
+                    if "namespaceSelector" in peer
+                    else namespace in (None, policy["metadata"]["namespace"])
+                )
+                pods = peer.get("podSelector", {}).get("matchLabels", {})
+                if in_namespace and selects(pods, labels) and port in allowed_ports(rule):
+                    return True
+        return False
+
+    # Triton: the ports of the example TritonServer's grpc and metrics addresses, on the pods
+    # its Service selects.
+    triton = triton_deployment()
+    triton_labels = triton["spec"]["template"]["metadata"]["labels"]
+    service = one("Service", triton_service_name())
+    by_service_port = {
+        p["port"]: container_port(only_container(triton), p["targetPort"])
+        for p in service["spec"]["ports"]
+    }
+    for path in MANIFESTS.rglob("*.yaml"):
+        for doc in yaml_documents(path):
+            for address in (doc["spec"]["grpc"], urlsplit(doc["spec"]["metrics"]).netloc):
+                port = by_service_port[int(address.rpartition(":")[2])]
+                assert reaches(None, triton_labels, port), f"Triton at {address}"
+    # Prometheus and Alertmanager, where configmap.yaml points.
+    _, config = reconciler_config()
+    for key in ("prometheus-url", "alertmanager-url"):
+        url = urlsplit(config[key])
+        assert url.hostname and url.port
+        assert reaches(url.hostname.split(".")[1], {}, url.port), key
+    # DNS, over UDP and TCP.
+    dns = [
+        {e.get("protocol", "TCP") for e in rule["ports"] if e["port"] == 53}
+        for rule in egress
+        if any(namespace_of(peer) == "kube-system" for peer in rule["to"])
+    ]
+    assert {"UDP", "TCP"} in dns
+    # The Git host: https and ssh remotes, outside the cluster.
+    git_rules = [r for r in egress if any("ipBlock" in peer for peer in r["to"])]
+    assert any({443, 22} <= allowed_ports(rule) for rule in git_rules)
+    assert urlsplit(config["repo"]).scheme == "https"
 
 
 # -- Triton ----------------------------------------------------------------------------------
@@ -834,36 +980,59 @@ def test_promtool_accepts_the_alert_rules(tmp_path: Path) -> None:
 
 
 def test_dockerfile_runs_the_reconciler_as_a_non_root_user() -> None:
-    (base,) = docker("FROM")
-    assert base.startswith("python:3.11-slim")
+    # The official base by default; a build argument so that a base made locally also builds.
+    assert "BASE=python:3.11-slim" in docker("ARG")
+    build, image = docker("FROM")
+    assert build == "${BASE} AS build" and image == "${BASE}"
     users = docker("USER")
     assert users, "no USER: the container would run as root"
     uid = users[-1].split(":")[0]
     assert uid.isdigit() and int(uid) != 0, "a numeric non-root uid (runAsNonRoot checks it)"
-    assert image_entrypoint() == ["triton-gitops", "run"]
+    assert reconciler_command() == ["triton-gitops", "run"]
     (healthcheck,) = docker("HEALTHCHECK")
     assert "/healthz" in healthcheck
     apt = [r for r in docker("RUN") if "apt-get install" in r]
     assert len(apt) == 1 and "apt-get update" in apt[0], "update and install in one layer"
     packages = set(apt[0].split("apt-get install", 1)[1].split("&&")[0].split())
-    assert {"git", "ca-certificates", "--no-install-recommends"} <= packages
+    assert {"git", "ca-certificates", "gnupg", "procps", "--no-install-recommends"} <= packages
+    assert Path(image_entrypoint()[0]).name in packages, "the init process is installed"
     assert "rm -rf /var/lib/apt/lists/*" in apt[0]
     env = image_env()
     volumes = [v for rest in docker("VOLUME") for v in json.loads(rest)]
     for key in ("TRITON_GITOPS_STATE", "TRITON_GITOPS_CACHE_DIR", "HOME"):
         assert any(env[key].startswith(v.rstrip("/") + "/") or env[key] == v for v in volumes), key
     # The image's environment alone is a valid configuration of `run`.
-    args = parse_arguments([*image_entrypoint()[1:], "--repo", "https://example.com/m.git"], env)
+    args = parse_arguments([*reconciler_command()[1:], "--repo", "https://example.com/m.git"], env)
     host, _, port = args.listen.rpartition(":")
     assert host in LISTEN_ANYWHERE and port in docker("EXPOSE")[0].split()
     assert str(args.state) == env["TRITON_GITOPS_STATE"]
     assert str(args.cache_dir) == env["TRITON_GITOPS_CACHE_DIR"]
 
 
-def test_dockerfile_installs_the_package_without_test_extras() -> None:
-    instructions = dockerfile()
-    runs = [rest for key, rest in instructions if key == "RUN"]
-    assert any(re.search(r"\bpip install (?:-\S+ )*\.(?:\s|$)", r) for r in runs), "pip install ."
+def stages() -> list[list[tuple[str, str]]]:
+    """The Dockerfile's instructions by stage (what precedes the first FROM left out)."""
+    found: list[list[tuple[str, str]]] = []
+    for key, rest in dockerfile():
+        if key == "FROM":
+            found.append([])
+        if found:
+            found[-1].append((key, rest))
+    return found
+
+
+def test_dockerfile_installs_the_locked_dependencies_then_the_package_without_extras() -> None:
+    build, image = stages()
+    runs = [rest for key, rest in build if key == "RUN"]
+    # The dependencies by hash from the lock files, without resolving anything else.
+    locked = [r for r in runs if "-r requirements.lock" in r]
+    assert len(locked) == 1
+    for lock in ("requirements.lock", "requirements-build.lock"):
+        (install,) = [part for r in runs for part in r.split("&&") if f"-r {lock}" in part]
+        assert "--require-hashes" in install and "--no-deps" in install, install
+    # The package: a wheel built from ".", installed without its dependencies.
+    assert any(re.search(r"\bpip wheel [^&]*\s\.(?:\s|$)", r) for r in runs), "pip wheel ."
+    (package,) = [part for r in runs for part in r.split("&&") if ".whl" in part]
+    assert "pip install --no-deps" in package, package
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     extras = set(project["project"]["optional-dependencies"])
     for run in runs:
@@ -871,9 +1040,9 @@ def test_dockerfile_installs_the_package_without_test_extras() -> None:
         assert "nvidia-pytriton" not in run and "pytest" not in run, run
         for extra in extras:
             assert f"[{extra}]" not in run, run
-    # Everything the wheel is built from is copied, and exists.
+    # Everything the wheel is built from is copied, and exists; .dockerignore lets it through.
     copied: set[str] = set()
-    for key, rest in instructions:
+    for key, rest in build:
         if key == "COPY":
             parts = [p for p in shlex.split(rest) if not p.startswith("--")]
             for source in parts[:-1]:
@@ -882,25 +1051,61 @@ def test_dockerfile_installs_the_package_without_test_extras() -> None:
     hatch = project["tool"]["hatch"]["build"]["targets"]["wheel"]
     needed = {"pyproject.toml", project["project"]["readme"], *hatch["packages"]}
     needed |= set(hatch.get("force-include", {}))
-    assert needed <= copied, f"not copied: {needed - copied}"
-    # Cache-friendly: the dependencies install from pyproject.toml before the sources arrive.
-    order = [f"{key} {rest}" for key, rest in instructions]
-    dependencies = next(i for i, line in enumerate(order) if "pip install -r" in line)
+    assert needed | {"requirements.lock", "requirements-build.lock"} <= copied, copied
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert ignore[ignore.index("*") :].count("*") == 1, "everything is left out first"
+    assert {f"!{path}" for path in copied} <= {line.rstrip("/") for line in ignore}
+    # Cache-friendly: the dependencies install before the sources arrive.
+    order = [f"{key} {rest}" for key, rest in build]
+    dependencies = next(i for i, line in enumerate(order) if "-r requirements.lock" in line)
     sources = next(i for i, line in enumerate(order) if line.startswith("COPY reconciler"))
-    project_file = next(i for i, line in enumerate(order) if line.startswith("COPY pyproject.toml"))
-    assert project_file < dependencies < sources
+    assert dependencies < sources
+    # The image takes the virtualenv from the build stage, and no pip, wheel or source.
+    copies = [rest for key, rest in image if key == "COPY"]
+    assert copies == ["--from=build /opt/triton-gitops /opt/triton-gitops"], copies
+    assert not [rest for key, rest in image if key == "RUN" and "pip" in rest]
+    assert "PATH=/opt/triton-gitops/bin:$PATH" in docker("ENV")[-1].split()
 
 
-def test_dockerfile_dependency_layer_lists_the_project_dependencies(tmp_path: Path) -> None:
-    (run,) = [r for r in docker("RUN") if "pip install -r" in r]
-    words = shlex.split(run)
-    code = words[words.index("-c") + 1]
-    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    listed = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
-    )
+def test_lock_files_pin_the_project_requirements_with_hashes() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    for lock, requirements in (
+        ("requirements.lock", project["project"]["dependencies"]),
+        ("requirements-build.lock", project["build-system"]["requires"]),
+    ):
+        text = (ROOT / lock).read_text()
+        assert "./dev lock" in text.splitlines()[1], f"{lock}: made by ./dev lock"
+        pins: dict[str, str] = {}
+        for entry in re.split(r"\n(?=\S)", text):
+            if entry.startswith("#") or not entry.strip():
+                continue
+            match = re.match(r"([A-Za-z0-9._-]+)==(\S+)", entry)
+            assert match, f"{lock}: not a pin: {entry.splitlines()[0]}"
+            assert "--hash=sha256:" in entry, f"{lock}: {match.group(1)} has no hash"
+            pins[canonicalize_name(match.group(1))] = match.group(2)
+        for line in requirements:
+            requirement = Requirement(line)
+            name = canonicalize_name(requirement.name)
+            assert name in pins, f"{lock} does not pin {name}: run ./dev lock"
+            assert requirement.specifier.contains(pins[name], prereleases=True), (
+                f"{lock} pins {name}=={pins[name]}, outside {requirement}: run ./dev lock"
+            )
+            for extra in requirement.extras:  # tritonclient[grpc]: grpcio is pinned too
+                assert any(name in entry for entry in text.split("# via")), (lock, extra)
+
+
+def test_image_labels_say_what_it_is() -> None:
+    labels = {
+        key.removeprefix("org.opencontainers.image."): value.strip('"')
+        for rest in docker("LABEL")
+        for key, _, value in (pair.partition("=") for pair in shlex.split(rest))
+    }
+    assert set(labels) >= {"title", "source", "version", "revision", "licenses", "description"}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert listed.stdout.split() == project["dependencies"]
+    arguments = dict(a.partition("=")[::2] for a in docker("ARG"))
+    assert labels["version"] == "${VERSION}" and arguments["VERSION"] == project["version"]
+    assert labels["licenses"] == project["license"]
+    assert labels["title"] == project["name"]
 
 
 class _Health(http.server.ThreadingHTTPServer):
