@@ -12,7 +12,7 @@
 # VERSION and REVISION go into the OCI labels: `./dev image` passes the commit.
 #
 # Every option of `triton-gitops run` is also $TRITON_GITOPS_<OPTION> or a key of the YAML file
-# that $TRITON_GITOPS_CONFIG names (`--config` is a global option: it cannot follow `run`).
+# that $TRITON_GITOPS_CONFIG names (or `--config FILE`, before or after `run`).
 # Precedence: flag, then environment, then config file: the ENV below wins over the file.
 # One-shot commands: docker run --entrypoint triton-gitops IMAGE plan --repo URL
 # Kubernetes manifests and a Grafana dashboard: examples/deploy/.
