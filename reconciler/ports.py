@@ -121,6 +121,12 @@ class StateStore(Protocol):
 
     def save_undelivered_alerts(self, backlogs: Mapping[str, list[Any]]) -> None: ...
 
+    def alert_outbox(self) -> dict[tuple[str, str, str, bool], AlertEvent]: ...
+
+    def alerts_handed_over(
+        self, sent: Iterable[tuple[str, str, str, bool]], backlogs: Mapping[str, list[Any]]
+    ) -> None: ...
+
     def record_stage(
         self,
         deployment: str,
@@ -130,7 +136,9 @@ class StateStore(Protocol):
         started: Mapping[str, tuple[int, ...]],
     ) -> None: ...
 
-    def record_hold(self, hold: Hold) -> None: ...
+    def record_hold(
+        self, hold: Hold, rollout: Rollout | None = None, alert: AlertEvent | None = None
+    ) -> None: ...
 
     def record_reverted(self, deployments: Iterable[str], note: str) -> None: ...
 

@@ -103,6 +103,20 @@ def event_json(event: AlertEvent) -> dict[str, Any]:
     }
 
 
+def event_from_json(value: Mapping[str, Any]) -> AlertEvent:
+    """An event back from ``event_json``'s object (the state store's alert outbox)."""
+    return AlertEvent(
+        str(value["kind"]),
+        str(value["severity"]),
+        str(value["summary"]),
+        str(value["revision"]),
+        value.get("model"),
+        value.get("server"),
+        dict(value.get("details") or {}),
+        bool(value.get("resolved", False)),
+    )
+
+
 class Alerter(Protocol):
     def send(self, event: AlertEvent) -> None:
         """Deliver ``event`` or queue it; never raises, never blocks past a timeout."""

@@ -33,10 +33,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from reconciler.adapters.alerts import event_from_json, event_json
 from reconciler.core.records import rfc3339
 from reconciler.faults import fault_point
 from reconciler.model.history import (
     ALL_DEPLOYMENTS,
+    AlertEvent,
     AppliedSpec,
     History,
     Hold,
@@ -165,6 +167,17 @@ CREATE TABLE IF NOT EXISTS webhook_deliveries (
     seen_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS webhook_deliveries_by_time ON webhook_deliveries (seen_at);
+-- Issue 17, point 1 (crash consistency of alerts and failed rollouts); to become a numbered
+-- migration. alert_outbox: the failure alerts (opened and resolved) recorded and not yet
+-- handed to the receivers, one per AlertEvent.identity (its JSON key), oldest first by rowid.
+-- rollouts_in_flight: the rows a journal wrote with a hold, which the pass's record completes.
+CREATE TABLE IF NOT EXISTS alert_outbox (
+    identity TEXT PRIMARY KEY,
+    event TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rollouts_in_flight (
+    rollout_id INTEGER PRIMARY KEY
+);
 """
 
 
@@ -537,12 +550,27 @@ class StateStore:
             ],
         )
 
-    def record_hold(self, hold: Hold) -> None:
+    def record_hold(
+        self, hold: Hold, rollout: Rollout | None = None, alert: AlertEvent | None = None
+    ) -> None:
         """A rollout failed and its revert is about to run: held at once, in its own
-        transaction, so a reconciler killed mid-revert does not try the failed spec again."""
+        transaction, so a reconciler killed mid-revert does not try the failed spec again;
+        with it the rollout's row as far as it is known (the pass's record completes it) and
+        its failure alert, open and in the outbox, so that a kill loses neither."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._write_holds([hold])
+            if rollout is not None:
+                self._insert_rollouts([rollout])
+                self._db.execute(
+                    "INSERT INTO rollouts_in_flight (rollout_id) VALUES (last_insert_rowid())"
+                )
+            if alert is not None:
+                self._write_outbox([alert], ())
+                self._db.execute(
+                    "INSERT OR REPLACE INTO open_alerts VALUES (?, ?, ?, ?)",
+                    (alert.model or "", alert.server or "", alert.kind, alert.revision),
+                )
 
     def record_reverted(self, deployments: Iterable[str], note: str) -> None:
         """The revert of these held ModelDeployments is in Git (``note``: how), so no later
@@ -613,11 +641,53 @@ class StateStore:
         """Replace the stored backlog with ``backlogs`` (empty: everything was delivered)."""
         with self._db:
             self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM undelivered_alerts")
-            self._db.executemany(
-                "INSERT INTO undelivered_alerts (receiver, deliveries) VALUES (?, ?)",
-                [(k, json.dumps(v, default=str)) for k, v in backlogs.items() if v],
+            self._replace_undelivered(backlogs)
+
+    def _replace_undelivered(self, backlogs: Mapping[str, list[Any]]) -> None:
+        self._db.execute("DELETE FROM undelivered_alerts")
+        self._db.executemany(
+            "INSERT INTO undelivered_alerts (receiver, deliveries) VALUES (?, ?)",
+            [(k, json.dumps(v, default=str)) for k, v in backlogs.items() if v],
+        )
+
+    def alert_outbox(self) -> dict[tuple[str, str, str, bool], AlertEvent]:
+        """The failure alerts recorded and not yet handed to the receivers, oldest first."""
+        return {
+            (str(m), str(s), str(r), bool(resolved)): event_from_json(json.loads(event))
+            for identity, event in self._db.execute(
+                "SELECT identity, event FROM alert_outbox ORDER BY rowid"
             )
+            for m, s, r, resolved in [json.loads(identity)]
+        }
+
+    def alerts_handed_over(
+        self, sent: Iterable[tuple[str, str, str, bool]], backlogs: Mapping[str, list[Any]]
+    ) -> None:
+        """``sent`` left the outbox, and ``backlogs`` is what the receivers have not taken
+        (of those and earlier ones): one transaction, so each alert is in one or the other."""
+        with self._db:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.executemany(
+                "DELETE FROM alert_outbox WHERE identity = ?",
+                [(json.dumps(list(key)),) for key in sent],
+            )
+            self._replace_undelivered(backlogs)
+
+    def _write_outbox(
+        self, events: Iterable[AlertEvent], withdrawn: Iterable[tuple[str, str, str, bool]]
+    ) -> None:
+        # A later event of the same identity replaces the earlier, and goes to the end.
+        self._db.executemany(
+            "DELETE FROM alert_outbox WHERE identity = ?",
+            [(json.dumps(list(key)),) for key in withdrawn],
+        )
+        self._db.executemany(
+            "INSERT OR REPLACE INTO alert_outbox (identity, event) VALUES (?, ?)",
+            [
+                (json.dumps(list(e.identity)), json.dumps(event_json(e), default=str))
+                for e in events
+            ],
+        )
 
     def open_alerts(self) -> set[tuple[str, str, str]]:
         """(model, server, kind) of the failure alerts raised and not yet resolved."""
@@ -645,6 +715,7 @@ class StateStore:
             self._write_rollouts(record.rollouts)
             self._write_applied(record.applied)
             self._write_alerts_and_stages(record)
+            self._write_outbox(record.outbox, record.outbox_withdrawn)
             self._write_transitions(record.transitions)
             self._db.execute(
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",
@@ -671,27 +742,53 @@ class StateStore:
         )
 
     def _write_rollouts(self, rollouts: Iterable[Rollout]) -> None:
+        """The pass's rows; one its journal wrote with a hold (same revision, deployment,
+        server, model and target) is completed, not added again. Every journal row ends
+        here: one of a pass killed before its record stays as that pass wrote it."""
+        new = []
+        for r in rollouts:
+            values = self._rollout_row(r)
+            row = self._db.execute(
+                "SELECT id FROM rollouts WHERE id IN (SELECT rollout_id FROM rollouts_in_flight) "
+                "AND revision = ? AND deployment = ? AND server = ? AND model = ? "
+                "AND to_versions = ?",
+                values[:4] + values[5:6],
+            ).fetchone()
+            if row is None:
+                new.append(r)
+                continue
+            self._db.execute(
+                "UPDATE rollouts SET from_versions = ?, outcome = ?, verdict = ?, checks = ?, "
+                "error = ?, rollback_seconds = ?, finished_at = ? WHERE id = ?",
+                (values[4], *values[6:], row[0]),
+            )
+            self._db.execute("DELETE FROM rollouts_in_flight WHERE rollout_id = ?", (row[0],))
+        self._insert_rollouts(new)
+        self._db.execute("DELETE FROM rollouts_in_flight")
+
+    @staticmethod
+    def _rollout_row(r: Rollout) -> tuple[Any, ...]:
+        return (
+            r.revision,
+            r.deployment,
+            r.server,
+            r.model,
+            json.dumps(list(r.from_versions)),
+            json.dumps(list(r.to_versions)),
+            r.outcome,
+            r.verdict,
+            json.dumps(list(r.checks)),
+            r.error,
+            r.rollback_seconds,
+            r.finished_at,
+        )
+
+    def _insert_rollouts(self, rollouts: Iterable[Rollout]) -> None:
         self._db.executemany(
             "INSERT INTO rollouts (revision, deployment, server, model, from_versions, "
             "to_versions, outcome, verdict, checks, error, rollback_seconds, finished_at) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    r.revision,
-                    r.deployment,
-                    r.server,
-                    r.model,
-                    json.dumps(list(r.from_versions)),
-                    json.dumps(list(r.to_versions)),
-                    r.outcome,
-                    r.verdict,
-                    json.dumps(list(r.checks)),
-                    r.error,
-                    r.rollback_seconds,
-                    r.finished_at,
-                )
-                for r in rollouts
-            ],
+            [self._rollout_row(r) for r in rollouts],
         )
 
     def _write_applied(self, applied: Iterable[AppliedSpec]) -> None:

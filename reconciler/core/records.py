@@ -11,14 +11,15 @@ server served before, until a commit changes that ModelDeployment.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.model.analysis import Evaluation
 from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
-from reconciler.model.plan import Action, Plan
+from reconciler.model.plan import Action, ModelChange, Plan
 from reconciler.model.reports import PassReport
-from reconciler.model.results import ApplyResult, ChangeResult, Outcome
+from reconciler.model.results import ApplyResult, ChangeResult, Outcome, StepResult
 from reconciler.model.spec import DesiredState
 
 
@@ -50,29 +51,63 @@ def _is_rollout(change: ChangeResult) -> bool:
 
 
 def rollouts_from(result: ApplyResult, now: float) -> tuple[Rollout, ...]:
-    records = []
-    for change in result.changes:
-        if not _is_rollout(change):
-            continue
-        analysis = change.analysis
-        last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
-        records.append(
-            Rollout(
-                revision=result.revision,
-                deployment=change.change.deployment or "",
-                server=change.change.server,
-                model=change.change.model,
-                from_versions=change.change.serving,
-                to_versions=change.change.desired,
-                outcome=str(change.outcome),
-                verdict=str(analysis.verdict) if analysis and analysis.verdict else None,
-                checks=checks_json(last),
-                error=change.error,
-                rollback_seconds=change.rollback_seconds,
-                finished_at=now,
-            )
-        )
-    return tuple(records)
+    return tuple(
+        _rollout_of(change, result.revision, now)
+        for change in result.changes
+        if _is_rollout(change)
+    )
+
+
+def _rollout_of(change: ChangeResult, revision: str, now: float) -> Rollout:
+    analysis = change.analysis
+    last = analysis.evaluations[-1] if analysis and analysis.evaluations else None
+    return Rollout(
+        revision=revision,
+        deployment=change.change.deployment or "",
+        server=change.change.server,
+        model=change.change.model,
+        from_versions=change.change.serving,
+        to_versions=change.change.desired,
+        outcome=str(change.outcome),
+        verdict=str(analysis.verdict) if analysis and analysis.verdict else None,
+        checks=checks_json(last),
+        error=change.error,
+        rollback_seconds=change.rollback_seconds,
+        finished_at=now,
+    )
+
+
+def failure_at_hold(
+    change: ModelChange,
+    done: Iterable[StepResult],
+    revision: str,
+    revert_action: str,
+    now: float,
+) -> tuple[Rollout, AlertEvent]:
+    """The row and the failure alert of a rollout whose forward step just failed (``done``:
+    its forward steps so far, the failed one last), written with its hold before the revert
+    runs: what the pass's record will say, as far as it is known. The revert is still to
+    run, so the outcome is "reverted" and the rollback not measured (None); the pass's own
+    record completes the row and replaces the alert, unless the process dies first."""
+    failed = ChangeResult(change, Outcome.REVERTED, tuple(done))
+    return _rollout_of(failed, revision, now), _alert_of(failed, revision, revert_action)
+
+
+def resumed_from(
+    rollouts: Iterable[Rollout], history: History, desired: DesiredState
+) -> tuple[Rollout, ...]:
+    """``rollouts`` with each that resumes an interrupted one (an in-flight record of the same
+    spec names its server) starting where the interrupted one started: an in-place swap
+    killed after its unload left nothing serving, which is not where the swap began."""
+    resumed = []
+    for rollout in rollouts:
+        record = history.staged.get(rollout.deployment)
+        spec = desired.deployments.get(rollout.deployment)
+        if record and spec and spec.fingerprint == record.fingerprint:
+            began = record.started.get(rollout.server, rollout.from_versions)
+            rollout = replace(rollout, from_versions=began)
+        resumed.append(rollout)
+    return tuple(resumed)
 
 
 def interrupted_swaps_finished(

@@ -7,17 +7,22 @@ pass sees the new versions as not yet verified (``plan._as_before``) and verifie
 them again, rather than promoting a version whose analysis never finished. When a server's
 forward steps pass (the last verify or analysis before the old versions go), it is marked so.
 When a forward step fails, the hold is written at once, before the revert runs, so a kill
-mid-revert neither loses the failure nor lets the next pass try the failed spec again. The
-pass's own record (``StateStore.record_pass``) ends these entries.
+mid-revert neither loses the failure nor lets the next pass try the failed spec again; in the
+same transaction, the rollout's row as far as it is known and its failure alert, in the alert
+outbox (``core.records.failure_at_hold``), so a kill before the pass's record loses neither.
+The pass's own record (``StateStore.record_pass``) ends these entries, completing the row.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from reconciler.core.records import failure_at_hold
 from reconciler.engine.steps import FORWARD
-from reconciler.model.history import History, Hold
+from reconciler.model.history import History, Hold, StagedRecord
 from reconciler.model.plan import Action, ModelChange, Plan
 from reconciler.model.results import FailureKind, Progress, StepResult
 from reconciler.model.spec import DesiredState
@@ -38,16 +43,36 @@ class Journal:
     plan: Plan
     desired: DesiredState
     revision: str
+    revert_action: str  # what the write-back does with a failure (--revert-mode), for its alert
     deployments: list[str] = field(default_factory=list)  # the entries begun, to be ended
     # Holds written early; the pass's own outcome (``holds_from``) decides which stay: a
     # failure found to be a restarted server after it was reported is not held.
     held: set[str] = field(default_factory=set)
+    # The alerts written with those holds (``AlertEvent.identity``), for the pass's record.
+    alerted: set[tuple[str, str, str, bool]] = field(default_factory=set)
+    _done: dict[tuple[str, str], list[StepResult]] = field(default_factory=dict)
+    _began: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     _passed: dict[str, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def begin(cls, state: StateStore, plan_: Plan, desired: DesiredState, revision: str) -> Journal:
-        journal = cls(state, plan_, desired, revision)
+    def begin(
+        cls,
+        state: StateStore,
+        plan_: Plan,
+        desired: DesiredState,
+        revision: str,
+        revert_action: str,
+        interrupted: Mapping[str, StagedRecord] | None = None,
+    ) -> Journal:
+        """The entries of this plan's changes; ``interrupted``: the entries an earlier pass
+        left (``History.staged``), whose servers keep what served before that pass began."""
+        journal = cls(state, plan_, desired, revision, revert_action)
+        for name, record in (interrupted or {}).items():
+            if name in desired.deployments and desired.deployments[name].fingerprint == (
+                record.fingerprint
+            ):
+                journal._began[name] = dict(record.started)
         staged = {r.deployment for r in plan_.rollouts}
         for name in sorted({c.deployment for c in plan_.changes if c.deployment} - staged):
             if any(s.action is Action.LOAD for c in journal._changes(name) for s in c.steps):
@@ -65,7 +90,10 @@ class Journal:
             self.desired.deployments[deployment].fingerprint,
             self.revision,
             self._passed[deployment],
-            {c.server: c.serving for c in self._changes(deployment)},
+            {
+                c.server: self._began.get(deployment, {}).get(c.server, c.serving)
+                for c in self._changes(deployment)
+            },
         )
 
     def watch(self, progress: Progress) -> Progress:
@@ -80,6 +108,8 @@ class Journal:
                 progress(result)
                 return
             with self._lock:
+                done = self._done.setdefault((change.server, change.model), [])
+                done.append(result)
                 if result.ok and name in self._passed:
                     if result.step is change.steps[_last_forward(change)]:
                         self._passed[name].add(change.server)
@@ -92,8 +122,12 @@ class Journal:
                     and result.failure is FailureKind.AGAINST_VERSIONS
                     and name not in held  # putting a hold's versions back: it stays as it is
                 ):
-                    self.state.record_hold(self._hold(name, result))
+                    row, alert = failure_at_hold(
+                        change, done, self.revision, self.revert_action, time.time()
+                    )
+                    self.state.record_hold(self._hold(name, result), row, alert)
                     self.held.add(name)
+                    self.alerted.add(alert.identity)
             progress(result)
 
         return journalled

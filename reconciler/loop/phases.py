@@ -36,6 +36,7 @@ from reconciler.core.records import (
     interrupted_swaps_finished,
     problem_alerts,
     released_holds,
+    resumed_from,
     rfc3339,
     rollouts_from,
 )
@@ -156,7 +157,6 @@ class Recorded:
 
     report: PassReport
     holds: tuple[Hold, ...]
-    events: tuple[AlertEvent, ...]  # opened, and resolved of alerts open
     open_alerts: set[tuple[str, str, str]]
 
 
@@ -336,7 +336,9 @@ def apply(
         for name in desired.deployments
         if (spec := state.applied_spec(name)) is not None
     }
-    journal = Journal.begin(state, plan_, desired, revision)
+    journal = Journal.begin(
+        state, plan_, desired, revision, str(run.settings.revert.mode), target.history.staged
+    )
     live = LiveStatus(plan_, state.record_live)
     journalled = journal.watch(run.progress)
 
@@ -407,7 +409,7 @@ def record(run: PassRun, target: Target, planned: Planned, applied: Applied) -> 
     fault_point("loop.record")
     opened = [e for e in events if not e.resolved]
     _record_pass(run, target, report, applied, holds, opened, resolved)
-    return Recorded(report, holds, (*opened, *resolved), open_alerts)
+    return Recorded(report, holds, open_alerts)
 
 
 def _record_pass(
@@ -440,7 +442,7 @@ def _record_pass(
             ],
             "problems": [str(p) for p in plan_.problems],
         },
-        rollouts=(*rollouts_from(result, now), *swaps),
+        rollouts=(*resumed_from(rollouts_from(result, now), history, desired), *swaps),
         holds=holds,
         released=tuple(
             n
@@ -451,6 +453,10 @@ def _record_pass(
         footprints=footprints_from(result),
         alerts_opened=tuple((e.model or "", e.server or "", e.kind) for e in opened),
         alerts_resolved=tuple((e.model or "", e.server or "") for e in resolved),
+        outbox=(*opened, *resolved),
+        outbox_withdrawn=tuple(
+            sorted(journal.alerted - {e.identity for e in (*opened, *resolved)})
+        ),
         stages_ended=(*_stages_ended(target, plan_, applied), *finished),
         transitions=pass_transitions(
             report, desired, holds, history.transitions, rfc3339(time.time())
@@ -477,14 +483,27 @@ def _stages_ended(target: Target, plan_: Plan, applied: Applied) -> list[str]:
 
 
 def alert(run: PassRun, plan_: Plan, recorded: Recorded) -> None:
-    """Send what the pass found: failures opened and resolved, problems, hold reminders."""
+    """Send what the pass found: failures opened and resolved (the outbox its record wrote),
+    problems, hold reminders."""
     fault_point("loop.alerts")
-    for event in recorded.events:
-        run.alerts.send(event)
-    for event in problem_alerts(plan_):
-        run.alerts.send(event)
-    for event in hold_reminders(plan_, recorded.open_alerts):
-        run.alerts.send(event)
+    send_outbox(
+        run.state,
+        run.alerts,
+        (*problem_alerts(plan_), *hold_reminders(plan_, recorded.open_alerts)),
+    )
+
+
+def send_outbox(state: StateStore, alerts: Alerts, also: tuple[AlertEvent, ...] = ()) -> None:
+    """Send the alert outbox (and ``also``), then, in one transaction, empty the outbox and
+    save what the receivers did not take: killed anywhere, a failure alert is sent at
+    least once (Alertmanager makes one alert of the same labels sent again)."""
+    outbox = state.alert_outbox()
+    if not outbox and not also:
+        return
+    for event in (*outbox.values(), *also):
+        alerts.send(event)
+    alerts.flush()
+    state.alerts_handed_over(outbox, alerts.backlog())
 
 
 def revert(

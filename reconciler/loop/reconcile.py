@@ -57,6 +57,8 @@ def reconcile(
         # What a receiver that was down did not take, from earlier passes (or processes);
         # a plan leaves them to the next apply or pass, which records their delivery.
         alerts.restore(state.undelivered_alerts())
+        # The failure alerts of a pass killed after its record and before its alerts went.
+        phases.send_outbox(state, alerts)
     run = phases.PassRun(
         source,
         settings,

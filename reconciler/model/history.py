@@ -187,6 +187,12 @@ class AlertEvent:
         if self.kind not in KINDS:
             raise ValueError(f"unknown alert kind {self.kind!r}; one of {', '.join(KINDS)}")
 
+    @property
+    def identity(self) -> tuple[str, str, str, bool]:
+        """Which rollout's failure (or resolution) this is: the alert outbox keeps one event
+        per identity, so the pass's record replaces what its journal wrote at the failure."""
+        return (self.model or "", self.server or "", self.revision, self.resolved)
+
 
 @dataclass(frozen=True)
 class PassRecord:
@@ -204,6 +210,11 @@ class PassRecord:
     footprints: Mapping[tuple[str, str], float] = field(default_factory=dict)
     alerts_opened: tuple[tuple[str, str, str], ...] = ()  # (model, server, kind)
     alerts_resolved: tuple[tuple[str, str], ...] = ()  # (model, server)
+    # The failure alerts opened and resolved, to send: written with the record (the alert
+    # outbox) and sent by the alert phase, so a kill between the two loses none of them.
+    outbox: tuple[AlertEvent, ...] = ()
+    # Events the journal put in the outbox that the pass's outcome does not confirm.
+    outbox_withdrawn: tuple[tuple[str, str, str, bool], ...] = ()
     stages_ended: tuple[str, ...] = ()  # staged rollouts whose record goes
     # (ModelDeployment, condition type) -> (status, since): every declared deployment's
     # conditions after the pass; replaces what was remembered

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.adapters.state import StateStore
-from reconciler.model.history import History, Hold, PassRecord
+from reconciler.model.history import AlertEvent, History, Hold, PassRecord, Rollout
 
 
 def test_history_round_trip(tmp_path: Path) -> None:
@@ -135,6 +135,45 @@ def test_revert_push_records_survive_a_hold_written_again(tmp_path: Path) -> Non
     store.record_pass(PassRecord("b" * 40, {}, False, {}, holds=(replace(hold, fingerprint="f2"),)))
     assert store.unreverted() == {"echo"}  # another spec failed: its revert is not pushed
     assert store.history().holds["echo"].fingerprint == "f2"
+    store.close()
+
+
+def _failed(outcome: str, rollback: float | None, at: float) -> Rollout:
+    return Rollout(
+        "a" * 40, "echo", "edge-a", "echo", (1,), (4,), outcome, "failed",
+        ({"check": "success-rate", "verdict": "fail"},), "analysis failed", rollback, at,
+    )  # fmt: skip
+
+
+def test_a_hold_keeps_its_row_and_alert_which_the_pass_completes_and_hands_over(
+    tmp_path: Path,
+) -> None:
+    store = StateStore(tmp_path / "state.db")
+    hold = Hold("echo", "f1", "a" * 40, "analysis failed", {"edge-a": (1,)})
+    early = AlertEvent("rollout-failed", "critical", "echo 4 failed", "a" * 40, "echo", "edge-a",
+                       {"checks": "success-rate=0.6 < 0.95"})  # fmt: skip
+    store.record_hold(hold, _failed("reverted", None, 1.0), early)
+    # What a kill right now leaves: the row, the alert open and in the outbox.
+    assert [(r.outcome, r.rollback_seconds) for r in store.rollouts()] == [("reverted", None)]
+    assert store.open_alerts() == {("echo", "edge-a", "rollout-failed")}
+    assert store.alert_outbox() == {early.identity: early}
+    # The pass's record completes that row (one row, not two) and replaces the alert.
+    final = replace(early, summary="echo 4 failed; 1 serves again")
+    store.record_pass(
+        PassRecord("a" * 40, {}, False, {}, rollouts=(_failed("reverted", 0.4, 2.0),),
+                   holds=(hold,), outbox=(final,))
+    )  # fmt: skip
+    assert [(r.outcome, r.rollback_seconds) for r in store.rollouts()] == [("reverted", 0.4)]
+    assert list(store.alert_outbox().values()) == [final]
+    # A later pass's row of the same rollout (a retry) is a row of its own.
+    store.record_pass(
+        PassRecord("a" * 40, {}, False, {}, rollouts=(_failed("reverted", 0.5, 3.0),))
+    )
+    assert len(store.rollouts()) == 2
+    # Handed over: out of the outbox and, what a receiver did not take, in its backlog.
+    store.alerts_handed_over(store.alert_outbox(), {"am": [{"fire": []}]})
+    assert store.alert_outbox() == {}
+    assert store.undelivered_alerts() == {"am": [{"fire": []}]}
     store.close()
 
 

@@ -124,6 +124,7 @@ class FakeState:
         self.reverted: dict[str, str] = {}
         self.open: set[tuple[str, str, str]] = set()
         self.undelivered: dict[str, list[Any]] = {}
+        self.outbox: dict[tuple[str, str, str, bool], AlertEvent] = {}
         self.transitions: dict[tuple[str, str], tuple[str, str]] = {}
         self.fail_record: Exception | None = None
         self.closed = 0
@@ -176,9 +177,23 @@ class FakeState:
     ) -> None:
         self.stages[deployment] = (fingerprint, revision, frozenset(completed), dict(started))
 
-    def record_hold(self, hold: Hold) -> None:
+    def record_hold(
+        self, hold: Hold, rollout: Rollout | None = None, alert: AlertEvent | None = None
+    ) -> None:
         self.early_holds.append(hold)
         self.holds[hold.deployment] = hold
+        if alert is not None:
+            self.outbox[alert.identity] = alert
+
+    def alert_outbox(self) -> dict[tuple[str, str, str, bool], AlertEvent]:
+        return dict(self.outbox)
+
+    def alerts_handed_over(
+        self, sent: Iterable[tuple[str, str, str, bool]], backlogs: Mapping[str, list[Any]]
+    ) -> None:
+        for key in sent:
+            self.outbox.pop(key, None)
+        self.undelivered = dict(backlogs)
 
     def record_reverted(self, deployments: Iterable[str], note: str) -> None:
         self.reverted.update(dict.fromkeys(deployments, note))
@@ -205,6 +220,9 @@ class FakeState:
         self.open = {(m, s, k) for m, s, k in self.open if (m, s) not in resolved}
         for name in r.stages_ended:
             self.stages.pop(name, None)
+        for key in r.outbox_withdrawn:
+            self.outbox.pop(key, None)
+        self.outbox.update({e.identity: e for e in r.outbox})
         self.transitions = dict(r.transitions)
 
     def orders(self, deployment: str, since: float) -> list[OperatorOrder]:

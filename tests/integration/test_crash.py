@@ -28,7 +28,9 @@ from testkit.cli_run import CliRun, cli
 from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
+from testkit.services import ALERTMANAGER_BINARIES, Alertmanager
 from tests.integration.flows import ready_versions, served_factor
+from tests.services import find_binary
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,20 @@ def triton(
         server.stop()
 
 
-def echo(version: int) -> str:
+@pytest.fixture(scope="module")
+def alertmanager(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Alertmanager]:
+    """One Alertmanager for the module: each bad version's commit is new, and its alert is
+    told apart by its revision annotation (the labels, and so the alert, are the same)."""
+    binary = find_binary(ALERTMANAGER_BINARIES, "prometheus-alertmanager")
+    server = Alertmanager(binary, tmp_path_factory.mktemp("crash-alertmanager"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def echo(version: int, extra: str = "") -> str:
     # Short analysis so that each kill and restart costs seconds; v4 fails 40% of requests,
     # which the success rate sees at the first evaluation.
     return (
@@ -63,6 +78,7 @@ def echo(version: int) -> str:
         "      checks:\n"
         "        - name: success-rate\n"
         "          successRate: {min: 0.95}\n"
+        f"{extra}"
     )
 
 
@@ -108,6 +124,14 @@ class Crashable:
         finally:
             store.close()
 
+    def outbox(self) -> list[str]:
+        """The kinds of the alerts recorded and not yet handed to the receivers."""
+        store = StateStore(self.state_path)
+        try:
+            return [e.kind for e in store.alert_outbox().values()]
+        finally:
+            store.close()
+
     def rollouts(self) -> list[tuple[tuple[int, ...], tuple[int, ...], str, str]]:
         store = StateStore(self.state_path)
         try:
@@ -135,16 +159,17 @@ def serve_only_version_1(triton: LocalTriton) -> None:
 
 
 def start(
-    tmp_path: Path, triton: LocalTriton, model_repository: Path, *extra: str
+    tmp_path: Path, triton: LocalTriton, model_repository: Path, *extra: str, spec: str = ""
 ) -> tuple[ManifestRepo, Crashable]:
-    """A fresh remote and state; echo 1 serving, and the first pass finds it in sync."""
+    """A fresh remote and state; echo 1 serving, and the first pass finds it in sync
+    (``spec``: more of echo's spec, the same in every version)."""
     serve_only_version_1(triton)
     manifests = ManifestRepo(tmp_path / "git")
     manifests.write(
         "servers.yaml",
         server_doc("edge-a", triton.grpc_address, model_repository, metrics=triton.metrics_url),
     )
-    manifests.write("echo.yaml", echo(1))
+    manifests.write("echo.yaml", echo(1, spec))
     manifests.commit("echo 1")
     reconciler = Crashable(manifests.url, tmp_path / "reconciler", extra)
     first = reconciler.run()
@@ -254,9 +279,14 @@ def revert_commits(manifests: ManifestRepo, ref: str, bad: str) -> list[str]:
 
 @pytest.mark.parametrize("case", BAD_CASES, ids=lambda c: f"{c.point}-{c.mode}")
 def test_bad_version_killed_at(
-    case: BadCase, tmp_path: Path, triton: LocalTriton, model_repository: Path
+    case: BadCase,
+    tmp_path: Path,
+    triton: LocalTriton,
+    model_repository: Path,
+    alertmanager: Alertmanager,
 ) -> None:
-    manifests, reconciler = start(tmp_path, triton, model_repository, "--revert-mode", case.mode)
+    options = ("--revert-mode", case.mode, "--alertmanager-url", alertmanager.url)
+    manifests, reconciler = start(tmp_path, triton, model_repository, *options)
     manifests.write("echo.yaml", echo(4))
     bad = manifests.commit("echo 4")
     with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
@@ -264,6 +294,16 @@ def test_bad_version_killed_at(
         killed = reconciler.spawn(case.point)
         assert killed.code == -9, (killed.code, killed.out, killed.err)
         held = [reconciler.holds()]
+        if case.held_at_kill:
+            # Durable from the moment of the failure: its row, and its alert in the outbox
+            # (or, once the alert phase ran, in Alertmanager).
+            rows = [r[:3] for r in reconciler.rollouts() if r[1] == (4,)]
+            assert rows == [((1,), (4,), "reverted")], reconciler.rollouts()
+            told = "rollout-failed" in reconciler.outbox() or failure_alerts(alertmanager, bad)
+            assert told, "the failure alert is neither in the outbox nor in Alertmanager"
+        if case.point == "loop.alerts":  # recorded, not sent: the outbox keeps it
+            assert "rollout-failed" in reconciler.outbox()
+            assert failure_alerts(alertmanager, bad) == []
         reconciler.run()
         held.append(reconciler.holds())
         settle(reconciler)
@@ -292,16 +332,50 @@ def test_bad_version_killed_at(
         assert store.in_progress() == set(), "the in-flight record was left behind"
     finally:
         store.close()
+    # The failed rollout's row, exactly one, whether the kill came before the failure (the
+    # rerun fails again), after it (the row written with the hold) or after the record.
     failed = [r for r in reconciler.rollouts() if r[1] == (4,)]
-    if case.point in ("apply.load.accepted", "apply.analysis", "git.push.before", "git.push.after",
-                      "loop.alerts"):  # fmt: skip
-        assert any(outcome == "reverted" for _, _, outcome, _ in failed), reconciler.rollouts()
-    else:
-        # Killed after the failure and before the pass's record: the hold (written at once)
-        # survives, the rollout's row is lost (not built yet: issue 17, point 1).
-        assert failed == [], "the row of a rollout whose pass died before its record"
+    assert [(f, outcome) for f, _, outcome, _ in failed] == [((1,), "reverted")], failed
     not_interleaved(reconciler, 1, 4)
     assert load.versions_seen() <= {1, 4}
+    # And its alert reached Alertmanager (at least once: the same labels are one alert there).
+    assert failure_alerts(alertmanager, bad) == ["TritonGitopsRolloutFailed"]
+
+
+def failure_alerts(alertmanager: Alertmanager, revision: str) -> list[str]:
+    """The alertnames of echo's active alerts about ``revision``."""
+    return [
+        a["labels"]["alertname"]
+        for a in alertmanager.alerts(active="true")
+        if a["labels"].get("model") == "echo" and a["annotations"].get("revision") == revision
+    ]
+
+
+# An in-place swap (no memory beside the old: whenNoHeadroom replace) unloads echo 1 and only
+# then loads 2: the points that differ from a swap beside are those of that window.
+IN_PLACE = "  resources: {memory: 64Ti}\n  rollout: {whenNoHeadroom: replace}\n"
+IN_PLACE_POINTS = ["apply.unload", "apply.load.requested", "apply.load.accepted", "apply.verify"]
+
+
+@pytest.mark.parametrize("point", IN_PLACE_POINTS)
+def test_in_place_swap_killed_at(
+    point: str, tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    manifests, reconciler = start(tmp_path, triton, model_repository, spec=IN_PLACE)
+    manifests.write("echo.yaml", echo(2, IN_PLACE))
+    manifests.commit("echo 2, in place")
+    planned = reconciler.run("plan")
+    assert "unload here and wait until it is gone" in planned.out, planned.out
+    killed = reconciler.spawn(point)
+    assert killed.code == -9, (killed.code, killed.out, killed.err)
+    rerun = reconciler.run()
+    # Clients are not watched: in place, echo serves nothing on edge-a for a moment.
+    assert rerun.code == 0, rerun.out + rerun.err
+    ended_cleanly(reconciler, 2)
+    assert ready_versions(triton, "echo") == {2}
+    assert served_factor(triton, "echo") == 2.0
+    assert reconciler.holds() == {}
+    not_interleaved(reconciler, 1, 2)
 
 
 @pytest.mark.parametrize("damage", ["missing", "garbage"])
