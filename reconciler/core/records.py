@@ -101,12 +101,13 @@ def resumed_from(
     killed after its unload left nothing serving, which is not where the swap began."""
     resumed = []
     for rollout in rollouts:
-        record = history.staged.get(rollout.deployment)
         spec = desired.deployments.get(rollout.deployment)
-        if record and spec and spec.fingerprint == record.fingerprint:
-            began = record.started.get(rollout.server, rollout.from_versions)
-            rollout = replace(rollout, from_versions=began)
-        resumed.append(rollout)
+        began = (
+            history.began_from(rollout.deployment, spec.fingerprint, rollout.server)
+            if spec
+            else None
+        )
+        resumed.append(replace(rollout, from_versions=began) if began is not None else rollout)
     return tuple(resumed)
 
 
@@ -188,7 +189,10 @@ def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> 
         previous = dict(earlier.previous) if earlier else {}
         configs = dict(earlier.configs) if earlier else {}
         for change in changes:
-            previous.setdefault(change.change.server, change.change.serving)
+            # Nothing served because an in-place swap was stopped after its unload: the revert
+            # put back what served before it (``plan``'s revert steps do the same).
+            began = history.began_from(name, deployment.fingerprint, change.change.server)
+            previous.setdefault(change.change.server, change.change.serving or began or ())
             load = change.change.revert[0] if change.change.revert else None
             configs.setdefault(change.change.server, load.config if load else None)
         holds.append(

@@ -139,7 +139,10 @@ class Journal:
             fingerprint=self.desired.deployments[deployment].fingerprint,
             revision=self.revision,
             reason=failed.error or "failed",
-            previous={c.server: c.serving for c in changes},
+            previous={
+                c.server: c.serving or self._began.get(deployment, {}).get(c.server, ())
+                for c in changes
+            },
             configs={c.server: c.revert[0].config if c.revert else None for c in changes},
         )
 

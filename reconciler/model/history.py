@@ -107,6 +107,14 @@ class History:
     # (ModelDeployment, condition type) -> (its status, RFC 3339 time that status began)
     transitions: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
+    def began_from(self, deployment: str, fingerprint: str, server: str) -> tuple[int, ...] | None:
+        """What ``server`` served when a pass began rolling out this spec (``fingerprint``)
+        there and was stopped (its in-flight record); None when no such record names it."""
+        record = self.staged.get(deployment)
+        if record is None or record.fingerprint != fingerprint:
+            return None
+        return record.started.get(server)
+
     def suspension_of(self, deployment: str) -> Suspension | None:
         """What keeps ``deployment`` from being reconciled, if an operator suspended it (or
         everything)."""

@@ -15,7 +15,7 @@ from reconciler.core.plan.settle import emptied_servers
 from reconciler.core.triton_config import merge
 from reconciler.engine.apply import apply
 from reconciler.engine.steps import Timing
-from reconciler.model.history import History
+from reconciler.model.history import History, StagedRecord
 from reconciler.model.plan import Action, Plan, PlanProblem
 from reconciler.model.results import ApplyResult, Outcome
 from reconciler.model.serving import ServerState
@@ -95,6 +95,29 @@ def test_first_deploy_loads_verifies_and_reverts_by_unloading() -> None:
     assert fake.ready("m") == {1}
     again = plan_for(desired, {"s1": fake})
     assert not again.has_changes and again.in_sync == (("s1", "m"),)
+
+
+def test_a_change_from_nothing_left_by_a_stopped_in_place_swap_reverts_to_what_served() -> None:
+    """An in-place swap of this spec was stopped after its unload (its in-flight record says
+    1 served): the rerun loads 2 from nothing, and its revert puts 1 back, not nothing."""
+    fake = server()
+    desired = desired_state(deploy("m", [2]))
+    spec = desired.deployments["m"]
+    stopped = History(staged={"m": StagedRecord(spec.fingerprint, frozenset(), {"s1": (1,)})})
+
+    (change,) = plan_for(desired, {"s1": fake}, stopped).changes
+
+    assert change.serving == ()
+    assert [(s.action, s.versions) for s in change.revert] == [
+        (Action.LOAD, (1,)),
+        (Action.VERIFY, (1,)),
+    ]
+    assert change.revert[0].config is not None
+    assert change.revert[0].config["version_policy"] == {"specific": {"versions": [1]}}
+    # Another spec's record (a newer commit since): nothing is known about what served.
+    other = History(staged={"m": StagedRecord("older", frozenset(), {"s1": (1,)})})
+    (change,) = plan_for(desired, {"s1": fake}, other).changes
+    assert [(s.action, s.versions) for s in change.revert] == [(Action.UNLOAD, ())]
 
 
 def test_bump_loads_beside_the_old_version_then_drops_it() -> None:

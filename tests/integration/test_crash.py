@@ -420,3 +420,30 @@ def test_lost_state_file_is_explained_and_prunes_nothing(
 def unload_other(triton: LocalTriton) -> None:
     with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
         client.unload_model("other")
+
+
+def test_bad_in_place_version_killed_after_the_unload_is_put_back(
+    tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    """The rerun finds nothing serving and loads 9 from nothing; when 9 fails, the revert
+    puts back what served before the killed pass's unload (version 1), not nothing, and the
+    hold keeps it there."""
+    manifests, reconciler = start(tmp_path, triton, model_repository, spec=IN_PLACE)
+    manifests.write("echo.yaml", echo(9, IN_PLACE))  # version 9 fails in initialize
+    bad = manifests.commit("echo 9, in place")
+    killed = reconciler.spawn("apply.load.requested")  # echo 1 unloaded, 9 not loaded yet
+    assert killed.code == -9, (killed.code, killed.out, killed.err)
+    assert ready_versions(triton, "echo") == set()
+    rerun = reconciler.run()
+    assert rerun.code == 1, rerun.out + rerun.err  # 9 failed to load, and was put back
+    assert ready_versions(triton, "echo") == {1}
+    assert reconciler.holds() == {"echo": bad}
+    assert [r[:3] for r in reconciler.rollouts()] == [((1,), (9,), "reverted")]
+    store = StateStore(reconciler.state_path)
+    try:
+        assert store.in_progress() == set()
+        assert store.history().holds["echo"].previous == {"edge-a": (1,)}
+    finally:
+        store.close()
+    assert reconciler.run().code == 0  # held: nothing to do, and 1 keeps serving
+    assert ready_versions(triton, "echo") == {1}

@@ -232,6 +232,9 @@ def _plan_model(
     gate = _interface_refusal(server, deployment, model, target, desired)
     if gate is not None:
         return gate  # before anything is sent: the serving versions keep their config
+    # Nothing serves because an in-place swap of this spec was stopped after its unload: a
+    # revert puts back what served before it began, not nothing.
+    before = history.began_from(deployment.name, deployment.fingerprint, server)
     delta = _Delta(
         server,
         deployment,
@@ -240,7 +243,9 @@ def _plan_model(
         tuple(drift),
         target,
         _sequence_policy(deployment, target),
-        _revert_steps(server, deployment.model, model, ready),
+        _put_back_unloaded(server, deployment.model, target, frozenset(before))
+        if not ready and before
+        else _revert_steps(server, deployment.model, model, ready),
     )
     if backend_change:
         assert deployment.backend is not None
@@ -539,12 +544,27 @@ def _swap_in_place(
     )
 
 
+def _put_back_unloaded(
+    server: str, model_name: str, target: Mapping[str, Any], before: frozenset[int]
+) -> tuple[Step, ...]:
+    """The revert of a change that starts from nothing because an in-place swap, stopped
+    after its unload, took away what served (``before``): those versions back, with the
+    declared config (the one they were unloaded with is not known any more)."""
+    return _load_back(server, model_name, with_versions(target, model_name, before), before)
+
+
 def _revert_steps(
     server: str, model_name: str, model: ModelState, ready: frozenset[int]
 ) -> tuple[Step, ...]:
     if not ready:
         return (Step(server, model_name, Action.UNLOAD, (), "revert: it served nothing before"),)
     previous = model.loaded_config or {}
+    return _load_back(server, model_name, with_versions(previous, model_name, ready), ready)
+
+
+def _load_back(
+    server: str, model_name: str, config: Mapping[str, Any], ready: frozenset[int]
+) -> tuple[Step, ...]:
     return (
         Step(
             server,
@@ -552,7 +572,7 @@ def _revert_steps(
             Action.LOAD,
             _versions(ready),
             f"revert: serve only {', '.join(map(str, sorted(ready)))} as before",
-            config=with_versions(previous, model_name, ready),
+            config=config,
         ),
         Step(
             server,
