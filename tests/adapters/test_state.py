@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +11,7 @@ import pytest
 
 from reconciler.adapters.state import StateStore
 from reconciler.model.history import History, Hold, PassRecord
+from tests.adapters.killed import killed_at
 
 
 def test_history_round_trip(tmp_path: Path) -> None:
@@ -55,14 +52,7 @@ def test_a_kill_inside_the_pass_transaction_keeps_the_previous_record(tmp_path: 
         "                  holds=(Hold('echo', 'f', 'b' * 40, 'failed', {'edge-a': (1,)}),)))\n"
         "print('second recorded', flush=True)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(path)],
-        env={**os.environ, "TRITON_GITOPS_FAULT": "state.write:2"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
+    done = killed_at("state.write:2", script, path)
     assert done.stdout.split("\n")[:1] == ["first recorded"]
     assert (tmp_path / "state.db-wal").exists()  # killed with its WAL not checkpointed
     store = StateStore(path)
@@ -146,6 +136,7 @@ def test_condition_transitions_are_written_with_the_pass_and_migrated_in(tmp_pat
     old.close()
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE condition_transitions")
+        db.execute("PRAGMA user_version = 0")  # from before versions
     db.close()
 
     store = StateStore(path)
@@ -180,6 +171,7 @@ def test_read_only_reads_the_record_and_never_writes(
     # A file from before a table was added: read from a migrated copy, the file untouched.
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE condition_transitions")
+        db.execute("PRAGMA user_version = 0")  # from before versions
     db.close()
     before = path.read_bytes()
     reader = StateStore(path, read_only=True)
