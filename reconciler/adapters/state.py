@@ -327,16 +327,22 @@ class StateStore:
         """The orders given to ``deployment`` at or after ``since`` (wall clock), oldest
         first. A store that cannot be read gives none (logged): a rollout is never failed
         for want of its orders."""
-        try:
-            rows = self._db.execute(
-                "SELECT kind, deployment, by, at, at_epoch, reason FROM operator_orders "
-                "WHERE deployment = ? AND at_epoch >= ? ORDER BY id",
-                (deployment, since),
-            ).fetchall()
-        except sqlite3.Error as exc:
-            log.warning("state file %s: the operator's orders cannot be read: %s", self.path, exc)
-            return []
+        rows = self._rows_or_none(
+            "the operator's orders",
+            "SELECT kind, deployment, by, at, at_epoch, reason FROM operator_orders "
+            "WHERE deployment = ? AND at_epoch >= ? ORDER BY id",
+            (deployment, since),
+        )
         return [OperatorOrder(OrderKind(kind), *rest) for kind, *rest in rows]
+
+    def _rows_or_none(self, what: str, query: str, args: tuple[Any, ...]) -> list[Any]:
+        """The rows of ``query``, or none when the store cannot be read (logged, naming
+        ``what``): for what runs beside a rollout and must never fail it."""
+        try:
+            return self._db.execute(query, args).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("state file %s: %s cannot be read: %s", self.path, what, exc)
+            return []
 
     def record_live(self, snapshot: Mapping[str, Any] | None) -> None:
         """The rollouts of the pass in progress (``loop/live.py``), replacing the last
@@ -674,15 +680,12 @@ class StateStore:
     def seen_deliveries(self, since: float, limit: int) -> list[tuple[str, float]]:
         """The webhook delivery keys seen after ``since`` (wall clock) with their time, the
         newest ``limit``, oldest first. A store that cannot be read gives none (logged)."""
-        try:
-            rows = self._db.execute(
-                "SELECT key, seen_at FROM webhook_deliveries WHERE seen_at > ? "
-                "ORDER BY seen_at DESC, rowid DESC LIMIT ?",
-                (since, limit),
-            ).fetchall()
-        except sqlite3.Error as exc:
-            log.warning("state file %s: webhook deliveries cannot be read: %s", self.path, exc)
-            return []
+        rows = self._rows_or_none(
+            "webhook deliveries",
+            "SELECT key, seen_at FROM webhook_deliveries WHERE seen_at > ? "
+            "ORDER BY seen_at DESC, rowid DESC LIMIT ?",
+            (since, limit),
+        )
         return [(key, at) for key, at in reversed(rows)]
 
     def remember_deliveries(self, keys: Iterable[str], at: float, since: float, limit: int) -> None:

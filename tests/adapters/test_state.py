@@ -190,3 +190,20 @@ def test_read_only_reads_the_record_and_never_writes(
     assert f"state file {path} is unreadable" in caplog.text
     assert path.read_bytes() == b"garbage" * 1000  # not moved aside: apply does that
     assert not list(path.parent.glob("*.corrupt-*"))
+
+
+def test_what_runs_beside_a_rollout_reads_nothing_from_a_store_it_cannot_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    with sqlite3.connect(path) as other:  # the tables gone under the running store
+        other.execute("DROP TABLE operator_orders")
+        other.execute("DROP TABLE webhook_deliveries")
+    other.close()
+    with caplog.at_level(logging.WARNING, logger="triton_gitops.state"):
+        assert store.orders("echo", 0.0) == []
+        assert store.seen_deliveries(0.0, 10) == []
+    assert f"state file {path}: the operator's orders cannot be read" in caplog.text
+    assert f"state file {path}: webhook deliveries cannot be read" in caplog.text
+    store.close()
