@@ -196,6 +196,9 @@ def migrate(db: sqlite3.Connection, where: str, *, to: int | None = None) -> lis
     """Run the migrations ``db`` (``where``: its file, for messages) has not had, up to
     ``to`` (None: all), in order, each in a transaction of its own with its version number; the ones
     run. A failure rolls its migration back and raises MigrationFailed."""
+    refuse_newer(db, where)
+    if version(db) >= (LATEST if to is None else to):
+        return []  # current: no write lock taken (a store is opened several times a pass)
     ran: list[Migration] = []
     for migration in MIGRATIONS:
         if to is not None and migration.version > to:

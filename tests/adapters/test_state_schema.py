@@ -4,6 +4,8 @@ refused; a failed or killed migration leaving the file at the version it had."""
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,17 @@ def test_a_file_from_a_newer_release_is_refused_and_left_as_it_is(tmp_path: Path
     shown = cli("history", "--state", str(path))
     assert shown.code == 1, shown.out + shown.err
     assert "written by a newer triton-gitops" in shown.err and "Traceback" not in shown.err
+    # The service refuses to start on it, with the same words (a downgraded pod: its log).
+    remote = tmp_path / "remote.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    service = subprocess.run(
+        [sys.executable, "-m", "reconciler", "run", "--repo", remote.as_uri(), "--state",
+         str(path), "--cache-dir", str(tmp_path / "cache"), "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert service.returncode == 1, service.stderr
+    assert "written by a newer triton-gitops" in service.stderr
+    assert "Traceback" not in service.stderr
     assert path.read_bytes() == before
     assert not list(tmp_path.glob("*.corrupt-*"))
 
