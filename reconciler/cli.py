@@ -61,12 +61,13 @@ from reconciler.loop.review import desired_at, diff_refs
 from reconciler.loop.status import status
 from reconciler.loop.undo import undo
 from reconciler.model.analysis import Evaluation
-from reconciler.model.errors import Problem, ReconcileError, ValidationError
+from reconciler.model.errors import Problem, ReconcileError, StateFileRefused, ValidationError
 from reconciler.model.gate import GateReport
 from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
 from reconciler.model.plan import Step
 from reconciler.model.results import StepResult
 from reconciler.model.settings import (
+    DEFAULT_HISTORY_DAYS,
     AlertSettings,
     AnalysisSettings,
     ApprovalSettings,
@@ -210,6 +211,15 @@ def _source_options(
         default=_default_state(),
         help="SQLite state store: models applied per server, pass history "
         "(default $TRITON_GITOPS_STATE or $XDG_STATE_HOME/triton-gitops/state.db)",
+    )
+    run.add_argument(
+        "--history-days",
+        type=float,
+        default=DEFAULT_HISTORY_DAYS,
+        metavar="DAYS",
+        help="keep passes, rollouts and on-call actions this long in the state store "
+        f"({DEFAULT_HISTORY_DAYS:g}; 0: for ever). Holds, open alerts, rollouts in progress "
+        "and each server's latest rollout of each ModelDeployment are kept whatever their age",
     )
     run.add_argument(
         "--cache-dir",
@@ -939,6 +949,7 @@ def _settings(args: argparse.Namespace) -> Settings:
     return Settings(
         cache_dir=args.cache_dir,
         state_path=args.state,
+        history_days=args.history_days,
         allow_empty=args.allow_empty,
         git=GitSettings(fetch_timeout=args.fetch_timeout, credentials=_git_credentials(args)),
         triton=TritonSettings(
@@ -1424,6 +1435,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OptionSourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    try:
+        return _command(args)
+    except StateFileRefused as exc:  # any command that opens the state store
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "run":
         return _run(args)
     # Log records (alerts, each failure of a pass) go to stderr, as text or JSON lines.

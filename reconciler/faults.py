@@ -27,6 +27,7 @@ POINTS: tuple[str, ...] = (
     "apply.revert",  # a failed change is about to run its revert steps (mid-revert)
     "loop.record",  # apply is done; the pass's outcome is not recorded yet
     "state.write",  # inside the state store's pass transaction, before its commit
+    "state.migrate",  # inside a schema migration's transaction, before its commit
     "git.push.before",  # the revert commit is made locally and not pushed yet
     "git.push.after",  # the revert commit is pushed; the push is not recorded yet
     "loop.alerts",  # the pass is recorded; its alerts are not sent yet

@@ -109,7 +109,7 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
     return Ports(
         manifests=manifests,
         approval=manifests,
-        open_state=lambda: StateStore(settings.state_path),
+        open_state=lambda: StateStore(settings.state_path, history_days=settings.history_days),
         read_state=lambda: StateStore(settings.state_path, read_only=True),
         open_alerts=lambda: alerter(settings),
         triton=lambda server: new_client(server, settings),

@@ -7,6 +7,10 @@ alerts a receiver has not taken yet (retried by the next pass); each pass's outc
 ModelDeployment's condition statuses with the time each took its status (``lastTransitionTime``);
 and the repository and manifest folder it is the record of (``bound_source``).
 WAL mode and one transaction per pass, so a kill mid-write leaves the previous record intact.
+The tables are versioned (``state_schema.py``): a writer migrates an older file in place, and
+a file written by a newer release is refused. History is bounded: each pass forgets passes,
+rollouts and on-call actions older than ``history_days`` (``_prune``); the present (holds,
+open alerts, in-flight records) is never pruned.
 
 ``StateStore(path, read_only=True)`` is the record as ``plan``, ``status`` and ``history``
 see it: an existing file opened read-only (SQLite ``mode=ro``, ``query_only``: a write
@@ -26,16 +30,17 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.alerts import event_from_json, event_json
+from reconciler.adapters.state_schema import LATEST, Migration, migrate, refuse_newer, version
 from reconciler.core.records import rfc3339
 from reconciler.faults import fault_point
+from reconciler.model.errors import StateFileRefused
 from reconciler.model.history import (
     ALL_DEPLOYMENTS,
     AlertEvent,
@@ -50,142 +55,9 @@ from reconciler.model.history import (
     StagedRecord,
     Suspension,
 )
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS managed (
-    server TEXT NOT NULL,
-    model TEXT NOT NULL,
-    revision TEXT NOT NULL,
-    PRIMARY KEY (server, model)
-);
-CREATE TABLE IF NOT EXISTS passes (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    revision TEXT NOT NULL,
-    finished_at REAL NOT NULL,
-    ok INTEGER NOT NULL,
-    summary TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS holds (
-    deployment TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    revision TEXT NOT NULL,
-    reason TEXT NOT NULL,
-    previous TEXT NOT NULL,
-    configs TEXT NOT NULL,
-    created_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rollouts (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    revision TEXT NOT NULL,
-    deployment TEXT NOT NULL,
-    server TEXT NOT NULL,
-    model TEXT NOT NULL,
-    from_versions TEXT NOT NULL,
-    to_versions TEXT NOT NULL,
-    outcome TEXT NOT NULL,
-    verdict TEXT,
-    checks TEXT NOT NULL,
-    error TEXT,
-    rollback_seconds REAL,
-    finished_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS applied_specs (
-    deployment TEXT PRIMARY KEY,
-    revision TEXT NOT NULL,
-    fingerprint TEXT NOT NULL,
-    versions TEXT NOT NULL,
-    config TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS footprints (
-    server TEXT NOT NULL,
-    model TEXT NOT NULL,
-    bytes_per_version REAL NOT NULL,
-    PRIMARY KEY (server, model)
-);
-CREATE TABLE IF NOT EXISTS staged_rollouts (
-    deployment TEXT PRIMARY KEY,
-    fingerprint TEXT NOT NULL,
-    revision TEXT NOT NULL,
-    progress TEXT NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS undelivered_alerts (
-    receiver TEXT PRIMARY KEY,
-    deliveries TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS suspensions (
-    target TEXT PRIMARY KEY,
-    by TEXT NOT NULL,
-    at TEXT NOT NULL,
-    reason TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS operator_actions (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    at TEXT NOT NULL,
-    verb TEXT NOT NULL,
-    target TEXT NOT NULL,
-    by TEXT NOT NULL,
-    detail TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS operator_orders (
-    id INTEGER PRIMARY KEY AUTOINCREMENT,
-    deployment TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    by TEXT NOT NULL,
-    at TEXT NOT NULL,
-    at_epoch REAL NOT NULL,
-    reason TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS live_status (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    snapshot TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS open_alerts (
-    model TEXT NOT NULL,
-    server TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    revision TEXT NOT NULL,
-    PRIMARY KEY (model, server, kind)
-);
-CREATE TABLE IF NOT EXISTS condition_transitions (
-    deployment TEXT NOT NULL,
-    type TEXT NOT NULL,
-    status TEXT NOT NULL,
-    since TEXT NOT NULL,
-    PRIMARY KEY (deployment, type)
-);
--- The repository (its URL without credentials) and manifest folder this store is the record
--- of, written by the first pass that records; a pass over any other is refused.
-CREATE TABLE IF NOT EXISTS bound_source (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    repo TEXT NOT NULL,
-    path TEXT NOT NULL,
-    bound_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS webhook_deliveries (
-    key TEXT PRIMARY KEY,
-    seen_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS webhook_deliveries_by_time ON webhook_deliveries (seen_at);
--- Issue 17, point 1 (crash consistency of alerts and failed rollouts); to become a numbered
--- migration. alert_outbox: the failure alerts (opened and resolved) recorded and not yet
--- handed to the receivers, one per AlertEvent.identity (its JSON key), oldest first by rowid.
--- rollouts_in_flight: the rows a journal wrote with a hold, which the pass's record completes.
-CREATE TABLE IF NOT EXISTS alert_outbox (
-    identity TEXT PRIMARY KEY,
-    event TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS rollouts_in_flight (
-    rollout_id INTEGER PRIMARY KEY
-);
-"""
-
+from reconciler.model.settings import DEFAULT_HISTORY_DAYS
 
 log = logging.getLogger("triton_gitops.state")
-
-
-def _now() -> str:
-    return rfc3339(time.time())
 
 
 _SIDE_FILES = ("", "-wal", "-shm")  # SQLite's WAL and shared-memory files go with the store
@@ -194,16 +66,22 @@ _SIDE_FILES = ("", "-wal", "-shm")  # SQLite's WAL and shared-memory files go wi
 def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     try:
+        _check(db)
+        refuse_newer(db, str(path))  # before anything is written to it
         db.execute("PRAGMA journal_mode=WAL")
         # With WAL, NORMAL keeps the store consistent through a crash or a kill (a power cut
         # may lose the last pass's record, never corrupt it) and saves a sync per commit.
         db.execute("PRAGMA synchronous=NORMAL")
-        _check(db)
-        _migrate(db)
-    except sqlite3.DatabaseError:
+        for migration in migrate(db, str(path)):
+            log.info("state file %s: migrated to version %d (%s)", path, *_named(migration))
+    except (sqlite3.DatabaseError, StateFileRefused):
         db.close()
         raise
     return db
+
+
+def _named(migration: Migration) -> tuple[int, str]:
+    return migration.version, migration.summary
 
 
 def _check(db: sqlite3.Connection) -> None:
@@ -212,31 +90,6 @@ def _check(db: sqlite3.Connection) -> None:
     verdict = db.execute("PRAGMA quick_check").fetchone()[0]
     if verdict != "ok":
         raise sqlite3.DatabaseError(f"integrity check: {verdict}")
-
-
-def _migrate(db: sqlite3.Connection) -> None:
-    """Every table and column this version reads, added to a store from before them."""
-    db.executescript(_SCHEMA)
-    columns = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
-    if "backend" not in columns:  # a state file from before backend revisions
-        db.execute("ALTER TABLE applied_specs ADD COLUMN backend TEXT")
-    columns = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
-    if "reverted" not in columns:  # a state file from before revert push records
-        db.execute("ALTER TABLE holds ADD COLUMN reverted TEXT")
-        # Holds from before: whether their revert was pushed is unknown; never push again.
-        db.execute("UPDATE holds SET reverted = 'recorded before revert push records'")
-
-
-def _current(db: sqlite3.Connection) -> bool:
-    """Whether a store has every table and column this version reads (a file from before
-    one was added is migrated by a writer, read from a copy in memory by a reader)."""
-    tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    wanted = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", _SCHEMA))
-    if not wanted <= tables:
-        return False
-    specs = {row[1] for row in db.execute("PRAGMA table_info(applied_specs)")}
-    holds = {row[1] for row in db.execute("PRAGMA table_info(holds)")}
-    return "backend" in specs and "reverted" in holds
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
@@ -251,13 +104,14 @@ def _read_only(path: Path) -> sqlite3.Connection:
             )
             try:
                 _check(db)
-                if not _current(db):  # migrated in a copy in memory, the file untouched
+                refuse_newer(db, str(path))
+                if version(db) < LATEST:  # migrated in a copy in memory, the file untouched
                     copy = _in_memory()
                     db.backup(copy)
                     db.close()
                     db = copy
-                    _migrate(db)
-            except sqlite3.DatabaseError:
+                    migrate(db, str(path))
+            except (sqlite3.DatabaseError, StateFileRefused):
                 db.close()
                 raise
             db.execute("PRAGMA query_only=1")
@@ -268,7 +122,7 @@ def _read_only(path: Path) -> sqlite3.Connection:
                 "apply or run moves it aside"
             )
     db = _in_memory()
-    _migrate(db)
+    migrate(db, "(no state file)")
     db.execute("PRAGMA query_only=1")
     return db
 
@@ -277,9 +131,25 @@ def _in_memory() -> sqlite3.Connection:
     return sqlite3.connect(":memory:", isolation_level=None, check_same_thread=False)
 
 
+# Rows pruned per table and pass at most: the first pass over a store from before retention
+# (a year of passes) spreads the deletes over a few passes instead of one long transaction.
+_PRUNE_BATCH = 5000
+
+
 class StateStore:
-    def __init__(self, path: Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        read_only: bool = False,
+        history_days: float = DEFAULT_HISTORY_DAYS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``history_days``: how long passes, rollouts and on-call actions are kept (0: for
+        ever; see ``_prune``); ``clock``: the wall clock the record is written with."""
         self.path = path
+        self.history_days = history_days
+        self._clock = clock
         self.recovered: str | None = None  # what happened to an unreadable or missing file
         if read_only:
             self._db = _read_only(path)
@@ -374,7 +244,7 @@ class StateStore:
     # -- on-call verbs: each changes the record and is recorded, in one transaction ----------
 
     def _act(self, verb: str, target: str, by: str, detail: str) -> OperatorAction:
-        action = OperatorAction(_now(), verb, target, by, detail)
+        action = OperatorAction(rfc3339(self._clock()), verb, target, by, detail)
         self._db.execute(
             "INSERT INTO operator_actions (at, verb, target, by, detail) VALUES (?, ?, ?, ?, ?)",
             (action.at, action.verb, action.target, action.by, action.detail),
@@ -390,7 +260,7 @@ class StateStore:
     def suspend(self, target: str, by: str, reason: str = "") -> Suspension:
         """Pause reconciling ``target`` (a ModelDeployment, or ALL_DEPLOYMENTS) until
         ``resume``; suspending again replaces who, when and why."""
-        suspension = Suspension(target, by, _now(), reason)
+        suspension = Suspension(target, by, rfc3339(self._clock()), reason)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
@@ -441,7 +311,7 @@ class StateStore:
         """An order to ``deployment``'s rollout in progress, for apply to obey (it reads them
         while it runs: ``orders``), recorded in history in the same transaction; None, and
         nothing written, when no rollout of it is in progress."""
-        at_epoch = time.time()
+        at_epoch = self._clock()
         order = OperatorOrder(kind, deployment, by, rfc3339(at_epoch), at_epoch, reason)
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
@@ -459,16 +329,22 @@ class StateStore:
         """The orders given to ``deployment`` at or after ``since`` (wall clock), oldest
         first. A store that cannot be read gives none (logged): a rollout is never failed
         for want of its orders."""
-        try:
-            rows = self._db.execute(
-                "SELECT kind, deployment, by, at, at_epoch, reason FROM operator_orders "
-                "WHERE deployment = ? AND at_epoch >= ? ORDER BY id",
-                (deployment, since),
-            ).fetchall()
-        except sqlite3.Error as exc:
-            log.warning("state file %s: the operator's orders cannot be read: %s", self.path, exc)
-            return []
+        rows = self._rows_or_none(
+            "the operator's orders",
+            "SELECT kind, deployment, by, at, at_epoch, reason FROM operator_orders "
+            "WHERE deployment = ? AND at_epoch >= ? ORDER BY id",
+            (deployment, since),
+        )
         return [OperatorOrder(OrderKind(kind), *rest) for kind, *rest in rows]
+
+    def _rows_or_none(self, what: str, query: str, args: tuple[Any, ...]) -> list[Any]:
+        """The rows of ``query``, or none when the store cannot be read (logged, naming
+        ``what``): for what runs beside a rollout and must never fail it."""
+        try:
+            return self._db.execute(query, args).fetchall()
+        except sqlite3.Error as exc:
+            log.warning("state file %s: %s cannot be read: %s", self.path, what, exc)
+            return []
 
     def record_live(self, snapshot: Mapping[str, Any] | None) -> None:
         """The rollouts of the pass in progress (``loop/live.py``), replacing the last
@@ -523,7 +399,7 @@ class StateStore:
         with self._db:
             self._db.execute(
                 "INSERT OR REPLACE INTO staged_rollouts VALUES (?, ?, ?, ?, ?)",
-                (deployment, fingerprint, revision, json.dumps(progress), time.time()),
+                (deployment, fingerprint, revision, json.dumps(progress), self._clock()),
             )
 
     def _write_holds(self, holds: Iterable[Hold]) -> None:
@@ -544,7 +420,7 @@ class StateStore:
                     h.reason,
                     json.dumps({k: list(v) for k, v in h.previous.items()}),
                     json.dumps(dict(h.configs)),
-                    time.time(),
+                    self._clock(),
                 )
                 for h in holds
             ],
@@ -625,7 +501,7 @@ class StateStore:
         with self._db:
             self._db.execute(
                 "INSERT OR IGNORE INTO bound_source (id, repo, path, bound_at) VALUES (1, ?, ?, ?)",
-                (repo, path, _now()),
+                (repo, path, rfc3339(self._clock())),
             )
 
     def undelivered_alerts(self) -> dict[str, list[Any]]:
@@ -717,20 +593,47 @@ class StateStore:
             self._write_alerts_and_stages(record)
             self._write_outbox(record.outbox, record.outbox_withdrawn)
             self._write_transitions(record.transitions)
+            now = self._clock()
             self._db.execute(
                 "INSERT INTO passes (revision, finished_at, ok, summary) VALUES (?, ?, ?, ?)",
-                (
-                    record.revision,
-                    time.time(),
-                    int(record.ok),
-                    json.dumps(record.summary, sort_keys=True),
-                ),
+                (record.revision, now, int(record.ok), json.dumps(record.summary, sort_keys=True)),
             )
-            # Orders are for the rollouts in progress when they were given: a day on, none is.
-            self._db.execute(
-                "DELETE FROM operator_orders WHERE at_epoch < ?", (time.time() - 86400,)
-            )
+            self._prune(now)
             fault_point("state.write")  # the whole pass is written, not committed
+
+    def _prune(self, now: float) -> None:
+        """Forget what is older than ``history_days``: passes (never the latest one, nor the
+        latest that succeeded: the next pass starts from it), rollouts (never a server's
+        latest of a ModelDeployment, nor its latest that converged: ``status`` and ``undo``
+        read them) and on-call actions. Holds, open alerts, undelivered alerts, in-flight
+        records, suspensions and what is placed where are the present, not history: never
+        pruned. Orders are for the rollouts in progress when they were given: a day on, none
+        is."""
+        self._db.execute("DELETE FROM operator_orders WHERE at_epoch < ?", (now - 86400,))
+        if self.history_days <= 0:
+            return
+        cutoff = now - self.history_days * 86400
+        last_ok = self._db.execute(
+            "SELECT id FROM passes WHERE ok = 1 ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+        self._db.execute(
+            "DELETE FROM passes WHERE id IN (SELECT id FROM passes WHERE finished_at < ? "
+            "AND id NOT IN (?, (SELECT MAX(id) FROM passes)) ORDER BY finished_at LIMIT ?)",
+            (cutoff, last_ok[0] if last_ok else -1, _PRUNE_BATCH),
+        )
+        self._db.execute(
+            "DELETE FROM rollouts WHERE id IN (SELECT id FROM rollouts WHERE finished_at < ? "
+            "ORDER BY finished_at LIMIT ?) "
+            "AND id NOT IN (SELECT MAX(id) FROM rollouts GROUP BY deployment, server) "
+            "AND id NOT IN (SELECT MAX(id) FROM rollouts WHERE outcome = 'converged' "
+            "GROUP BY deployment, server)",
+            (cutoff, _PRUNE_BATCH),
+        )
+        self._db.execute(
+            "DELETE FROM operator_actions WHERE id IN (SELECT id FROM operator_actions "
+            "WHERE at < ? ORDER BY at LIMIT ?)",
+            (rfc3339(cutoff), _PRUNE_BATCH),
+        )
 
     def _write_transitions(self, transitions: Mapping[tuple[str, str], tuple[str, str]]) -> None:
         # A pass sees every declared ModelDeployment: one no longer declared is forgotten.
@@ -863,15 +766,12 @@ class StateStore:
     def seen_deliveries(self, since: float, limit: int) -> list[tuple[str, float]]:
         """The webhook delivery keys seen after ``since`` (wall clock) with their time, the
         newest ``limit``, oldest first. A store that cannot be read gives none (logged)."""
-        try:
-            rows = self._db.execute(
-                "SELECT key, seen_at FROM webhook_deliveries WHERE seen_at > ? "
-                "ORDER BY seen_at DESC, rowid DESC LIMIT ?",
-                (since, limit),
-            ).fetchall()
-        except sqlite3.Error as exc:
-            log.warning("state file %s: webhook deliveries cannot be read: %s", self.path, exc)
-            return []
+        rows = self._rows_or_none(
+            "webhook deliveries",
+            "SELECT key, seen_at FROM webhook_deliveries WHERE seen_at > ? "
+            "ORDER BY seen_at DESC, rowid DESC LIMIT ?",
+            (since, limit),
+        )
         return [(key, at) for key, at in reversed(rows)]
 
     def remember_deliveries(self, keys: Iterable[str], at: float, since: float, limit: int) -> None:

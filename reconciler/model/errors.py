@@ -7,8 +7,13 @@
     ├── ServerUnavailable              a Triton server does not answer (transient)
     ├── DiscoveryFailed                a server's DNS name does not resolve; nothing applied
     ├── TrustedKeysError               --trusted-keys gives no keyring (configuration)
-    ├── ForeignState                   the state file was made for another repository or
-    │                                  manifest folder (configuration: names both, the fix)
+    ├── StateFileRefused               the state file cannot be used as it is; left as it is
+    │   ├── ForeignState               made for another repository or manifest folder
+    │   │                              (configuration: names both, the fix)
+    │   ├── NewerStateFile             written by a newer triton-gitops (its schema version
+    │   │                              is above this one's)
+    │   └── MigrationFailed            a migration to this version's schema failed (rolled
+    │                                  back: the file stays at its version)
     ├── ArtifactError                  a version folder cannot be hashed
     ├── UndoRefused                    ``undo`` has no earlier spec to go back to, or may not
     │                                  push one (names the deployment, file:line, revision)
@@ -209,7 +214,12 @@ class HistoryRewritten(UnsafeRevision):
         )
 
 
-class ForeignState(ReconcileError):
+class StateFileRefused(ReconcileError):
+    """The state file cannot be used as it is (configuration or release, not damage): it is
+    neither read nor written nor moved aside, and nothing is applied."""
+
+
+class ForeignState(StateFileRefused):
     """The state file records another repository or manifest folder than the one given:
     its managed models, holds and history are another desired state's."""
 
@@ -226,6 +236,33 @@ class ForeignState(ReconcileError):
             "state file (--state PATH, a file that does not exist yet) to start its record "
             "afresh. (The same repository under a new URL or folder: delete the one row of "
             "the state file's table bound_source, and the next pass binds it anew.)"
+        )
+
+
+class NewerStateFile(StateFileRefused):
+    """The state file's schema version is above the newest this triton-gitops knows: a
+    newer release wrote it. Nothing is read from it or written to it."""
+
+    def __init__(self, state_file: str, found: int, known: int) -> None:
+        self.state_file, self.found, self.known = state_file, found, known
+        super().__init__(
+            f"state file {state_file} has schema version {found}, written by a newer "
+            f"triton-gitops (this one knows versions up to {known}): it is left as it is, "
+            "nothing read or changed. Run the release that wrote it or a later one; going "
+            "back to an older release needs a state file of its own (a new --state PATH)"
+        )
+
+
+class MigrationFailed(StateFileRefused):
+    """A migration of the state file to this release's schema failed; it was rolled back,
+    so the file is at the version it had."""
+
+    def __init__(self, state_file: str, at: int, to: int, summary: str, error: Exception) -> None:
+        self.state_file, self.at, self.to = state_file, at, to
+        super().__init__(
+            f"state file {state_file}: migrating it from schema version {at} to {to} "
+            f"({summary}) failed: {type(error).__name__}: {error}. It was rolled back: the "
+            f"file is at version {at}, nothing changed. Report it with a copy of the file"
         )
 
 

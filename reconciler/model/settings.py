@@ -97,12 +97,17 @@ class ApprovalSettings:
     min_approvals: int = 1
 
 
+# How long the state store keeps passes, rollouts and on-call actions (0: for ever).
+DEFAULT_HISTORY_DAYS = 90.0
+
+
 @dataclass(frozen=True)
 class Settings:
     """One pass's settings, in groups (as the CLI's option groups are)."""
 
     cache_dir: Path
     state_path: Path
+    history_days: float = DEFAULT_HISTORY_DAYS  # passes, rollouts, on-call actions kept
     allow_empty: bool = False  # accept a revision that leaves a server with no models
     git: GitSettings = field(default_factory=GitSettings)
     triton: TritonSettings = field(default_factory=TritonSettings)

@@ -63,9 +63,9 @@ from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.undo import undo
 from reconciler.model.errors import (
-    ForeignState,
     ReconcileError,
     SourceUnavailable,
+    StateFileRefused,
     UndoRefused,
     UnsafeRevision,
     ValidationError,
@@ -215,14 +215,14 @@ class Daemon:
                 revision=exc.revision,
                 problems=[str(p) for p in exc.problems],
             )
-        except (UnsafeRevision, ForeignState) as exc:
+        except (UnsafeRevision, StateFileRefused) as exc:
             # Only an operator ends these (--accept-rewrite, the right --state, a new commit):
             # retried on the Git remote's backoff, alerted once by the pass (its memory).
             self._fetched_once = True
             result = "refused"
             delay = self._git_backoff()
             _event(
-                "state file refused" if isinstance(exc, ForeignState) else "revision refused",
+                "state file refused" if isinstance(exc, StateFileRefused) else "revision refused",
                 logging.ERROR,
                 error=str(exc),
                 retry_in_seconds=round(delay, 1),

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +12,7 @@ import pytest
 
 from reconciler.adapters.state import StateStore
 from reconciler.model.history import AlertEvent, History, Hold, PassRecord, Rollout
+from tests.adapters.killed import killed_at
 
 
 def test_history_round_trip(tmp_path: Path) -> None:
@@ -55,14 +53,7 @@ def test_a_kill_inside_the_pass_transaction_keeps_the_previous_record(tmp_path: 
         "                  holds=(Hold('echo', 'f', 'b' * 40, 'failed', {'edge-a': (1,)}),)))\n"
         "print('second recorded', flush=True)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(path)],
-        env={**os.environ, "TRITON_GITOPS_FAULT": "state.write:2"},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == -signal.SIGKILL, done.stderr
+    done = killed_at("state.write:2", script, path)
     assert done.stdout.split("\n")[:1] == ["first recorded"]
     assert (tmp_path / "state.db-wal").exists()  # killed with its WAL not checkpointed
     store = StateStore(path)
@@ -139,9 +130,11 @@ def test_revert_push_records_survive_a_hold_written_again(tmp_path: Path) -> Non
 
 
 def _failed(outcome: str, rollback: float | None, at: float) -> Rollout:
+    # ``at``: seconds from now (a row from 1970 would be pruned as history)
     return Rollout(
         "a" * 40, "echo", "edge-a", "echo", (1,), (4,), outcome, "failed",
-        ({"check": "success-rate", "verdict": "fail"},), "analysis failed", rollback, at,
+        ({"check": "success-rate", "verdict": "fail"},), "analysis failed", rollback,
+        time.time() + at,
     )  # fmt: skip
 
 
@@ -185,6 +178,7 @@ def test_condition_transitions_are_written_with_the_pass_and_migrated_in(tmp_pat
     old.close()
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE condition_transitions")
+        db.execute("PRAGMA user_version = 0")  # from before versions
     db.close()
 
     store = StateStore(path)
@@ -219,6 +213,7 @@ def test_read_only_reads_the_record_and_never_writes(
     # A file from before a table was added: read from a migrated copy, the file untouched.
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE condition_transitions")
+        db.execute("PRAGMA user_version = 0")  # from before versions
     db.close()
     before = path.read_bytes()
     reader = StateStore(path, read_only=True)
@@ -237,3 +232,20 @@ def test_read_only_reads_the_record_and_never_writes(
     assert f"state file {path} is unreadable" in caplog.text
     assert path.read_bytes() == b"garbage" * 1000  # not moved aside: apply does that
     assert not list(path.parent.glob("*.corrupt-*"))
+
+
+def test_what_runs_beside_a_rollout_reads_nothing_from_a_store_it_cannot_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "state.db"
+    store = StateStore(path)
+    with sqlite3.connect(path) as other:  # the tables gone under the running store
+        other.execute("DROP TABLE operator_orders")
+        other.execute("DROP TABLE webhook_deliveries")
+    other.close()
+    with caplog.at_level(logging.WARNING, logger="triton_gitops.state"):
+        assert store.orders("echo", 0.0) == []
+        assert store.seen_deliveries(0.0, 10) == []
+    assert f"state file {path}: the operator's orders cannot be read" in caplog.text
+    assert f"state file {path}: webhook deliveries cannot be read" in caplog.text
+    store.close()

@@ -262,6 +262,17 @@ class FakeTriton:
         self.timeline.append(Snapshot(call, ready))
 
 
+class StuckUnloading(FakeTriton):
+    """Reports the dropped versions READY forever (in-flight requests that never finish)."""
+
+    def model_state(self, model: str) -> ModelState:
+        state = super().model_state(model)
+        stuck = tuple(
+            VersionState(v.version, READY) if v.reason == "unloaded" else v for v in state.versions
+        )
+        return ModelState(model, stuck)
+
+
 def as_reported(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` as Triton's get_model_config reports it (JSON of the ModelConfig message)."""
     message = json_format.ParseDict(copy.deepcopy(dict(config)), model_config_pb2.ModelConfig())

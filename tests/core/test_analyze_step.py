@@ -409,15 +409,19 @@ def test_a_hold_brings_back_the_previous_versions_without_analysis_or_smoke() ->
     assert result.ok and fake.ready("m") == {1}
 
 
-def test_a_hold_leaves_servers_that_took_no_part_alone() -> None:
+def plan_after_a_hold_on_one_of_two() -> Plan:
+    """The next plan after a rollout of 2 that s1 failed (back on 1, m held) and s2 converged."""
     s1, s2 = FakeTriton("s1", {"m": range(1, 7)}), FakeTriton("s2", {"m": range(1, 7)})
     s1.serve("m", [1])
     s2.serve("m", [2])
     both = ["s1", "s2"]
     desired = desired_state(replace(watched([2]), server_names=tuple(both)), servers=both)
     history = History("rev-2", holds={"m": hold()})
+    return plan(desired, {"s1": observe(s1), "s2": observe(s2)}, history, "rev-3")
 
-    p = plan(desired, {"s1": observe(s1), "s2": observe(s2)}, history, "rev-3")
+
+def test_a_hold_leaves_servers_that_took_no_part_alone() -> None:
+    p = plan_after_a_hold_on_one_of_two()
 
     assert p.changes == ()
     assert p.in_sync == (("s1", "m"), ("s2", "m"))
@@ -442,14 +446,6 @@ def test_a_changed_fingerprint_releases_the_hold() -> None:
 
 
 def test_a_server_the_hold_does_not_name_is_not_reported_as_held_at_nothing() -> None:
-    # s1 failed the rollout and went back to 1; s2 converged to 2 in the same pass.
-    s1, s2 = FakeTriton("s1", {"m": range(1, 7)}), FakeTriton("s2", {"m": range(1, 7)})
-    s1.serve("m", [1])
-    s2.serve("m", [2])
-    both = ["s1", "s2"]
-    desired = desired_state(replace(watched([2]), server_names=tuple(both)), servers=both)
-    history = History("rev-2", holds={"m": hold()})
-
-    p = plan(desired, {"s1": observe(s1), "s2": observe(s2)}, history, "rev-3")
+    p = plan_after_a_hold_on_one_of_two()
 
     assert [(h.server, h.versions) for h in p.held if h.server == "s2"] in ([], [("s2", (2,))])

@@ -14,9 +14,15 @@ from reconciler.model.errors import LoadFailed
 from reconciler.model.history import History
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome
-from reconciler.model.serving import ModelState, VersionState
 from reconciler.model.spec import DesiredState, Expectation, SmokeCase, Tensor
-from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
+from tests.core.fakes import (
+    FakeClock,
+    FakeTriton,
+    StuckUnloading,
+    deploy,
+    desired_state,
+    observe,
+)
 
 
 def times(factor: float) -> SmokeCase:
@@ -148,18 +154,6 @@ def test_a_failed_first_deploy_reverts_to_nothing() -> None:
     assert [r.step.action for r in change.revert] == [Action.UNLOAD]
     assert fake.ready("m") == frozenset()
     assert "unload m" in fake.calls
-
-
-class StuckUnloading(FakeTriton):
-    """Reports the dropped versions READY forever (in-flight requests that never finish)."""
-
-    def model_state(self, model: str) -> ModelState:
-        state = super().model_state(model)
-        stuck = tuple(
-            VersionState(v.version, "READY") if v.reason == "unloaded" else v
-            for v in state.versions
-        )
-        return ModelState(model, stuck)
 
 
 def test_an_unload_that_never_finishes_fails_after_unload_wait_without_revert() -> None:

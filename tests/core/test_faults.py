@@ -23,6 +23,7 @@ WHERE = {
     "apply.revert": ("engine/change.py", "apply_change"),
     "loop.record": ("loop/phases.py", "record"),
     "state.write": ("adapters/state.py", "record_pass"),
+    "state.migrate": ("adapters/state_schema.py", "migrate"),
     "git.push.before": ("adapters/git.py", "push_revert"),
     "git.push.after": ("adapters/git.py", "push_revert"),
     "loop.alerts": ("loop/phases.py", "alert"),

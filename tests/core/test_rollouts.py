@@ -33,9 +33,15 @@ from reconciler.model.errors import LoadFailed
 from reconciler.model.history import KINDS, AlertEvent, AppliedSpec, History, Hold
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, Outcome
-from reconciler.model.serving import ModelState, VersionState
 from reconciler.model.spec import DesiredState, ModelDeployment, RolloutSpec
-from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
+from tests.core.fakes import (
+    FakeClock,
+    FakeTriton,
+    StuckUnloading,
+    deploy,
+    desired_state,
+    observe,
+)
 
 NO_QUERIES: Mapping[str, str] = MappingProxyType({})
 ANALYSIS = AnalysisSpec(
@@ -195,18 +201,6 @@ def test_a_failed_first_deployment_is_held_at_nothing() -> None:
 
     assert dict(hold.previous) == {"s1": ()}
     assert dict(hold.configs) == {"s1": None}  # the revert unloaded: no config to restore
-
-
-class StuckUnloading(FakeTriton):
-    """Reports the dropped versions READY forever (in-flight requests that never finish)."""
-
-    def model_state(self, model: str) -> ModelState:
-        state = super().model_state(model)
-        stuck = tuple(
-            VersionState(v.version, "READY") if v.reason == "unloaded" else v
-            for v in state.versions
-        )
-        return ModelState(model, stuck)
 
 
 def unload_stuck() -> tuple[Pass, ApplyResult]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -216,6 +216,14 @@ def _staged(versions: list[int], hook: str, analysis: str = "") -> str:
     )
 
 
+def _watched(duration: str) -> str:
+    """A verify analysing each step for ``duration``; it passes with no traffic."""
+    return (
+        f"  verify:\n    analysis:\n      interval: 1s\n      duration: {duration}\n"
+        "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
+    )
+
+
 def test_a_good_rollout_goes_step_by_step(
     manifests: ManifestRepo,
     fleet: dict[str, LocalTriton],
@@ -380,24 +388,15 @@ def test_a_rollout_cut_short_by_a_killed_reconciler_resumes_where_it_was(
 ) -> None:
     reconciler, options = _echo_1_on_the_pool(manifests, fleet, model_repository, tmp_path)
 
-    slow = (
-        "  verify:\n    analysis:\n      interval: 1s\n      duration: 8s\n"
-        "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
-    )
-    manifests.write("echo.yaml", _staged([2], hooks, slow))
+    manifests.write("echo.yaml", _staged([2], hooks, _watched("8s")))
     manifests.commit("echo 2 in three steps, each watched for 8 s")
     command = [sys.executable, "-m", "reconciler", "apply", *reconciler.options, *options]
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not any(
-            c["hook"] == "preStep" and c["stage"] == "step 2 of 3" for c in _Hooks.calls
-        ):
-            time.sleep(0.1)
+        _wait_for_hook("preStep", "step 2 of 3", process)
         # Step 2's server is being watched: its load has ended (a load cut off by the kill
         # would go on on the server, and the next plan would wait for it, not load again).
-        while time.monotonic() < deadline and ready_versions(fleet[ADDRESSES[1]], "echo") != {1, 2}:
-            time.sleep(0.1)
+        _wait_serving(fleet[ADDRESSES[1]], {1, 2}, process)
     finally:
         process.kill()  # the reconciler dies mid-rollout, SIGKILL: nothing runs after it
         process.wait()
@@ -429,10 +428,7 @@ def test_a_rollout_cut_short_by_a_killed_reconciler_resumes_where_it_was(
     assert all(ready_versions(fleet[a], "echo") == {2} for a in ADDRESSES)
 
 
-_WATCHED = (
-    "  verify:\n    analysis:\n      interval: 1s\n      duration: 3s\n"
-    "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
-)
+_WATCHED = _watched("3s")
 
 
 def _apply_in_background(reconciler: Reconciler, options: tuple[str, ...]) -> subprocess.Popen[str]:
@@ -443,12 +439,30 @@ def _apply_in_background(reconciler: Reconciler, options: tuple[str, ...]) -> su
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait_for_hook(hook: str, stage: str, process: subprocess.Popen[str]) -> None:
+def _while_applying(done: Callable[[], bool], what: str, process: subprocess.Popen[Any]) -> None:
+    """Polls until ``done()``; fails if the apply in ``process`` ended first, or after 120 s."""
     deadline = time.monotonic() + 120
-    while not any(c["hook"] == hook and c["stage"] == stage for c in _Hooks.calls):
-        assert process.poll() is None, f"the apply ended before {hook} of {stage}"
-        assert time.monotonic() < deadline, f"no {hook} of {stage} within 120 s"
+    while not done():
+        assert process.poll() is None, f"the apply ended before {what}"
+        assert time.monotonic() < deadline, f"no {what} within 120 s"
         time.sleep(0.1)
+
+
+def _wait_for_hook(hook: str, stage: str, process: subprocess.Popen[Any]) -> None:
+    _while_applying(
+        lambda: any(c["hook"] == hook and c["stage"] == stage for c in _Hooks.calls),
+        f"{hook} of {stage}",
+        process,
+    )
+
+
+def _wait_serving(server: LocalTriton, versions: set[int], process: subprocess.Popen[Any]) -> None:
+    """Until ``server`` serves exactly ``versions`` of echo: a load sent there has ended."""
+    _while_applying(
+        lambda: ready_versions(server, "echo") == versions,
+        f"echo {sorted(versions)} on {server.host}",
+        process,
+    )
 
 
 def _finish(process: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
@@ -612,26 +626,18 @@ def test_an_abort_during_a_staged_rollout_puts_back_every_server_touched_at_once
     reached, the spec is held (Stalled: Aborted)."""
     reconciler, options = _echo_1_on_the_pool(manifests, fleet, model_repository, tmp_path)
     state = reconciler.options[3]
-    long_watch = (
-        "  verify:\n    analysis:\n      interval: 1s\n      duration: 30s\n"
-        "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
-    )
-    manifests.write("echo.yaml", _staged([2], hooks, long_watch))
+    manifests.write("echo.yaml", _staged([2], hooks, _watched("30s")))
     manifests.commit("echo 2 in three steps, each watched for 30 s")
     early = cli("abort", "echo", "--state", state)
     assert early.code == 1 and "no rollout of ModelDeployment echo is in progress" in early.err
     # Step 1's analysis, promoted: the rollout goes on to step 2 (analysed in full).
     process = _apply_in_background(reconciler, options)
     try:
-        while ready_versions(fleet[ADDRESSES[0]], "echo") != {1, 2}:
-            assert process.poll() is None
-            time.sleep(0.1)
+        _wait_serving(fleet[ADDRESSES[0]], {1, 2}, process)
         time.sleep(1.5)  # into step 1's analysis (its verify takes milliseconds)
         assert cli("promote", "echo", "--state", state, "--as", "oncall").code == 0
         _wait_for_hook("preStep", "step 2 of 3", process)
-        while ready_versions(fleet[ADDRESSES[1]], "echo") != {1, 2}:
-            assert process.poll() is None
-            time.sleep(0.1)
+        _wait_serving(fleet[ADDRESSES[1]], {1, 2}, process)
         aborted = cli("abort", "echo", "--state", state, "--as", "oncall", "--reason", "paged")
         asked = time.monotonic()
         assert aborted.code == 0, aborted.err
