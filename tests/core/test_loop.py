@@ -18,6 +18,7 @@ from reconciler.model.errors import (
     UnsafeRevision,
     ValidationError,
 )
+from reconciler.model.history import AlertEvent
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 from reconciler.model.settings import RevertMode, RevertSettings, Settings
@@ -376,6 +377,30 @@ def test_alerts_undelivered_are_restored_flushed_and_kept(world: World, settings
     assert world.alerts.restored == [{"alertmanager http://am": [{"old": 1}]}]
     assert world.alerts.flushes >= 1
     assert world.state.undelivered == {"alertmanager http://am": [{"still": 2}]}
+
+
+def test_a_leftover_alert_outbox_is_sent_first_and_every_sent_alert_leaves_it(
+    world: World, settings: Settings
+) -> None:
+    """A pass killed after its record left its failure alert in the outbox: the next pass
+    sends it first, even one that then fails to fetch; a pass's own failure alert (written
+    first by the journal, with the hold) is sent once, and leaves the outbox too."""
+    deploy(world, 1)
+    run(world, settings)
+    leftover = AlertEvent("rollout-failed", "critical", "echo 9 failed", "r0", "echo", "s1")
+    world.state.outbox = {leftover.identity: leftover}
+    world.manifests.unavailable = "the Git host is down"
+    with pytest.raises(SourceUnavailable):
+        run(world, settings)
+    assert world.alerts.sent == [leftover]
+    assert world.state.outbox == {}
+
+    world.manifests.unavailable = None
+    world.servers["s1"].failing.add(("echo", 2))
+    deploy(world, 2)
+    run(world, settings)
+    assert world.alerts.kinds() == ["rollout-failed", "load-failed"]
+    assert world.state.outbox == {}
 
 
 def test_a_failure_alert_opened_is_resolved_by_a_later_success(
