@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.alerts import event_from_json, event_json
-from reconciler.adapters.state_schema import LATEST, Migration, migrate, refuse_newer, version
+from reconciler.adapters.state_schema import LATEST, migrate, refuse_newer, version
 from reconciler.core.records import rfc3339
 from reconciler.faults import fault_point
 from reconciler.model.errors import StateFileRefused
@@ -72,16 +72,12 @@ def _connect(path: Path) -> sqlite3.Connection:
         # With WAL, NORMAL keeps the store consistent through a crash or a kill (a power cut
         # may lose the last pass's record, never corrupt it) and saves a sync per commit.
         db.execute("PRAGMA synchronous=NORMAL")
-        for migration in migrate(db, str(path)):
-            log.info("state file %s: migrated to version %d (%s)", path, *_named(migration))
+        for step in migrate(db, str(path)):
+            log.info("state file %s: migrated to version %d (%s)", path, step.version, step.summary)
     except (sqlite3.DatabaseError, StateFileRefused):
         db.close()
         raise
     return db
-
-
-def _named(migration: Migration) -> tuple[int, str]:
-    return migration.version, migration.summary
 
 
 def _check(db: sqlite3.Connection) -> None:

@@ -136,8 +136,9 @@ def test_restarted_triton_and_hand_unloaded_model_are_restored(
 
     triton.kill()
     triton.start()  # same ports, EXPLICIT mode: nothing loaded
-    # How fast is measured by bench.daemon (restart to restored); here: that it happens.
-    wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "restored after restart")
+    # How fast is measured by bench.daemon (restart to restored); here: that it happens (60 s:
+    # under a load average of 12 this once took more than 30 s on the CI machine).
+    wait_until(lambda: ready_versions(triton, "echo") == {1}, 60, "restored after restart")
     _, metrics = service.get("/metrics")
     assert b'triton_gitops_drift_corrections_total{model="echo",server="edge-a"}' in metrics
 
