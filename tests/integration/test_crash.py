@@ -342,6 +342,32 @@ def test_bad_version_killed_at(
     assert failure_alerts(alertmanager, bad) == ["TritonGitopsRolloutFailed"]
 
 
+def test_a_resolve_killed_before_its_alert_phase_is_sent_by_the_rerun(
+    tmp_path: Path, triton: LocalTriton, model_repository: Path, alertmanager: Alertmanager
+) -> None:
+    # echo 4 fails and is held (its revert on a branch): its failure alert is active. echo 2
+    # then converges, which resolves it; that pass is killed after its record, before its
+    # alerts went.
+    options = ("--revert-mode", "branch", "--alertmanager-url", alertmanager.url)
+    manifests, reconciler = start(tmp_path, triton, model_repository, *options)
+    manifests.write("echo.yaml", echo(4))
+    bad = manifests.commit("echo 4")
+    settle(reconciler)
+    assert failure_alerts(alertmanager, bad) == ["TritonGitopsRolloutFailed"]
+    manifests.write("echo.yaml", echo(2))
+    manifests.commit("echo 2")
+    killed = reconciler.spawn("loop.alerts")
+    assert killed.code == -9, (killed.code, killed.out, killed.err)
+    assert ready_versions(triton, "echo") == {2}
+    assert reconciler.outbox() == ["rollout-succeeded"]  # the resolve, recorded, not sent
+    assert failure_alerts(alertmanager, bad) == ["TritonGitopsRolloutFailed"]
+    rerun = reconciler.run()
+    assert rerun.code == 0, rerun.out + rerun.err
+    assert reconciler.outbox() == []
+    assert failure_alerts(alertmanager, bad) == []  # resolved at last
+    ended_cleanly(reconciler, 2)
+
+
 def failure_alerts(alertmanager: Alertmanager, revision: str) -> list[str]:
     """The alertnames of echo's active alerts about ``revision``."""
     return [
