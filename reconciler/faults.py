@@ -24,6 +24,7 @@ POINTS: tuple[str, ...] = (
     "apply.verify",  # a verify step is about to wait for READY and run smoke cases
     "apply.analysis",  # an analysis step has begun: new versions loaded and verified
     "apply.unload",  # an unload step is about to drop the old versions
+    "apply.library.replaced",  # a backend library was replaced; nothing loaded on it yet
     "apply.revert",  # a failed change is about to run its revert steps (mid-revert)
     "loop.record",  # apply is done; the pass's outcome is not recorded yet
     "state.write",  # inside the state store's pass transaction, before its commit

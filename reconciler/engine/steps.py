@@ -672,6 +672,7 @@ def _replace_library(
     control: ModelControl, step: Step, timing: Timing, context: _ChangeContext
 ) -> StepDone:
     context.hooks.replace_library(step)
+    fault_point("apply.library.replaced")  # old versions out, new library in, nothing loaded
     return _NOTHING
 
 

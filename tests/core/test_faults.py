@@ -20,6 +20,7 @@ WHERE = {
     "apply.verify": ("engine/steps.py", "_verify"),
     "apply.analysis": ("engine/steps.py", "_analyze"),
     "apply.unload": ("engine/steps.py", "_unload"),
+    "apply.library.replaced": ("engine/steps.py", "_replace_library"),
     "apply.revert": ("engine/change.py", "apply_change"),
     "loop.record": ("loop/phases.py", "record"),
     "state.write": ("adapters/state.py", "record_pass"),

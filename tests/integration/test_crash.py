@@ -404,6 +404,61 @@ def test_in_place_swap_killed_at(
     not_interleaved(reconciler, 1, 2)
 
 
+def backend(revision: str, hook: Path) -> str:
+    """echo on the Python backend at ``revision``: a change of it is swapped in place, with
+    ``hook`` (which notes each revision it installs) as its library replacement."""
+    return (
+        f"  backend:\n    name: python\n    revision: '{revision}'\n"
+        f"    replaceLibrary: {{command: ['{sys.executable}', '{hook}']}}\n"
+    )
+
+
+def installed_revisions(noted: Path) -> list[str]:
+    return noted.read_text().splitlines() if noted.exists() else []
+
+
+# A backend change unloads echo, replaces the library, then loads: the window in between.
+BACKEND_POINTS = ["apply.unload", "apply.library.replaced", "apply.load.requested"]
+
+
+@pytest.mark.parametrize("point", BACKEND_POINTS)
+def test_backend_swap_killed_at(
+    point: str, tmp_path: Path, triton: LocalTriton, model_repository: Path
+) -> None:
+    installed = tmp_path / "installed.txt"
+    hook = tmp_path / "replace.py"
+    hook.write_text(
+        "import os\n"
+        f"with open({str(installed)!r}, 'a') as f:\n"
+        "    f.write(os.environ['TRITON_GITOPS_REVISION'] + '\\n')\n"
+    )
+    manifests, reconciler = start(tmp_path, triton, model_repository, spec=backend("2026.10", hook))
+    manifests.write("echo.yaml", echo(1, backend("2026.11", hook)))
+    change = manifests.commit("python backend 2026.11")
+    planned = cli("plan", *reconciler.options(), "--output", "json")
+    assert "replace-library" in [s["action"] for s in planned.json()["steps"]], planned.out
+    killed = reconciler.spawn(point)
+    assert killed.code == -9, (killed.code, killed.out, killed.err)
+    # Where it died: before the unload (echo 1 serves on the old library), or in the window
+    # where echo serves nothing, before or after the new library went in.
+    if point == "apply.unload":
+        assert ready_versions(triton, "echo") == {1}
+    else:
+        assert ready_versions(triton, "echo") == set()
+    # (The first pass found echo serving and recorded 2026.10 without replacing anything.)
+    assert installed_revisions(installed) == ([] if point == "apply.unload" else ["2026.11"])
+    rerun = reconciler.run()
+    assert rerun.code == 0, rerun.out + rerun.err
+    ended_cleanly(reconciler, 1)
+    assert ready_versions(triton, "echo") == {1}
+    # The new library is what echo serves on (installed again by the rerun when the kill
+    # came before it was recorded: the command must be safe to run twice).
+    assert installed_revisions(installed)[-1:] == ["2026.11"], installed_revisions(installed)
+    rows = [r for r in reconciler.rollouts() if r[3] == change]
+    assert [r[2] for r in rows] == ["converged"], reconciler.rollouts()
+    not_interleaved(reconciler, 1, 1)
+
+
 @pytest.mark.parametrize("damage", ["missing", "garbage"])
 def test_lost_state_file_is_explained_and_prunes_nothing(
     damage: str, tmp_path: Path, triton: LocalTriton, model_repository: Path
