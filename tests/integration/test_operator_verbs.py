@@ -136,6 +136,9 @@ def test_a_running_service_honours_a_suspend_and_reports_each_models_state(
     state = str(tmp_path / "svc" / "state.db")
     try:
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "echo deployed")
+        # The first pass ended too (other deployed, its record made): else the pass counted
+        # below could be that one, which began before the suspend (a CI run saw it).
+        service.wait_passes(0, 60, "the first pass")
         assert cli("suspend", "echo", "--as", "oncall", "--state", state).code == 0
         manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
         manifests.write("other.yaml", deployment_doc("other", [2], ["edge-a"]))
