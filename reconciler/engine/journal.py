@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from reconciler.core.records import failure_at_hold
 from reconciler.engine.steps import FORWARD
-from reconciler.model.history import History, Hold, StagedRecord
+from reconciler.model.history import History, Hold
 from reconciler.model.plan import Action, ModelChange, Plan
 from reconciler.model.results import FailureKind, Progress, StepResult
 from reconciler.model.spec import DesiredState
@@ -50,8 +49,9 @@ class Journal:
     held: set[str] = field(default_factory=set)
     # The alerts written with those holds (``AlertEvent.identity``), for the pass's record.
     alerted: set[tuple[str, str, str, bool]] = field(default_factory=set)
+    # What earlier passes left (their in-flight records): ``History.began_from``.
+    interrupted: History = field(default_factory=History)
     _done: dict[tuple[str, str], list[StepResult]] = field(default_factory=dict)
-    _began: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     _passed: dict[str, set[str]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -63,16 +63,13 @@ class Journal:
         desired: DesiredState,
         revision: str,
         revert_action: str,
-        interrupted: Mapping[str, StagedRecord] | None = None,
+        interrupted: History | None = None,
     ) -> Journal:
-        """The entries of this plan's changes; ``interrupted``: the entries an earlier pass
-        left (``History.staged``), whose servers keep what served before that pass began."""
-        journal = cls(state, plan_, desired, revision, revert_action)
-        for name, record in (interrupted or {}).items():
-            if name in desired.deployments and desired.deployments[name].fingerprint == (
-                record.fingerprint
-            ):
-                journal._began[name] = dict(record.started)
+        """The entries of this plan's changes; ``interrupted``: the history with the entries
+        an earlier pass left, whose servers keep what served before that pass began."""
+        journal = cls(
+            state, plan_, desired, revision, revert_action, interrupted=interrupted or History()
+        )
         staged = {r.deployment for r in plan_.rollouts}
         for name in sorted({c.deployment for c in plan_.changes if c.deployment} - staged):
             if any(s.action is Action.LOAD for c in journal._changes(name) for s in c.steps):
@@ -80,6 +77,13 @@ class Journal:
                 journal._passed[name] = set()
                 journal._write(name)
         return journal
+
+    def _began(self, deployment: str, server: str, otherwise: tuple[int, ...]) -> tuple[int, ...]:
+        """What ``server`` served when an interrupted pass began this spec there; else
+        ``otherwise``."""
+        fingerprint = self.desired.deployments[deployment].fingerprint
+        began = self.interrupted.began_from(deployment, fingerprint, server)
+        return otherwise if began is None else began
 
     def _changes(self, deployment: str) -> list[ModelChange]:
         return [c for c in self.plan.changes if c.deployment == deployment]
@@ -91,7 +95,7 @@ class Journal:
             self.revision,
             self._passed[deployment],
             {
-                c.server: self._began.get(deployment, {}).get(c.server, c.serving)
+                c.server: self._began(deployment, c.server, c.serving)
                 for c in self._changes(deployment)
             },
         )
@@ -140,8 +144,7 @@ class Journal:
             revision=self.revision,
             reason=failed.error or "failed",
             previous={
-                c.server: c.serving or self._began.get(deployment, {}).get(c.server, ())
-                for c in changes
+                c.server: c.serving or self._began(deployment, c.server, ()) for c in changes
             },
             configs={c.server: c.revert[0].config if c.revert else None for c in changes},
         )

@@ -337,7 +337,7 @@ def apply(
         if (spec := state.applied_spec(name)) is not None
     }
     journal = Journal.begin(
-        state, plan_, desired, revision, str(run.settings.revert.mode), target.history.staged
+        state, plan_, desired, revision, str(run.settings.revert.mode), target.history
     )
     live = LiveStatus(plan_, state.record_live)
     journalled = journal.watch(run.progress)
