@@ -439,9 +439,8 @@ class StateStore:
                 )
             if alert is not None:
                 self._write_outbox([alert], ())
-                self._db.execute(
-                    "INSERT OR REPLACE INTO open_alerts VALUES (?, ?, ?, ?)",
-                    (alert.model or "", alert.server or "", alert.kind, alert.revision),
+                self._open_alerts(
+                    [(alert.model or "", alert.server or "", alert.kind)], alert.revision
                 )
 
     def record_reverted(self, deployments: Iterable[str], note: str) -> None:
@@ -539,20 +538,19 @@ class StateStore:
         (of those and earlier ones): one transaction, so each alert is in one or the other."""
         with self._db:
             self._db.execute("BEGIN IMMEDIATE")
-            self._db.executemany(
-                "DELETE FROM alert_outbox WHERE identity = ?",
-                [(json.dumps(list(key)),) for key in sent],
-            )
+            self._leave_outbox(sent)
             self._replace_undelivered(backlogs)
+
+    def _leave_outbox(self, keys: Iterable[tuple[str, str, str, bool]]) -> None:
+        self._db.executemany(
+            "DELETE FROM alert_outbox WHERE identity = ?", [(json.dumps(list(k)),) for k in keys]
+        )
 
     def _write_outbox(
         self, events: Iterable[AlertEvent], withdrawn: Iterable[tuple[str, str, str, bool]]
     ) -> None:
         # A later event of the same identity replaces the earlier, and goes to the end.
-        self._db.executemany(
-            "DELETE FROM alert_outbox WHERE identity = ?",
-            [(json.dumps(list(key)),) for key in withdrawn],
-        )
+        self._leave_outbox(withdrawn)
         self._db.executemany(
             "INSERT OR REPLACE INTO alert_outbox (identity, event) VALUES (?, ?)",
             [
@@ -708,18 +706,19 @@ class StateStore:
             ],
         )
 
+    def _open_alerts(self, alerts: Iterable[tuple[str, str, str]], revision: str) -> None:
+        """(model, server, kind) of failure alerts raised at ``revision``, open until resolved."""
+        self._db.executemany(
+            "INSERT OR REPLACE INTO open_alerts VALUES (?, ?, ?, ?)",
+            [(model, server, kind, revision) for model, server, kind in alerts],
+        )
+
     def _write_alerts_and_stages(self, record: PassRecord) -> None:
         self._db.executemany(
             "INSERT OR REPLACE INTO footprints VALUES (?, ?, ?)",
             [(server, model, size) for (server, model), size in record.footprints.items()],
         )
-        self._db.executemany(
-            "INSERT OR REPLACE INTO open_alerts VALUES (?, ?, ?, ?)",
-            [
-                (model, server, kind, record.revision)
-                for model, server, kind in record.alerts_opened
-            ],
-        )
+        self._open_alerts(record.alerts_opened, record.revision)
         self._db.executemany(
             "DELETE FROM open_alerts WHERE model = ? AND server = ?", list(record.alerts_resolved)
         )
