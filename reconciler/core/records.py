@@ -19,7 +19,13 @@ from reconciler.model.analysis import Evaluation
 from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
 from reconciler.model.plan import Action, ModelChange, Plan
 from reconciler.model.reports import PassReport
-from reconciler.model.results import ApplyResult, ChangeResult, Outcome, StepResult
+from reconciler.model.results import (
+    ApplyResult,
+    ChangeResult,
+    FailureKind,
+    Outcome,
+    StepResult,
+)
 from reconciler.model.spec import DesiredState
 
 
@@ -296,9 +302,15 @@ def _failed_alert(change: ChangeResult, revision: str, revert_action: str) -> Al
     # An operator's abort (``Aborted``'s verdict), whichever step it stopped.
     aborted = any(r.verdict == "aborted" for r in change.steps)
     what = "failed its analysis" if failed_analysis else "failed to load or verify"
+    # The server stopped answering (or restarted) mid-change: nothing is known against the
+    # versions, nothing is held, and the service tries again once the server answers.
+    lost = change.failure is FailureKind.SERVER_LOST
+    if lost:
+        step = next(r.step.action for r in change.steps if not r.ok)
+        what = f"was cut short: the server was lost during {step}; tried again once it answers"
     return AlertEvent(
         "rollout-failed" if failed_analysis or aborted else "load-failed",
-        "critical",
+        "warning" if lost else "critical",
         f"{model} {to} on {server} "
         + ("was aborted by an operator" if aborted else what)
         + (

@@ -10,7 +10,7 @@ from typing import Any
 
 from reconciler.model.history import Rollout
 from reconciler.model.plan import Plan
-from reconciler.model.results import ApplyResult
+from reconciler.model.results import ApplyResult, FailureKind
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,18 @@ class PassReport:
     @property
     def ok(self) -> bool:
         return not self.plan.problems and (self.result is None or self.result.ok)
+
+    @property
+    def unreachable(self) -> frozenset[str]:
+        """Servers that did not answer: when the pass planned (a whole-server problem), or
+        while it applied (a change whose step lost the server)."""
+        at_plan = {p.server for p in self.plan.problems if p.model is None}
+        while_applying = {
+            c.change.server
+            for c in (self.result.changes if self.result else ())
+            if c.failure is FailureKind.SERVER_LOST
+        }
+        return frozenset(at_plan | while_applying)
 
 
 @dataclass(frozen=True)

@@ -255,9 +255,16 @@ class Daemon:
     def _record(self, report: PassReport) -> str:
         self._last = report
         self.metrics.revision.info({"revision": report.revision})
-        unreachable = {p.server for p in report.plan.problems if p.model is None}
+        # A server lost in the middle of a change counts as one found down when planning:
+        # the backoff tries it again, and the watch brings the next pass forward once it
+        # answers. Otherwise nothing the pass left expected is on it to notice it is back,
+        # and the unfinished change would wait for the interval.
+        unreachable = report.unreachable
         skipped = set(self._skip_list())
-        if not report.servers or set(report.servers) - unreachable - skipped:
+        planned_with = set(report.servers) - {
+            p.server for p in report.plan.problems if p.model is None
+        }
+        if not report.servers or planned_with - skipped:
             self._reached_once = True
         for server in report.servers:
             if server in skipped:

@@ -5,12 +5,14 @@ results the fakes cannot produce, results written by hand)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from reconciler.core.failures import pass_failures
 from reconciler.core.plan.planner import plan
+from reconciler.core.records import alerts_from
 from reconciler.engine.apply import apply
 from reconciler.engine.steps import Timing
 from reconciler.model.analysis import CheckResult, Evaluation, Verdict
@@ -77,6 +79,34 @@ def test_a_server_lost_mid_pass_is_one_transient_failure_and_its_other_changes_s
         False,
     )
     assert skipped.reason == "not attempted: the server was lost earlier in this pass"
+
+
+def test_a_server_lost_mid_pass_counts_as_unreachable_and_is_alerted_as_cut_short() -> None:
+    # The service backs off and watches the servers in ``PassReport.unreachable``: a server
+    # that vanished mid-load must be there too, or nothing notices when it is back.
+    down = PlanProblem("s2", None, "connection refused")
+    fake = FakeTriton("s1", {"a": [1, 2]})
+    fake.serve("a", [1])
+    desired = desired_state(deploy("a", [2]))
+    planned = plan(desired, {"s1": observe(fake)}, History(), "rev-1")
+    fake.unreachable = True
+    clock = FakeClock()
+    result = apply(planned, {"s1": fake}, timing=Timing(clock=clock.clock, sleep=clock.sleep))
+
+    report = PassReport("rev-1", replace(planned, problems=(down,)), result)
+    assert report.unreachable == {"s1", "s2"}
+    (event,) = alerts_from(result, "hold")
+    assert (event.kind, event.severity) == ("load-failed", "warning")
+    assert event.summary == (
+        "a 2 on s1 was cut short: the server was lost during load; tried again once it answers"
+    )
+
+
+def test_a_version_that_fails_leaves_its_server_reachable() -> None:
+    fake = FakeTriton("s1", {"m": [1, 2]}, failing={("m", 2)})
+    fake.serve("m", [1])
+
+    assert applied({"s1": fake}, ("m", [2])).unreachable == frozenset()
 
 
 def test_plan_problems_come_first_a_whole_server_as_unreachable() -> None:

@@ -20,7 +20,7 @@ import tritonclient.grpc as triton_grpc
 
 from reconciler.service.telemetry import fewer_malloc_arenas
 from testkit.local_triton import LocalTriton, free_port
-from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
 from testkit.service_process import Service, ServiceOptions
 from tests.integration.flows import ready_versions
 from tests.services import StartPrometheus
@@ -40,6 +40,20 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> floa
             pass
         time.sleep(0.05)
     raise AssertionError(f"not within {timeout}s: {what}")
+
+
+def push_a_slow_load(service: Service, manifests: ManifestRepo, triton: LocalTriton) -> None:
+    """Commit echo 7 (3 s to load), tell the service, and return once Triton is loading it."""
+    manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"]))
+    manifests.commit("echo 7, slow to load")
+    assert service.github_push() == 202
+
+    def loading() -> bool:
+        with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+            index = client.get_model_repository_index(as_json=True)["models"]
+        return any(m.get("version") == "7" and m.get("state") == "LOADING" for m in index)
+
+    wait_until(loading, 15, "version 7 is loading")
 
 
 # The service as these tests start it: a short call timeout, so that an unreachable server
@@ -143,6 +157,31 @@ def test_restarted_triton_and_hand_unloaded_model_are_restored(
     assert b'triton_gitops_drift_corrections_total{model="echo",server="edge-a"}' in metrics
 
 
+def test_a_server_killed_mid_load_gets_the_change_once_it_is_back(
+    service: Service, manifests: ManifestRepo, triton: LocalTriton
+) -> None:
+    push_a_slow_load(service, manifests, triton)
+    triton.kill()
+    wait_until(
+        lambda: any(e.get("kind") == "server-lost" for e in service.events()),
+        20,
+        "the lost server is reported",
+    )
+    triton.start()  # same ports, nothing loaded
+    # No webhook and a 300 s interval: only the backoff and the watch bring the pass.
+    wait_until(lambda: ready_versions(triton, "echo") == {7}, 60, "7 serves once it is back")
+    (alert,) = [
+        e
+        for e in service.events()
+        if e.get("message") == "alert" and e.get("kind") != "rollout-succeeded"
+    ]
+    assert (alert["severity"], alert["summary"]) == (
+        "warning",
+        "echo 7 on edge-a was cut short: the server was lost during load; "
+        "tried again once it answers",
+    )
+
+
 def test_git_remote_and_server_down_then_back(
     service: Service, manifests: ManifestRepo, triton: LocalTriton, tmp_path: Path
 ) -> None:
@@ -155,9 +194,14 @@ def test_git_remote_and_server_down_then_back(
         "the failed fetch is reported",
     )
     assert ready_versions(triton, "echo") == {1}  # everything keeps serving
-    shutil.move(hidden, manifests.bare)
+    # The change is pushed to the remote while the reconciler cannot reach it, so that it is
+    # there the moment the remote returns: pushed after, a retry between the move and the
+    # push would fetch the old commit, succeed, and leave the change for the next interval.
     manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
-    manifests.commit("echo 2 while the reconciler was cut off")
+    git(manifests.work, "add", "--all")
+    git(manifests.work, "commit", "--quiet", "-m", "echo 2 while the reconciler was cut off")
+    git(manifests.work, "push", "--quiet", str(hidden), "HEAD:main")
+    shutil.move(hidden, manifests.bare)
     # Retried with backoff: the change lands without any webhook.
     wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "recovery after Git returns")
 
@@ -198,16 +242,7 @@ def test_git_remote_and_server_down_then_back(
 def test_sigterm_during_a_load_finishes_the_step(
     service: Service, manifests: ManifestRepo, triton: LocalTriton
 ) -> None:
-    manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"]))  # 3 s to load
-    manifests.commit("echo 7, slow to load")
-    assert service.github_push() == 202
-
-    def loading() -> bool:
-        with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
-            index = client.get_model_repository_index(as_json=True)["models"]
-        return any(m.get("version") == "7" and m.get("state") == "LOADING" for m in index)
-
-    wait_until(loading, 15, "version 7 is loading")
+    push_a_slow_load(service, manifests, triton)
     assert service.process is not None
     service.process.send_signal(signal.SIGTERM)
     assert service.process.wait(60) == 0
