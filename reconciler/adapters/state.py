@@ -221,8 +221,12 @@ class StateStore:
                 {server: tuple(versions) for server, versions in data["started"].items()},
                 revision,
             )
+        last = self._db.execute(
+            "SELECT finished_at FROM passes ORDER BY id DESC LIMIT 1"
+        ).fetchone()
         return History(
             staged=staged,
+            last_pass_at=last[0] if last else None,
             revision=row[0] if row else None,
             managed={server: frozenset(models) for server, models in managed.items()},
             holds=holds,

@@ -75,12 +75,21 @@ def _rollout_of(change: ChangeResult, revision: str, now: float) -> Rollout:
         from_versions=change.change.serving,
         to_versions=change.change.desired,
         outcome=str(change.outcome),
-        verdict=str(analysis.verdict) if analysis and analysis.verdict else None,
+        verdict=_verdict(change),
         checks=checks_json(last),
         error=change.error,
         rollback_seconds=change.rollback_seconds,
         finished_at=now,
     )
+
+
+def _verdict(change: ChangeResult) -> str | None:
+    """The rollout's analysis verdict; "aborted" too when an operator's abort stopped a step
+    before any analysis (during a load, between steps)."""
+    analysis = change.analysis
+    if analysis is not None and analysis.verdict:
+        return str(analysis.verdict)
+    return next((str(r.verdict) for r in change.steps if r.verdict == "aborted"), None)
 
 
 def failure_at_hold(

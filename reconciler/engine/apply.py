@@ -46,6 +46,7 @@ def apply(
     hooks: StepHooks | None = None,
     routers: Mapping[str, TrafficRouter] | None = None,
     orders: OperatorOrders | None = None,
+    resumed: Mapping[str, float] | None = None,
 ) -> ApplyResult:
     """Execute every change of ``plan``; servers concurrently, each server's changes in order.
 
@@ -54,12 +55,15 @@ def apply(
     caller passes ``adapters.hooks.HttpStepHooks()``); None: the executor was given none, and
     a step that needs one fails saying so. ``routers``: a client per Router the plan names
     (its steady-route updates run first; its traffic rollouts through them). ``orders``:
-    where operators' aborts and promotes are read while the rollouts run (``engine/orders.py``).
+    where operators' aborts and promotes are read while the rollouts run (``engine/orders.py``);
+    ``resumed``: the rollouts that resume an interrupted one, and since when their orders count
+    (``core.orders.resumed_since``).
     """
     timing = timing or Timing()
     if orders is not None:
         deployments = {(c.server, c.model): c.deployment for c in plan.changes if c.deployment}
-        timing = replace(timing, orders=OrderWatch(orders, deployments, timing.wall(), timing.wall))
+        watch = OrderWatch(orders, deployments, timing.wall(), timing.wall, resumed)
+        timing = replace(timing, orders=watch)
     step_hooks: StepHooks = hooks or NoStepHooks()
     routers = routers or {}
     routes = tuple(_steady(routers, update, timing) for update in plan.routes)

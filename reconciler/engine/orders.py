@@ -20,7 +20,8 @@ ORDERS_EVERY = 0.25  # seconds: how late an abort or promote can be seen, at mos
 
 class OrderWatch:
     """The orders of one apply's rollouts (``deployments``: (server, model) -> its
-    ModelDeployment), given since ``started`` (wall clock)."""
+    ModelDeployment), given since ``started`` (wall clock), or for a resumed rollout since
+    its ``resumed`` time (``core.orders.resumed_since``) when that is earlier."""
 
     every = ORDERS_EVERY
 
@@ -30,8 +31,10 @@ class OrderWatch:
         deployments: Mapping[tuple[str, str], str],
         started: float,
         clock: Callable[[], float],
+        resumed: Mapping[str, float] | None = None,
     ) -> None:
         self._source, self._deployments, self.started = source, deployments, started
+        self._since = {name: min(at, started) for name, at in (resumed or {}).items()}
         self._clock = clock
         self._read: dict[str, tuple[float, list[OperatorOrder]]] = {}
         self._lock = threading.Lock()
@@ -42,10 +45,11 @@ class OrderWatch:
         deployment = self._deployments.get((step.server, step.model))
         if deployment is None:
             return None
+        since = self._since.get(deployment, self.started)
         now = self._clock()
         with self._lock:
             read = self._read.get(deployment)
             if read is None or now - read[0] >= self.every:
-                read = (now, self._source.orders(deployment, self.started))
+                read = (now, self._source.orders(deployment, since))
                 self._read[deployment] = read
-        return standing(read[1], self.started, analysis_started)
+        return standing(read[1], since, analysis_started)

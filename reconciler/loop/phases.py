@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from reconciler.core.conditions import pass_transitions
+from reconciler.core.orders import resumed_since
 from reconciler.core.plan.planner import plan as make_plan
 from reconciler.core.records import (
     alerts_from,
@@ -352,7 +353,8 @@ def apply(
         events=FanOut(live, run.events) if run.events is not None else live,
     )
     try:
-        result = _execute(run, plan_, clients, observed, timing, progress, revision)
+        resumed = resumed_since(target.history, desired)
+        result = _execute(run, plan_, clients, observed, timing, progress, revision, resumed)
     finally:
         live.finish()
     return Applied(result, journal, before)
@@ -366,8 +368,10 @@ def _execute(
     timing: Timing,
     progress: Progress,
     revision: str,
+    resumed: Mapping[str, float],
 ) -> ApplyResult:
-    """The executor, given the pass's ports: stages journalled, orders read from the store."""
+    """The executor, given the pass's ports: stages journalled, orders read from the store
+    (for a resumed rollout, those given since ``resumed`` says)."""
     state = run.state
     return execute(
         plan_,
@@ -382,6 +386,7 @@ def _execute(
         hooks=run.ports.step_hooks,
         routers=observed.routers,
         orders=state,
+        resumed=resumed,
     )
 
 

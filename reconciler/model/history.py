@@ -106,6 +106,8 @@ class History:
     suspended: Mapping[str, Suspension] = field(default_factory=dict)
     # (ModelDeployment, condition type) -> (its status, RFC 3339 time that status began)
     transitions: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
+    # When the latest pass on record ended (wall clock); None before the first one.
+    last_pass_at: float | None = None
 
     def began_from(self, deployment: str, fingerprint: str, server: str) -> tuple[int, ...] | None:
         """What ``server`` served when a pass began rolling out this spec (``fingerprint``)

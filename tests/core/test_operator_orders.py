@@ -4,16 +4,16 @@ order applies (``core.orders.standing``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
-from reconciler.core.orders import standing
-from reconciler.core.records import holds_from
+from reconciler.core.orders import resumed_since, standing
+from reconciler.core.records import holds_from, rollouts_from
 from reconciler.engine.apply import apply
 from reconciler.engine.steps import Timing
 from reconciler.model.analysis import RolloutVerdict
-from reconciler.model.history import History, OperatorOrder, OrderKind
+from reconciler.model.history import History, OperatorOrder, OrderKind, StagedRecord
 from reconciler.model.plan import Action
 from reconciler.model.results import ApplyResult, FailureKind, Outcome
 from tests.core.fakes import FakeClock, FakeTriton, desired_state
@@ -55,7 +55,10 @@ def wall(clock: FakeClock) -> float:
 
 
 def run_with(
-    clock: FakeClock, given: Sequence[tuple[float, OperatorOrder]], load: float = 0.0
+    clock: FakeClock,
+    given: Sequence[tuple[float, OperatorOrder]],
+    load: float = 0.0,
+    resumed: Mapping[str, float] | None = None,
 ) -> tuple[ApplyResult, FakeTriton, Orders]:
     fake = serving_one(clock, load)
     source = ScriptedFigures(fake, clock, HEALTHY)
@@ -67,6 +70,7 @@ def run_with(
         timing=Timing(clock=clock.clock, sleep=clock.sleep, wall=lambda: wall(clock)),
         metrics={"s1": source},
         orders=orders,
+        resumed=resumed,
     )
     return result, fake, orders
 
@@ -101,6 +105,9 @@ def test_an_abort_given_during_a_load_stops_the_rollout_before_its_verify_and_an
     assert failed.failure is FailureKind.AGAINST_VERSIONS
     assert not any(s.step.action is Action.ANALYZE for s in change.steps)
     assert fake.ready("m") == {1}
+    # History says it was aborted, though no analysis ran.
+    (row,) = rollouts_from(result, 0.0)
+    assert (row.outcome, row.verdict) == ("reverted", "aborted")
 
 
 def test_a_promote_ends_the_running_analysis_as_promoted_and_the_rollout_converges():
@@ -126,6 +133,39 @@ def test_an_order_given_before_the_apply_began_is_stale_and_ignored():
     assert analyze.seconds == pytest.approx(20.0)
     # Read often enough to see an order within ORDERS_EVERY, not on every wake.
     assert 20 / 0.25 * 0.8 <= orders.reads <= 20 / 0.25 * 1.5
+
+
+def test_an_abort_given_while_no_reconciler_ran_is_obeyed_by_the_apply_that_resumes_it():
+    # The pass that began the rollout was killed; the abort came 60 s before this apply,
+    # after the last pass on record ended: it was meant for the rollout this apply resumes.
+    clock = FakeClock()
+    abort = order(OrderKind.ABORT, START - 60.0)
+    result, fake, _ = run_with(clock, [(0.0, abort)], resumed={"m": START - 100.0})
+
+    change = only(result)
+    assert change.outcome is Outcome.REVERTED
+    assert not any(s.step.action is Action.ANALYZE for s in change.steps)  # stopped at once
+    assert fake.ready("m") == {1}
+    # One given before the last pass on record ended stays stale, resumed or not.
+    result, fake, _ = run_with(
+        clock, [(0.0, order(OrderKind.ABORT, START - 200.0))], resumed={"m": START - 100.0}
+    )
+    assert only(result).outcome is Outcome.CONVERGED and fake.ready("m") == {2}
+
+
+def test_a_rollout_is_resumed_for_its_orders_only_from_a_record_of_its_current_spec():
+    desired = desired_state(watched([2]))
+    current = desired.deployments["m"].fingerprint
+    record = StagedRecord(current, frozenset(), {"s1": (1,)}, "rev-1")
+
+    assert resumed_since(History(staged={"m": record}, last_pass_at=900.0), desired) == {"m": 900.0}
+    # No pass ever recorded: every order given while the record exists counts.
+    assert resumed_since(History(staged={"m": record}), desired) == {"m": 0.0}
+    # A record of an earlier spec, or of a ModelDeployment no longer declared: not resumed.
+    other = StagedRecord("an-earlier-spec", frozenset(), {"s1": (1,)}, "rev-1")
+    assert resumed_since(History(staged={"m": other}, last_pass_at=900.0), desired) == {}
+    assert resumed_since(History(staged={"gone": record}, last_pass_at=900.0), desired) == {}
+    assert resumed_since(History(last_pass_at=900.0), desired) == {}
 
 
 def test_which_order_applies():

@@ -331,3 +331,52 @@ def test_abort_and_promote_through_the_service_act_within_a_second_and_status_wa
     assert verdicts == [([3], "converged", "promoted"), ([2], "reverted", "aborted")]
     actions = [(a["verb"], a["by"]) for a in history["operator_actions"][:2]]
     assert actions == [("promote", "token:oncall-alice"), ("abort", "token:oncall-alice")]
+
+
+def test_an_abort_given_while_no_reconciler_runs_is_obeyed_by_the_pass_that_resumes_it(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """``apply`` killed (SIGKILL) while it analyses echo 2; the on-call person aborts while
+    nothing runs; the next ``apply`` resumes that rollout and obeys the abort at once."""
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    state = str(tmp_path / "r" / "state.db")
+    manifests.write(
+        "servers.yaml",
+        server_doc("edge-a", triton.grpc_address, model_repository, metrics=triton.metrics_url),
+    )
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.commit("echo 1")
+    assert reconciler.apply().code == 0
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]) + WATCHED_A_MINUTE)
+    manifests.commit("echo 2, watched for a minute")
+    command = [sys.executable, "-m", "reconciler", "apply", *reconciler.options]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # Loaded beside 1: the analysis runs (or is about to).
+        wait_until(lambda: ready_versions(triton, "echo") == {1, 2}, 30, "echo 2 beside 1")
+    finally:
+        process.kill()
+        process.wait()
+
+    aborted = cli("abort", "echo", "--as", "alice", "--reason", "bad canary", "--state", state)
+    assert aborted.code == 0, aborted.err
+    started = time.monotonic()
+    resumed = reconciler.apply()
+    took = time.monotonic() - started
+    assert resumed.code == 1, resumed.out + resumed.err
+    assert ready_versions(triton, "echo") == {1}
+    assert took < 30, f"the resumed pass took {took:.1f}s: it ran the minute's analysis"
+    store = StateStore(Path(state))
+    try:
+        hold = store.history().holds["echo"]
+        assert "aborted by alice" in hold.reason and "bad canary" in hold.reason
+    finally:
+        store.close()
+    (rollout, *_) = cli("history", "--state", state, "--output", "json").json()["rollouts"]
+    assert (rollout["to_versions"], rollout["outcome"], rollout["verdict"]) == (
+        [2],
+        "reverted",
+        "aborted",
+    )
+    # Over: the hold stands, and a later abort finds nothing in progress.
+    assert cli("abort", "echo", "--state", state).code == 1
