@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,8 +113,22 @@ class GitSource:
     def _repo(self) -> git.Repo:
         if (self.cache / "HEAD").exists():
             return git.Repo(self.cache)
-        self.cache.mkdir(parents=True, exist_ok=True)
-        return git.Repo.init(self.cache, bare=True)
+        # Made once, by whoever comes first: two `git init`s into one directory fail on each
+        # other's files, and one still running looks made (HEAD) to a reader. So the mirror
+        # is made beside it, under the mirror's lock, and renamed into place whole.
+        with _exclusive(self._lock_file):
+            if not (self.cache / "HEAD").exists():
+                making = self.cache.with_name(self.cache.name + ".making")
+                shutil.rmtree(making, ignore_errors=True)  # left by a process killed here
+                git.Repo.init(making, bare=True)
+                shutil.rmtree(self.cache, ignore_errors=True)  # an empty or broken one
+                making.rename(self.cache)
+        return git.Repo(self.cache)
+
+    @property
+    def _lock_file(self) -> Path:
+        """The mirror's lock: one writer (a fetch, its making) at a time."""
+        return self.cache.with_name(self.cache.name + ".lock")
 
     def fetch(self, ref: str = "HEAD") -> git.Commit:
         """Bring the cache up to date with the remote and resolve ``ref`` to a commit."""
@@ -122,7 +137,7 @@ class GitSource:
             # Never wait for a password prompt; never wait forever for a remote. One fetch at
             # a time into the mirror: two would fail on each other's ref locks (the service's
             # pass and an undo through it share it).
-            with _exclusive(self.cache.with_name(self.cache.name + ".lock")):
+            with _exclusive(self._lock_file):
                 repo.git.fetch(
                     "--prune",
                     "--no-tags",
