@@ -1326,6 +1326,10 @@ def _watch_status(args: argparse.Namespace) -> int:
                         snapshot = store.live()
                     finally:
                         store.close()
+                    # Written by a reconciler that no longer runs (killed mid-pass): the
+                    # lock is the kernel's word on that, whatever the snapshot says.
+                    if snapshot and wiring.lock_holder(args.state) is None:
+                        snapshot = {**snapshot, "abandoned": True}
             except ReconcileError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return EXIT_ERROR

@@ -123,6 +123,13 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
     )
 
 
+def lock_holder(state_path: Path) -> LockHolder | None:
+    """Who holds the reconciler lock of the state store at ``state_path`` now (None:
+    nobody: no apply, undo or run works on it)."""
+    me = LockHolder(os.getpid(), "status", rfc3339(time.time()), socket.gethostname())
+    return StateLockFile(lock_path(state_path), me).holder()
+
+
 def reconciler_lock(settings: Settings, command: str) -> ReconcilerLock:
     """The lock ``command`` (apply, undo, run) holds while it runs: the file next to the
     state store, then, with ``settings.leader_lease``, the Kubernetes Lease."""

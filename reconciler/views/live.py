@@ -40,19 +40,32 @@ def live_text(snapshot: Mapping[str, Any] | None, now: float) -> str:
     if not snapshot or not snapshot.get("rollouts"):
         return "no rollout in progress"
     revision = str(snapshot.get("revision") or "")[:12]
+    # ``abandoned``: the reconciler that wrote it holds no lock any more (it was killed):
+    # nothing runs, so the view says where it stopped, without durations that keep growing.
+    abandoned = bool(snapshot.get("abandoned"))
     lines = [
         f"pass at {revision}, started {snapshot.get('pass_started_at')}, "
         f"updated {snapshot.get('updated_at')}"
     ]
+    if abandoned:
+        lines.append(
+            "not running: the reconciler that wrote this stopped mid-pass (nobody holds the "
+            "reconciler lock); the next pass resumes these rollouts"
+        )
     for rollout in snapshot["rollouts"]:
         lines.append(f"{rollout['deployment']} (model {rollout['model']})")
         for server, entry in sorted(rollout["servers"].items()):
             since = entry.get("since_epoch")
             running = f" for {max(0.0, now - since):.0f}s" if since is not None else ""
-            line = f"  {server}: {entry.get('state')} {_versions(entry.get('versions', []))}"
-            line += running
+            state = f"{'stopped while ' if abandoned else ''}{entry.get('state')}"
+            line = f"  {server}: {state} {_versions(entry.get('versions', []))}"
+            line += "" if abandoned else running
             ends = entry.get("analysis_ends_epoch")
-            if ends is not None and str(entry.get("state", "")).endswith("analyzing"):
+            if (
+                not abandoned
+                and ends is not None
+                and str(entry.get("state", "")).endswith("analyzing")
+            ):
                 line += f", {max(0.0, ends - now):.0f}s left"
             lines.append(line)
             evaluation = entry.get("evaluation")

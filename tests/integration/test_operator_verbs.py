@@ -358,6 +358,21 @@ def test_an_abort_given_while_no_reconciler_runs_is_obeyed_by_the_pass_that_resu
         process.kill()
         process.wait()
 
+    # The live view it left says that nothing runs (nobody holds the reconciler lock).
+    shown = tmp_path / "status-watch.out"
+    with shown.open("w") as out:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "reconciler", "status", "--watch", "--state", state],
+            stdout=out,
+        )
+    try:
+        wait_until(lambda: "not running: " in shown.read_text(), 20, "the view says so")
+    finally:
+        watcher.terminate()
+        watcher.wait(30)
+    assert "echo (model echo)" in shown.read_text()
+    assert "  edge-a: stopped while " in shown.read_text()
+
     aborted = cli("abort", "echo", "--as", "alice", "--reason", "bad canary", "--state", state)
     assert aborted.code == 0, aborted.err
     started = time.monotonic()
