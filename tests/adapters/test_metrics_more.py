@@ -232,11 +232,17 @@ def test_prometheus_pairs_used_and_total_from_one_source(
 
 def _until_scraped(reader: PrometheusQuery, timeout: float = 60.0) -> Figures:
     """The figures once Prometheus has scraped the reader's target (a slow, loaded machine
-    can take several scrape intervals)."""
+    can take several scrape intervals). Each figure is its own query: a first scrape that
+    Prometheus ingests between two of them (its samples stamped when it began, before the
+    queries' time) is seen by the later queries only, so all of them must have it."""
     deadline = time.monotonic() + timeout
     while True:
         figures = reader.figures("echo", (1, 2))
-        scraped = figures.error is None and figures.inferences is not None
+        scraped = (
+            figures.error is None
+            and figures.memory_bytes is not None
+            and figures.inferences is not None
+        )
         if scraped or time.monotonic() > deadline:
             return figures
         time.sleep(0.2)
