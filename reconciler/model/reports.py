@@ -35,16 +35,20 @@ class PassReport:
         return not self.plan.problems and (self.result is None or self.result.ok)
 
     @property
+    def down_when_planned(self) -> frozenset[str]:
+        """Servers that did not answer when the pass planned (a whole-server problem)."""
+        return frozenset(p.server for p in self.plan.problems if p.model is None)
+
+    @property
     def unreachable(self) -> frozenset[str]:
-        """Servers that did not answer: when the pass planned (a whole-server problem), or
-        while it applied (a change whose step lost the server)."""
-        at_plan = {p.server for p in self.plan.problems if p.model is None}
+        """Servers that did not answer: when the pass planned, or while it applied (a
+        change whose step lost the server)."""
         while_applying = {
             c.change.server
             for c in (self.result.changes if self.result else ())
             if c.failure is FailureKind.SERVER_LOST
         }
-        return frozenset(at_plan | while_applying)
+        return self.down_when_planned | while_applying
 
 
 @dataclass(frozen=True)

@@ -261,10 +261,8 @@ class Daemon:
         # and the unfinished change would wait for the interval.
         unreachable = report.unreachable
         skipped = set(self._skip_list())
-        planned_with = set(report.servers) - {
-            p.server for p in report.plan.problems if p.model is None
-        }
-        if not report.servers or planned_with - skipped:
+        # Readiness: a server lost mid-change had answered when the pass planned.
+        if not report.servers or set(report.servers) - report.down_when_planned - skipped:
             self._reached_once = True
         for server in report.servers:
             if server in skipped:
