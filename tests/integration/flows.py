@@ -6,10 +6,31 @@ The manifests as text and the in-process CLI are in ``testkit`` (``testkit.manif
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import tritonclient.grpc as triton_grpc
 
+from reconciler.adapters.state import StateStore
 from testkit.local_triton import LocalTriton
+
+
+def live_servers(state: str | Path, model: str) -> dict[str, dict[str, Any]]:
+    """Server -> what the live view (``status --watch``) of the apply writing the state
+    store at ``state`` shows of ``model`` there: when a test acts on a step in progress
+    (an analysis running), this says it runs, where a sleep guesses."""
+    store = StateStore(Path(state), read_only=True)
+    try:
+        snapshot = store.live() or {"rollouts": []}
+    finally:
+        store.close()
+    return {
+        server: dict(entry)
+        for rollout in snapshot["rollouts"]
+        if rollout["model"] == model
+        for server, entry in rollout["servers"].items()
+    }
 
 
 def ready_versions(server: LocalTriton, model: str) -> set[int]:

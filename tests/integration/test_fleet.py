@@ -20,7 +20,7 @@ from testkit.cli_run import Reconciler, cli
 from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
-from tests.integration.flows import ready_versions
+from tests.integration.flows import live_servers, ready_versions
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5")
 
@@ -465,6 +465,21 @@ def _wait_serving(server: LocalTriton, versions: set[int], process: subprocess.P
     )
 
 
+def _wait_live(
+    state: str,
+    server: str,
+    done: Callable[[dict[str, Any]], bool],
+    process: subprocess.Popen[Any],
+) -> None:
+    """Until echo's entry for ``server`` in the live view the apply writes to ``state``
+    satisfies ``done``."""
+    _while_applying(
+        lambda: done(live_servers(state, "echo").get(server, {"state": "not begun"})),
+        f"the live view of {server}",
+        process,
+    )
+
+
 def _finish(process: subprocess.Popen[str]) -> tuple[int, dict[str, Any], str]:
     """The apply's exit code, its JSON report and its stderr; killed by pid if it hangs."""
     try:
@@ -633,11 +648,12 @@ def test_an_abort_during_a_staged_rollout_puts_back_every_server_touched_at_once
     # Step 1's analysis, promoted: the rollout goes on to step 2 (analysed in full).
     process = _apply_in_background(reconciler, options)
     try:
-        _wait_serving(fleet[ADDRESSES[0]], {1, 2}, process)
-        time.sleep(1.5)  # into step 1's analysis (its verify takes milliseconds)
+        # Into step 1's analysis, past its first evaluation (the live view says when: a
+        # sleep was too short on a loaded machine, and the promote came before the analysis).
+        _wait_live(state, f"pool/{ADDRESSES[0]}", lambda e: "evaluation" in e, process)
         assert cli("promote", "echo", "--state", state, "--as", "oncall").code == 0
         _wait_for_hook("preStep", "step 2 of 3", process)
-        _wait_serving(fleet[ADDRESSES[1]], {1, 2}, process)
+        _wait_live(state, f"pool/{ADDRESSES[1]}", lambda e: e["state"] == "analyzing", process)
         aborted = cli("abort", "echo", "--state", state, "--as", "oncall", "--reason", "paged")
         asked = time.monotonic()
         assert aborted.code == 0, aborted.err

@@ -25,7 +25,7 @@ from testkit.envoy import LocalEnvoy
 from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, git, server_doc
-from tests.integration.flows import ready_versions
+from tests.integration.flows import live_servers, ready_versions
 from tests.services import envoy_or_skip
 
 pytestmark = pytest.mark.triton
@@ -378,7 +378,14 @@ def test_envoy_restarted_mid_rollout_stops_it_without_a_hold(
     outcome: list[object] = []
     applying = threading.Thread(target=lambda: outcome.append(reconciler.apply("--output", "json")))
     applying.start()
-    time.sleep(2.5)  # into the 50% phase's analysis
+    # Into the 50% phase's analysis (its only one), as the live view shows it.
+    deadline = time.monotonic() + 60
+    while not any(
+        e["state"] == "analyzing" for e in live_servers(reconciler.options[3], "echo").values()
+    ):
+        assert applying.is_alive(), "the apply ended before the 50% phase's analysis"
+        assert time.monotonic() < deadline, "no analysis within 60 s"
+        time.sleep(0.1)
     fleet.envoy.stop()
     fleet.envoy.start()
     applying.join()
