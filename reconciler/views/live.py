@@ -57,7 +57,7 @@ def live_text(snapshot: Mapping[str, Any] | None, now: float) -> str:
         for server, entry in sorted(rollout["servers"].items()):
             since = entry.get("since_epoch")
             running = f" for {max(0.0, now - since):.0f}s" if since is not None else ""
-            state = f"{'stopped while ' if abandoned else ''}{entry.get('state')}"
+            state = f"{'last seen ' if abandoned else ''}{entry.get('state')}"
             line = f"  {server}: {state} {_versions(entry.get('versions', []))}"
             line += "" if abandoned else running
             ends = entry.get("analysis_ends_epoch")

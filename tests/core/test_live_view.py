@@ -48,7 +48,7 @@ def test_a_snapshot_left_by_a_killed_reconciler_says_nothing_runs_and_where_it_s
         "not running: the reconciler that wrote this stopped mid-pass (nobody holds the "
         "reconciler lock); the next pass resumes these rollouts",
         "echo (model echo)",
-        "  edge-a: stopped while analyzing [2]",
+        "  edge-a: last seen analyzing [2]",
     ]
 
 

@@ -371,7 +371,7 @@ def test_an_abort_given_while_no_reconciler_runs_is_obeyed_by_the_pass_that_resu
         watcher.terminate()
         watcher.wait(30)
     assert "echo (model echo)" in shown.read_text()
-    assert "  edge-a: stopped while " in shown.read_text()
+    assert "  edge-a: last seen " in shown.read_text()
 
     aborted = cli("abort", "echo", "--as", "alice", "--reason", "bad canary", "--state", state)
     assert aborted.code == 0, aborted.err
