@@ -443,7 +443,9 @@ def _while_applying(done: Callable[[], bool], what: str, process: subprocess.Pop
     """Polls until ``done()``; fails if the apply in ``process`` ended first, or after 120 s."""
     deadline = time.monotonic() + 120
     while not done():
-        assert process.poll() is None, f"the apply ended before {what}"
+        if process.poll() is not None:
+            out, err = process.communicate()
+            raise AssertionError(f"the apply ended before {what}: {out}\n{err}")
         assert time.monotonic() < deadline, f"no {what} within 120 s"
         time.sleep(0.1)
 
