@@ -47,6 +47,9 @@ from reconciler.model.analysis import (
 # Fewer requests than this since READY are too few for the early abort's rate rule (a run of
 # failed probes still aborts).
 EARLY_ABORT_MIN_REQUESTS = 10
+# Requests the old versions must answer over an evaluation's time for their mean over that
+# time to be the latency baseline (fewer: their mean before the swap).
+SAME_TIME_MIN_REQUESTS = 20
 # Probes each side, new and old, before new versions that see only pinned requests are
 # judged slower or not by them.
 PINNED_LATENCY_MIN_PROBES = 5
@@ -191,9 +194,33 @@ def _success_rate(
     return CheckResult(check.name, verdict, min(rates), threshold, "; ".join(details))
 
 
+def same_time_latency(
+    start: Figures | None, now: Figures | None, at_least: float = SAME_TIME_MIN_REQUESTS
+) -> float | None:
+    """The old versions' mean latency (us) between two readings of them, when at least
+    ``at_least`` requests were answered in between: a baseline taken in the conditions the
+    new versions are judged in (a busy machine slows both). None otherwise."""
+    if start is None or now is None or start.error or now.error:
+        return None
+    success = _delta(start.success, now.success)
+    if success is None or success < at_least:
+        return None
+    return _ratio(_delta(start.duration_us, now.duration_us), success)
+
+
 def _latency(
-    check: Check, duration: float | None, success: float | None, baseline: Baseline
+    check: Check,
+    duration: float | None,
+    success: float | None,
+    baseline: Baseline,
+    probes: ProbeFigures | None = None,
 ) -> CheckResult:
+    """The new versions' mean latency against the old versions': over the same time when
+    the old ones served enough requests meanwhile (``Baseline.same_time_latency_us``), else
+    their mean before the swap. An increase beyond the bound measured only against the
+    before-the-swap mean must be confirmed by the probes (``probes``: new and old versions
+    probed interleaved, at the same pace, so both meet the same machine): a busy host slows
+    every version, and a verdict must be about the version."""
     threshold = f"increase <= {check.max_increase:g}"
     if not baseline.has_old:
         return CheckResult(check.name, Verdict.SKIPPED, None, threshold, "no old versions")
@@ -202,24 +229,48 @@ def _latency(
     mean = _ratio(duration, success)
     if mean is None:
         return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no latency figures")
-    if baseline.mean_latency_us is None:
+    same_time = baseline.same_time_latency_us
+    reference = same_time if same_time is not None else baseline.mean_latency_us
+    if reference is None:
         return CheckResult(
             check.name, Verdict.NO_DATA, None, threshold, "no baseline from the old versions"
         )
-    if baseline.mean_latency_us <= 0:
+    if reference <= 0:
         # Counters that say the old versions answered in 0 us give no ratio to judge by.
         return CheckResult(
             check.name, Verdict.NO_DATA, None, threshold, "the old versions' latency reads 0us"
         )
-    increase = mean / baseline.mean_latency_us - 1.0
+    increase = mean / reference - 1.0
     limit = check.max_increase if check.max_increase is not None else math.inf
-    return CheckResult(
-        check.name,
-        Verdict.PASS if increase <= limit else Verdict.FAIL,
-        increase,
-        threshold,
-        f"mean {mean:.0f}us vs {baseline.mean_latency_us:.0f}us before",
-    )
+    when = "meanwhile" if same_time is not None else "before"
+    detail = f"mean {mean:.0f}us vs {reference:.0f}us {when}"
+    if increase <= limit:
+        return CheckResult(check.name, Verdict.PASS, increase, threshold, detail)
+    if same_time is None and probes is not None:
+        probed = _probed_increase(probes)
+        if probed is not None and probed <= limit:
+            return CheckResult(
+                check.name,
+                Verdict.PASS,
+                probed,
+                threshold,
+                f"{detail} (+{increase:.0%}), not confirmed by the probes: new and old probed "
+                f"at the same time differ by {probed:+.0%} (a busy machine, not the version)",
+            )
+        if probed is not None:
+            detail += f"; the probes agree: {probed:+.0%} against the old version meanwhile"
+    return CheckResult(check.name, Verdict.FAIL, increase, threshold, detail)
+
+
+def _probed_increase(probes: ProbeFigures) -> float | None:
+    """The new versions' mean probe latency over the old version's, probed interleaved;
+    None with fewer than PINNED_LATENCY_MIN_PROBES each side."""
+    if min(probes.sent, probes.old_sent) < PINNED_LATENCY_MIN_PROBES:
+        return None
+    old = probes.old_seconds / probes.old_sent
+    if old <= 0:
+        return None
+    return (probes.seconds / probes.sent) / old - 1.0
 
 
 def _pinned_latency(check: Check, probes: ProbeFigures) -> CheckResult:
@@ -292,6 +343,7 @@ def evaluate(
     counted: bool = True,
     latency_from: Figures | None = None,
     pinned: ProbeFigures | None = None,
+    latency_probes: ProbeFigures | None = None,
 ) -> Evaluation:
     """Judge the new versions over the window between two figures (and the probes sent in
     it). ``counted``: False for an evaluation within ``initialDelay``. ``latency_from``: where
@@ -299,7 +351,9 @@ def evaluate(
     start, so latency is the mean since then (failures count from READY and per window; a
     fresh version's cold first requests, the first probes among them, are not its steady
     latency, and one noisy second is not a slower version). ``pinned``: the probes so far,
-    when the new versions see only version-pinned requests: latency is judged by them."""
+    when the new versions see only version-pinned requests: latency is judged by them.
+    ``latency_probes``: the probes since the first volley, which must confirm a latency
+    increase measured against the old versions' mean before the swap."""
     success = _delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
@@ -336,7 +390,7 @@ def evaluate(
         elif check.kind == "latency" and pinned is not None:
             results.append(_pinned_latency(check, pinned))
         elif check.kind == "latency":
-            results.append(_latency(check, *latency_window, baseline))
+            results.append(_latency(check, *latency_window, baseline, latency_probes))
         elif check.kind == "memory":
             results.append(_memory(check, current.memory_bytes, baseline))
         else:
@@ -396,6 +450,28 @@ def concluded(
     if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
         return RolloutVerdict.METRICS_UNAVAILABLE
     return verdict
+
+
+def probe_capacity(spec: AnalysisSpec, probes: ProbeFigures | None) -> str:
+    """What the probes alone could send in ``spec.duration`` at the pace they were kept to,
+    for a message that says why too little evidence reached the new versions: a probe slot
+    waits ``took / maxShare`` between probes (and at least ``1 / rate``), so a model slower
+    than ``duration * maxShare / minEvidence`` cannot pass on probes alone. Empty when the
+    probes tell nothing (none sent, or they were not the limit)."""
+    if probes is None or probes.sent <= 0 or not spec.probes.enabled:
+        return ""
+    took = probes.seconds / probes.sent
+    if took <= 0:
+        return ""
+    cycle = max(1.0 / spec.probes.rate, took / spec.probes.max_share)
+    most = spec.duration * spec.probes.concurrency / cycle
+    if most >= spec.min_evidence:
+        return ""
+    return (
+        f"; a probe took {took * 1e3:.0f}ms, so at probes.maxShare {spec.probes.max_share:g} "
+        f"the probes alone reach about {most:.0f} in {spec.duration:g}s: with no client "
+        "traffic, raise duration or probes.maxShare, or lower minEvidence"
+    )
 
 
 def wilson_upper(successes: float, total: float, confidence: float) -> float:

@@ -18,7 +18,9 @@ from reconciler.core.analysis import (
     concluded,
     early_abort,
     evaluate,
+    probe_capacity,
     routed_since,
+    same_time_latency,
     since_ready,
 )
 from reconciler.core.probes import synthesized, wrong
@@ -162,6 +164,14 @@ class _ChangeContext:
     counted_from: Figures | None = None
     prober: Prober | None = None
     replaces: bool = True  # the change replaces serving versions (False: a first deployment)
+    # A traffic rollout's phases watch the same new versions one after another: what reached
+    # them in the earlier phases counts towards minEvidence (``evidence_before``), which only
+    # the last phase judges (``judge_evidence``); an earlier phase is judged by its
+    # evaluations alone. A probe-only phase of one interval cannot gather minEvidence from a
+    # slow model on its own (after a 100 ms probe the next waits 1.9 s at maxShare 0.05).
+    evidence_before: float = 0.0
+    judge_evidence: bool = True
+    evidence: float = 0.0  # set by the analysis: the requests or probes that reached them
 
 
 # What a step's executor returns: an analyze step's evaluations and verdict, else nothing.
@@ -390,7 +400,15 @@ def _analyze(
     # Killed here, the new versions are loaded and verified and their analysis has begun.
     fault_point("apply.analysis")
     started = timing.clock()
-    watch = _Watch(step, spec, source, timing, started, context.replaces)
+    watch = _Watch(
+        step,
+        spec,
+        source,
+        timing,
+        started,
+        context.replaces and context.judge_evidence,
+        context.evidence_before,
+    )
     try:
         obeyed = watch.obey()  # a ``promote --full`` given earlier: this one is skipped too
         if obeyed is not None:
@@ -415,11 +433,13 @@ def _analyze(
             else None
         )
         watch.baseline = baseline_from(old, at_start)
+        watch.old_source, watch.old_start = baseline_source or source, old
         # Prometheus may have no series of a brand-new version yet: then from READY.
         has_series = at_start.duration_us is not None and at_start.success is not None
         watch.latency_from = at_start if at_start.error is None and has_series else origin
         return watch.run(origin, queries, prober)
     finally:
+        context.evidence = watch.evidence
         if prober is not None:
             prober.close()
 
@@ -441,6 +461,7 @@ class _Watch:
         timing: Timing,
         started: float,
         replaces: bool,
+        evidence_before: float = 0.0,
     ) -> None:
         self.step, self.spec, self.source, self.timing = step, spec, source, timing
         self.started = started
@@ -448,8 +469,14 @@ class _Watch:
         self.unreadable = False
         self.origin: Figures | None = None
         self.baseline = baseline_from(None, Figures())
-        self.evidence = 0.0
-        self.replaces = replaces  # versions served before: minEvidence applies
+        self.evidence = 0.0  # this analysis's own
+        self.evidence_before = evidence_before  # the rollout's earlier phases'
+        self.replaces = replaces  # versions served before, and judged here: minEvidence applies
+        # Where the old versions are read again at each evaluation, and their reading as the
+        # analysis began: their latency over the same time is the baseline when they served
+        # enough requests meanwhile (the old pool of a staged or traffic rollout).
+        self.old_source: FiguresSource | None = None
+        self.old_start: Figures | None = None
         self.latency_from: Figures | None = None  # where every evaluation's latency starts
         # New versions below the old ones: unversioned requests keep reaching the old, so
         # the new see only pinned ones (the probes), and their latency is judged by those.
@@ -566,7 +593,7 @@ class _Watch:
                     elapsed,
                     previous,
                     current,
-                    self.baseline,
+                    replace(self.baseline, same_time_latency_us=self._old_meanwhile()),
                     window,
                     counted=elapsed >= spec.initial_delay,
                     # Latency over everything since the analysis began, not the window:
@@ -577,20 +604,39 @@ class _Watch:
                         if self.pinned_only and probes is not None
                         else None
                     ),
+                    latency_probes=(
+                        probes.since(self.probes_after_volley) if probes is not None else None
+                    ),
                 )
             )
             previous = current
             timing.events.evaluated(step, self.evaluations[-1], max(0.0, spec.duration - elapsed))
             # A first deployment has nothing to go back to: judged by its evaluations alone.
-            evidence = self.evidence if self.replaces else None
+            evidence = self.evidence + self.evidence_before if self.replaces else None
             verdict = concluded(spec, tuple(self.evaluations), elapsed, self.unreadable, evidence)
             if verdict is RolloutVerdict.PASSED:
                 return tuple(self.evaluations), verdict
             if verdict is not RolloutVerdict.RUNNING:
                 raise _analysis_failed(
-                    step, verdict, tuple(self.evaluations), current.error, evidence
+                    step,
+                    verdict,
+                    tuple(self.evaluations),
+                    current.error,
+                    evidence,
+                    self.evidence_before,
+                    prober.figures if prober is not None else None,
                 )
             self.check_abort(current, probes)
+
+    def _old_meanwhile(self) -> float | None:
+        """The old versions' mean latency since the analysis began, if they served enough
+        requests meanwhile to be the baseline (``same_time_latency``)."""
+        if self.old_source is None or self.old_start is None or not self.step.baseline:
+            return None
+        if not any(c.kind == "latency" for c in self.spec.checks):
+            return None
+        now = self.old_source.figures(self.step.model, self.step.baseline)
+        return same_time_latency(self.old_start, now)
 
     def _interrupted(self) -> None:
         step = self.step
@@ -607,9 +653,12 @@ def _analysis_failed(
     evaluations: tuple[Evaluation, ...],
     error: str | None,
     evidence: float | None = None,
+    evidence_before: float = 0.0,
+    probes: ProbeFigures | None = None,
 ) -> AnalysisFailed:
     """The error an analysis ends with; ``error`` is the last reading's, if it failed;
-    ``evidence``: the requests or probes that reached the new versions."""
+    ``evidence``: the requests or probes that reached the new versions (``evidence_before``
+    of them in a traffic rollout's earlier phases); ``probes``: this analysis's."""
     spec = step.analysis
     assert spec is not None
     versions = ", ".join(map(str, step.versions))
@@ -635,9 +684,11 @@ def _analysis_failed(
         and evidence < spec.min_evidence
         and any(e.counted and e.verdict is Verdict.PASS for e in evaluations)
     ):
+        earlier = f", {evidence_before:.0f} in earlier phases" if evidence_before else ""
         why = (
-            f"only {evidence:.0f} request(s) or probe(s) reached the new versions in "
-            f"{spec.duration:g}s (minEvidence {spec.min_evidence})"
+            f"only {evidence:.0f} request(s) or probe(s) reached the new versions "
+            f"({evidence - evidence_before:.0f} in this {spec.duration:g}s{earlier}; minEvidence "
+            f"{spec.min_evidence}){probe_capacity(spec, probes)}"
         )
     else:
         why = (

@@ -180,7 +180,10 @@ def _phases(
     """Each phase: set the route, then the new pool's analyses under it, concurrently; then
     check the router still routes as set. The first failure, if any."""
     analyses = run.plan.analyses
-    for phase in plan.phases:
+    # minEvidence is the rollout's: counted over every phase, judged in the last watched one.
+    last = max((i for i, p in enumerate(plan.phases) if p.watch > 0), default=-1)
+    evidence = {step.server: 0.0 for step in analyses}
+    for index, phase in enumerate(plan.phases):
         if plan.drop_old_first and (phase.weights.get(plan.new_pool) or any(phase.mirror.values())):
             failure = _drop_old(run, plan, done)
             if failure is not None:
@@ -195,7 +198,10 @@ def _phases(
         # Everything the analyses need is read before the route changes (the counters'
         # origin, the probes' requests tried on the old version): from the moment the new
         # pool takes its share, the first probes are out within milliseconds.
-        prepared = [_prepare(run, plan, router, phase, step) for step in analyses]
+        prepared = [
+            _prepare(run, plan, router, phase, step, evidence[step.server], index == last)
+            for step in analyses
+        ]
         routed = _set_route(
             router,
             phase.weights,
@@ -215,6 +221,8 @@ def _phases(
             continue
         with ThreadPoolExecutor(max_workers=max(1, len(analyses))) as workers:
             watched = list(workers.map(partial(_analyse, run), prepared))
+        for step, context in prepared:
+            evidence[step.server] += context.evidence
         failure = None
         for step, results in zip(analyses, watched, strict=True):
             done[step.server].extend(results)
@@ -247,11 +255,18 @@ def _drop_old(
 
 
 def _prepare(
-    run: _Rollout, plan: TrafficPlan, router: TrafficRouter, phase: TrafficPhase, step: Step
+    run: _Rollout,
+    plan: TrafficPlan,
+    router: TrafficRouter,
+    phase: TrafficPhase,
+    step: Step,
+    evidence_before: float,
+    judge_evidence: bool,
 ) -> tuple[Step, _ChangeContext]:
     """One new-pool server's analysis under ``phase``, ready to run: for the phase's time,
     its figures carrying the router's statistics for the new pool, its baseline the old
-    pool's servers, its counters' origin read and its probes prepared."""
+    pool's servers, its counters' origin read and its probes prepared; the evidence of the
+    earlier phases carried in, minEvidence judged only in the last (``judge_evidence``)."""
     server = step.server
     source = run.metrics.get(server)
     old = run.plan.baselines[0] if run.plan.baselines else ()
@@ -260,6 +275,8 @@ def _prepare(
         RoutedFigures(source, router, plan.new_pool) if source is not None else None,
         baseline=PooledFigures(pool) if pool else None,
         hooks=run.hooks,
+        evidence_before=evidence_before,
+        judge_evidence=judge_evidence,
     )
     assert step.analysis is not None
     watched = replace(

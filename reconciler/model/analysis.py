@@ -189,6 +189,10 @@ class Baseline:
     mean_latency_us: float | None  # the old versions' mean request latency before the swap
     memory_bytes: float | None  # the server's memory with old and new versions loaded
     has_old: bool = True  # False for a first deployment: latency has nothing to compare with
+    # The old versions' mean latency over the same time as the new ones' (the old pool of a
+    # staged or traffic rollout keeps serving beside them): the baseline measured in the same
+    # conditions, preferred when it has enough requests. Set at each evaluation; None: none.
+    same_time_latency_us: float | None = None
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.core.analysis import baseline_from, evaluate, judge, pooled
+from reconciler.core.analysis import (
+    baseline_from,
+    evaluate,
+    judge,
+    pooled,
+    probe_capacity,
+    same_time_latency,
+)
 from reconciler.model.analysis import (
     AnalysisSpec,
     Baseline,
@@ -19,6 +26,8 @@ from reconciler.model.analysis import (
     Evaluation,
     Figures,
     NoTraffic,
+    ProbeFigures,
+    ProbeSpec,
     RolloutVerdict,
     Verdict,
 )
@@ -127,6 +136,67 @@ def test_latency_compares_the_windows_mean_with_the_old_versions(
     assert result.value == pytest.approx(increase)
     assert result.threshold == "increase <= 0.5"
     assert result.detail == f"mean {mean_us:.0f}us vs 100us before"
+
+
+def latency_with_probes(
+    mean_us: float, probes: ProbeFigures, baseline: Baseline = BASELINE
+) -> CheckResult:
+    (result,) = evaluate(
+        spec(LATENCY), 0, 5.0, START, window(mean_us=mean_us), baseline, latency_probes=probes
+    ).results
+    return result
+
+
+def test_latency_is_judged_against_the_old_versions_meanwhile_when_they_served() -> None:
+    # A busy machine: the new version's 280us against 100us before the swap is +180%, but the
+    # old pool answered in 250us over the same time: +12%, a pass.
+    busy = replace(BASELINE, same_time_latency_us=250.0)
+    result = check_result(LATENCY, window(mean_us=280.0), baseline=busy)
+    assert (result.verdict, result.detail) == (Verdict.PASS, "mean 280us vs 250us meanwhile")
+    assert result.value == pytest.approx(0.12)
+    # A slower version is slower than the old meanwhile too.
+    slow = check_result(LATENCY, window(mean_us=800.0), baseline=busy)
+    assert slow.verdict is Verdict.FAIL and slow.value == pytest.approx(2.2)
+
+
+def test_a_latency_increase_against_before_the_swap_must_be_confirmed_by_the_probes() -> None:
+    # +200% on the counters against before the swap, while new and old probed at the same
+    # time answer alike: the machine got busy, not the version.
+    alike = ProbeFigures(sent=40, seconds=40 * 0.003, old_sent=10, old_seconds=10 * 0.003)
+    result = latency_with_probes(300.0, alike)
+    assert result.verdict is Verdict.PASS, result
+    assert "not confirmed by the probes" in result.detail and "+200%" in result.detail
+    # A version three times slower is slower in the probes too: confirmed, failed.
+    slower = replace(alike, seconds=40 * 0.009)
+    failed = latency_with_probes(300.0, slower)
+    assert failed.verdict is Verdict.FAIL and failed.value == pytest.approx(2.0)
+    assert "the probes agree: +200%" in failed.detail
+    # Too few old probes to compare with: the counters alone decide.
+    few = replace(alike, old_sent=4, old_seconds=4 * 0.003)
+    assert latency_with_probes(300.0, few).verdict is Verdict.FAIL
+    # Against the old versions meanwhile, the probes are not asked: same conditions already.
+    meanwhile = replace(BASELINE, same_time_latency_us=100.0)
+    assert latency_with_probes(300.0, alike, meanwhile).verdict is Verdict.FAIL
+
+
+def test_the_old_versions_latency_meanwhile_needs_enough_requests() -> None:
+    later = replace(START, success=START.success + 20, duration_us=START.duration_us + 20 * 300)
+    assert same_time_latency(START, later) == pytest.approx(300.0)
+    fewer = replace(START, success=START.success + 19, duration_us=START.duration_us + 19 * 300)
+    assert same_time_latency(START, fewer) is None
+    assert same_time_latency(None, later) is None
+    assert same_time_latency(START, replace(later, error="refused")) is None
+
+
+def test_probe_capacity_says_when_probes_alone_cannot_reach_min_evidence() -> None:
+    analysis = replace(spec(SUCCESS_RATE, duration=10.0), min_evidence=10)
+    slow = ProbeFigures(sent=6, seconds=6 * 0.1)
+    text = probe_capacity(analysis, slow)
+    assert "a probe took 100ms" in text and "reach about 5 in 10s" in text, text
+    assert probe_capacity(analysis, ProbeFigures(sent=6, seconds=6 * 0.001)) == ""
+    assert probe_capacity(analysis, None) == ""
+    off = replace(analysis, probes=ProbeSpec(enabled=False))
+    assert probe_capacity(off, slow) == ""
 
 
 @pytest.mark.parametrize(

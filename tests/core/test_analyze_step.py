@@ -201,14 +201,19 @@ def test_a_passing_analysis_converges_and_unloads_the_old_versions_only_after_it
     assert source.calls[1].versions == () and source.calls[2].versions == (2,)
     analysis_calls = [c for c in source.calls[1:] if c.versions]
     # The new ones at the start (first: clients may be failing), one baseline read of the old
-    # versions, then the new ones every tick.
+    # versions, then at every tick the new ones and the old ones again (with a latency
+    # check, their latency meanwhile is the baseline when they served enough requests).
     assert [(c.versions, c.at - clock.start) for c in analysis_calls] == [
         ((2,), 0.0),
         ((1,), 0.0),
         ((2,), 5.0),
+        ((1,), 5.0),
         ((2,), 10.0),
+        ((1,), 10.0),
         ((2,), 15.0),
+        ((1,), 15.0),
         ((2,), 20.0),
+        ((1,), 20.0),
     ]
     assert analysis_calls[1].queries == {}
     assert all(c.queries == {"kpi": KPI.query} for c in analysis_calls if c.versions == (2,))

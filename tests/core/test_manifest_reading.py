@@ -289,6 +289,45 @@ def test_the_old_api_version_still_loads_with_a_warning_naming_file_line_and_new
     ]
 
 
+ANALYSIS = """\
+verify:
+  analysis:
+    interval: {interval}
+    duration: {duration}
+    checks: [{{name: ok, successRate: {{min: 0.99}}}}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("interval", "duration", "warning"),
+    [
+        ("10s", "60s", None),  # the defaults: a model answering within 300ms passes on probes
+        (
+            "5s",
+            "10s",
+            "minEvidence 10: with no client traffic the probes reach it in 10s only for a "
+            "model that answers within 50ms (duration x probes.maxShare 0.05 / minEvidence); "
+            "a slower good version would end inconclusive: raise duration or "
+            "probes.maxShare, or lower minEvidence",
+        ),
+        (
+            "100ms",
+            "400ms",
+            "minEvidence 10: the probes send at most 8 in 0.4s (probes.rate 20/s); with no "
+            "client traffic no version can pass: raise duration or lower minEvidence",
+        ),
+    ],
+)
+def test_an_evidence_requirement_only_fast_models_meet_is_warned_about(
+    interval: str, duration: str, warning: str | None
+) -> None:
+    spec = ANALYSIS.format(interval=interval, duration=duration)
+    reading = read_manifests(encode({"s.yaml": SERVER, "m.yaml": deployment("m", spec)}))
+    assert reading.problems == ()
+    expected = [] if warning is None else [f"m.yaml:9: {warning}"]
+    assert [str(w) for w in reading.warnings] == expected
+
+
 @pytest.mark.parametrize(
     ("path", "selected"),
     [

@@ -304,7 +304,7 @@ def test_a_reverted_rollout_is_recorded_with_its_checks_and_rollback_time() -> N
             "verdict": "pass",
             "value": 0.0,
             "threshold": "increase <= 0.5",
-            "detail": "mean 100us vs 100us before",
+            "detail": "mean 100us vs 100us meanwhile",
         },
     )
     assert record.error == change.error
@@ -388,7 +388,7 @@ def test_a_failed_analysis_alerts_rollout_failed_with_its_checks() -> None:
         "action": "commit",
         # Counted from READY: from the read before the load (two reads of Counters).
         "checks": "success-rate=0.5 (>= 0.99): fail, triton: 100 of 200 requests failed; "
-        "latency=0 (increase <= 0.5): pass, mean 100us vs 100us before",
+        "latency=0 (increase <= 0.5): pass, mean 100us vs 100us meanwhile",
         "rollback_seconds": 0.0123,
     }
 

@@ -317,6 +317,76 @@ def test_a_failing_canary_is_switched_back_before_anything_is_put_back() -> None
     assert observe(run.fakes["c"]).model("m").ready == {1}
 
 
+class NoClients(FakeRouter):
+    """A router whose clients send nothing: its statistics never move."""
+
+    def figures(self, pools: Iterable[str]) -> Mapping[str, PoolFigures]:
+        self.reads += 1
+        return {p: PoolFigures(0.0, 0.0, None, None) for p in pools}
+
+
+class Idle:
+    """Triton's counters of a model no client calls (the probes aside, which are not
+    counted here: only the probes' own count is evidence)."""
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = NO_QUERIES
+    ) -> Figures:
+        return Figures(success=0.0, duration_us=0.0, memory_bytes=1e6)
+
+
+def _slow_canary(interval: float) -> tuple[Pass, ApplyResult]:
+    """A canary of a model that answers in 100 ms, with no client traffic: only the probes
+    reach the new version, one every 2 s (maxShare 0.05), for each phase's ``interval``."""
+    analysis = replace(
+        ANALYSIS, interval=interval, duration=interval, probes=ProbeSpec(), min_evidence=10
+    )
+    state = replace_traffic(desired(), replace(CANARY, mirror=0, steps=(1_000, 5_000)))
+    slowed = replace(state.deployments["m"], analysis=analysis)
+    state = DesiredState.build(list(state.servers.values()), [slowed], [ROUTER])
+    run = Pass(state, fakes(), NoClients({"stable": 10_000, "canary": 0}))
+    clock = run.clock
+
+    class Slow(FakeTriton):
+        def infer(self, *args: object, **kwargs: object) -> dict[str, object]:  # type: ignore[override]
+            clock.sleep(0.1)
+            return super().infer(*args, **kwargs)  # type: ignore[arg-type]
+
+    for name, fake in run.fakes.items():
+        slow = Slow(name, {"m": range(1, 5)})
+        slow.serve("m", observe(fake).model("m").ready)
+        run.fakes[name] = slow
+    planned = run.plan()
+    timing = Timing(clock=clock.clock, sleep=clock.sleep)
+    metrics = {name: Idle() for name in run.fakes}
+    result = apply(planned, run.fakes, timing=timing, metrics=metrics, routers={"edge": run.router})
+    return run, result
+
+
+def test_a_slow_good_canary_passes_on_the_evidence_of_all_its_phases() -> None:
+    # The probe-only phase alone gets 6 probes in 10 s (minEvidence 10): it used to end the
+    # rollout inconclusive; the phases together give 18.
+    run, result = _slow_canary(10.0)
+    c = next(r for r in result.changes if r.change.server == "c")
+    assert result.ok, (c.error, [str(e) for s in c.steps for e in s.evaluations])
+    assert [w["canary"] for w, _ in run.router.updates] == [0, 0, 1_000, 5_000, 0]
+    for fake in run.fakes.values():
+        assert observe(fake).model("m").ready == {2}
+
+
+def test_too_little_evidence_over_all_phases_is_inconclusive_and_says_why() -> None:
+    run, result = _slow_canary(4.0)
+    c = next(r for r in result.changes if r.change.server == "c")
+    assert not result.ok
+    assert c.outcome is Outcome.REVERTED, c
+    error = c.error or ""
+    # Judged once, in the last phase, over all of them; the message says what the probes
+    # could do at this model's speed.
+    assert "inconclusive" in error and "in earlier phases" in error, error
+    assert "the probes alone reach about" in error and "a probe took 100ms" in error, error
+    assert [w["canary"] for w, _ in run.router.updates] == [0, 0, 1_000, 5_000, 0], error
+
+
 def test_a_router_lost_mid_rollout_stops_it_as_transient() -> None:
     run = Pass(replace_traffic(desired(), replace(CANARY, mirror=0)), fakes(), at_rest())
 

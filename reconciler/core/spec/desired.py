@@ -22,6 +22,7 @@ from reconciler.core.spec.rules import (
     _dependency_problems,
     _traffic_problems,
     analysis_source_problems,
+    evidence_warnings,
 )
 from reconciler.core.spec.schema import (
     API_VERSION,
@@ -109,6 +110,7 @@ def read_manifests(
     problems.extend(_cross_check(servers, deployments, unbuilt))
     problems.extend(_dependency_problems(deployments, unbuilt))
     problems.extend(_traffic_problems(servers, deployments, routers, unbuilt))
+    warnings.extend(evidence_warnings(deployments))
     desired = DesiredState.build(
         [s for _, s in servers], [d for _, d in deployments], [r for _, r in routers]
     )

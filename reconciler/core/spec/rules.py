@@ -1,5 +1,6 @@
 """Checks that span documents: unique names, server references, one
-deployment per model and server, dependency cycles, analysis sources.
+deployment per model and server, dependency cycles, analysis sources; and the warning for
+an evidence requirement that only fast models can meet on the probes alone.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from reconciler.core.spec.yaml import _Document
 from reconciler.model.errors import Problem
 from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
-from reconciler.model.traffic import RouterSpec, TrafficSpec, share_text
+from reconciler.model.traffic import RouterSpec, Strategy, TrafficSpec, share_text
 
 
 @dataclass
@@ -314,3 +315,67 @@ def _deployment_traffic(
             f"{name}: server(s) {', '.join(outside)} are selected but stand in neither pool "
             f"{' nor '.join(traffic.pools)} of Router {router.name!r}",
         )
+
+
+# Below this probe latency a model passes on the probes alone: a warning names the bound
+# when it is lower (most models on a GPU answer in tens of milliseconds, large ones slower).
+SLOW_MODEL_SECONDS = 0.1
+
+
+def evidence_warnings(deployments: Iterable[tuple[_Document, ModelDeployment]]) -> list[Problem]:
+    """A warning for each analysis whose ``minEvidence`` the probes alone reach only for a
+    model faster than SLOW_MODEL_SECONDS: with no client traffic (a canary before its
+    share, a quiet hour), a slower good version ends inconclusive and is reverted. A probe
+    slot sends one probe per ``latency / maxShare`` (and at most ``rate`` a second), over the
+    time the evidence is counted: ``duration``, or a traffic rollout's phases together."""
+    warnings = []
+    for doc, deployment in deployments:
+        analysis = deployment.analysis
+        if analysis is None or analysis.min_evidence <= 0:
+            continue
+        probes = analysis.probes
+        if not probes.enabled:
+            continue
+        watched = _evidence_time(deployment)
+        fastest = watched * probes.rate * probes.concurrency
+        slowest = watched * probes.max_share * probes.concurrency / analysis.min_evidence
+        path = ("spec", "verify", "analysis")
+        if fastest < analysis.min_evidence:
+            warnings.append(
+                doc.problem(
+                    path,
+                    f"minEvidence {analysis.min_evidence}: the probes send at most "
+                    f"{fastest:.0f} in {watched:g}s (probes.rate {probes.rate:g}/s); with no "
+                    "client traffic no version can pass: raise duration or lower minEvidence",
+                )
+            )
+        elif slowest < SLOW_MODEL_SECONDS:
+            warnings.append(
+                doc.problem(
+                    path,
+                    f"minEvidence {analysis.min_evidence}: with no client traffic the probes "
+                    f"reach it in {watched:g}s only for a model that answers within "
+                    f"{slowest * 1e3:.0f}ms (duration x probes.maxShare {probes.max_share:g} / "
+                    "minEvidence); a slower good version would end inconclusive: raise "
+                    "duration or probes.maxShare, or lower minEvidence",
+                )
+            )
+    return warnings
+
+
+def _evidence_time(deployment: ModelDeployment) -> float:
+    """The seconds over which an analysis's evidence is counted: its ``duration``, or, in a
+    traffic rollout, every phase's watch (the probe-only phase, the mirror, each step)."""
+    analysis = deployment.analysis
+    assert analysis is not None
+    traffic = deployment.rollout.traffic
+    if traffic is None:
+        return analysis.duration
+    steps = len(traffic.steps) * analysis.duration
+    if traffic.mirror:
+        return analysis.duration + steps
+    if not analysis.probes.enabled:
+        return steps
+    # The probe-only phase: one interval for a canary, the whole duration for blue-green.
+    first = analysis.duration if traffic.strategy is Strategy.BLUE_GREEN else analysis.interval
+    return first + steps
