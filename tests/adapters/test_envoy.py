@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -143,6 +145,63 @@ def test_measured_traffic_shares_are_within_a_point_of_the_weights(
     stable = sum(s.version == 1 for s in samples)
     assert canary + stable == requests  # every request answered by one pool or the other
     assert abs(canary / requests - share / 10_000) < 0.01, canary / requests
+
+
+def _upstream_requests(envoy: LocalEnvoy, pool: str) -> int:
+    """Envoy's own count of the requests it sent to ``pool``'s cluster, mirrors included."""
+    query = urllib.parse.urlencode({"filter": rf"^cluster\.{pool}\.upstream_rq_total$"})
+    with urllib.request.urlopen(f"{envoy.admin_url}/stats?{query}", timeout=5) as response:
+        text = response.read().decode()
+    return int(text.split(":")[1]) if ":" in text else 0  # no line: none sent yet
+
+
+def _routed_and_mirrored(envoy: LocalEnvoy, requests: int) -> tuple[int, int]:
+    """Send ``requests`` clients' requests through Envoy (every one routed to stable) and
+    count, from Envoy's statistics, those sent to stable and the copies sent to canary."""
+    before = _upstream_requests(envoy, "stable"), _upstream_requests(envoy, "canary")
+    load = LoadGenerator(envoy.address, "echo", threads=2).start()
+    deadline = time.monotonic() + 60
+    while len(load.samples) < requests and time.monotonic() < deadline:
+        time.sleep(0.02)
+    load.stop()
+    # A mirrored copy may still be on its way when the client has its answer.
+    routed, mirrored = -1, -2
+    settle = time.monotonic() + 5
+    while time.monotonic() < settle:
+        now = _upstream_requests(envoy, "stable") - before[0]
+        copies = _upstream_requests(envoy, "canary") - before[1]
+        if (now, copies) == (routed, mirrored):
+            break
+        routed, mirrored = now, copies
+        time.sleep(0.2)
+    assert routed >= requests, f"only {routed} requests reached the stable pool"
+    return routed, mirrored
+
+
+def test_a_mirror_share_mirrors_that_share_of_the_requests_and_reads_back_as_envoy_applies_it(
+    envoy: LocalEnvoy,
+) -> None:
+    # Issue 26: mirror 20% was written as the runtime integer 2000, which Envoy reads as a
+    # percent (above 100: always), and read back as 20%. Canary has weight 0, so every
+    # request Envoy sends it is a mirrored copy. Over n requests at p = 20% the mirrored
+    # share has a standard deviation of sqrt(p(1-p)/n): 2 points for n = 400, so 10% to
+    # 30% is 5 sd either side (a false failure about once in 1.7 million runs).
+    router = EnvoyRouter(_spec(envoy))
+
+    router.route({"stable": 10_000, "canary": 0}, {"canary": 2_000, "stable": 0})
+    assert router.observe().mirror["canary"] == 2_000
+    routed, mirrored = _routed_and_mirrored(envoy, 400)
+    share = mirrored / routed
+    assert 0.10 <= share <= 0.30, f"mirror 20%: {mirrored} of {routed} mirrored ({share:.1%})"
+
+    # What the old code left in Envoy for 20%: Envoy mirrors every request, and so it reads
+    # (the plan then sees the drift and puts the route back).
+    query = urllib.parse.urlencode({"mirror.triton.canary": "2000"})
+    request = urllib.request.Request(f"{envoy.admin_url}/runtime_modify?{query}", method="POST")
+    urllib.request.urlopen(request, timeout=5).close()
+    routed, mirrored = _routed_and_mirrored(envoy, 100)
+    assert mirrored == routed, f"legacy 2000: {mirrored} of {routed} mirrored, not all"
+    assert router.observe().mirror["canary"] == 10_000
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "envoy"
