@@ -47,6 +47,9 @@ from reconciler.model.analysis import (
 # Fewer requests than this since READY are too few for the early abort's rate rule (a run of
 # failed probes still aborts).
 EARLY_ABORT_MIN_REQUESTS = 10
+# An analysis whose evaluations all passed but whose evidence is short at the end of its
+# duration goes on for at most this share of its duration more, until minEvidence is reached.
+EVIDENCE_EXTENSION = 1.0
 # Requests the old versions must answer over an evaluation's time for their mean over that
 # time to be the latency baseline (fewer: their mean before the swap).
 SAME_TIME_MIN_REQUESTS = 20
@@ -419,7 +422,8 @@ def judge(
 ) -> RolloutVerdict:
     """The rollout's verdict after ``evaluations``, ``elapsed`` seconds into the analysis;
     ``evidence``: the requests or probes that reached the new versions since READY (None:
-    not known, not required)."""
+    not known, not required). Short of evidence at the end of ``duration``, an analysis whose
+    evaluations passed runs on (RUNNING) for up to EVIDENCE_EXTENSION of its duration more."""
     if any(e.aborted for e in evaluations):
         return RolloutVerdict.FAILED
     counted = [e for e in evaluations if e.counted]
@@ -432,6 +436,11 @@ def judge(
     if not any(e.verdict is Verdict.PASS for e in counted):
         return RolloutVerdict.INCONCLUSIVE
     if evidence is not None and evidence < spec.min_evidence:
+        # Every evaluation passed but too few requests reached the new versions: a slow
+        # model's probes, or a quiet hour's clients, may need longer. Watched on, evaluation
+        # by evaluation, for at most another ``duration`` (EVIDENCE_EXTENSION).
+        if elapsed < spec.duration * (1 + EVIDENCE_EXTENSION):
+            return RolloutVerdict.RUNNING
         return RolloutVerdict.INCONCLUSIVE
     return RolloutVerdict.PASSED
 

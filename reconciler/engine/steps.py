@@ -687,8 +687,8 @@ def _analysis_failed(
         earlier = f", {evidence_before:.0f} in earlier phases" if evidence_before else ""
         why = (
             f"only {evidence:.0f} request(s) or probe(s) reached the new versions "
-            f"({evidence - evidence_before:.0f} in this {spec.duration:g}s{earlier}; minEvidence "
-            f"{spec.min_evidence}){probe_capacity(spec, probes)}"
+            f"({evidence - evidence_before:.0f} in this analysis's {last.at:g}s{earlier}; "
+            f"minEvidence {spec.min_evidence}){probe_capacity(spec, probes)}"
         )
     else:
         why = (

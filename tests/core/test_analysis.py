@@ -532,8 +532,12 @@ def test_judge_tolerates_evaluations_without_data_up_to_the_inconclusive_limit(
 
 def test_judge_passes_only_with_the_minimum_evidence() -> None:
     needs = replace(spec(), min_evidence=50)
-    assert judge(needs, evs(P, P), 60.0, evidence=49) is RolloutVerdict.INCONCLUSIVE
+    # Short of evidence at the end of the duration: watched on, for one duration more.
+    assert judge(needs, evs(P, P), 60.0, evidence=49) is RolloutVerdict.RUNNING
+    assert judge(needs, evs(P, P), 119.9, evidence=49) is RolloutVerdict.RUNNING
+    assert judge(needs, evs(P, P), 120.0, evidence=49) is RolloutVerdict.INCONCLUSIVE
     assert judge(needs, evs(P, P), 60.0, evidence=50) is RolloutVerdict.PASSED
+    assert judge(needs, evs(P, P), 90.0, evidence=50) is RolloutVerdict.PASSED
     assert judge(needs, evs(P), 30.0, evidence=0) is RolloutVerdict.RUNNING  # not yet the end
     assert judge(needs, evs(F), 5.0, evidence=0) is RolloutVerdict.FAILED  # failing needs none
 

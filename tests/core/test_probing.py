@@ -367,6 +367,61 @@ def test_too_little_evidence_is_no_pass() -> None:
     assert "only 0 request(s) or probe(s) reached the new versions" in (change.error or "")
 
 
+class Hiccup(Clients):
+    """Answers in 2 ms, except the ``slow``-th infer, which takes 400 ms (a probe that waited
+    on a busy machine)."""
+
+    def __init__(self, clock: FakeClock, slow: int) -> None:
+        super().__init__(clock)
+        self.slow, self.calls_made = slow, 0
+
+    def infer(self, *args: Any, **kwargs: Any) -> dict[str, npt.NDArray[np.generic]]:
+        self.calls_made += 1
+        self.latency = 0.4 if self.calls_made == self.slow else 0.002
+        return super().infer(*args, **kwargs)
+
+
+def test_one_probe_delayed_by_a_busy_machine_does_not_stop_the_probes() -> None:
+    # The pace follows the median of the last rounds: after the 400 ms probe the next is
+    # not held back 7.6 s (400 ms / maxShare), so no evaluation is left without probes.
+    clock = FakeClock()
+    fake = Hiccup(clock, slow=4)
+    source = Traffic(fake, clock, rate=0.0, failing=0.0)  # no client: the probes alone
+
+    change = rollout(fake, clock, spec(), source)
+
+    assert change.outcome is Outcome.CONVERGED, change.error
+    analysis = change.analysis
+    assert analysis is not None
+    assert all(e.probes is not None and e.probes.sent > 0 for e in analysis.evaluations), [
+        str(e.probes) for e in analysis.evaluations
+    ]
+
+
+def test_a_slow_model_without_clients_is_watched_on_until_its_evidence_is_in() -> None:
+    # 100 ms a probe, one probe every 2 s (maxShare 0.05): 3 in the 5 s duration, short of
+    # minEvidence 5. Every evaluation passed, so the analysis goes on until it has 5 (at most
+    # another duration), instead of ending inconclusive and reverting a good version.
+    clock = FakeClock()
+    fake = Clients(clock, latency=0.1)
+    source = Traffic(fake, clock, rate=0.0, failing=0.0)
+
+    change = rollout(fake, clock, spec(min_evidence=5), source)
+
+    assert change.outcome is Outcome.CONVERGED, change.error
+    analysis = change.analysis
+    assert analysis is not None and analysis.verdict is RolloutVerdict.PASSED
+    assert 5.0 < analysis.evaluations[-1].at <= 10.0, [e.at for e in analysis.evaluations]
+    assert sum(e.probes.sent for e in analysis.evaluations if e.probes) >= 5
+    # With minEvidence out of reach even then, inconclusive at twice the duration, saying why.
+    clock = FakeClock()
+    fake = Clients(clock, latency=0.1)
+    change = rollout(fake, clock, spec(min_evidence=50), Traffic(fake, clock, 0.0, 0.0))
+    assert change.outcome is Outcome.REVERTED
+    assert change.analysis is not None and change.analysis.evaluations[-1].at == 10.0
+    assert "a probe took 100ms" in (change.error or ""), change.error
+
+
 def test_a_first_deployment_is_probed_by_its_smoke_cases_only() -> None:
     """With no old version, a failed synthesized request says nothing about the new one
     (the model may reject zeros): it is not sent."""

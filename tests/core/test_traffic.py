@@ -375,7 +375,7 @@ def test_a_slow_good_canary_passes_on_the_evidence_of_all_its_phases() -> None:
 
 
 def test_too_little_evidence_over_all_phases_is_inconclusive_and_says_why() -> None:
-    run, result = _slow_canary(4.0)
+    run, result = _slow_canary(2.0)
     c = next(r for r in result.changes if r.change.server == "c")
     assert not result.ok
     assert c.outcome is Outcome.REVERTED, c
