@@ -426,7 +426,9 @@ def build_parser() -> _Parser:
         help="ask the running service for a pass now and wait for its outcome",
         description="Ask the running service (--service) for a pass now, as `flux reconcile` "
         "does, and wait until a pass that started after the request has finished: exit 0 "
-        "when it fully succeeded, 1 otherwise (each failed server or model is printed). "
+        "when it fully succeeded and left no ModelDeployment held, 1 otherwise (each failed "
+        "server or model is printed, and each held deployment with its servers and the "
+        "failed revision: Stalled, as `flux reconcile` fails on a stalled object). "
         "Recorded under the operator token's name.",
     )
     reconcile_verb.add_argument("--service", required=True, metavar="URL")
@@ -1167,7 +1169,24 @@ def _reconcile_now(args: argparse.Namespace) -> int:
     for failed in outcome.get("failed", []):
         where = failed["server"] + (f"/{failed['model']}" if failed.get("model") else "")
         print(f"  {where}: {failed['reason']}")
-    return EXIT_OK if outcome.get("ok") else EXIT_ERROR
+    # A held deployment is stalled, as ``flux reconcile`` fails on a stalled object: the pass
+    # may have gone through, but what serves is not what Git asks until someone acts.
+    held = _held_deployments(outcome.get("held", []))
+    for deployment, (servers, why) in held.items():
+        print(f"  held: {deployment} on {', '.join(servers)}: {why}; a commit that changes "
+              f"it, `triton-gitops retry {deployment}` or `undo` lifts it")  # fmt: skip
+    return EXIT_OK if outcome.get("ok") and not held else EXIT_ERROR
+
+
+def _held_deployments(held: list[dict[str, Any]]) -> dict[str, tuple[list[str], str]]:
+    """``GET /v1/passes/last``'s held models by deployment: its servers, and why (the failed
+    revision and the first line of the reason)."""
+    found: dict[str, tuple[list[str], str]] = {}
+    for h in held:
+        reason = (h.get("reason") or "failed").splitlines()[0]
+        why = f"revision {(h.get('revision') or '')[:12]} failed: {reason}"
+        found.setdefault(h["deployment"], ([], why))[0].append(h["server"])
+    return found
 
 
 def _operator_verb(args: argparse.Namespace) -> int:

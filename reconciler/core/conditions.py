@@ -17,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from reconciler.core.records import model_states
-from reconciler.model.history import Hold
+from reconciler.core.placement import pass_states, placement_state
 from reconciler.model.reports import Condition, PassReport
 from reconciler.model.spec import DesiredState
 
@@ -136,53 +135,37 @@ def transitions_of(
     }
 
 
-def pass_placements(
-    report: PassReport, desired: DesiredState, holds: Iterable[Hold] = ()
-) -> dict[str, list[PlacementState]]:
+def pass_placements(report: PassReport, desired: DesiredState) -> dict[str, list[PlacementState]]:
     """Each declared ModelDeployment's placements in ``PlacementState.state``'s words after the
-    pass, ``holds`` being those it wrote: what ``status`` run right after it would say, so
-    that the two agree on each condition's status (and ``lastTransitionTime`` moves only
-    when the status does)."""
-    # model_states is the per-model metric's view; its 'failed' mixes a plan problem (which
-    # stalls) with a failed step (which the next pass retries), and a rollout this pass held
-    # (the plan, made before, does not know the hold): told apart here, in the order
-    # status's _kind decides (unreachable, problem, suspended, held).
-    words = {"progressing": "pending"}
-    states = {key: words.get(state, state) for key, state in model_states(report).items()}
-    for hold in holds:
-        model = desired.deployments[hold.deployment].model
-        for server in hold.previous:
-            if states.get((server, model)) != "suspended":
-                states[(server, model)] = "held"
-    unreachable = set()
-    for problem in report.plan.problems:
-        if problem.model is None:
-            unreachable.add(problem.server)
-        else:
-            states[(problem.server, problem.model)] = "problem"
+    pass (the holds it wrote among them: ``PassReport.held``): what ``status`` run right after
+    it would say, as both decide by ``placement_state``, so that the two agree on each
+    condition's status (and ``lastTransitionTime`` moves only when the status does)."""
+    states = pass_states(report)
+    down = report.down_when_planned
     found: dict[str, list[PlacementState]] = {}
     for server, placements in sorted(desired.placements.items()):
         for model, placement in sorted(placements.items()):
-            state = "unreachable" if server in unreachable else states.get((server, model))
-            found.setdefault(placement.deployment.name, []).append(
-                PlacementState(server, state or "pending")
+            # One the pass did not see: its server did not answer, or nothing was planned
+            # for it yet.
+            state = states.get((server, model)) or placement_state(
+                unreachable=server in down, planned=True
             )
+            found.setdefault(placement.deployment.name, []).append(PlacementState(server, state))
     return found
 
 
 def pass_transitions(
     report: PassReport,
     desired: DesiredState,
-    holds: Iterable[Hold],
     remembered: Mapping[tuple[str, str], tuple[str, str]],
     now: str,
 ) -> dict[tuple[str, str], tuple[str, str]]:
     """What the pass leaves in the state store: every declared ModelDeployment's condition
-    statuses after it (``holds``: those it wrote), each with the time it took that status
-    (kept from ``remembered`` while unchanged)."""
+    statuses after it, each with the time it took that status (kept from ``remembered``
+    while unchanged)."""
     return transitions_of(
         {
             name: conditions(name, placements, remembered, now)
-            for name, placements in pass_placements(report, desired, holds).items()
+            for name, placements in pass_placements(report, desired).items()
         }
     )

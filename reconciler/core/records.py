@@ -16,9 +16,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from reconciler.model.analysis import Evaluation
-from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, Rollout
+from reconciler.model.history import AlertEvent, AppliedSpec, Held, History, Hold, Rollout
 from reconciler.model.plan import Action, ModelChange, Plan
-from reconciler.model.reports import PassReport
 from reconciler.model.results import (
     ApplyResult,
     ChangeResult,
@@ -223,6 +222,18 @@ def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> 
     return tuple(holds)
 
 
+def held_placements(holds: Iterable[Hold], desired: DesiredState) -> tuple[Held, ...]:
+    """The placements ``holds`` keep at their old versions, as the next plan lists them
+    (``Plan.held``): for the report of the pass that wrote them."""
+    return tuple(
+        Held(
+            server, desired.deployments[h.deployment].model, h.deployment, h.revision, h.reason, was
+        )
+        for h in holds
+        for server, was in sorted(h.previous.items())
+    )
+
+
 def released_holds(desired: DesiredState, history: History) -> tuple[str, ...]:
     """Holds whose ModelDeployment a newer commit changed or removed."""
     return tuple(
@@ -419,33 +430,3 @@ def footprints_from(result: ApplyResult) -> dict[tuple[str, str], float]:
             if step.ok and step.footprint is not None and new:
                 found[(change.change.server, change.change.model)] = step.footprint / len(new)
     return found
-
-
-def model_states(report: PassReport) -> dict[tuple[str, str], str]:
-    """Each (server, model) the pass saw, in one of ``in-sync``, ``progressing`` (a change
-    planned and not applied, as in a dry run), ``held``, ``suspended`` or ``failed`` (its
-    change failed or was reverted, or a problem stopped it), for the service's metric."""
-    states: dict[tuple[str, str], str] = {}
-    for pair in report.plan.in_sync:
-        states[pair] = "in-sync"
-    # A model being removed leaves the metric: no manifest declares it any more.
-    for change in report.plan.changes:
-        if change.deployment is not None:
-            states[(change.server, change.model)] = "progressing"
-    for result in report.result.changes if report.result else ():
-        if result.change.deployment is None:
-            continue
-        key = (result.change.server, result.change.model)
-        states[key] = {
-            Outcome.CONVERGED: "in-sync",
-            Outcome.SKIPPED: "progressing",
-            Outcome.INTERRUPTED: "progressing",
-        }.get(result.outcome, "failed")
-    for problem in report.plan.problems:
-        if problem.model is not None:
-            states[(problem.server, problem.model)] = "failed"
-    for held in report.plan.held:
-        states[(held.server, held.model)] = "held"
-    for pair in report.plan.suspended:
-        states[pair] = "suspended"
-    return states

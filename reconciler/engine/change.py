@@ -169,13 +169,20 @@ def apply_change(
     fault_point("apply.revert")
     again = _ChangeContext(source, hooks=context.hooks)
     reverted = _run(control, change.revert, timing, progress, again, True)
+    return ChangeResult(
+        change, _put_back(failed.failure, reverted), tuple(results), tuple(reverted)
+    )
+
+
+def _put_back(failure: FailureKind | None, reverted: list[StepResult]) -> Outcome:
+    """How a change that stopped with ``failure`` and ran its revert ended: FAILED when the
+    revert did not go through, INTERRUPTED when a shutdown stopped it (nothing failed),
+    REVERTED otherwise. One rule for a single change and every server of a staged rollout."""
     if not all(r.ok for r in reverted):
-        outcome = Outcome.FAILED
-    elif failed.failure is FailureKind.INTERRUPTED:
-        outcome = Outcome.INTERRUPTED
-    else:
-        outcome = Outcome.REVERTED
-    return ChangeResult(change, outcome, tuple(results), tuple(reverted))
+        return Outcome.FAILED
+    if failure is FailureKind.INTERRUPTED:
+        return Outcome.INTERRUPTED
+    return Outcome.REVERTED
 
 
 def _blame_restart(control: ModelControl, model: str, failed: StepResult) -> StepResult:

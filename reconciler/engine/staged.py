@@ -13,14 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from reconciler.core.analysis import pooled
-from reconciler.engine.change import _blame_restart, _prepare_analysis, _read_interface, _run
+from reconciler.engine.change import (
+    _blame_restart,
+    _failed,
+    _prepare_analysis,
+    _put_back,
+    _read_interface,
+    _run,
+)
 from reconciler.engine.steps import Timing, _ChangeContext
 from reconciler.model.analysis import Figures
-from reconciler.model.errors import ReconcileError, StepFailed
+from reconciler.model.errors import ReconcileError, ShutdownBetweenStages, StepFailed
 from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
 from reconciler.model.results import (
     ChangeResult,
-    FailureKind,
     Outcome,
     Progress,
     StagedProgress,
@@ -108,9 +114,9 @@ def _through_stages(
     webhook; the first failure (a shutdown among them), or None when all passed."""
     rollout = run.plan
     for index, stage in enumerate(rollout.stages):
-        if run.timing.stopping():
-            return StepResult(_hook_step(rollout, stage, "shutdown"), False, 0.0, "shutdown")
-        failure = _call_hook(run, index, "preStep")
+        failure = _shutdown(run.timing, _hook_step(rollout, stage, rollout.stage_names[index]))
+        if failure is None:
+            failure = _call_hook(run, index, "preStep")
         if failure is not None:
             return failure
         # Recorded before the stage's servers are touched: if the reconciler stops now, the
@@ -169,6 +175,16 @@ def _run_stage(
     return failure
 
 
+def _shutdown(timing: Timing, step: Step) -> StepResult | None:
+    """The failure that ends a rollout before ``step`` once shutdown has begun (what it
+    means is its error's, ``ShutdownBetweenStages``); None while it has not."""
+    if not timing.stopping():
+        return None
+    now = timing.clock()
+    stopped = ShutdownBetweenStages(f"shutdown began before {step.reason}")
+    return _failed(step, stopped, now, now, reverting=False)
+
+
 def _take_back(
     run: _Rollout, failure: StepResult, done: Mapping[str, list[StepResult]]
 ) -> list[ChangeResult]:
@@ -179,15 +195,9 @@ def _take_back(
         False,
         0.0,
         f"rollout of {rollout.deployment} stopped ({failure.step.server}): {failure.error}",
-        # A server that went away or restarted, or metrics that could not be read, tell
-        # nothing against the versions: every server taken back says so, so that no hold
-        # is kept and the next pass rolls out again. Anything else stopped the rollout
-        # against its versions.
-        failure=(
-            failure.failure
-            if failure.failure in (FailureKind.SERVER_LOST, FailureKind.METRICS_UNAVAILABLE)
-            else FailureKind.AGAINST_VERSIONS
-        ),
+        # Every server taken back says what stopped the rollout, as that failure's error
+        # said (``_failed``): held only for a failure against the versions.
+        failure=failure.failure,
     )
     outcome: list[ChangeResult] = []
     for server, change in sorted(run.changes.items()):
@@ -200,7 +210,7 @@ def _take_back(
             steps.append(mine)
         again = _ChangeContext(hooks=run.hooks)
         reverted = _run(run.controls[server], change.revert, run.timing, run.progress, again, True)
-        result = Outcome.REVERTED if all(r.ok for r in reverted) else Outcome.FAILED
+        result = _put_back(failure.failure, reverted)
         outcome.append(ChangeResult(change, result, tuple(steps), tuple(reverted)))
     return outcome
 

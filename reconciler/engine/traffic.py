@@ -21,6 +21,7 @@ from reconciler.engine.staged import (
     _finish,
     _finishing,
     _Rollout,
+    _shutdown,
     _take_back,
     _through_stages,
 )
@@ -188,13 +189,11 @@ def _phases(
             failure = _drop_old(run, plan, done)
             if failure is not None:
                 return failure
-        if run.timing.stopping():
-            return StepResult(
-                _route_step(plan, analyses[0].server, run.plan.model, phase.name),
-                False,
-                0.0,
-                "shutdown",
-            )
+        stopped = _shutdown(
+            run.timing, _route_step(plan, analyses[0].server, run.plan.model, phase.name)
+        )
+        if stopped is not None:
+            return stopped
         # Everything the analyses need is read before the route changes (the counters'
         # origin, the probes' requests tried on the old version): from the moment the new
         # pool takes its share, the first probes are out within milliseconds.

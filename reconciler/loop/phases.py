@@ -32,6 +32,7 @@ from reconciler.core.records import (
     alerts_from,
     applied_from,
     footprints_from,
+    held_placements,
     hold_reminders,
     holds_from,
     interrupted_swaps_finished,
@@ -410,6 +411,7 @@ def record(run: PassRun, target: Target, planned: Planned, applied: Applied) -> 
         servers={name: server.grpc for name, server in desired.servers.items()},
         expected=expected_serving(desired, planned.plan, result),
         discovered=target.discovered,
+        held=held_placements(holds, desired),
     )
     fault_point("loop.record")
     opened = [e for e in events if not e.resolved]
@@ -463,9 +465,7 @@ def _record_pass(
             sorted(journal.alerted - {e.identity for e in (*opened, *resolved)})
         ),
         stages_ended=(*_stages_ended(target, plan_, applied), *finished),
-        transitions=pass_transitions(
-            report, desired, holds, history.transitions, rfc3339(time.time())
-        ),
+        transitions=pass_transitions(report, desired, history.transitions, rfc3339(time.time())),
     )
     run.state.record_pass(record)
     bind(run.state, run.ports.manifests.location, run.source.path)

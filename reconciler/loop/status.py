@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from reconciler.core.conditions import PlacementState, conditions
+from reconciler.core.placement import placement_state
 from reconciler.core.plan.planner import plan
 from reconciler.core.records import rfc3339
 from reconciler.core.spec.desired import load_desired_state
@@ -144,24 +145,34 @@ class _Planned:
 def _kind(
     planned: _Planned, server: str, model: str, deployment: ModelDeployment, history: History
 ) -> tuple[str, str]:
-    """Why ``model`` on ``server`` is (or is not) as its manifest asks: (kind, detail)."""
+    """Why ``model`` on ``server`` is (or is not) as its manifest asks: (kind, detail). The
+    kind is ``placement_state``'s, as the pass's conditions and metric decide it."""
     key = (server, model)
     problems, held, changes = planned.problems, planned.held, planned.changes
-    if (server, None) in problems:
-        return "unreachable", problems[(server, None)]
-    if key in problems:
-        return "problem", problems[key]
-    if deployment.suspend:
-        return "suspended", "spec.suspend is true"
     suspension = history.suspension_of(deployment.name)
-    if suspension is not None:
-        return "suspended", f"{suspension}; triton-gitops resume lifts it"
-    if key in held:
-        hold = held[key]
-        return "held", f"revision {hold.revision[:12]} failed: {hold.reason.splitlines()[0]}"
-    if key in changes:
-        return "pending", ", ".join(f"{s.action} {list(s.versions)}" for s in changes[key].steps)
-    return "in-sync", ""
+    kind = placement_state(
+        unreachable=(server, None) in problems,
+        problem=key in problems,
+        suspended=deployment.suspend or suspension is not None,
+        held=key in held,
+        planned=key in changes,
+    )
+    match kind:
+        case "unreachable":
+            return kind, problems[(server, None)]
+        case "problem":
+            return kind, problems[key]
+        case "suspended" if deployment.suspend:
+            return kind, "spec.suspend is true"
+        case "suspended":
+            return kind, f"{suspension}; triton-gitops resume lifts it"
+        case "held":
+            hold = held[key]
+            return kind, f"revision {hold.revision[:12]} failed: {hold.reason.splitlines()[0]}"
+        case "pending":
+            steps = changes[key].steps
+            return kind, ", ".join(f"{s.action} {list(s.versions)}" for s in steps)
+    return kind, ""
 
 
 def _staged_midway(history: History, deployment: ModelDeployment, server: str) -> str:

@@ -30,6 +30,8 @@
         ├── AnalysisFailed             the new versions' metrics failed the analysis
         │   ├── MetricsUnavailable     inconclusive: the metrics could not be read (not held)
         │   └── Interrupted            shutdown came during the analysis (put back, not held)
+        ├── ShutdownBetweenStages      shutdown came between a rollout's stages or traffic
+        │                              phases (put back, not held)
         ├── UnloadFailed               dropping old versions failed (new ones serve already)
         └── DrainTimeout               a model did not go idle: not swapped, old ones serve
 
@@ -40,7 +42,7 @@ What a failed step means is carried by its error's class, as kopf's PermanentErr
 TemporaryError do: ``failure`` is the ``FailureKind`` the executor records where it catches
 the error. By default a step's error counts against the versions (the spec is held);
 ServerUnavailable, MetricsUnavailable and UnloadFailed are transient (the next pass tries
-again), Interrupted is a shutdown, DrainTimeout swapped nothing.
+again), Interrupted and ShutdownBetweenStages are a shutdown, DrainTimeout swapped nothing.
 """
 
 from __future__ import annotations
@@ -143,6 +145,14 @@ class Interrupted(AnalysisFailed):
     def __init__(self, message: str, evaluations: tuple[Any, ...]) -> None:
         # "interrupted" is what the rollout record shows as the analysis' verdict.
         super().__init__(message, evaluations, "interrupted")
+
+
+class ShutdownBetweenStages(StepFailed):
+    """Shutdown began between the stages of a staged rollout (or the phases of a traffic
+    rollout): every server it touched goes back, the spec is not held, the next pass rolls
+    out again. Nothing failed; no alert."""
+
+    failure = FailureKind.INTERRUPTED
 
 
 class Aborted(AnalysisFailed):

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reconciler.model.history import Rollout
+from reconciler.model.history import Held, Rollout
 from reconciler.model.plan import Plan
 from reconciler.model.results import ApplyResult, FailureKind
 
@@ -29,6 +29,9 @@ class PassReport:
     served: Mapping[str, str] = field(default_factory=dict)  # server -> digest of its state
     # declared server -> (DNS name, refresh seconds, addresses found), for the service's watch
     discovered: Mapping[str, tuple[str, float, tuple[str, ...]]] = field(default_factory=dict)
+    # The placements a hold this pass wrote keeps at their old versions (the plan, made
+    # before, lists only earlier passes' holds in ``plan.held``).
+    held: tuple[Held, ...] = ()
 
     @property
     def ok(self) -> bool:

@@ -17,7 +17,7 @@ class Outcome(StrEnum):
     REVERTED = "reverted"  # a step failed; the model serves what it served before
     FAILED = "failed"  # a step failed and the model could not be put back (see errors)
     SKIPPED = "skipped"  # not attempted: its server became unreachable, or shutdown began
-    INTERRUPTED = "interrupted"  # shutdown during its analysis: put back, not held
+    INTERRUPTED = "interrupted"  # shutdown during its analysis or rollout: put back, not held
 
 
 class FailureKind(StrEnum):
@@ -31,7 +31,7 @@ class FailureKind(StrEnum):
     SERVER_LOST = "server-lost"
     # The analysis could not read its metrics (Prometheus down): put back, not held.
     METRICS_UNAVAILABLE = "metrics-unavailable"
-    # Shutdown came during the analysis: put back, not held.
+    # Shutdown came during the analysis, or between a rollout's stages: put back, not held.
     INTERRUPTED = "interrupted"
     # A drain that timed out: nothing was swapped, the old versions serve as before.
     NOT_SWAPPED = "not-swapped"

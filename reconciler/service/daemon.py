@@ -55,7 +55,8 @@ from reconciler.adapters.credentials import conceal, redact
 from reconciler.adapters.secret_files import SecretFiles
 from reconciler.adapters.state import StateStore
 from reconciler.core.failures import pass_failures
-from reconciler.core.records import model_states, rfc3339
+from reconciler.core.placement import held_after, model_states
+from reconciler.core.records import rfc3339
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.memory import PassMemory
@@ -629,8 +630,10 @@ class Daemon:
 def _outcome(
     number: int, trigger: str, result: str, seconds: float, report: PassReport | None
 ) -> dict[str, Any]:
-    """What ``GET /v1/passes/last`` answers about one pass: whether it fully succeeded, and
-    each server or model it could not bring where the manifests ask (with the reason)."""
+    """What ``GET /v1/passes/last`` answers about one pass: whether it fully succeeded,
+    each server or model it could not bring where the manifests ask (with the reason), and
+    each model a hold keeps at its old versions after it (written by this pass or an earlier
+    one: Stalled until a person acts, which ``reconcile --service`` fails on)."""
     failed = [
         {
             "server": f.server if f.server is not None else f"router {f.router}",
@@ -650,4 +653,14 @@ def _outcome(
         "seconds": round(seconds, 3),
         "finished_at": rfc3339(time.time()),
         "failed": failed,
+        "held": [
+            {
+                "deployment": h.deployment,
+                "server": h.server,
+                "model": h.model,
+                "revision": h.revision,
+                "reason": h.reason,
+            }
+            for h in (held_after(report) if report is not None else ())
+        ],
     }

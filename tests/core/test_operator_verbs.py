@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from reconciler.core.placement import model_states
 from reconciler.core.plan.planner import plan
 from reconciler.core.plan.settle import settle_key
-from reconciler.core.records import model_states
 from reconciler.loop.records import next_managed
 from reconciler.model.history import ALL_DEPLOYMENTS, History, Hold, Suspension
 from reconciler.model.reports import PassReport

@@ -205,6 +205,53 @@ def test_a_running_service_honours_a_suspend_and_reports_each_models_state(
     ]
 
 
+def test_reconcile_through_the_service_fails_while_a_deployment_is_held(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """``reconcile --service`` exits 1 while a ModelDeployment is held (Stalled), naming it,
+    its server and the failed revision, as ``flux reconcile`` fails on a stalled object: after
+    the pass that held it and after a later pass with nothing to do. The metric says held
+    from the pass that held it (the shipped ModelHeld alert reads it)."""
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+    manifests.commit("echo 1")
+    tokens = tmp_path / "operator-tokens"
+    tokens.write_text("oncall-alice: " + "a" * 32 + "\n")
+    token_file = tmp_path / "alice-token"
+    token_file.write_text("a" * 32 + "\n")
+    service = service_process(
+        manifests.url, tmp_path / "svc", ("--operator-tokens-file", str(tokens))
+    ).start()
+    url = f"http://127.0.0.1:{service.port}"
+    state_of = 'triton_gitops_model_state{{model="echo",server="edge-a",state="{}"}}'
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "echo deployed")
+        service.wait_passes(0, 60, "the first pass")
+        manifests.write("echo.yaml", deployment_doc("echo", [9], ["edge-a"]))
+        bad = manifests.commit("echo 9 fails to load")
+        held = f"held: echo on edge-a: revision {bad[:12]} failed: "
+
+        failed = cli("reconcile", "--service", url, "--token-file", str(token_file))
+        assert failed.code == 1, failed.out + failed.err
+        assert held in failed.out and "triton-gitops retry echo" in failed.out
+        assert ready_versions(triton, "echo") == {1}
+        metrics = service.metrics()
+        assert metrics[state_of.format("held")] == 1 and metrics[state_of.format("failed")] == 0
+
+        # Nothing to do while held: the pass is ok, the deployment still stalled.
+        again = cli("reconcile", "--service", url, "--token-file", str(token_file))
+        assert again.code == 1, again.out + again.err
+        assert ": ok (" in again.out and held in again.out
+
+        manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
+        manifests.commit("echo 2")  # a new spec: the hold is over
+        fixed = cli("reconcile", "--service", url, "--token-file", str(token_file))
+        assert fixed.code == 0, fixed.out + fixed.err
+        assert "held" not in fixed.out and ready_versions(triton, "echo") == {2}
+    finally:
+        assert service.stop() == 0
+
+
 WATCHED_A_MINUTE = (
     "  verify:\n    analysis:\n      interval: 1s\n      duration: 60s\n"
     "      noTraffic: pass\n      checks: [{name: success-rate, successRate: {min: 0.5}}]\n"
