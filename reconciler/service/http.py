@@ -92,6 +92,17 @@ class _Listener(ThreadingHTTPServer):
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(max_connections)
         self._on_refused = on_refused
+        self._open = 0  # connections holding a slot
+        self._counting = threading.Lock()
+
+    @property
+    def connections_open(self) -> int:
+        """The connections holding a slot now (a thread each, until it ends)."""
+        return self._open
+
+    def _count(self, change: int) -> None:
+        with self._counting:
+            self._open += change
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -113,9 +124,11 @@ class _Listener(ThreadingHTTPServer):
             self.shutdown_request(request)
             self._on_refused("busy")
             return
+        self._count(1)
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self._count(-1)
             self._slots.release()
             raise
 
@@ -123,6 +136,7 @@ class _Listener(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self._count(-1)
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:

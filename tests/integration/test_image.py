@@ -69,6 +69,12 @@ def wait_for_build(folder: Path) -> str:
         if os.environ.get("CI"):
             pytest.fail(f"{reason}; CI must install it", pytrace=False)
         pytest.skip(reason)
+    skipped = folder / "skipped"
+    if skipped.exists():  # TRITON_GITOPS_SKIP_IMAGE, a developer's choice (.ci/run unsets it)
+        reason = skipped.read_text().strip()
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI always builds the image", pytrace=False)
+        pytest.skip(reason)
     rc_file = folder / "rc"
     deadline = time.monotonic() + BUILD_WAIT
     while not rc_file.exists():

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,22 +169,24 @@ def canary(
 
 def _roll(
     manifests: ManifestRepo, reconciler: Reconciler, fleet: Fleet, doc: str, *extra: str
-) -> tuple[int, dict[str, object], LoadGenerator]:
+) -> tuple[int, dict[str, Any], LoadGenerator, str]:
+    """The apply's exit code, its JSON report, the clients' load, and the apply's outcome
+    in words (each check's verdicts and its stderr) for a failing assertion."""
     manifests.write("echo.yaml", doc)
     manifests.commit("roll echo")
     with LoadGenerator(fleet.envoy.address, "echo", threads=3) as load:
         load.wait_for_samples(300)
         result = reconciler.apply("--output", "json", *extra)
         load.wait_for_samples(len(load.samples) + 100)
-    return result.code, json.loads(result.out), load
+    return result.code, json.loads(result.out), load, result.explain()
 
 
 def test_a_good_canary_moves_traffic_step_by_step_and_drops_no_request(
     canary: tuple[Fleet, Reconciler], manifests: ManifestRepo
 ) -> None:
     fleet, reconciler = canary
-    code, report, load = _roll(manifests, reconciler, fleet, _deployment(2, CANARY))
-    assert code == 0, report
+    code, report, load, why = _roll(manifests, reconciler, fleet, _deployment(2, CANARY))
+    assert code == 0, why
     assert load.failures == [], load.failures[:3]
     for server in fleet.tritons.values():
         assert ready_versions(server, "echo") == {2}
@@ -212,14 +215,14 @@ def test_a_bad_version_is_caught_by_the_probes_before_the_canary_takes_traffic(
     canary: tuple[Fleet, Reconciler], manifests: ManifestRepo
 ) -> None:
     fleet, reconciler = canary
-    code, report, load = _roll(
+    code, report, load, why = _roll(
         manifests, reconciler, fleet, _deployment(10, CANARY), "--revert-mode", "commit"
     )
-    assert code != 0
+    assert code != 0, why
     changes = report["result"]["changes"]
     # The canary was reverted; the stable pool was never touched.
     outcomes = {c["server"]: c["outcome"] for c in changes}
-    assert outcomes == {"a": "skipped", "b": "skipped", "c": "reverted"}, changes
+    assert outcomes == {"a": "skipped", "b": "skipped", "c": "reverted"}, why
     for server in fleet.tritons.values():
         assert ready_versions(server, "echo") == {1}
     state = fleet.router(CANARY_POOLS).observe()
@@ -243,11 +246,11 @@ def test_a_bad_version_only_clients_show_is_switched_back_at_5_percent(
     # Probes off: only the clients' 5% (through Envoy's statistics) can show echo 10's
     # error responses, which Triton's counters call successes.
     doc = _deployment(10, CANARY, analysis=NO_PROBES)
-    code, report, load = _roll(manifests, reconciler, fleet, doc)
-    assert code != 0
+    code, report, load, why = _roll(manifests, reconciler, fleet, doc)
+    assert code != 0, why
     changes = report["result"]["changes"]
     outcomes = {c["server"]: c["outcome"] for c in changes}
-    assert outcomes == {"a": "skipped", "b": "skipped", "c": "reverted"}, changes
+    assert outcomes == {"a": "skipped", "b": "skipped", "c": "reverted"}, why
     for server in fleet.tritons.values():
         assert ready_versions(server, "echo") == {1}
     assert dict(fleet.router(CANARY_POOLS).observe().weights) == {"stable": 10_000, "canary": 0}
@@ -257,7 +260,7 @@ def test_a_bad_version_only_clients_show_is_switched_back_at_5_percent(
     assert canary_change["revert"][0]["action"] == "route"
     assert "switch back" in canary_change["revert"][0]["reason"]
     analysis = [s for s in canary_change["steps"] if s["action"] == "analyze"][-1]
-    assert "router:" in json.dumps(analysis), analysis
+    assert "router:" in json.dumps(analysis), why
 
 
 def test_a_mirrored_bad_version_is_caught_before_it_takes_any_request(
@@ -268,8 +271,8 @@ def test_a_mirrored_bad_version_is_caught_before_it_takes_any_request(
     # Version 4 fails 40% of its requests (Triton counts those); probes off, so only the
     # mirrored copies of live requests can show it.
     doc = _deployment(4, mirrored, analysis=NO_PROBES)
-    code, report, load = _roll(manifests, reconciler, fleet, doc)
-    assert code != 0
+    code, report, load, why = _roll(manifests, reconciler, fleet, doc)
+    assert code != 0, why
     assert load.failures == [], load.failures[:3]  # the mirrored answers went nowhere
     assert all(s.version == 1 for s in load.samples)  # no client met version 4
     canary_change = next(c for c in report["result"]["changes"] if c["server"] == "c")
@@ -277,7 +280,7 @@ def test_a_mirrored_bad_version_is_caught_before_it_takes_any_request(
     assert any("mirror 100% to canary" in r for r in routes), routes
     assert not any("step 1 of 2" in r for r in routes), routes
     analysis = [s for s in canary_change["steps"] if s["action"] == "analyze"][-1]
-    assert "triton:" in json.dumps(analysis)  # the mirrored copies reached version 4
+    assert "triton:" in json.dumps(analysis), why  # the mirrored copies reached version 4
     assert ready_versions(fleet.tritons["c"], "echo") == {1}
 
 
@@ -330,8 +333,8 @@ def test_blue_green_switches_and_switches_back_in_one_router_update(
     live = max(router.observe().weights.items(), key=lambda kv: kv[1])[0]
 
     # A good version: loaded on the idle pool, switched to at once, no request dropped.
-    code, report, load = _roll(manifests, reconciler, chosen, _deployment(2, BLUE_GREEN))
-    assert code == 0, report
+    code, report, load, why = _roll(manifests, reconciler, chosen, _deployment(2, BLUE_GREEN))
+    assert code == 0, why
     assert load.failures == []
     state = router.observe()
     now_live = max(state.weights.items(), key=lambda kv: kv[1])[0]
@@ -342,8 +345,8 @@ def test_blue_green_switches_and_switches_back_in_one_router_update(
     # A bad version that only clients can show (probes off): the switch, then the switch
     # back in one update, measured from the failed analysis to the route set back.
     doc = _deployment(10, BLUE_GREEN, analysis=NO_PROBES)
-    code, report, load = _roll(manifests, reconciler, chosen, doc)
-    assert code != 0
+    code, report, load, why = _roll(manifests, reconciler, chosen, doc)
+    assert code != 0, why
     after = router.observe()
     assert max(after.weights.items(), key=lambda kv: kv[1])[0] == now_live
     for server in chosen.tritons.values():
@@ -360,7 +363,7 @@ def test_blue_green_switches_and_switches_back_in_one_router_update(
     assert switched["revert"][0]["ok"] is True
     # Only the router saw echo 10's error responses (Triton counts them successes).
     analysis = [s for s in switched["steps"] if s["action"] == "analyze"][-1]
-    assert "router:" in json.dumps(analysis), analysis
+    assert "router:" in json.dumps(analysis), why
 
 
 def test_envoy_restarted_mid_rollout_stops_it_without_a_hold(
@@ -392,14 +395,14 @@ def test_envoy_restarted_mid_rollout_stops_it_without_a_hold(
     result = outcome[0]
     assert isinstance(result, CliRun)
     report = json.loads(result.out)
-    assert result.code != 0
+    assert result.code != 0, result.explain()
     changes = report["result"]["changes"]
-    assert {c["outcome"] for c in changes} <= {"reverted", "skipped"}, changes
+    assert {c["outcome"] for c in changes} <= {"reverted", "skipped"}, result.explain()
     assert "router" in json.dumps(changes)
     for server in fleet.tritons.values():
         assert ready_versions(server, "echo") == {1}
     # Not held: nothing is known against version 2, and the next pass rolls it out.
     again = reconciler.apply()
-    assert again.code == 0, again.out
+    assert again.code == 0, again.explain()
     for server in fleet.tritons.values():
         assert ready_versions(server, "echo") == {2}

@@ -398,8 +398,9 @@ def answer_unasked(port: int) -> bytes:
 
 
 def test_webhook_reads_and_connections_are_capped(capped: Daemon) -> None:
-    assert capped.http is not None
-    port = int(capped.http.server_address[1])
+    listener = capped.http
+    assert listener is not None
+    port = int(listener.server_address[1])
     registry = capped.metrics.registry
 
     def sample(name: str, **labels: str) -> float:
@@ -414,7 +415,11 @@ def test_webhook_reads_and_connections_are_capped(capped: Daemon) -> None:
         wait_until(lambda: reading() == 2, 30, "two slow bodies are being read")
         # Six connections at once: the four slow ones and this one leave one free.
         assert status_of(exchange(port, b"GET /healthz HTTP/1.0\r\n\r\n")) == 200
+        # Its thread gives its slot back just after the answer: on a busy machine, later
+        # than the client has read it (then the first idle connection below was refused).
+        wait_until(lambda: listener.connections_open == 4, 30, "the /healthz slot is free")
         idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(2)]
+        wait_until(lambda: listener.connections_open == 6, 30, "both idle ones hold a slot")
         try:
             # All six taken: the next connection is answered 503 at once, its request unread.
             assert status_of(answer_unasked(port)) == 503
