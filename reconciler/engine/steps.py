@@ -437,6 +437,10 @@ def _analyze(
         # Prometheus may have no series of a brand-new version yet: then from READY.
         has_series = at_start.duration_us is not None and at_start.success is not None
         watch.latency_from = at_start if at_start.error is None and has_series else origin
+        # Prometheus has no series of versions READY a moment ago until its next scrape:
+        # evaluations before the first one shows up are shown, not counted (a missing series
+        # later is no-data as ever; one that never shows up leaves the analysis inconclusive).
+        watch.awaiting_series = at_start.error is None and at_start.success is None
         return watch.run(origin, queries, prober)
     finally:
         context.evidence = watch.evidence
@@ -477,6 +481,7 @@ class _Watch:
         # enough requests meanwhile (the old pool of a staged or traffic rollout).
         self.old_source: FiguresSource | None = None
         self.old_start: Figures | None = None
+        self.awaiting_series = False  # no reading has shown the new versions' series yet
         self.latency_from: Figures | None = None  # where every evaluation's latency starts
         # New versions below the old ones: unversioned requests keep reaching the old, so
         # the new see only pinned ones (the probes), and their latency is judged by those.
@@ -586,6 +591,7 @@ class _Watch:
             window = probes.since(self._probes_at_last) if probes else None
             self._probes_at_last = probes or ProbeFigures()
             self._evidence(current, probes)
+            awaiting = self.awaiting_series and current.success is None
             self.evaluations.append(
                 evaluate(
                     spec,
@@ -595,7 +601,7 @@ class _Watch:
                     current,
                     replace(self.baseline, same_time_latency_us=self._old_meanwhile()),
                     window,
-                    counted=elapsed >= spec.initial_delay,
+                    counted=elapsed >= spec.initial_delay and not awaiting,
                     # Latency over everything since the analysis began, not the window:
                     # one noisy second on a busy host is not a slower version.
                     latency_from=self.latency_from,
@@ -609,7 +615,9 @@ class _Watch:
                     ),
                 )
             )
-            previous = current
+            if not awaiting:  # else the first window with the series starts where this did
+                previous = current
+            self.awaiting_series = awaiting
             timing.events.evaluated(step, self.evaluations[-1], max(0.0, spec.duration - elapsed))
             # A first deployment has nothing to go back to: judged by its evaluations alone.
             evidence = self.evidence + self.evidence_before if self.replaces else None

@@ -334,6 +334,34 @@ def test_metrics_that_cannot_be_read_end_inconclusive_and_revert_without_a_hold(
     assert fake.ready("m") == {1}
 
 
+def test_evaluations_before_the_new_versions_first_series_are_shown_not_counted() -> None:
+    # Prometheus scrapes every scrape_interval: versions READY a moment ago have no series
+    # there yet (seen in CI under load: one such evaluation ended the analysis inconclusive).
+    fake, clock = serving_one(), FakeClock()
+    unseen = Figures(memory_bytes=1e6)
+    later = HEALTHY[1:]
+    source = ScriptedFigures(fake, clock, [unseen, unseen, *later])
+    p = plan_for(desired_state(watched([2], analysis(SUCCESS_RATE))), fake)
+
+    change = only(run(p, fake, clock, source))
+
+    assert change.outcome is Outcome.CONVERGED, change.error
+    analyze = change.analysis
+    assert analyze is not None
+    assert [(e.verdict, e.counted) for e in analyze.evaluations] == [
+        (Verdict.NO_DATA, False),  # no series yet: shown, not counted
+        (Verdict.PASS, True),  # the first window with the series counts from READY
+        (Verdict.PASS, True),
+        (Verdict.PASS, True),
+    ]
+    assert "0 of 100 requests" in str(analyze.evaluations[1].results[0]), analyze.evaluations[1]
+    # A series that never shows up leaves nothing counted: inconclusive, never a pass.
+    fake, clock = serving_one(), FakeClock()
+    never = only(run(p, fake, clock, ScriptedFigures(fake, clock, [unseen])))
+    assert never.outcome is Outcome.REVERTED
+    assert never.analysis is not None and never.analysis.verdict is RolloutVerdict.INCONCLUSIVE
+
+
 @pytest.mark.parametrize("metrics", [{}, {"s2": "another server's source"}])
 def test_an_analysis_without_a_metrics_source_for_its_server_reverts(
     metrics: Mapping[str, Any],
