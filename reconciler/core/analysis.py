@@ -50,6 +50,9 @@ EARLY_ABORT_MIN_REQUESTS = 10
 # An analysis whose evaluations all passed but whose evidence is short at the end of its
 # duration goes on for at most this share of its duration more, until minEvidence is reached.
 EVIDENCE_EXTENSION = 1.0
+# Requests the new versions must answer in a window for their mean latency to be judged
+# (fewer: the probes judge it, new against old, or it waits).
+LATENCY_MIN_REQUESTS = 20
 # Requests the old versions must answer over an evaluation's time for their mean over that
 # time to be the latency baseline (fewer: their mean before the swap).
 SAME_TIME_MIN_REQUESTS = 20
@@ -232,6 +235,25 @@ def _latency(
     mean = _ratio(duration, success)
     if mean is None:
         return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no latency figures")
+    if success is not None and success < LATENCY_MIN_REQUESTS:
+        # A handful of requests, probes among them, on an instance that takes no client
+        # traffic yet (a canary at no traffic, a small share) is no mean to hold against
+        # warm client traffic: its first answers are cold. The probes, sent to the new and
+        # the old versions interleaved, judge it when they are enough; else it waits.
+        if probes is not None and min(probes.sent, probes.old_sent) >= PINNED_LATENCY_MIN_PROBES:
+            return _pinned_latency(
+                check,
+                probes,
+                f"only {success:.0f} request(s) on the counters: judged by the probes",
+            )
+        return CheckResult(
+            check.name,
+            Verdict.SKIPPED,
+            None,
+            threshold,
+            f"too few requests yet ({success:.0f}; {LATENCY_MIN_REQUESTS} needed, or "
+            f"{PINNED_LATENCY_MIN_PROBES} probes each of new and old)",
+        )
     same_time = baseline.same_time_latency_us
     reference = same_time if same_time is not None else baseline.mean_latency_us
     if reference is None:
@@ -276,7 +298,11 @@ def _probed_increase(probes: ProbeFigures) -> float | None:
     return (probes.seconds / probes.sent) / old - 1.0
 
 
-def _pinned_latency(check: Check, probes: ProbeFigures) -> CheckResult:
+def _pinned_latency(
+    check: Check,
+    probes: ProbeFigures,
+    why: str = "the new versions see only pinned requests",
+) -> CheckResult:
     """The new versions against the old, both by the probes: for new versions that see only
     version-pinned requests (lower than the old, which keep the unversioned traffic), whose
     counters would compare an idle instance with a busy one."""
@@ -300,8 +326,7 @@ def _pinned_latency(check: Check, probes: ProbeFigures) -> CheckResult:
         Verdict.PASS if increase <= limit else Verdict.FAIL,
         increase,
         threshold,
-        f"probes: mean {new * 1e3:.2f}ms vs {old * 1e3:.2f}ms on the old version (the new "
-        "versions see only pinned requests)",
+        f"probes: mean {new * 1e3:.2f}ms vs {old * 1e3:.2f}ms on the old version ({why})",
     )
 
 

@@ -172,6 +172,9 @@ class _ChangeContext:
     evidence_before: float = 0.0
     judge_evidence: bool = True
     evidence: float = 0.0  # set by the analysis: the requests or probes that reached them
+    # The new versions take no client request (a traffic phase at no traffic): like new
+    # versions below the old, their latency is judged by the probes, new against old.
+    probes_only: bool = False
 
 
 # What a step's executor returns: an analyze step's evaluations and verdict, else nothing.
@@ -408,6 +411,7 @@ def _analyze(
         started,
         context.replaces and context.judge_evidence,
         context.evidence_before,
+        context.probes_only,
     )
     try:
         obeyed = watch.obey()  # a ``promote --full`` given earlier: this one is skipped too
@@ -466,6 +470,7 @@ class _Watch:
         started: float,
         replaces: bool,
         evidence_before: float = 0.0,
+        probes_only: bool = False,
     ) -> None:
         self.step, self.spec, self.source, self.timing = step, spec, source, timing
         self.started = started
@@ -485,7 +490,10 @@ class _Watch:
         self.latency_from: Figures | None = None  # where every evaluation's latency starts
         # New versions below the old ones: unversioned requests keep reaching the old, so
         # the new see only pinned ones (the probes), and their latency is judged by those.
-        self.pinned_only = bool(step.baseline) and max(step.versions) < max(step.baseline)
+        # So do new versions the router sends no client request yet (``probes_only``).
+        self.pinned_only = bool(step.baseline) and (
+            probes_only or max(step.versions) < max(step.baseline)
+        )
         # The counters are read soon after the analysis starts, then less often, up to
         # earlyAbort.every: when counting could not start at READY (a config change, an old
         # instance of the version still unloading), the first reading has no request of the

@@ -276,6 +276,8 @@ def _prepare(
         hooks=run.hooks,
         evidence_before=evidence_before,
         judge_evidence=judge_evidence,
+        # No client request reaches the new pool in this phase: only the probes.
+        probes_only=not phase.weights.get(plan.new_pool) and not any(phase.mirror.values()),
     )
     assert step.analysis is not None
     watched = replace(

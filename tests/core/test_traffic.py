@@ -387,6 +387,58 @@ def test_too_little_evidence_over_all_phases_is_inconclusive_and_says_why() -> N
     assert [w["canary"] for w, _ in run.router.updates] == [0, 0, 1_000, 5_000, 0], error
 
 
+class IdleCanary:
+    """Triton's counters: the canary's new version answers in 5 ms (an idle instance woken
+    by each probe), everything else in 0.1 ms (warm client traffic)."""
+
+    def __init__(self, server: str) -> None:
+        self.server, self.reads = server, 0
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = NO_QUERIES
+    ) -> Figures:
+        self.reads += 1
+        each = 5_000.0 if self.server == "c" and versions == (2,) else 100.0
+        return Figures(success=30.0 * self.reads, duration_us=30 * each * self.reads)
+
+
+def test_at_no_traffic_the_canarys_latency_is_judged_by_the_probes_new_against_old() -> None:
+    # Seen with a CPU burner: an idle canary's counters (probes only) against the stable
+    # pool's warm clients reverted good versions. The probes, sent to the new and the old
+    # version on the canary alike, compare like with like.
+    latency = Check("latency", "latency", max_increase=0.5)
+    analysis = replace(
+        ANALYSIS, checks=(*ANALYSIS.checks, latency), probes=ProbeSpec(), duration=3.0
+    )
+    state = replace_traffic(desired(), replace(CANARY, mirror=0))
+    probed = replace(state.deployments["m"], analysis=analysis)
+    state = DesiredState.build(list(state.servers.values()), [probed], [ROUTER])
+    run = Pass(state, fakes(), at_rest())
+    clock = run.clock
+
+    class Timed(FakeTriton):
+        def infer(self, *args: object, **kwargs: object) -> dict[str, object]:  # type: ignore[override]
+            clock.sleep(0.002)
+            return super().infer(*args, **kwargs)  # type: ignore[arg-type]
+
+    for name, fake in run.fakes.items():
+        timed = Timed(name, {"m": range(1, 5)})
+        timed.serve("m", observe(fake).model("m").ready)
+        run.fakes[name] = timed
+    timing = Timing(clock=clock.clock, sleep=clock.sleep)
+    metrics = {name: IdleCanary(name) for name in run.fakes}
+    result = apply(
+        run.plan(), run.fakes, timing=timing, metrics=metrics, routers={"edge": run.router}
+    )
+
+    c = next(r for r in result.changes if r.change.server == "c")
+    first = next(s for s in c.steps if s.step.action is Action.ANALYZE)
+    details = [str(r) for e in first.evaluations for r in e.results if r.check == "latency"]
+    assert "at no traffic" in first.step.reason, first.step.reason
+    assert details and all("probes" in d for d in details), details
+    assert all("fail" not in d for d in details), details
+
+
 def test_a_router_lost_mid_rollout_stops_it_as_transient() -> None:
     run = Pass(replace_traffic(desired(), replace(CANARY, mirror=0)), fakes(), at_rest())
 
