@@ -264,8 +264,7 @@ def test_perf_analyzer_gives_the_same_verdicts(
 ) -> None:
     binary = perf_analyzer_or_skip()
     manifests, repository = change
-    # One round at one level: perf_analyzer measures about 3 s per call here, whatever the
-    # request count (its own stability windows).
+    # One round at one level: perf_analyzer measures three windows of about 1 s per call.
     quick = GATE.replace("concurrency: [1, 4], rounds: 3", "concurrency: [2], rounds: 1")
     git(manifests.work, "checkout", "--quiet", "-b", "perf", "main")
     manifests.write("manifests/good.yaml", _deployment("good", 2, gate=quick))
@@ -286,6 +285,7 @@ def test_perf_analyzer_gives_the_same_verdicts(
         "throughput",
     }
     figures = good["new_figures"][0]
+    assert figures["requests"] >= 3 * 60 and figures["errors"] == 0  # three windows, merged
     assert [q[0] for q in figures["quantiles"]] == [50, 90, 95, 99]
     assert figures["throughput"] > 0 and figures["p95_ms"] is not None
 
