@@ -903,7 +903,7 @@ def _gate(args: argparse.Namespace) -> int:
     if args.report_dir is not None:
         charts = _write_gate_reports(report, args.report_dir)
     if args.output == "json":
-        print(json.dumps(gate_json(report), indent=2))
+        print(json.dumps(gate_json(report), indent=2, allow_nan=False))
     elif args.output == "markdown":
         print(gate_markdown(report, charts), end="")
     elif args.output == "github":
@@ -931,7 +931,9 @@ def _write_gate_reports(report: GateReport, folder: Path) -> list[str]:
                 print(f"gate: no chart: {exc}", file=sys.stderr)
                 break
             charts.append(name)
-    (folder / "gate.json").write_text(json.dumps(gate_json(report), indent=2) + "\n")
+    (folder / "gate.json").write_text(
+        json.dumps(gate_json(report), indent=2, allow_nan=False) + "\n"
+    )
     (folder / "gate.md").write_text(gate_markdown(report, charts))
     return charts
 

@@ -17,11 +17,16 @@ from statistics import median
 from reconciler.model.gate import GateCheck, GateSpec, GateVerdict, LoadFigures
 
 
+def _known(value: float | None) -> bool:
+    """A figure that was measured: a load generator that measured nothing gives NaN."""
+    return value is not None and math.isfinite(value)
+
+
 def _ratios(pairs: Sequence[tuple[float | None, float | None]]) -> list[float]:
     return [
         new / old
         for old, new in pairs
-        if old is not None and new is not None and math.isfinite(old) and old > 0
+        if old is not None and new is not None and _known(old) and _known(new) and old > 0
     ]
 
 
@@ -38,8 +43,8 @@ def _check(
     """A ratio check: ``value`` is the median per-round ratio new/old minus ``shift``; it
     must be at most (or at least) ``passes``."""
     ratios = [r - shift for r in _ratios(pairs)]
-    olds = [o for o, _ in pairs if o is not None]
-    news = [n for _, n in pairs if n is not None]
+    olds = [o for o, _ in pairs if o is not None and _known(o)]
+    news = [n for _, n in pairs if n is not None and _known(n)]
     old = median(olds) if olds else None
     new = median(news) if news else None
     if not ratios:

@@ -203,11 +203,25 @@ def _check_json(check: GateCheck) -> dict[str, Any]:
 def _figures_json(figures: Any) -> dict[str, Any]:
     found = asdict(figures)
     found["quantiles"] = [list(q) for q in figures.quantiles]
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in found.items()}
+    return found
+
+
+def _nulls(value: Any) -> Any:
+    """``value`` with every figure that has no value (NaN, an infinity) as None: JSON has no
+    NaN (``json.dumps`` would write one, which strict parsers refuse), and null says "not
+    measured" to a tool."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nulls(v) for v in value]
+    return value
 
 
 def gate_json(report: GateReport) -> dict[str, Any]:
-    return {
+    """Every finding, check and figure; strict JSON (no NaN: a missing figure is null)."""
+    found = {
         "format_version": FORMAT_VERSION,
         "base": report.base,
         "head": report.head,
@@ -231,6 +245,7 @@ def gate_json(report: GateReport) -> dict[str, Any]:
             for gate in report.models
         ],
     }
+    return dict(_nulls(found))
 
 
 def gate_annotations(report: GateReport) -> str:

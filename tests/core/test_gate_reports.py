@@ -4,8 +4,13 @@ perf_analyzer's input file (adapters/perf_analyzer.py), with fakes: no server.""
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from reconciler.adapters.perf_analyzer import input_data
+from reconciler.adapters.perf_analyzer import failed_requests, input_data
+from reconciler.cli import _write_gate_reports
 from reconciler.core.gate import judge, judge_alone
 from reconciler.loop.gate import _measure
 from reconciler.model.gate import (
@@ -174,3 +179,35 @@ def test_memory_reads_as_a_share_or_as_a_size_as_its_bound_is_written() -> None:
         f"memory: 100.0 MiB -> 150.0 MiB, +50.0 MiB (increase <= {64 << 20} bytes): pass"
     )
     assert shown["none"] == "memory: 100.0 MiB -> 150.0 MiB, +50.0% (no bound): unbounded"
+
+
+def _strict(text: str) -> Any:
+    """JSON as a strict parser reads it: NaN, Infinity and -Infinity are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_figures_with_no_value_are_null_in_strict_json(tmp_path: Path) -> None:
+    # A measurement that stopped at failed requests has no latency; one with NaN in its
+    # distribution, and an old side that measured nothing at all.
+    stopped = failed_requests(1, ["Thread [0] had error: boom"], 99)
+    odd = replace(figures(3.0, 300), quantiles=((50.0, math.nan), (95.0, math.inf)))
+    nothing = LoadFigures(1, 0, 0, math.nan, math.nan, math.nan, math.nan)
+    old, new = [nothing, figures(3.0, 300)], [stopped, odd]
+    gate = ModelGate(
+        "m", "m", "m.yaml", 2, 1, (), judge(SPEC, old, new), tuple(old), tuple(new)
+    )  # fmt: skip
+    report = GateReport("a" * 40, "b" * 40, (gate,))
+    found = _strict(json.dumps(gate_json(report)))
+    (model,) = found["models"]
+    assert model["new_figures"][0]["p95_ms"] is None
+    assert model["new_figures"][1]["quantiles"] == [[50.0, None], [95.0, None]]
+    assert model["old_figures"][0]["throughput"] is None
+    latency = next(c for c in model["checks"] if c["name"] == "latency")
+    assert latency["old"] == latency["new"] == 3.0  # the rounds that measured something
+    # What the gate command writes (--report-dir, --output json) parses strictly too.
+    _write_gate_reports(report, tmp_path)
+    assert _strict((tmp_path / "gate.json").read_text()) == found
