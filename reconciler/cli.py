@@ -595,6 +595,14 @@ def build_parser() -> _Parser:
         help="a Triton model repository holding the old and the new version folders",
     )
     gate.add_argument(
+        "--base-model-repository",
+        type=Path,
+        metavar="PATH",
+        help="the model repository as it is at --base, for the config.pbtxt the old versions "
+        "run with; default: read from --repo at --base when --model-repository is in its "
+        "checkout",
+    )
+    gate.add_argument(
         "--output", choices=("text", "json", "markdown", "github"), default="text",
         help="github: GitHub Actions annotations on the manifest lines that failed",
     )  # fmt: skip
@@ -865,6 +873,15 @@ def _gate(args: argparse.Namespace) -> int:
         perf_analyzer = _load_generator(args)
         manifests = wiring.review_manifests(args.repo, args.cache_dir, _git_credentials(args))
         base_sha, base = desired_at(manifests, args.base, args.path)
+        # Read before the head: a CI checkout read in place keeps the last commit read only.
+        configs = wiring.base_configs(
+            manifests,
+            args.repo,
+            base_sha,
+            args.model_repository,
+            sorted({d.model for d in base.deployments.values()}),
+            args.base_model_repository,
+        )
         head_sha, head = desired_at(manifests, args.head, args.path)
     except ValidationError as exc:
         for problem in exc.problems:
@@ -875,10 +892,19 @@ def _gate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     targets = [
-        t
+        replace(t, base_config=configs.get(t.base.model) if t.base is not None else None)
         for t in gated(base, head)
         if not args.deployment or t.head.name in args.deployment or t.head.model in args.deployment
     ]
+    for target in targets:
+        if target.base is not None and target.base_config is None:
+            print(
+                f"gate: {target.head.name}: warning: the base ref's config.pbtxt is not known "
+                "(--model-repository is not in --repo's checkout; --base-model-repository "
+                "gives it): the old versions run with the model repository's, so a change of "
+                "its inputs or outputs goes unseen",
+                file=sys.stderr,
+            )
     workdir = Path(tempfile.mkdtemp(prefix="triton-gitops-gate-"))
     gates, errors = [], 0
     for target in targets:

@@ -3,13 +3,16 @@ versions or a new config, tried in an isolated tritonserver before the change ma
 
 For one deployment, on a server that serves nothing else:
 1. the base ref's spec is brought up as apply would bring it up there (the planner's own load
-   and verify steps), so the old versions run with the config they run with today;
-2. the head ref's spec is planned against what that server now serves: the planner's
-   interface rules refuse a config that changes what clients see before anything is sent,
-   exactly as at apply time; otherwise its load step (the new versions beside the old, with
-   the whole config the reconciler would send) and its verify step (the new versions READY,
-   the smoke cases, the shadow replay against the old, a synthesized request, the after-load
-   interface check) run as the executor runs them;
+   and verify steps), with the base ref's config.pbtxt as the model repository's config (the
+   folder on disk is the head's checkout), so the old versions run with the config they run
+   with today;
+2. the head ref's spec is planned against what that server now serves (the folder's own
+   config.pbtxt this time): the planner's interface rules (``core/interface.py``) refuse a
+   config, sent or declared by the new versions' config.pbtxt, that changes what clients see
+   before anything is sent, with apply's own message; otherwise its load step (the new
+   versions beside the old, with the whole config the reconciler would send) and its verify
+   step (the new versions READY, the smoke cases, the shadow replay against the old, a
+   synthesized request, the after-load interface check) run as the executor runs them;
 3. old and new are load-tested with the same requests (the smoke cases' and the recorded
    ones, else one synthesized from the metadata), interleaved round by round and level by
    level (old first in even rounds, new first in odd ones), so a noisy moment of a shared
@@ -20,7 +23,9 @@ What the server, the load generator and the memory readings are comes in as port
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from reconciler.core.gate import judge, judge_alone
 from reconciler.core.plan import plan
@@ -60,11 +65,24 @@ class GateError(ReconcileError):
 
 
 @dataclass(frozen=True)
+class BaseConfig:
+    """The model's config.pbtxt at the base ref, as JSON (None: the base ref has none)."""
+
+    config: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
 class GateTarget:
-    """One ModelDeployment to gate: its spec at head, and at base (None: new at head)."""
+    """One ModelDeployment to gate: its spec at head, and at base (None: new at head).
+
+    ``base_config``: the model's config.pbtxt at the base ref, which the old versions are
+    brought up with; None when it could not be read (the model repository is not in the
+    manifests' repository): the model repository's own is used, so a change of its inputs
+    or outputs goes unseen."""
 
     head: ModelDeployment
     base: ModelDeployment | None
+    base_config: BaseConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +135,17 @@ def _alone(deployment: ModelDeployment, server: IsolatedServer) -> DesiredState:
 
 
 def _planned(
-    deployment: ModelDeployment, server: IsolatedServer
+    deployment: ModelDeployment, server: IsolatedServer, repository_config: BaseConfig | None = None
 ) -> ModelChange | PlanProblem | None:
+    """The plan for ``deployment`` alone on the isolated server; ``repository_config``: the
+    model's config.pbtxt to plan with instead of the folder's (the base ref's)."""
     desired = _alone(deployment, server)
     observed = observe_servers({GATE_SERVER: server.control}, desired, History(), 1, server.digests)
+    found_model = observed[GATE_SERVER].models.get(deployment.model)
+    if repository_config is not None and found_model is not None:
+        models = dict(observed[GATE_SERVER].models)
+        models[deployment.model] = replace(found_model, repository_config=repository_config.config)
+        observed[GATE_SERVER] = replace(observed[GATE_SERVER], models=models)
     found = plan(desired, observed, History(), "gate")
     for problem in found.problems:
         if problem.model in (None, deployment.model):
@@ -149,10 +174,13 @@ def _where(deployment: ModelDeployment) -> str:
     return f"{deployment.location}: ModelDeployment {deployment.name!r}"
 
 
-def _bring_up_base(base: ModelDeployment, server: IsolatedServer) -> None:
-    """The base ref's versions, up as apply brings them up; GateError when they do not come
-    up (the gate would judge the new against nothing)."""
-    planned = _planned(base, server)
+def _bring_up_base(
+    base: ModelDeployment, server: IsolatedServer, config: BaseConfig | None
+) -> None:
+    """The base ref's versions, up as apply brings them up, with the base ref's
+    config.pbtxt (``config``, when known); GateError when they do not come up (the gate
+    would judge the new against nothing)."""
+    planned = _planned(base, server, config)
     if isinstance(planned, PlanProblem):
         raise GateError(f"{_where(base)} at the base ref: {planned.message}")
     if planned is None:
@@ -223,7 +251,7 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
         )
     before_any = server.memory.server_memory()
     if target.base is not None:
-        _bring_up_base(target.base, server)
+        _bring_up_base(target.base, server, target.base_config)
     after_base = server.memory.server_memory()
     planned = _planned(head, server)
 

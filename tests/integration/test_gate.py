@@ -20,6 +20,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from testkit.cli_run import CliRun, cli
+from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, git, write_scorer_repository
 from tests.services import perf_analyzer_or_skip
 
@@ -257,6 +258,53 @@ def test_a_version_missing_from_the_model_repository_is_a_clear_error(
         "good.yaml:1: ModelDeployment 'good': version(s) 8 not in the model repository "
         "(it holds 1, 2, 3, 4, 5, 6)"
     ) in run.err
+
+
+def test_a_config_pbtxt_changing_an_output_datatype_fails_as_apply_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """The model repository in the manifests' repository, as in a CI checkout of the head: the
+    head's config.pbtxt makes OUTPUT0 FP64. The gate serves the old version with the base
+    ref's config.pbtxt (as production serves it), so the planner refuses the change with the
+    words apply uses against a server that serves the base."""
+    manifests = ManifestRepo(tmp_path / "git")
+    models = write_scorer_repository(manifests.work / "models", ("typed",))
+    with LocalTriton(models, log_file=tmp_path / "triton.log") as production:
+        server = SERVER.replace("10.0.0.1:8001", production.grpc_address).replace(
+            "/models", str(models)
+        )
+        manifests.write("manifests/servers.yaml", server)
+        manifests.write("manifests/typed.yaml", _deployment("typed", 1))
+        manifests.commit("base: typed 1")
+        state = ["--state", str(tmp_path / "state.db"), "--cache-dir", str(tmp_path / "cache")]
+        applied = cli("apply", "--repo", manifests.url, "--path", "manifests", *state)
+        assert applied.code == 0, applied.err
+        git(manifests.work, "checkout", "--quiet", "-b", "change")
+        config = models / "typed" / "config.pbtxt"
+        config.write_text(
+            config.read_text().replace(
+                'output [ { name: "OUTPUT0" data_type: TYPE_FP32',
+                'output [ { name: "OUTPUT0" data_type: TYPE_FP64',
+            )
+        )
+        manifests.write("manifests/typed.yaml", _deployment("typed", 2))
+        git(manifests.work, "commit", "--quiet", "--all", "-m", "typed 2 answers FP64")
+        run = cli(
+            "gate", "--repo", str(manifests.work), "--path", "manifests", "--base", "main",
+            "--head", "change", "--model-repository", str(models), "--output", "json",
+            "--cache-dir", str(tmp_path / "cache"),
+        )  # fmt: skip
+        assert run.code == 3, (run.out, run.err)
+        (finding,) = _model(run.json(), "typed")["findings"]
+        assert finding["name"] == "interface" and finding["verdict"] == "fail"
+        assert (
+            "version 2 changes the model's interface, as config.pbtxt in the model repository "
+            "declares it: output OUTPUT0 datatype FP32 -> FP64; refused before anything is loaded"
+        ) in finding["message"]
+        # apply, on the server that serves the base, refuses it in the same words.
+        git(manifests.work, "push", "--quiet", "origin", "change:main")
+        planned = cli("plan", "--repo", manifests.url, "--path", "manifests", *state)
+        assert finding["message"] in planned.out + planned.err, (planned.out, planned.err)
 
 
 def test_perf_analyzer_gives_the_same_verdicts(
