@@ -54,7 +54,7 @@ from reconciler.core.spec.rules import promql_without_prometheus
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
-from reconciler.loop.gate import gated, run_gate
+from reconciler.loop.gate import GateTarget, gated, run_gate
 from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.review import desired_at, diff_refs
@@ -62,7 +62,7 @@ from reconciler.loop.status import status
 from reconciler.loop.undo import undo
 from reconciler.model.analysis import Evaluation
 from reconciler.model.errors import Problem, ReconcileError, StateFileRefused, ValidationError
-from reconciler.model.gate import GateReport
+from reconciler.model.gate import GateReport, ModelGate
 from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
 from reconciler.model.plan import Step
 from reconciler.model.results import StepResult
@@ -906,24 +906,39 @@ def _gate(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
     workdir = Path(tempfile.mkdtemp(prefix="triton-gitops-gate-"))
-    gates, errors = [], 0
-    for target in targets:
-        print(f"gate: {target.head.name}: starting an isolated tritonserver", file=sys.stderr)
-        try:
-            with wiring.isolated_server(
-                args.model_repository,
-                workdir / target.head.name,
-                tritonserver=args.tritonserver,
-                perf_analyzer=perf_analyzer,
-            ) as server:
-                judged = run_gate(target, server)
-        except (ReconcileError, LocalTritonError) as exc:
-            errors += 1
-            print(f"error: gate: {exc} (server log: {workdir / target.head.name})", file=sys.stderr)
-            continue
-        for one in judged:
-            print(f"gate: {one.deployment}: {one.verdict} ({one.seconds:.1f} s)", file=sys.stderr)
-        gates += judged
+    received: list[int] = []
+
+    def interrupted(signum: int, frame: object) -> None:
+        received.append(signum)
+        for taken in handlers:  # a second signal must not cut the cleanup short
+            signal.signal(taken, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    # SIGTERM (a cancelled CI job, a supervisor) ends the gate as Ctrl-C does: its server
+    # killed by its pid with its process group (its stubs), its shared memory and its temp
+    # folder removed. A signal's default action would leave them all behind. A SIGINT the
+    # gate was started ignoring (a background job) stays ignored.
+    handlers = {
+        taken: signal.getsignal(taken)
+        for taken in (signal.SIGTERM, signal.SIGINT)
+        if signal.getsignal(taken) is not signal.SIG_IGN
+    }
+    for taken in handlers:
+        signal.signal(taken, interrupted)
+    try:
+        gates, errors = _gate_each(args, targets, workdir, perf_analyzer)
+    except KeyboardInterrupt:
+        shutil.rmtree(workdir, ignore_errors=True)
+        number = received[0] if received else signal.SIGINT
+        print(
+            f"gate: interrupted by {signal.Signals(number).name}: its tritonserver ended, "
+            f"{workdir} removed",
+            file=sys.stderr,
+        )
+        return 128 + number
+    finally:
+        for taken, handler in handlers.items():
+            signal.signal(taken, handler)
     report = GateReport(base_sha, head_sha, tuple(gates))
     charts: list[str] = []
     if args.report_dir is not None:
@@ -942,6 +957,33 @@ def _gate(args: argparse.Namespace) -> int:
         return EXIT_ERROR  # the servers' logs stay in the work folder the errors name
     shutil.rmtree(workdir, ignore_errors=True)
     return EXIT_OK if report.passed else EXIT_GATE_FAILED
+
+
+def _gate_each(
+    args: argparse.Namespace, targets: list[GateTarget], workdir: Path, perf_analyzer: str | None
+) -> tuple[list[ModelGate], int]:
+    """Each target judged on a tritonserver of its own (its log under ``workdir``): the
+    verdicts, and how many could not be judged."""
+    gates: list[ModelGate] = []
+    errors = 0
+    for target in targets:
+        print(f"gate: {target.head.name}: starting an isolated tritonserver", file=sys.stderr)
+        try:
+            with wiring.isolated_server(
+                args.model_repository,
+                workdir / target.head.name,
+                tritonserver=args.tritonserver,
+                perf_analyzer=perf_analyzer,
+            ) as server:
+                judged = run_gate(target, server)
+        except (ReconcileError, LocalTritonError) as exc:
+            errors += 1
+            print(f"error: gate: {exc} (server log: {workdir / target.head.name})", file=sys.stderr)
+            continue
+        for one in judged:
+            print(f"gate: {one.deployment}: {one.verdict} ({one.seconds:.1f} s)", file=sys.stderr)
+        gates += judged
+    return gates, errors
 
 
 def _write_gate_reports(report: GateReport, folder: Path) -> list[str]:

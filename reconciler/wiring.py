@@ -209,26 +209,28 @@ def isolated_server(
 ) -> Iterator[IsolatedServer]:
     """A tritonserver of its own on loopback over ``model_repository`` (EXPLICIT mode,
     nothing loaded), with the gate's load generator: ``perf_analyzer`` (its binary) when
-    given, else the built-in one. Stopped by its pid on exit."""
+    given, else the built-in one. Stopped by its pid on exit (killed at once, with its
+    process group, when interrupted)."""
     workdir.mkdir(parents=True, exist_ok=True)
     server = LocalTriton(
         model_repository.resolve(),
         binary=tritonserver,
         log_file=workdir / "tritonserver.log",
     )
-    server.start()
-    client = TritonServerClient(
-        GATE_SERVER,
-        server.grpc_address,
-        load_timeout=load_timeout,
-        model_repository=str(model_repository.resolve()),
-    )
-    tester: LoadTester = (
-        PerfAnalyzer(perf_analyzer, server.grpc_address, workdir)
-        if perf_analyzer
-        else GrpcLoadTester(server.grpc_address)
-    )
+    client: TritonServerClient | None = None
     try:
+        server.start()
+        client = TritonServerClient(
+            GATE_SERVER,
+            server.grpc_address,
+            load_timeout=load_timeout,
+            model_repository=str(model_repository.resolve()),
+        )
+        tester: LoadTester = (
+            PerfAnalyzer(perf_analyzer, server.grpc_address, workdir)
+            if perf_analyzer
+            else GrpcLoadTester(server.grpc_address)
+        )
         yield IsolatedServer(
             control=client,
             load_tester=tester,
@@ -237,6 +239,12 @@ def isolated_server(
             address=server.grpc_address,
             model_repository=str(model_repository.resolve()),
         )
+    except KeyboardInterrupt:
+        # Interrupted (Ctrl-C, or SIGTERM as the gate command takes it), maybe while it
+        # started: ended at once, its stubs and shared memory with it; nothing to unload.
+        server.kill()
+        raise
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         server.stop()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -356,6 +358,77 @@ def test_without_perf_analyzer_auto_uses_the_built_in_generator(
     )  # fmt: skip
     assert missing.code == 1
     assert "perf_analyzer (on PATH) not found" in missing.err
+
+
+def _process(pid: int) -> tuple[int, int, list[str]] | None:
+    """(parent pid, process group, argv) of a live process; None once it has ended (a zombie
+    has ended: it holds nothing but its exit status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        group = os.getpgid(pid)
+    except (OSError, ProcessLookupError):
+        return None
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    if fields.get("State", "").startswith(("Z", "X")):
+        return None
+    return int(fields["PPid"]), group, [a.decode(errors="replace") for a in argv if a]
+
+
+def _server_of(gate: int, timeout: float = 120.0) -> tuple[int, list[int], str]:
+    """The gate's tritonserver (its child), once its Python stubs run: (pid, the stubs'
+    pids, the server's shared-memory prefix)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {int(p.name): _process(int(p.name)) for p in Path("/proc").glob("[0-9]*")}
+        live = {pid: info for pid, info in found.items() if info is not None}
+        for pid, (parent, _group, argv) in live.items():
+            if parent == gate and argv and argv[0].endswith("tritonserver"):
+                stubs = [
+                    p
+                    for p, (_, group, args) in live.items()
+                    if group == pid and args[0].endswith("triton_python_backend_stub")
+                ]
+                prefix = next(a for a in argv if "shm-region-prefix-name=" in a)
+                if stubs:
+                    return pid, stubs, prefix.split("shm-region-prefix-name=")[1]
+        time.sleep(0.1)
+    raise AssertionError(f"the gate ({gate}) started no tritonserver with stubs in {timeout}s")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_gate_ended_by_a_signal_leaves_no_server_stub_shared_memory_or_temp_folder(
+    change: tuple[ManifestRepo, Path], tmp_path: Path, signum: signal.Signals
+) -> None:
+    manifests, repository = change
+    scratch = tmp_path / "tmp"  # the gate's temp folder is made here
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_GITOPS_PERF_ANALYZER"}
+    gate = subprocess.Popen(
+        [
+            sys.executable, "-m", "reconciler", "gate", "--repo", str(manifests.work),
+            "--path", "manifests", "--base", "main", "--head", "change",
+            "--model-repository", str(repository), "--deployment", "good",
+            "--load-generator", "built-in", "--cache-dir", str(tmp_path / "cache"),
+        ],
+        env={**env, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        server, stubs, prefix = _server_of(gate.pid)
+        assert list(Path("/dev/shm").glob(f"{prefix}*"))  # the stubs' regions, while it runs
+        gate.send_signal(signum)
+        _out, err = gate.communicate(timeout=60)
+    finally:
+        if gate.poll() is None:
+            gate.kill()
+            gate.wait()
+    assert gate.returncode == 128 + signum, err
+    assert f"interrupted by {signum.name}" in err
+    assert _process(server) is None
+    assert [pid for pid in stubs if _process(pid) is not None] == []
+    assert list(Path("/dev/shm").glob(f"{prefix}*")) == []
+    assert list(scratch.iterdir()) == []
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ci"
