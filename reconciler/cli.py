@@ -62,7 +62,7 @@ from reconciler.loop.status import status
 from reconciler.loop.undo import undo
 from reconciler.model.analysis import Evaluation
 from reconciler.model.errors import Problem, ReconcileError, StateFileRefused, ValidationError
-from reconciler.model.gate import GateReport, ModelGate
+from reconciler.model.gate import GateReport, GateVerdict, ModelGate
 from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
 from reconciler.model.plan import Step
 from reconciler.model.results import StepResult
@@ -105,6 +105,7 @@ from reconciler.views.validation import validation_annotations, validation_json,
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 EXIT_GATE_FAILED = 3  # gate: a deployment failed it (1 stays an error: not judged)
+EXIT_GATE_INCONCLUSIVE = 4  # gate: none failed, one's measurements too noisy to judge
 EXIT_NO_SERVER = 3  # status: every declared server unreachable (1: status could not run)
 # plan and apply's own records with --log-format json (their progress, why they stopped)
 _log = logging.getLogger("triton_gitops.cli")
@@ -575,7 +576,7 @@ def build_parser() -> _Parser:
     gate = commands.add_parser(
         "gate",
         help="pre-merge quality gate: new versions load-tested beside the old in an isolated "
-        "tritonserver; exit 0 pass, 3 failed, 1 error",
+        "tritonserver; exit 0 pass, 3 failed, 4 inconclusive, 1 error",
         description="For every ModelDeployment whose versions or config change between --base "
         "and --head: start a tritonserver of its own on loopback over --model-repository, bring "
         "the base spec up as apply would, load the head's new versions beside the old with the "
@@ -584,7 +585,8 @@ def build_parser() -> _Parser:
         "synthesized request), load-test old and new interleaved with the same requests at "
         "spec.verify.gate's concurrency levels, and judge latency, throughput, errors and "
         "memory against its bounds. Exit 0 every deployment passed (or none changed), 3 one "
-        "failed the gate, 1 error (one could not be judged).",
+        "failed the gate, 4 none failed but one was inconclusive (its rounds too noisy to "
+        "judge), 1 error (one could not be judged).",
     )
     _two_refs(gate)
     gate.add_argument(
@@ -956,7 +958,10 @@ def _gate(args: argparse.Namespace) -> int:
     if errors:
         return EXIT_ERROR  # the servers' logs stay in the work folder the errors name
     shutil.rmtree(workdir, ignore_errors=True)
-    return EXIT_OK if report.passed else EXIT_GATE_FAILED
+    return {
+        GateVerdict.FAIL: EXIT_GATE_FAILED,
+        GateVerdict.INCONCLUSIVE: EXIT_GATE_INCONCLUSIVE,
+    }.get(report.verdict, EXIT_OK)
 
 
 def _gate_each(

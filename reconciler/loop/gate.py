@@ -17,7 +17,9 @@ For one deployment, on a server that serves nothing else:
    ones, else one synthesized from the metadata), interleaved round by round and level by
    level (old first in even rounds, new first in odd ones), so a noisy moment of a shared
    machine falls on both; each version's memory is read after each measurement;
-4. ``core/gate.judge`` judges the figures against ``spec.verify.gate``.
+4. ``core/gate.judge`` judges the figures against ``spec.verify.gate``; when a check is
+   inconclusive (the rounds disagree by more than the bound), as many rounds again are
+   measured, once, and all of them judged.
 What the server, the load generator and the memory readings are comes in as ports.
 """
 
@@ -36,6 +38,7 @@ from reconciler.engine.steps import Timing, _ChangeContext, execute_step
 from reconciler.loop.observation import observe_servers
 from reconciler.model.errors import ReconcileError, VerifyFailed
 from reconciler.model.gate import (
+    GateCheck,
     GateFinding,
     GateSpec,
     GateVerdict,
@@ -216,11 +219,12 @@ def _measure(
     spec: GateSpec,
     requests: list[tuple[Tensor, ...]],
     batched: bool,
+    first: int = 0,
 ) -> dict[int, list[LoadFigures]]:
-    """Every version at every level, ``spec.rounds`` times, interleaved: the order of the
-    versions flips from round to round."""
+    """Every version at every level, ``spec.rounds`` times (rounds ``first`` on),
+    interleaved: the order of the versions flips from round to round."""
     measured: dict[int, list[LoadFigures]] = {v: [] for v in versions}
-    for number in range(spec.rounds):
+    for number in range(first, first + spec.rounds):
         order = versions if number % 2 == 0 else tuple(reversed(versions))
         for level in spec.concurrency:
             for version in order:
@@ -230,6 +234,33 @@ def _measure(
                 memory = server.memory.version_memory(model, version)
                 measured[version].append(replace(figures, memory_bytes=memory))
     return measured
+
+
+def ab_test(
+    server: IsolatedServer,
+    model: str,
+    versions: tuple[int, int],
+    spec: GateSpec,
+    requests: list[tuple[Tensor, ...]],
+    batched: bool,
+    memory: tuple[int | None, int | None, int | None],
+) -> tuple[list[LoadFigures], list[LoadFigures], tuple[GateCheck, ...], int]:
+    """The old version (``versions[0]``) against the new, ``spec.rounds`` interleaved rounds,
+    judged; when a check is inconclusive, as many rounds again, once, and all of them judged
+    (more rounds narrow the interval the median lies in; one still inconclusive after that
+    is reported so). ``memory``: the server's before anything, after the base, after the
+    head. The old's and the new's figures, the checks, and how many rounds were measured."""
+    old, new = versions
+    measured = _measure(server, model, versions, spec, requests, batched)
+    rounds = spec.rounds
+    while True:
+        old_figures, new_figures = _with_memory_fallback(measured[old], measured[new], *memory)
+        checks = judge(spec, old_figures, new_figures)
+        if rounds > spec.rounds or all(c.verdict is not GateVerdict.INCONCLUSIVE for c in checks):
+            return old_figures, new_figures, checks, rounds
+        more = _measure(server, model, versions, spec, requests, batched, first=rounds)
+        measured = {v: measured[v] + more[v] for v in versions}
+        rounds += spec.rounds
 
 
 def _finding(
@@ -308,19 +339,29 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
     load_config = next((s.config for s in planned.steps if s.action is Action.LOAD), None) or {}
     batched = int(load_config.get("max_batch_size", 0) or 0) > 0
     spec = head.gate or GateSpec()
+    memory = (before_any, after_base, after_head)
     results = []
     for new in new_versions:
         notes = _old_smoke(head, server, old)
         requests, source = _requests(head, server, new)
-        versions = (old, new) if old is not None else (new,)
-        measured = _measure(server, model, versions, spec, requests, batched)
         if old is not None:
-            old_figures, new_figures = _with_memory_fallback(
-                measured[old], measured[new], before_any, after_base, after_head
+            old_figures, new_figures, checks, rounds = ab_test(
+                server, model, (old, new), spec, requests, batched, memory
             )
-            checks = judge(spec, old_figures, new_figures)
+            if rounds > spec.rounds:
+                notes.append(
+                    GateFinding(
+                        "note",
+                        GateVerdict.PASS,
+                        f"a check was inconclusive after {spec.rounds} rounds (they disagreed "
+                        f"by more than the bound): {rounds - spec.rounds} more measured, all "
+                        f"{rounds} judged",
+                        head.line("verify.gate.rounds", "verify.gate", "versions"),
+                    )
+                )
         else:
-            old_figures, new_figures = [], measured[new]
+            old_figures = []
+            new_figures = _measure(server, model, (new,), spec, requests, batched)[new]
             checks = judge_alone(spec, new_figures)
         results.append(
             ModelGate(

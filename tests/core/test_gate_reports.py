@@ -211,3 +211,29 @@ def test_figures_with_no_value_are_null_in_strict_json(tmp_path: Path) -> None:
     # What the gate command writes (--report-dir, --output json) parses strictly too.
     _write_gate_reports(report, tmp_path)
     assert _strict((tmp_path / "gate.json").read_text()) == found
+
+
+def test_an_inconclusive_check_is_reported_as_noisy_never_as_a_failure() -> None:
+    old = [figures(3.0, 300)] * 5
+    new = [figures(3.0 * r, 300) for r in (1.5, 0.9, 1.4, 1.3, 1.0)]
+    gate = ModelGate(
+        "scorer", "scorer", "manifests/scorer.yaml", 3, 1, (), judge(SPEC, old, new),
+        tuple(old), tuple(new), LoadTestSpec("built-in", "smoke cases"), 12.5, LINES,
+    )  # fmt: skip
+    report = GateReport("a" * 40, "b" * 40, (gate,))
+    assert (gate.verdict, report.verdict, report.passed) == ("inconclusive", "inconclusive", False)
+    text = gate_text(report)
+    assert text.splitlines()[0].endswith(": 1 inconclusive (noisy), 0 passed")
+    assert "  latency @1: 3.00 ms -> 3.90 ms, +30.0% (p95 increase <= 0.2): inconclusive" in text
+    assert "the rounds disagree (the median lies in -10.0% … +50.0% at 90%)" in text
+    markdown = gate_markdown(report)
+    assert "#### ⚠️ scorer: version 3 against 1" in markdown
+    assert "| ⚠️ inconclusive |" in markdown
+    (line,) = gate_annotations(report).splitlines()  # a warning, not an error
+    assert line.startswith("::warning file=manifests/scorer.yaml,line=21::gate: scorer version 3")
+    found = gate_json(report)
+    (latency,) = [c for c in found["models"][0]["checks"] if c["name"] == "latency"]
+    assert (latency["verdict"], latency["rounds"], found["verdict"]) == (
+        "inconclusive", 5, "inconclusive",
+    )  # fmt: skip
+    assert latency["interval"] == latency["spread"]  # five rounds: the lowest and highest
