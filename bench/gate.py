@@ -4,7 +4,7 @@ across repeated runs on this machine, quiet and made noisy on purpose.
 Each run is one ``loop.gate.run_gate`` on a tritonserver of its own (``wiring.isolated_server``,
 as ``triton-gitops gate`` runs it, without the Git part): the base serves ``scorer`` version 1
 (testkit/models/scorer: about 3 ms a request), the head moves it to the scenario's version,
-``spec.verify.gate`` at its defaults (concurrency [1, 4], 3 rounds, 500 requests) with the
+``spec.verify.gate`` at its defaults (concurrency [1, 4], 5 rounds, 500 requests) with the
 bounds maxLatencyIncrease 0.2, minThroughputRatio 0.9, maxMemoryIncrease 30%.
 
 Scenarios: ``good`` (version 2, alike the old: every run must pass), ``slow`` (3: three times

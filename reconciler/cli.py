@@ -54,7 +54,7 @@ from reconciler.core.spec.rules import promql_without_prometheus
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
-from reconciler.loop.gate import gated, run_gate
+from reconciler.loop.gate import GateTarget, gated, run_gate
 from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.review import desired_at, diff_refs
@@ -62,7 +62,7 @@ from reconciler.loop.status import status
 from reconciler.loop.undo import undo
 from reconciler.model.analysis import Evaluation
 from reconciler.model.errors import Problem, ReconcileError, StateFileRefused, ValidationError
-from reconciler.model.gate import GateReport
+from reconciler.model.gate import GateReport, GateVerdict, ModelGate
 from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
 from reconciler.model.plan import Step
 from reconciler.model.results import StepResult
@@ -105,6 +105,7 @@ from reconciler.views.validation import validation_annotations, validation_json,
 
 EXIT_OK, EXIT_ERROR, EXIT_CHANGES = 0, 1, 2
 EXIT_GATE_FAILED = 3  # gate: a deployment failed it (1 stays an error: not judged)
+EXIT_GATE_INCONCLUSIVE = 4  # gate: none failed, one's measurements too noisy to judge
 EXIT_NO_SERVER = 3  # status: every declared server unreachable (1: status could not run)
 # plan and apply's own records with --log-format json (their progress, why they stopped)
 _log = logging.getLogger("triton_gitops.cli")
@@ -577,7 +578,7 @@ def build_parser() -> _Parser:
     gate = commands.add_parser(
         "gate",
         help="pre-merge quality gate: new versions load-tested beside the old in an isolated "
-        "tritonserver; exit 0 pass, 3 failed, 1 error",
+        "tritonserver; exit 0 pass, 3 failed, 4 inconclusive, 1 error",
         description="For every ModelDeployment whose versions or config change between --base "
         "and --head: start a tritonserver of its own on loopback over --model-repository, bring "
         "the base spec up as apply would, load the head's new versions beside the old with the "
@@ -586,7 +587,8 @@ def build_parser() -> _Parser:
         "synthesized request), load-test old and new interleaved with the same requests at "
         "spec.verify.gate's concurrency levels, and judge latency, throughput, errors and "
         "memory against its bounds. Exit 0 every deployment passed (or none changed), 3 one "
-        "failed the gate, 1 error (one could not be judged).",
+        "failed the gate, 4 none failed but one was inconclusive (its rounds too noisy to "
+        "judge), 1 error (one could not be judged).",
     )
     _two_refs(gate)
     gate.add_argument(
@@ -595,6 +597,14 @@ def build_parser() -> _Parser:
         type=Path,
         metavar="PATH",
         help="a Triton model repository holding the old and the new version folders",
+    )
+    gate.add_argument(
+        "--base-model-repository",
+        type=Path,
+        metavar="PATH",
+        help="the model repository as it is at --base, for the config.pbtxt the old versions "
+        "run with; default: read from --repo at --base when --model-repository is in its "
+        "checkout",
     )
     gate.add_argument(
         "--output", choices=("text", "json", "markdown", "github"), default="text",
@@ -867,6 +877,15 @@ def _gate(args: argparse.Namespace) -> int:
         perf_analyzer = _load_generator(args)
         manifests = wiring.review_manifests(args.repo, args.cache_dir, _git_credentials(args))
         base_sha, base = desired_at(manifests, args.base, args.path)
+        # Read before the head: a CI checkout read in place keeps the last commit read only.
+        configs = wiring.base_configs(
+            manifests,
+            args.repo,
+            base_sha,
+            args.model_repository,
+            sorted({d.model for d in base.deployments.values()}),
+            args.base_model_repository,
+        )
         head_sha, head = desired_at(manifests, args.head, args.path)
     except ValidationError as exc:
         for problem in exc.problems:
@@ -877,12 +896,83 @@ def _gate(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     targets = [
-        t
+        replace(t, base_config=configs.get(t.base.model) if t.base is not None else None)
         for t in gated(base, head)
         if not args.deployment or t.head.name in args.deployment or t.head.model in args.deployment
     ]
+    for target in targets:
+        if target.base is not None and target.base_config is None:
+            print(
+                f"gate: {target.head.name}: warning: the base ref's config.pbtxt is not known "
+                "(--model-repository is not in --repo's checkout; --base-model-repository "
+                "gives it): the old versions run with the model repository's, so a change of "
+                "its inputs or outputs goes unseen",
+                file=sys.stderr,
+            )
     workdir = Path(tempfile.mkdtemp(prefix="triton-gitops-gate-"))
-    gates, errors = [], 0
+    received: list[int] = []
+
+    def interrupted(signum: int, frame: object) -> None:
+        received.append(signum)
+        for taken in handlers:  # a second signal must not cut the cleanup short
+            signal.signal(taken, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    # SIGTERM (a cancelled CI job, a supervisor) ends the gate as Ctrl-C does: its server
+    # killed by its pid with its process group (its stubs), its shared memory and its temp
+    # folder removed. A signal's default action would leave them all behind. A SIGINT the
+    # gate was started ignoring (a background job) stays ignored.
+    handlers = {
+        taken: signal.getsignal(taken)
+        for taken in (signal.SIGTERM, signal.SIGINT)
+        if signal.getsignal(taken) is not signal.SIG_IGN
+    }
+    for taken in handlers:
+        signal.signal(taken, interrupted)
+    try:
+        gates, errors = _gate_each(args, targets, workdir, perf_analyzer)
+    except KeyboardInterrupt:
+        shutil.rmtree(workdir, ignore_errors=True)
+        number = received[0] if received else signal.SIGINT
+        print(
+            f"gate: interrupted by {signal.Signals(number).name}: its tritonserver ended, "
+            f"{workdir} removed",
+            file=sys.stderr,
+        )
+        return 128 + number
+    finally:
+        for taken, handler in handlers.items():
+            signal.signal(taken, handler)
+    report = GateReport(base_sha, head_sha, tuple(gates))
+    charts: list[str] = []
+    if args.report_dir is not None:
+        charts = _write_gate_reports(report, args.report_dir)
+    if args.output == "json":
+        print(json.dumps(gate_json(report), indent=2, allow_nan=False))
+    elif args.output == "markdown":
+        print(gate_markdown(report, charts), end="")
+    elif args.output == "github":
+        annotations = gate_annotations(report)
+        if annotations:
+            print(annotations)
+    else:
+        print(gate_text(report), end="")
+    if errors:
+        return EXIT_ERROR  # the servers' logs stay in the work folder the errors name
+    shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        GateVerdict.FAIL: EXIT_GATE_FAILED,
+        GateVerdict.INCONCLUSIVE: EXIT_GATE_INCONCLUSIVE,
+    }.get(report.verdict, EXIT_OK)
+
+
+def _gate_each(
+    args: argparse.Namespace, targets: list[GateTarget], workdir: Path, perf_analyzer: str | None
+) -> tuple[list[ModelGate], int]:
+    """Each target judged on a tritonserver of its own (its log under ``workdir``): the
+    verdicts, and how many could not be judged."""
+    gates: list[ModelGate] = []
+    errors = 0
     for target in targets:
         print(f"gate: {target.head.name}: starting an isolated tritonserver", file=sys.stderr)
         try:
@@ -900,24 +990,7 @@ def _gate(args: argparse.Namespace) -> int:
         for one in judged:
             print(f"gate: {one.deployment}: {one.verdict} ({one.seconds:.1f} s)", file=sys.stderr)
         gates += judged
-    report = GateReport(base_sha, head_sha, tuple(gates))
-    charts: list[str] = []
-    if args.report_dir is not None:
-        charts = _write_gate_reports(report, args.report_dir)
-    if args.output == "json":
-        print(json.dumps(gate_json(report), indent=2))
-    elif args.output == "markdown":
-        print(gate_markdown(report, charts), end="")
-    elif args.output == "github":
-        annotations = gate_annotations(report)
-        if annotations:
-            print(annotations)
-    else:
-        print(gate_text(report), end="")
-    if errors:
-        return EXIT_ERROR  # the servers' logs stay in the work folder the errors name
-    shutil.rmtree(workdir, ignore_errors=True)
-    return EXIT_OK if report.passed else EXIT_GATE_FAILED
+    return gates, errors
 
 
 def _write_gate_reports(report: GateReport, folder: Path) -> list[str]:
@@ -933,7 +1006,9 @@ def _write_gate_reports(report: GateReport, folder: Path) -> list[str]:
                 print(f"gate: no chart: {exc}", file=sys.stderr)
                 break
             charts.append(name)
-    (folder / "gate.json").write_text(json.dumps(gate_json(report), indent=2) + "\n")
+    (folder / "gate.json").write_text(
+        json.dumps(gate_json(report), indent=2, allow_nan=False) + "\n"
+    )
     (folder / "gate.md").write_text(gate_markdown(report, charts))
     return charts
 

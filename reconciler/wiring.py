@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,18 +27,20 @@ from reconciler.adapters.artifacts import version_digests
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
 from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.adapters.gateway import GatewayRouter
-from reconciler.adapters.git import GitManifests, GitSource, GitWriter
+from reconciler.adapters.git import GitManifests, GitSource, GitWriter, folder_in_repository
 from reconciler.adapters.hooks import HttpStepHooks
 from reconciler.adapters.leader_lease import LeaderLease, lease_api
 from reconciler.adapters.local_triton import LocalTriton
 from reconciler.adapters.metrics import metrics_reader
+from reconciler.adapters.model_repository import read_model
 from reconciler.adapters.perf_analyzer import PerfAnalyzer
 from reconciler.adapters.reconciler_lock import Locks, StateLockFile, lock_path
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.adapters.triton_load import GrpcLoadTester
 from reconciler.core.records import rfc3339
-from reconciler.loop.gate import GATE_SERVER, IsolatedServer
+from reconciler.core.triton_config import parse_pbtxt
+from reconciler.loop.gate import GATE_SERVER, BaseConfig, IsolatedServer
 from reconciler.model.errors import ReconcileError
 from reconciler.model.settings import Settings
 from reconciler.model.source import GitCredentials, Source
@@ -165,6 +167,37 @@ def review_manifests(
     return GitManifests(source, cache_dir / "gpg", in_place=local)
 
 
+def base_configs(
+    manifests: GitManifests,
+    repo: str,
+    revision: str,
+    model_repository: Path,
+    models: Iterable[str],
+    base_model_repository: Path | None = None,
+) -> dict[str, BaseConfig]:
+    """Each model's config.pbtxt at the base ref ``revision``, which the gate brings the old
+    versions up with: from ``base_model_repository`` (the model repository as it is at the
+    base ref) when given, else from the manifests' repository when ``model_repository`` is a
+    folder of its local checkout (read while ``revision`` is the commit ``manifests`` last
+    read). No entry for a model when neither tells; a file that does not parse reads as none,
+    as the reconciler reads it at apply time."""
+    found: dict[str, BaseConfig] = {}
+    if base_model_repository is not None:
+        for model in models:
+            found[model] = BaseConfig(read_model(str(base_model_repository), model)[0])
+        return found
+    folder = folder_in_repository(repo, model_repository)
+    if folder is None:
+        return found
+    for model in models:
+        text = manifests.read_file(revision, f"{folder}/{model}/config.pbtxt".lstrip("/"))
+        try:
+            found[model] = BaseConfig(parse_pbtxt(text.decode()) if text is not None else None)
+        except (ValueError, UnicodeDecodeError):
+            found[model] = BaseConfig(None)
+    return found
+
+
 @contextmanager
 def isolated_server(
     model_repository: Path,
@@ -176,26 +209,28 @@ def isolated_server(
 ) -> Iterator[IsolatedServer]:
     """A tritonserver of its own on loopback over ``model_repository`` (EXPLICIT mode,
     nothing loaded), with the gate's load generator: ``perf_analyzer`` (its binary) when
-    given, else the built-in one. Stopped by its pid on exit."""
+    given, else the built-in one. Stopped by its pid on exit (killed at once, with its
+    process group, when interrupted)."""
     workdir.mkdir(parents=True, exist_ok=True)
     server = LocalTriton(
         model_repository.resolve(),
         binary=tritonserver,
         log_file=workdir / "tritonserver.log",
     )
-    server.start()
-    client = TritonServerClient(
-        GATE_SERVER,
-        server.grpc_address,
-        load_timeout=load_timeout,
-        model_repository=str(model_repository.resolve()),
-    )
-    tester: LoadTester = (
-        PerfAnalyzer(perf_analyzer, server.grpc_address, workdir)
-        if perf_analyzer
-        else GrpcLoadTester(server.grpc_address)
-    )
+    client: TritonServerClient | None = None
     try:
+        server.start()
+        client = TritonServerClient(
+            GATE_SERVER,
+            server.grpc_address,
+            load_timeout=load_timeout,
+            model_repository=str(model_repository.resolve()),
+        )
+        tester: LoadTester = (
+            PerfAnalyzer(perf_analyzer, server.grpc_address, workdir)
+            if perf_analyzer
+            else GrpcLoadTester(server.grpc_address)
+        )
         yield IsolatedServer(
             control=client,
             load_tester=tester,
@@ -204,6 +239,12 @@ def isolated_server(
             address=server.grpc_address,
             model_repository=str(model_repository.resolve()),
         )
+    except KeyboardInterrupt:
+        # Interrupted (Ctrl-C, or SIGTERM as the gate command takes it), maybe while it
+        # started: ended at once, its stubs and shared memory with it; nothing to unload.
+        server.kill()
+        raise
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         server.stop()

@@ -95,6 +95,25 @@ def path_in_work_tree(path: Path) -> str:
     return "" if relative == "." else relative
 
 
+def folder_in_repository(repo: str, folder: Path) -> str | None:
+    """``folder``'s path in the local repository ``repo`` ('' for its top), to read what it
+    held at another commit; None when ``repo`` is no local checkout or ``folder`` is not in
+    its work tree."""
+    if "://" in repo or not Path(repo).exists():
+        return None
+    try:
+        top = git.Repo(repo, search_parent_directories=True).working_tree_dir
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        return None
+    if top is None:
+        return None
+    try:
+        relative = folder.resolve().relative_to(Path(top).resolve()).as_posix()
+    except ValueError:
+        return None
+    return "" if relative == "." else relative
+
+
 class GitSource:
     def __init__(
         self,

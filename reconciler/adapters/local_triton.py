@@ -129,6 +129,9 @@ class LocalTriton:
     # The Python backend's shared-memory regions (/dev/shm) of this server are named with
     # this prefix, so that a server ended by SIGKILL leaves none behind (kill() removes them).
     shm_prefix: str = field(default_factory=lambda: f"triton_gitops_{uuid.uuid4().hex[:12]}_")
+    # True from just before the server is started until its Popen is kept: an interruption in
+    # between (the gate's SIGTERM) leaves a server no Popen names, found by its shm prefix.
+    _launching: bool = field(default=False, init=False, repr=False)
 
     @property
     def grpc_address(self) -> str:
@@ -186,9 +189,11 @@ class LocalTriton:
         if self.log_file is None:
             self.log_file = Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
         with open(self.log_file, "ab") as log:
+            self._launching = True
             self.process = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
             )
+            self._launching = False
         self._wait_ready(ready_timeout)
         return self
 
@@ -227,6 +232,7 @@ class LocalTriton:
         # The server starts one backend stub process per model instance in its session;
         # signalling the process group ends them together with the server.
         end_process_group(process, timeout)
+        self._end_unrecorded()
         self._remove_shared_memory()
 
     def kill(self) -> None:
@@ -236,7 +242,31 @@ class LocalTriton:
         if process is not None and process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        self._end_unrecorded()
         self._remove_shared_memory()
+
+    def _end_unrecorded(self) -> None:
+        """A server started but not kept (``start`` interrupted inside ``Popen``): found by
+        its own shm prefix among this process's children, its group killed by its pid."""
+        if not self._launching:
+            return
+        self._launching = False
+        marker = f"shm-region-prefix-name={self.shm_prefix}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            try:
+                status = (entry / "status").read_text()
+                parent = next(x for x in status.splitlines() if x.startswith("PPid:"))
+                if int(parent.split()[1]) != os.getpid() or os.getpgid(pid) != pid:
+                    continue
+                if marker not in (entry / "cmdline").read_bytes():
+                    continue
+                os.killpg(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+            except (OSError, ValueError, StopIteration):
+                continue  # ended meanwhile, or not ours
 
     def _remove_shared_memory(self) -> None:
         for region in Path("/dev/shm").glob(f"{self.shm_prefix}*"):

@@ -2,12 +2,17 @@
 model at one concurrency level, with the gate's requests as its ``--input-data``, figures
 read from its CSV export (``-f``).
 
-perf_analyzer measures in windows until three in a row agree (its stability rule), each of at
-least ``count`` requests here (``--measurement-mode count_windows``), so it sends more than the
-built-in generator for the same setting and reports its last stable window. It stops at the
-first failed request with a non-zero exit: that measurement is reported as all failed, with
-its message. Its binary must be the release of the server it drives (2.51 here: see
-docs/gate.md for how to install one beside the project).
+A measurement is a fixed one: three windows of at least ``count`` requests each
+(``--measurement-mode count_windows``), their figures merged, whatever they say. perf_analyzer
+would otherwise go on measuring until three windows in a row agree within 10%, and on a busy
+machine give up ("Failed to obtain stable measurement", exit 2, no figures), which says
+nothing about the version; the gate judges the spread over its own interleaved rounds. (Its
+``--request-count`` mode is no fixed measurement to use either: it divides by whole seconds,
+so 60 requests read as 60/s however fast they were answered.) perf_analyzer stops a worker at
+its first failed request: those are the failures it reports (it does not measure a rate; the
+built-in generator does). Any other non-zero exit is an error of the measurement
+(``StepFailed``), never failed requests. Its binary must be the release of the server it
+drives (2.51 here: see docs/gate.md for how to install one beside the project).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -52,6 +58,18 @@ def input_data(requests: Sequence[tuple[Tensor, ...]], batched: bool) -> dict[st
             {tensor.name: _content(tensor, batched) for tensor in request} for request in requests
         ]
     }
+
+
+# A worker that met a failed request (perf_analyzer 2.51: "Thread [0] had error: Failed to
+# process the request(s) for model ..."; older releases: "Failed to retrieve results from
+# inference request"): one line per failed request, since each worker stops at its first.
+_FAILED_REQUEST = re.compile(
+    r"^(Thread \[\d+\] had error: .*|.*Failed to retrieve results from inference request.*)$",
+    re.MULTILINE,
+)
+_WINDOWS = 3  # perf_analyzer's stability rule compares the last three windows
+_ANY_SPREAD = "10000"  # percent
+_REQUEST_COUNT = re.compile(r"^\s*Request count: (\d+)\s*$", re.MULTILINE)
 
 
 def _number(row: dict[str, str], key: str) -> float:
@@ -103,6 +121,9 @@ class PerfAnalyzer:
             "--concurrency-range", f"{concurrency}:{concurrency}",
             "--measurement-mode", "count_windows",
             "--measurement-request-count", str(count),
+            # Any three windows are "stable" (max/min within 100x): a fixed measurement.
+            "--stability-percentage", _ANY_SPREAD,
+            "--max-trials", str(_WINDOWS),
             "--input-data", str(data),
             "-f", str(report),
         ]  # fmt: skip
@@ -118,31 +139,49 @@ class PerfAnalyzer:
         except OSError as exc:
             raise StepFailed(f"perf_analyzer {self.binary} could not run: {exc}") from None
         rows = list(csv.DictReader(report.open())) if report.exists() else []
-        if done.returncode != 0 or not rows:
-            said = (done.stderr.strip() or done.stdout.strip()).splitlines()
-            why = next((line for line in said if "ail" in line or "rror" in line), None)
-            return LoadFigures(
-                concurrency=concurrency,
-                requests=count,
-                errors=count,
-                throughput=0.0,
-                p50_ms=float("nan"),
-                p95_ms=float("nan"),
-                p99_ms=float("nan"),
-                note=f"perf_analyzer exited {done.returncode}: "
-                + (why or (said[-1] if said else "no output")),
-            )
-        row = rows[-1]
-        quantiles = tuple(
-            (float(p), _number(row, f"p{p} latency") / 1000.0) for p in (50, 90, 95, 99)
+        said = f"{done.stdout}\n{done.stderr}"
+        if done.returncode == 0 and rows:
+            return _figures(concurrency, rows[-1], said, count)
+        failed = [m.group(0).strip() for m in _FAILED_REQUEST.finditer(said)]
+        if failed:
+            return failed_requests(concurrency, failed, done.returncode)
+        lines = [line.strip() for line in said.splitlines() if line.strip()]
+        why = next((line for line in lines if "ail" in line or "rror" in line), None)
+        raise StepFailed(
+            f"perf_analyzer could not measure {model} version {version} at concurrency "
+            f"{concurrency} (exit {done.returncode}): "
+            + (why or (lines[-1] if lines else "no output"))
         )
-        return LoadFigures(
-            concurrency=concurrency,
-            requests=count,
-            errors=0,  # it stops at the first failure, so a finished run had none
-            throughput=_number(row, "Inferences/Second"),
-            p50_ms=quantiles[0][1],
-            p95_ms=quantiles[2][1],
-            p99_ms=quantiles[3][1],
-            quantiles=quantiles,
-        )
+
+
+def _figures(concurrency: int, row: dict[str, str], said: str, count: int) -> LoadFigures:
+    """A finished measurement: every request answered (it stops at the first failure), in
+    the three windows merged."""
+    quantiles = tuple((float(p), _number(row, f"p{p} latency") / 1000.0) for p in (50, 90, 95, 99))
+    sent = _REQUEST_COUNT.search(said)
+    return LoadFigures(
+        concurrency=concurrency,
+        requests=int(sent.group(1)) if sent else count,
+        errors=0,
+        throughput=_number(row, "Inferences/Second"),
+        p50_ms=quantiles[0][1],
+        p95_ms=quantiles[2][1],
+        p99_ms=quantiles[3][1],
+        quantiles=quantiles,
+    )
+
+
+def failed_requests(concurrency: int, failed: Sequence[str], code: int) -> LoadFigures:
+    """A measurement perf_analyzer stopped at failed requests: those it reported, and only
+    those (how many succeeded before them it does not say, so they are all the requests the
+    figures account for: the rate reads 100%, a failure under any bound but 1)."""
+    return LoadFigures(
+        concurrency=concurrency,
+        requests=len(failed),
+        errors=len(failed),
+        throughput=0.0,
+        p50_ms=float("nan"),
+        p95_ms=float("nan"),
+        p99_ms=float("nan"),
+        note=f"perf_analyzer exited {code} at {len(failed)} failed request(s), first: {failed[0]}",
+    )

@@ -5,6 +5,17 @@ Each round measures the old version, then the new, at every level (interleaved, 
 noisy moment of a shared machine falls on both). A check is judged on the median over the
 rounds of the per-round ratio (new against the old of the same round), and reports the
 spread of that ratio: a reviewer sees whether a verdict stands on a stable difference.
+
+A single round's p95 swings by 30-50% on a busy machine, either way, so the median alone
+fails identical code now and then. A latency or throughput check therefore fails only when
+the rounds agree on it: when the interval the median lies in, read from the rounds
+themselves (the sign test's, distribution-free: the k-th lowest and k-th highest ratio,
+covering the median with at least 90% confidence; the lowest and highest with fewer than
+eight rounds), lies wholly beyond the bound. A median beyond the bound whose interval reaches back
+inside is INCONCLUSIVE: the rounds disagree by more than the difference judged, which says
+"noisy, measure again", not "the new version is worse". A median within the bound passes,
+however noisy (nothing says the new version is worse). Errors and memory are judged on their
+medians as they are: a failed request is no noise, and a version's memory does not swing.
 """
 
 from __future__ import annotations
@@ -12,17 +23,45 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from math import comb
 from statistics import median
 
 from reconciler.model.gate import GateCheck, GateSpec, GateVerdict, LoadFigures
+
+
+def _known(value: float | None) -> bool:
+    """A figure that was measured: a load generator that measured nothing gives NaN."""
+    return value is not None and math.isfinite(value)
 
 
 def _ratios(pairs: Sequence[tuple[float | None, float | None]]) -> list[float]:
     return [
         new / old
         for old, new in pairs
-        if old is not None and new is not None and math.isfinite(old) and old > 0
+        if old is not None and new is not None and _known(old) and _known(new) and old > 0
     ]
+
+
+COVERAGE = 0.9  # of the interval the median lies in (two-sided: a failure is 95% sure)
+
+
+def _coverage(rounds: int, k: int) -> float:
+    """How sure the k-th lowest and k-th highest of ``rounds`` values are to enclose their
+    median: every value falls either side of it with even odds (the sign test)."""
+    outside = sum(comb(rounds, i) for i in range(k))
+    return 1.0 - 2.0 * outside / 2.0**rounds
+
+
+def median_interval(values: Sequence[float]) -> tuple[float, float]:
+    """Where the median of what ``values`` sample lies: the k-th lowest and the k-th highest
+    value, k the largest that still covers it with ``COVERAGE``; the lowest and the highest
+    when there are too few values for that (fewer than eight: with five, they cover it with
+    94%, with three with 75%)."""
+    ordered = sorted(values)
+    count, k = len(ordered), 1
+    while 2 * (k + 1) <= count and _coverage(count, k + 1) >= COVERAGE:
+        k += 1
+    return ordered[k - 1], ordered[count - k]
 
 
 def _check(
@@ -36,18 +75,31 @@ def _check(
     shift: float = 0.0,
 ) -> GateCheck:
     """A ratio check: ``value`` is the median per-round ratio new/old minus ``shift``; it
-    must be at most (or at least) ``passes``."""
+    must be at most (or at least) ``passes``. Beyond it, a failure when the interval the
+    median lies in is beyond it too, else inconclusive."""
     ratios = [r - shift for r in _ratios(pairs)]
-    olds = [o for o, _ in pairs if o is not None]
-    news = [n for _, n in pairs if n is not None]
+    olds = [o for o, _ in pairs if o is not None and _known(o)]
+    news = [n for _, n in pairs if n is not None and _known(n)]
     old = median(olds) if olds else None
     new = median(news) if news else None
     if not ratios:
         return GateCheck(name, level, old, new, None, threshold, GateVerdict.NO_DATA)
     value = median(ratios)
-    ok = value <= passes if at_most else value >= passes
-    verdict = GateVerdict.PASS if ok else GateVerdict.FAIL
-    return GateCheck(name, level, old, new, value, threshold, verdict, (min(ratios), max(ratios)))
+    low, high = median_interval(ratios)
+
+    def within(x: float) -> bool:
+        return x <= passes if at_most else x >= passes
+
+    if within(value):
+        verdict = GateVerdict.PASS
+    elif not within(low if at_most else high):
+        verdict = GateVerdict.FAIL  # even the rounds most in its favour are beyond the bound
+    else:
+        verdict = GateVerdict.INCONCLUSIVE
+    return GateCheck(
+        name, level, old, new, value, threshold, verdict, (min(ratios), max(ratios)),
+        (low, high), len(ratios),
+    )  # fmt: skip
 
 
 def judge(

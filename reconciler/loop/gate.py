@@ -3,24 +3,31 @@ versions or a new config, tried in an isolated tritonserver before the change ma
 
 For one deployment, on a server that serves nothing else:
 1. the base ref's spec is brought up as apply would bring it up there (the planner's own load
-   and verify steps), so the old versions run with the config they run with today;
-2. the head ref's spec is planned against what that server now serves: the planner's
-   interface rules refuse a config that changes what clients see before anything is sent,
-   exactly as at apply time; otherwise its load step (the new versions beside the old, with
-   the whole config the reconciler would send) and its verify step (the new versions READY,
-   the smoke cases, the shadow replay against the old, a synthesized request, the after-load
-   interface check) run as the executor runs them;
+   and verify steps), with the base ref's config.pbtxt as the model repository's config (the
+   folder on disk is the head's checkout), so the old versions run with the config they run
+   with today;
+2. the head ref's spec is planned against what that server now serves (the folder's own
+   config.pbtxt this time): the planner's interface rules (``core/interface.py``) refuse a
+   config, sent or declared by the new versions' config.pbtxt, that changes what clients see
+   before anything is sent, with apply's own message; otherwise its load step (the new
+   versions beside the old, with the whole config the reconciler would send) and its verify
+   step (the new versions READY, the smoke cases, the shadow replay against the old, a
+   synthesized request, the after-load interface check) run as the executor runs them;
 3. old and new are load-tested with the same requests (the smoke cases' and the recorded
    ones, else one synthesized from the metadata), interleaved round by round and level by
    level (old first in even rounds, new first in odd ones), so a noisy moment of a shared
    machine falls on both; each version's memory is read after each measurement;
-4. ``core/gate.judge`` judges the figures against ``spec.verify.gate``.
+4. ``core/gate.judge`` judges the figures against ``spec.verify.gate``; when a check is
+   inconclusive (the rounds disagree by more than the bound), as many rounds again are
+   measured, once, and all of them judged.
 What the server, the load generator and the memory readings are comes in as ports.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from reconciler.core.gate import judge, judge_alone
 from reconciler.core.plan import plan
@@ -31,6 +38,7 @@ from reconciler.engine.steps import Timing, _ChangeContext, execute_step
 from reconciler.loop.observation import observe_servers
 from reconciler.model.errors import ReconcileError, VerifyFailed
 from reconciler.model.gate import (
+    GateCheck,
     GateFinding,
     GateSpec,
     GateVerdict,
@@ -60,11 +68,24 @@ class GateError(ReconcileError):
 
 
 @dataclass(frozen=True)
+class BaseConfig:
+    """The model's config.pbtxt at the base ref, as JSON (None: the base ref has none)."""
+
+    config: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
 class GateTarget:
-    """One ModelDeployment to gate: its spec at head, and at base (None: new at head)."""
+    """One ModelDeployment to gate: its spec at head, and at base (None: new at head).
+
+    ``base_config``: the model's config.pbtxt at the base ref, which the old versions are
+    brought up with; None when it could not be read (the model repository is not in the
+    manifests' repository): the model repository's own is used, so a change of its inputs
+    or outputs goes unseen."""
 
     head: ModelDeployment
     base: ModelDeployment | None
+    base_config: BaseConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -117,10 +138,17 @@ def _alone(deployment: ModelDeployment, server: IsolatedServer) -> DesiredState:
 
 
 def _planned(
-    deployment: ModelDeployment, server: IsolatedServer
+    deployment: ModelDeployment, server: IsolatedServer, repository_config: BaseConfig | None = None
 ) -> ModelChange | PlanProblem | None:
+    """The plan for ``deployment`` alone on the isolated server; ``repository_config``: the
+    model's config.pbtxt to plan with instead of the folder's (the base ref's)."""
     desired = _alone(deployment, server)
     observed = observe_servers({GATE_SERVER: server.control}, desired, History(), 1, server.digests)
+    found_model = observed[GATE_SERVER].models.get(deployment.model)
+    if repository_config is not None and found_model is not None:
+        models = dict(observed[GATE_SERVER].models)
+        models[deployment.model] = replace(found_model, repository_config=repository_config.config)
+        observed[GATE_SERVER] = replace(observed[GATE_SERVER], models=models)
     found = plan(desired, observed, History(), "gate")
     for problem in found.problems:
         if problem.model in (None, deployment.model):
@@ -149,10 +177,13 @@ def _where(deployment: ModelDeployment) -> str:
     return f"{deployment.location}: ModelDeployment {deployment.name!r}"
 
 
-def _bring_up_base(base: ModelDeployment, server: IsolatedServer) -> None:
-    """The base ref's versions, up as apply brings them up; GateError when they do not come
-    up (the gate would judge the new against nothing)."""
-    planned = _planned(base, server)
+def _bring_up_base(
+    base: ModelDeployment, server: IsolatedServer, config: BaseConfig | None
+) -> None:
+    """The base ref's versions, up as apply brings them up, with the base ref's
+    config.pbtxt (``config``, when known); GateError when they do not come up (the gate
+    would judge the new against nothing)."""
+    planned = _planned(base, server, config)
     if isinstance(planned, PlanProblem):
         raise GateError(f"{_where(base)} at the base ref: {planned.message}")
     if planned is None:
@@ -188,11 +219,12 @@ def _measure(
     spec: GateSpec,
     requests: list[tuple[Tensor, ...]],
     batched: bool,
+    first: int = 0,
 ) -> dict[int, list[LoadFigures]]:
-    """Every version at every level, ``spec.rounds`` times, interleaved: the order of the
-    versions flips from round to round."""
+    """Every version at every level, ``spec.rounds`` times (rounds ``first`` on),
+    interleaved: the order of the versions flips from round to round."""
     measured: dict[int, list[LoadFigures]] = {v: [] for v in versions}
-    for number in range(spec.rounds):
+    for number in range(first, first + spec.rounds):
         order = versions if number % 2 == 0 else tuple(reversed(versions))
         for level in spec.concurrency:
             for version in order:
@@ -202,6 +234,33 @@ def _measure(
                 memory = server.memory.version_memory(model, version)
                 measured[version].append(replace(figures, memory_bytes=memory))
     return measured
+
+
+def ab_test(
+    server: IsolatedServer,
+    model: str,
+    versions: tuple[int, int],
+    spec: GateSpec,
+    requests: list[tuple[Tensor, ...]],
+    batched: bool,
+    memory: tuple[int | None, int | None, int | None],
+) -> tuple[list[LoadFigures], list[LoadFigures], tuple[GateCheck, ...], int]:
+    """The old version (``versions[0]``) against the new, ``spec.rounds`` interleaved rounds,
+    judged; when a check is inconclusive, as many rounds again, once, and all of them judged
+    (more rounds narrow the interval the median lies in; one still inconclusive after that
+    is reported so). ``memory``: the server's before anything, after the base, after the
+    head. The old's and the new's figures, the checks, and how many rounds were measured."""
+    old, new = versions
+    measured = _measure(server, model, versions, spec, requests, batched)
+    rounds = spec.rounds
+    while True:
+        old_figures, new_figures = _with_memory_fallback(measured[old], measured[new], *memory)
+        checks = judge(spec, old_figures, new_figures)
+        if rounds > spec.rounds or all(c.verdict is not GateVerdict.INCONCLUSIVE for c in checks):
+            return old_figures, new_figures, checks, rounds
+        more = _measure(server, model, versions, spec, requests, batched, first=rounds)
+        measured = {v: measured[v] + more[v] for v in versions}
+        rounds += spec.rounds
 
 
 def _finding(
@@ -223,7 +282,7 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
         )
     before_any = server.memory.server_memory()
     if target.base is not None:
-        _bring_up_base(target.base, server)
+        _bring_up_base(target.base, server, target.base_config)
     after_base = server.memory.server_memory()
     planned = _planned(head, server)
 
@@ -280,19 +339,29 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
     load_config = next((s.config for s in planned.steps if s.action is Action.LOAD), None) or {}
     batched = int(load_config.get("max_batch_size", 0) or 0) > 0
     spec = head.gate or GateSpec()
+    memory = (before_any, after_base, after_head)
     results = []
     for new in new_versions:
         notes = _old_smoke(head, server, old)
         requests, source = _requests(head, server, new)
-        versions = (old, new) if old is not None else (new,)
-        measured = _measure(server, model, versions, spec, requests, batched)
         if old is not None:
-            old_figures, new_figures = _with_memory_fallback(
-                measured[old], measured[new], before_any, after_base, after_head
+            old_figures, new_figures, checks, rounds = ab_test(
+                server, model, (old, new), spec, requests, batched, memory
             )
-            checks = judge(spec, old_figures, new_figures)
+            if rounds > spec.rounds:
+                notes.append(
+                    GateFinding(
+                        "note",
+                        GateVerdict.PASS,
+                        f"a check was inconclusive after {spec.rounds} rounds (they disagreed "
+                        f"by more than the bound): {rounds - spec.rounds} more measured, all "
+                        f"{rounds} judged",
+                        head.line("verify.gate.rounds", "verify.gate", "versions"),
+                    )
+                )
         else:
-            old_figures, new_figures = [], measured[new]
+            old_figures = []
+            new_figures = _measure(server, model, (new,), spec, requests, batched)[new]
             checks = judge_alone(spec, new_figures)
         results.append(
             ModelGate(

@@ -19,7 +19,7 @@ class GateSpec:
     max_memory_increase_bytes: int | None = None  # or a size
     max_error_rate: float = 0.0
     concurrency: tuple[int, ...] = (1, 4)
-    rounds: int = 3
+    rounds: int = 5  # twice as many when a check is inconclusive after these (loop/gate.py)
     requests: int = 500
 
 
@@ -46,12 +46,17 @@ class GateVerdict(StrEnum):
     FAIL = "fail"
     NO_DATA = "no-data"  # a bound the manifest sets that could not be measured: fails
     UNBOUNDED = "unbounded"  # a figure the manifest sets no bound on: reported only
+    # The median round is beyond the bound, but the rounds disagree too much to say so:
+    # neither a pass nor a failure; measure again (more rounds, a quieter machine).
+    INCONCLUSIVE = "inconclusive"
 
 
 @dataclass(frozen=True)
 class GateCheck:
     """One bound judged at one concurrency level, on the median of the interleaved rounds,
-    with the spread (min..max) of the ratio over the rounds."""
+    with the spread (min..max) of the ratio over the rounds and the interval the median lies
+    in (at 90%, from the rounds themselves: ``core/gate.py``), which decides between a
+    failure and an inconclusive check."""
 
     name: str  # latency | throughput | memory | errors
     concurrency: int
@@ -61,6 +66,8 @@ class GateCheck:
     threshold: str
     verdict: GateVerdict
     spread: tuple[float, float] | None = None
+    interval: tuple[float, float] | None = None
+    rounds: int = 0  # how many rounds the value is the median of
 
     def __str__(self) -> str:
         value = "n/a" if self.value is None else f"{self.value:.4g}"
@@ -109,10 +116,13 @@ class ModelGate:
     @property
     def verdict(self) -> GateVerdict:
         """Fail when any finding or check fails or could not be measured (a bound the
-        manifest declares that the gate cannot judge is not a pass)."""
+        manifest declares that the gate cannot judge is not a pass); else inconclusive when
+        a check is; else pass."""
         verdicts = [f.verdict for f in self.findings] + [c.verdict for c in self.checks]
         if any(v in (GateVerdict.FAIL, GateVerdict.NO_DATA) for v in verdicts):
             return GateVerdict.FAIL
+        if GateVerdict.INCONCLUSIVE in verdicts:
+            return GateVerdict.INCONCLUSIVE
         return GateVerdict.PASS
 
     def line(self, check: str) -> int:
@@ -130,3 +140,13 @@ class GateReport:
     @property
     def passed(self) -> bool:
         return all(m.verdict is GateVerdict.PASS for m in self.models)
+
+    @property
+    def verdict(self) -> GateVerdict:
+        """The run's: fail when any deployment failed, else inconclusive when any was,
+        else pass."""
+        verdicts = {m.verdict for m in self.models}
+        for worst in (GateVerdict.FAIL, GateVerdict.INCONCLUSIVE):
+            if worst in verdicts:
+                return worst
+        return GateVerdict.PASS

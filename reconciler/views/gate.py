@@ -22,6 +22,7 @@ from reconciler.views.review import _code, _md, _short, _table, github_annotatio
 GATE_MARKER = "<!-- triton-gitops gate -->"
 
 _UNITS = {"latency": "ms", "throughput": "/s", "memory": "B", "errors": ""}
+_MARKS = {GateVerdict.PASS: "✅", GateVerdict.UNBOUNDED: "·", GateVerdict.INCONCLUSIVE: "⚠️"}
 
 
 def _number(value: float | None, unit: str = "") -> str:
@@ -50,9 +51,11 @@ def _ratio(check: GateCheck) -> str:
 
 
 def _spread(check: GateCheck) -> str:
-    if check.spread is None:
-        return ""
-    low, high = check.spread
+    return "" if check.spread is None else _between(check, check.spread)
+
+
+def _between(check: GateCheck, bounds: tuple[float, float]) -> str:
+    low, high = bounds
     if check.name == "latency":
         return f"{low:+.1%} … {high:+.1%}"
     if check.name == "errors":
@@ -92,12 +95,28 @@ def _failed(gate: ModelGate) -> list[GateFinding | GateCheck]:
     return bad
 
 
+def _noisy(check: GateCheck) -> str:
+    """Why a check is inconclusive, in words: where its median lies, against the bound."""
+    if check.interval is None:
+        return ""
+    return (
+        f"inconclusive: the median of {check.rounds} rounds is beyond the bound, but the "
+        f"rounds disagree (the median lies in {_between(check, check.interval)} at 90%): "
+        "measure again (more rounds, a quieter machine)"
+    )
+
+
 def _summary(report: GateReport) -> str:
-    failed = sum(1 for m in report.models if m.verdict is not GateVerdict.PASS)
     if not report.models:
         return "no ModelDeployment changes its versions or config: nothing to gate"
-    passed = len(report.models) - failed
-    return f"{failed} failed, {passed} passed" if failed else f"all {passed} passed"
+    counts = {v: sum(1 for m in report.models if m.verdict is v) for v in GateVerdict}
+    failed, noisy = counts[GateVerdict.FAIL], counts[GateVerdict.INCONCLUSIVE]
+    passed = counts[GateVerdict.PASS]
+    if not failed and not noisy:
+        return f"all {passed} passed"
+    parts = [f"{failed} failed"] if failed else []
+    parts += [f"{noisy} inconclusive (noisy)"] if noisy else []
+    return ", ".join([*parts, f"{passed} passed"])
 
 
 def gate_text(report: GateReport) -> str:
@@ -118,6 +137,8 @@ def gate_text(report: GateReport) -> str:
             if check.spread is not None:
                 text += f", rounds {_spread(check)}"
             lines.append(text)
+            if check.verdict is GateVerdict.INCONCLUSIVE:
+                lines.append(f"    {_noisy(check)}")
         for figures in gate.new_figures:
             if figures.note:
                 lines.append(f"  load test of version {gate.new_version}: {figures.note}")
@@ -129,7 +150,7 @@ def _check_rows(checks: Sequence[GateCheck]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for check in checks:
         unit = _UNITS.get(check.name, "")
-        mark = {GateVerdict.PASS: "✅", GateVerdict.UNBOUNDED: "·"}.get(check.verdict, "❌")
+        mark = _MARKS.get(check.verdict, "❌")
         rows.append(
             (
                 check.name,
@@ -156,7 +177,7 @@ def gate_markdown(report: GateReport, charts: Sequence[str] = ()) -> str:
         "",
     ]
     for gate in report.models:
-        mark = "✅" if gate.verdict is GateVerdict.PASS else "❌"
+        mark = _MARKS.get(gate.verdict, "❌")
         lines += [f"#### {mark} {_md(_title(gate))}", "", f"_{_md(_how(gate))}_", ""]
         for finding in gate.findings:
             if finding.name == "note":
@@ -173,6 +194,10 @@ def gate_markdown(report: GateReport, charts: Sequence[str] = ()) -> str:
                 ("check", "concurrency", "old", "new", "change", "bound", "rounds", "verdict"),
                 _check_rows(gate.checks),
             )
+            noisy = [c for c in gate.checks if c.verdict is GateVerdict.INCONCLUSIVE]
+            lines += [f"- {c.name} at {c.concurrency}: {_md(_noisy(c))}" for c in noisy]
+            if noisy:
+                lines.append("")
     if charts:
         lines += ["Latency charts (old against new): " + ", ".join(map(_code, charts)), ""]
     return "\n".join(lines) + "\n"
@@ -197,21 +222,38 @@ def _check_json(check: GateCheck) -> dict[str, Any]:
         "threshold": check.threshold,
         "verdict": str(check.verdict),
         "spread": list(check.spread) if check.spread is not None else None,
+        "interval": list(check.interval) if check.interval is not None else None,
+        "rounds": check.rounds,
     }
 
 
 def _figures_json(figures: Any) -> dict[str, Any]:
     found = asdict(figures)
     found["quantiles"] = [list(q) for q in figures.quantiles]
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in found.items()}
+    return found
+
+
+def _nulls(value: Any) -> Any:
+    """``value`` with every figure that has no value (NaN, an infinity) as None: JSON has no
+    NaN (``json.dumps`` would write one, which strict parsers refuse), and null says "not
+    measured" to a tool."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nulls(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nulls(v) for v in value]
+    return value
 
 
 def gate_json(report: GateReport) -> dict[str, Any]:
-    return {
+    """Every finding, check and figure; strict JSON (no NaN: a missing figure is null)."""
+    found = {
         "format_version": FORMAT_VERSION,
         "base": report.base,
         "head": report.head,
         "passed": report.passed,
+        "verdict": str(report.verdict),
         "models": [
             {
                 "deployment": gate.deployment,
@@ -231,13 +273,27 @@ def gate_json(report: GateReport) -> dict[str, Any]:
             for gate in report.models
         ],
     }
+    return dict(_nulls(found))
 
 
 def gate_annotations(report: GateReport) -> str:
     """One ``::error`` per failed finding or check, on the manifest line it points at (the
-    bound in ``spec.verify.gate``, the config's outputs, the smoke cases)."""
-    problems = []
+    bound in ``spec.verify.gate``, the config's outputs, the smoke cases); one ``::warning``
+    per inconclusive check."""
+    problems, warnings = [], []
     for gate in report.models:
+        for check in gate.checks:
+            if check.verdict is GateVerdict.INCONCLUSIVE:
+                version = f" version {gate.new_version}" if gate.new_version is not None else ""
+                warnings.append(
+                    Problem(
+                        gate.file,
+                        gate.line(check.name),
+                        f"gate: {gate.model}{version}: {check.name} at concurrency "
+                        f"{check.concurrency}: {_ratio(check)} ({check.threshold}): "
+                        f"{_noisy(check)}",
+                    )
+                )
         file = gate.file  # as the repository names it (the manifests are read from Git)
         for item in _failed(gate):
             if isinstance(item, GateFinding):
@@ -252,4 +308,5 @@ def gate_annotations(report: GateReport) -> str:
                 )
             version = f" version {gate.new_version}" if gate.new_version is not None else ""
             problems.append(Problem(file, line, f"gate: {gate.model}{version}: {text}"))
-    return github_annotations(problems)
+    said = [github_annotations(problems), github_annotations(warnings, level="warning")]
+    return "\n".join(text for text in said if text)

@@ -4,8 +4,13 @@ perf_analyzer's input file (adapters/perf_analyzer.py), with fakes: no server.""
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
-from reconciler.adapters.perf_analyzer import input_data
+from reconciler.adapters.perf_analyzer import failed_requests, input_data
+from reconciler.cli import _write_gate_reports
 from reconciler.core.gate import judge, judge_alone
 from reconciler.loop.gate import _measure
 from reconciler.model.gate import (
@@ -174,3 +179,61 @@ def test_memory_reads_as_a_share_or_as_a_size_as_its_bound_is_written() -> None:
         f"memory: 100.0 MiB -> 150.0 MiB, +50.0 MiB (increase <= {64 << 20} bytes): pass"
     )
     assert shown["none"] == "memory: 100.0 MiB -> 150.0 MiB, +50.0% (no bound): unbounded"
+
+
+def _strict(text: str) -> Any:
+    """JSON as a strict parser reads it: NaN, Infinity and -Infinity are not JSON."""
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_figures_with_no_value_are_null_in_strict_json(tmp_path: Path) -> None:
+    # A measurement that stopped at failed requests has no latency; one with NaN in its
+    # distribution, and an old side that measured nothing at all.
+    stopped = failed_requests(1, ["Thread [0] had error: boom"], 99)
+    odd = replace(figures(3.0, 300), quantiles=((50.0, math.nan), (95.0, math.inf)))
+    nothing = LoadFigures(1, 0, 0, math.nan, math.nan, math.nan, math.nan)
+    old, new = [nothing, figures(3.0, 300)], [stopped, odd]
+    gate = ModelGate(
+        "m", "m", "m.yaml", 2, 1, (), judge(SPEC, old, new), tuple(old), tuple(new)
+    )  # fmt: skip
+    report = GateReport("a" * 40, "b" * 40, (gate,))
+    found = _strict(json.dumps(gate_json(report)))
+    (model,) = found["models"]
+    assert model["new_figures"][0]["p95_ms"] is None
+    assert model["new_figures"][1]["quantiles"] == [[50.0, None], [95.0, None]]
+    assert model["old_figures"][0]["throughput"] is None
+    latency = next(c for c in model["checks"] if c["name"] == "latency")
+    assert latency["old"] == latency["new"] == 3.0  # the rounds that measured something
+    # What the gate command writes (--report-dir, --output json) parses strictly too.
+    _write_gate_reports(report, tmp_path)
+    assert _strict((tmp_path / "gate.json").read_text()) == found
+
+
+def test_an_inconclusive_check_is_reported_as_noisy_never_as_a_failure() -> None:
+    old = [figures(3.0, 300)] * 5
+    new = [figures(3.0 * r, 300) for r in (1.5, 0.9, 1.4, 1.3, 1.0)]
+    gate = ModelGate(
+        "scorer", "scorer", "manifests/scorer.yaml", 3, 1, (), judge(SPEC, old, new),
+        tuple(old), tuple(new), LoadTestSpec("built-in", "smoke cases"), 12.5, LINES,
+    )  # fmt: skip
+    report = GateReport("a" * 40, "b" * 40, (gate,))
+    assert (gate.verdict, report.verdict, report.passed) == ("inconclusive", "inconclusive", False)
+    text = gate_text(report)
+    assert text.splitlines()[0].endswith(": 1 inconclusive (noisy), 0 passed")
+    assert "  latency @1: 3.00 ms -> 3.90 ms, +30.0% (p95 increase <= 0.2): inconclusive" in text
+    assert "the rounds disagree (the median lies in -10.0% … +50.0% at 90%)" in text
+    markdown = gate_markdown(report)
+    assert "#### ⚠️ scorer: version 3 against 1" in markdown
+    assert "| ⚠️ inconclusive |" in markdown
+    (line,) = gate_annotations(report).splitlines()  # a warning, not an error
+    assert line.startswith("::warning file=manifests/scorer.yaml,line=21::gate: scorer version 3")
+    found = gate_json(report)
+    (latency,) = [c for c in found["models"][0]["checks"] if c["name"] == "latency"]
+    assert (latency["verdict"], latency["rounds"], found["verdict"]) == (
+        "inconclusive", 5, "inconclusive",
+    )  # fmt: skip
+    assert latency["interval"] == latency["spread"]  # five rounds: the lowest and highest

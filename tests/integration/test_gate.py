@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -20,6 +22,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from testkit.cli_run import CliRun, cli
+from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, git, write_scorer_repository
 from tests.services import perf_analyzer_or_skip
 
@@ -259,13 +262,59 @@ def test_a_version_missing_from_the_model_repository_is_a_clear_error(
     ) in run.err
 
 
+def test_a_config_pbtxt_changing_an_output_datatype_fails_as_apply_refuses_it(
+    tmp_path: Path,
+) -> None:
+    """The model repository in the manifests' repository, as in a CI checkout of the head: the
+    head's config.pbtxt makes OUTPUT0 FP64. The gate serves the old version with the base
+    ref's config.pbtxt (as production serves it), so the planner refuses the change with the
+    words apply uses against a server that serves the base."""
+    manifests = ManifestRepo(tmp_path / "git")
+    models = write_scorer_repository(manifests.work / "models", ("typed",))
+    with LocalTriton(models, log_file=tmp_path / "triton.log") as production:
+        server = SERVER.replace("10.0.0.1:8001", production.grpc_address).replace(
+            "/models", str(models)
+        )
+        manifests.write("manifests/servers.yaml", server)
+        manifests.write("manifests/typed.yaml", _deployment("typed", 1))
+        manifests.commit("base: typed 1")
+        state = ["--state", str(tmp_path / "state.db"), "--cache-dir", str(tmp_path / "cache")]
+        applied = cli("apply", "--repo", manifests.url, "--path", "manifests", *state)
+        assert applied.code == 0, applied.err
+        git(manifests.work, "checkout", "--quiet", "-b", "change")
+        config = models / "typed" / "config.pbtxt"
+        config.write_text(
+            config.read_text().replace(
+                'output [ { name: "OUTPUT0" data_type: TYPE_FP32',
+                'output [ { name: "OUTPUT0" data_type: TYPE_FP64',
+            )
+        )
+        manifests.write("manifests/typed.yaml", _deployment("typed", 2))
+        git(manifests.work, "commit", "--quiet", "--all", "-m", "typed 2 answers FP64")
+        run = cli(
+            "gate", "--repo", str(manifests.work), "--path", "manifests", "--base", "main",
+            "--head", "change", "--model-repository", str(models), "--output", "json",
+            "--cache-dir", str(tmp_path / "cache"),
+        )  # fmt: skip
+        assert run.code == 3, (run.out, run.err)
+        (finding,) = _model(run.json(), "typed")["findings"]
+        assert finding["name"] == "interface" and finding["verdict"] == "fail"
+        assert (
+            "version 2 changes the model's interface, as config.pbtxt in the model repository "
+            "declares it: output OUTPUT0 datatype FP32 -> FP64; refused before anything is loaded"
+        ) in finding["message"]
+        # apply, on the server that serves the base, refuses it in the same words.
+        git(manifests.work, "push", "--quiet", "origin", "change:main")
+        planned = cli("plan", "--repo", manifests.url, "--path", "manifests", *state)
+        assert finding["message"] in planned.out + planned.err, (planned.out, planned.err)
+
+
 def test_perf_analyzer_gives_the_same_verdicts(
     change: tuple[ManifestRepo, Path], tmp_path: Path
 ) -> None:
     binary = perf_analyzer_or_skip()
     manifests, repository = change
-    # One round at one level: perf_analyzer measures about 3 s per call here, whatever the
-    # request count (its own stability windows).
+    # One round at one level: perf_analyzer measures three windows of about 1 s per call.
     quick = GATE.replace("concurrency: [1, 4], rounds: 3", "concurrency: [2], rounds: 1")
     git(manifests.work, "checkout", "--quiet", "-b", "perf", "main")
     manifests.write("manifests/good.yaml", _deployment("good", 2, gate=quick))
@@ -286,6 +335,7 @@ def test_perf_analyzer_gives_the_same_verdicts(
         "throughput",
     }
     figures = good["new_figures"][0]
+    assert figures["requests"] >= 3 * 60 and figures["errors"] == 0  # three windows, merged
     assert [q[0] for q in figures["quantiles"]] == [50, 90, 95, 99]
     assert figures["throughput"] > 0 and figures["p95_ms"] is not None
 
@@ -308,6 +358,77 @@ def test_without_perf_analyzer_auto_uses_the_built_in_generator(
     )  # fmt: skip
     assert missing.code == 1
     assert "perf_analyzer (on PATH) not found" in missing.err
+
+
+def _process(pid: int) -> tuple[int, int, list[str]] | None:
+    """(parent pid, process group, argv) of a live process; None once it has ended (a zombie
+    has ended: it holds nothing but its exit status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        group = os.getpgid(pid)
+    except (OSError, ProcessLookupError):
+        return None
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    if fields.get("State", "").startswith(("Z", "X")):
+        return None
+    return int(fields["PPid"]), group, [a.decode(errors="replace") for a in argv if a]
+
+
+def _server_of(gate: int, timeout: float = 120.0) -> tuple[int, list[int], str]:
+    """The gate's tritonserver (its child), once its Python stubs run: (pid, the stubs'
+    pids, the server's shared-memory prefix)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {int(p.name): _process(int(p.name)) for p in Path("/proc").glob("[0-9]*")}
+        live = {pid: info for pid, info in found.items() if info is not None}
+        for pid, (parent, _group, argv) in live.items():
+            if parent == gate and argv and argv[0].endswith("tritonserver"):
+                stubs = [
+                    p
+                    for p, (_, group, args) in live.items()
+                    if group == pid and args[0].endswith("triton_python_backend_stub")
+                ]
+                prefix = next(a for a in argv if "shm-region-prefix-name=" in a)
+                if stubs:
+                    return pid, stubs, prefix.split("shm-region-prefix-name=")[1]
+        time.sleep(0.1)
+    raise AssertionError(f"the gate ({gate}) started no tritonserver with stubs in {timeout}s")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_gate_ended_by_a_signal_leaves_no_server_stub_shared_memory_or_temp_folder(
+    change: tuple[ManifestRepo, Path], tmp_path: Path, signum: signal.Signals
+) -> None:
+    manifests, repository = change
+    scratch = tmp_path / "tmp"  # the gate's temp folder is made here
+    scratch.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_GITOPS_PERF_ANALYZER"}
+    gate = subprocess.Popen(
+        [
+            sys.executable, "-m", "reconciler", "gate", "--repo", str(manifests.work),
+            "--path", "manifests", "--base", "main", "--head", "change",
+            "--model-repository", str(repository), "--deployment", "good",
+            "--load-generator", "built-in", "--cache-dir", str(tmp_path / "cache"),
+        ],
+        env={**env, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        server, stubs, prefix = _server_of(gate.pid)
+        assert list(Path("/dev/shm").glob(f"{prefix}*"))  # the stubs' regions, while it runs
+        gate.send_signal(signum)
+        _out, err = gate.communicate(timeout=60)
+    finally:
+        if gate.poll() is None:
+            gate.kill()
+            gate.wait()
+    assert gate.returncode == 128 + signum, err
+    assert f"interrupted by {signum.name}" in err
+    assert _process(server) is None
+    assert [pid for pid in stubs if _process(pid) is not None] == []
+    assert list(Path("/dev/shm").glob(f"{prefix}*")) == []
+    assert list(scratch.iterdir()) == []
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ci"
