@@ -28,6 +28,7 @@ from reconciler.adapters.model_repository import read_model
 from reconciler.core.smoke import as_array
 from reconciler.model.errors import (
     LoadFailed,
+    ProbeTimedOut,
     ServerUnavailable,
     StepFailed,
     UnloadFailed,
@@ -371,7 +372,7 @@ class TritonServerClient:
         except InferenceServerException as exc:
             if timeout is not None and str(exc.status()) == "StatusCode.DEADLINE_EXCEEDED":
                 # A probe's own deadline: the client would have given up, so it failed.
-                raise VerifyFailed(
+                raise ProbeTimedOut(
                     f"server {self.name}: inference on {model} version {version}: no answer "
                     f"within {timeout:g}s"
                 ) from exc

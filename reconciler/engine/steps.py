@@ -418,6 +418,8 @@ def _analyze(
         if obeyed is not None:
             return obeyed
         if prober is not None:
+            # Latency judged by the probes alone: each timed after a wake-up probe.
+            prober.warm = watch.pinned_only and any(c.kind == "latency" for c in spec.checks)
             prober.volley(spec.early_abort.consecutive_probe_failures)
             watch.check_abort(None, prober.figures)
             watch.probes_after_volley = prober.figures

@@ -27,6 +27,7 @@
     └── StepFailed                     one step of a model's change failed; the model goes back
         ├── LoadFailed                 Triton refused or failed the load (its own message)
         ├── VerifyFailed               a version did not become READY or a smoke case failed
+        │   └── ProbeTimedOut          a probe got no answer within its own deadline
         ├── AnalysisFailed             the new versions' metrics failed the analysis
         │   ├── MetricsUnavailable     inconclusive: the metrics could not be read (not held)
         │   └── Interrupted            shutdown came during the analysis (put back, not held)
@@ -119,6 +120,10 @@ class LoadFailed(StepFailed):
 
 class VerifyFailed(StepFailed):
     pass
+
+
+class ProbeTimedOut(VerifyFailed):
+    """A request with a deadline of its own (an analysis's probe) got no answer in time."""
 
 
 class AnalysisFailed(StepFailed):

@@ -34,7 +34,7 @@ from reconciler.model.analysis import (
     RolloutVerdict,
     Verdict,
 )
-from reconciler.model.errors import VerifyFailed
+from reconciler.model.errors import ProbeTimedOut, VerifyFailed
 from reconciler.model.history import History
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome
 from reconciler.model.serving import ModelInterface, TensorSignature
@@ -539,3 +539,95 @@ def test_a_handful_of_requests_on_an_idle_instance_is_judged_by_the_probes_or_wa
     (waits,) = evaluate(watched, 0, 1.0, start, few, warm_pool).results
     assert waits.verdict is Verdict.SKIPPED
     assert waits.detail == "too few requests yet (12; 20 needed, or 5 probes each of new and old)"
+
+
+class Drowsy(Clients):
+    """Version 1 sleeps between calls: a call after 20 ms without one takes 1.2 ms more (an
+    idle Python stub woken up); version 2 serves clients and stays awake (2 ms a call)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.last_call: dict[int, float] = {}
+
+    def infer(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        timeout: float | None = None,
+    ) -> dict[str, npt.NDArray[np.generic]]:
+        asleep = version == 1 and self.clock.now - self.last_call.get(1, -1.0) > 0.02
+        self.latency = 0.002 + (0.0012 if asleep else 0.0)
+        answer = super().infer(model, version, inputs, outputs, timeout)
+        self.last_call[version] = self.clock.now
+        return answer
+
+
+def test_probes_that_judge_latency_alone_are_timed_awake() -> None:
+    """Rolling back 2 -> 1: version 1 takes only the probes and sleeps between them, 2 serves
+    clients. Timed cold, every probe of 1 is 60% slower than 2's: a good version reverted
+    (bench.false_verdicts, with a CPU burner). Each probe now follows a wake-up probe."""
+    clock = FakeClock()
+    fake = Drowsy(clock)
+    fake.serve("m", [2])
+    latency = Check("latency", "latency", max_increase=0.5)
+    deployment = replace(
+        deploy("m", [1]), analysis=spec(checks=(SUCCESS, latency)), fingerprint="fp"
+    )
+    p = plan(desired_state(deployment), {"s1": observe(fake)}, History(), "rev-1")
+    source = Traffic(fake, clock, rate=0.0, failing=0.0)
+    result = apply(p, {"s1": fake}, timing=Timing(clock.clock, clock.sleep), metrics={"s1": source})
+
+    (change,) = result.changes
+    assert change.outcome is Outcome.CONVERGED, change.error
+    analysis = change.analysis
+    assert analysis is not None
+    latencies = [r for e in analysis.evaluations for r in e.results if r.check == "latency"]
+    judged = [r for r in latencies if r.verdict is Verdict.PASS]
+    assert judged and all("probes: mean 2.00ms vs 2.00ms" in r.detail for r in judged), [
+        str(r) for r in latencies
+    ]
+
+
+class Stalls(Clients):
+    """Version 2's probes get no answer within their deadline: the ``stalled``-th infer
+    only, or every one (``always``)."""
+
+    def __init__(self, clock: FakeClock, stalled: int = 0, always: bool = False) -> None:
+        super().__init__(clock)
+        self.stalled, self.always, self.calls_to_2 = stalled, always, 0
+
+    def infer(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        timeout: float | None = None,
+    ) -> dict[str, npt.NDArray[np.generic]]:
+        if version == 2:
+            self.calls_to_2 += 1
+            if self.always or self.calls_to_2 == self.stalled:
+                self.clock.now += timeout or 1.0
+                raise ProbeTimedOut(
+                    f"server s1: inference on m version 2: no answer within {timeout}s"
+                )
+        return super().infer(model, version, inputs, outputs, timeout)
+
+
+def test_a_probe_that_misses_its_deadline_once_is_sent_again_before_it_counts() -> None:
+    # A CPU-starved reconciler missed one probe's deadline of a good version that Triton
+    # answered: alone among few, it failed the rollout. Sent again at once, it passes.
+    clock = FakeClock()
+    fake = Stalls(clock, stalled=2)
+    change = rollout(fake, clock, spec(), Traffic(fake, clock, rate=1000.0, failing=0.0))
+    assert change.outcome is Outcome.CONVERGED, change.error
+    assert change.analysis is not None
+    assert sum(e.probes.failed for e in change.analysis.evaluations if e.probes) == 0
+    # A version that never answers misses both deadlines every time: caught as before.
+    clock = FakeClock()
+    hung = Stalls(clock, always=True)
+    change = rollout(hung, clock, spec(), Traffic(hung, clock, rate=1000.0, failing=0.0))
+    assert change.outcome is Outcome.REVERTED
+    assert "no answer within 1.0s (twice in a row)" in (change.error or ""), change.error
