@@ -286,6 +286,18 @@ def _latency(
             )
         if probed is not None:
             detail += f"; the probes agree: {probed:+.0%} against the old version meanwhile"
+        elif probes.sent > 0:
+            # The probes are on their way but too few yet to confirm or refute: one
+            # evaluation's counters alone do not revert (a canary's first second at 10%:
+            # +66% for a good version, measured); the next evaluation has more probes.
+            return CheckResult(
+                check.name,
+                Verdict.SKIPPED,
+                increase,
+                threshold,
+                f"{detail} (+{increase:.0%}), to be confirmed by the probes ({probes.sent} "
+                f"new, {probes.old_sent} old; {PINNED_LATENCY_MIN_PROBES} each needed)",
+            )
     return CheckResult(check.name, Verdict.FAIL, increase, threshold, detail)
 
 

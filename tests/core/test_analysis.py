@@ -171,9 +171,13 @@ def test_a_latency_increase_against_before_the_swap_must_be_confirmed_by_the_pro
     failed = latency_with_probes(300.0, slower)
     assert failed.verdict is Verdict.FAIL and failed.value == pytest.approx(2.0)
     assert "the probes agree: +200%" in failed.detail
-    # Too few old probes to compare with: the counters alone decide.
+    # Too few old probes yet to compare with: the check waits for them.
     few = replace(alike, old_sent=4, old_seconds=4 * 0.003)
-    assert latency_with_probes(300.0, few).verdict is Verdict.FAIL
+    waiting = latency_with_probes(300.0, few)
+    assert waiting.verdict is Verdict.SKIPPED, waiting
+    assert "to be confirmed by the probes (40 new, 4 old; 5 each needed)" in waiting.detail
+    # No probe sent at all (probes on, none could be made): the counters alone decide.
+    assert latency_with_probes(300.0, ProbeFigures()).verdict is Verdict.FAIL
     # Against the old pool meanwhile too: a canary's server at a small share answers a fast
     # model slower than the busy stable pool; the probes on the canary compare like with like.
     meanwhile = replace(BASELINE, same_time_latency_us=100.0)
