@@ -52,7 +52,6 @@ def manifests(tmp_path: Path) -> ManifestRepo:
 # tests, which takes most of the run.
 LONGEST_FIRST = (
     "tests/integration/test_fleet.py",
-    "tests/integration/test_gate.py",
     "tests/integration/test_crash.py",
     "tests/integration/test_client_view.py",
     "tests/integration/test_dependencies.py",

@@ -220,6 +220,7 @@ def _latency(
     success: float | None,
     baseline: Baseline,
     probes: ProbeFigures | None = None,
+    pending: bool = False,
 ) -> CheckResult:
     """The new versions' mean latency against the old versions': over the same time when
     the old ones served enough requests meanwhile (``Baseline.same_time_latency_us``), else
@@ -286,10 +287,13 @@ def _latency(
             )
         if probed is not None:
             detail += f"; the probes agree: {probed:+.0%} against the old version meanwhile"
-        elif probes.sent > 0:
+        elif pending:
+            detail += "; the evaluation before measured it too"
+        elif probes.sent > 0 and not pending:
             # The probes are on their way but too few yet to confirm or refute: one
             # evaluation's counters alone do not revert (a canary's first second at 10%:
-            # +66% for a good version, measured); the next evaluation has more probes.
+            # +66% for a good version, measured); the next evaluation has more probes, or
+            # confirms it by itself (a model slow enough that its probes come seconds apart).
             return CheckResult(
                 check.name,
                 Verdict.SKIPPED,
@@ -386,6 +390,7 @@ def evaluate(
     latency_from: Figures | None = None,
     pinned: ProbeFigures | None = None,
     latency_probes: ProbeFigures | None = None,
+    latency_pending: bool = False,
 ) -> Evaluation:
     """Judge the new versions over the window between two figures (and the probes sent in
     it). ``counted``: False for an evaluation within ``initialDelay``. ``latency_from``: where
@@ -395,7 +400,9 @@ def evaluate(
     latency, and one noisy second is not a slower version). ``pinned``: the probes so far,
     when the new versions see only version-pinned requests: latency is judged by them.
     ``latency_probes``: the probes since the first volley, which must confirm a latency
-    increase measured against the old versions' mean before the swap."""
+    increase measured against the old versions' mean before the swap; ``latency_pending``:
+    the evaluation before measured an increase the probes could not confirm yet (a second
+    one in a row fails the check)."""
     success = _delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
@@ -432,7 +439,9 @@ def evaluate(
         elif check.kind == "latency" and pinned is not None:
             results.append(_pinned_latency(check, pinned))
         elif check.kind == "latency":
-            results.append(_latency(check, *latency_window, baseline, latency_probes))
+            results.append(
+                _latency(check, *latency_window, baseline, latency_probes, latency_pending)
+            )
         elif check.kind == "memory":
             results.append(_memory(check, current.memory_bytes, baseline))
         else:
@@ -498,6 +507,17 @@ def concluded(
     if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
         return RolloutVerdict.METRICS_UNAVAILABLE
     return verdict
+
+
+def latency_unconfirmed(spec: AnalysisSpec, evaluation: Evaluation) -> bool:
+    """Whether ``evaluation`` measured a latency increase beyond the bound that the probes
+    could not confirm or refute yet (``_latency`` waited: skipped, with the increase as its
+    value); the next evaluation is told so."""
+    latency = {c.name for c in spec.checks if c.kind == "latency"}
+    return any(
+        r.check in latency and r.verdict is Verdict.SKIPPED and r.value is not None
+        for r in evaluation.results
+    )
 
 
 def probe_capacity(spec: AnalysisSpec, probes: ProbeFigures | None) -> str:

@@ -18,6 +18,7 @@ from reconciler.core.analysis import (
     concluded,
     early_abort,
     evaluate,
+    latency_unconfirmed,
     probe_capacity,
     routed_since,
     same_time_latency,
@@ -623,6 +624,8 @@ class _Watch:
                     latency_probes=(
                         probes.since(self.probes_after_volley) if probes is not None else None
                     ),
+                    latency_pending=bool(self.evaluations)
+                    and latency_unconfirmed(spec, self.evaluations[-1]),
                 )
             )
             if not awaiting:  # else the first window with the series starts where this did

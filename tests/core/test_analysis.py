@@ -14,6 +14,7 @@ from reconciler.core.analysis import (
     baseline_from,
     evaluate,
     judge,
+    latency_unconfirmed,
     pooled,
     probe_capacity,
     same_time_latency,
@@ -176,6 +177,15 @@ def test_a_latency_increase_against_before_the_swap_must_be_confirmed_by_the_pro
     waiting = latency_with_probes(300.0, few)
     assert waiting.verdict is Verdict.SKIPPED, waiting
     assert "to be confirmed by the probes (40 new, 4 old; 5 each needed)" in waiting.detail
+    # A second evaluation in a row measuring it confirms it by itself: a model slow enough
+    # that its probes come seconds apart (100x slower: 1 probe in 8 s) is still caught.
+    (again,) = evaluate(
+        spec(LATENCY), 1, 10.0, START, window(mean_us=300.0), BASELINE,
+        latency_probes=few, latency_pending=True,
+    ).results  # fmt: skip
+    assert again.verdict is Verdict.FAIL and "the evaluation before measured it too" in again.detail
+    assert latency_unconfirmed(spec(LATENCY), Evaluation(0, 5.0, (waiting,), Verdict.PASS))
+    assert not latency_unconfirmed(spec(LATENCY), Evaluation(1, 10.0, (again,), Verdict.FAIL))
     # No probe sent at all (probes on, none could be made): the counters alone decide.
     assert latency_with_probes(300.0, ProbeFigures()).verdict is Verdict.FAIL
     # Against the old pool meanwhile too: a canary's server at a small share answers a fast

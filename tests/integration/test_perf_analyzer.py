@@ -23,7 +23,7 @@ from testkit.local_triton import LocalTriton
 from testkit.manifests import SCORER, write_scorer_repository
 from tests.services import perf_analyzer_or_skip
 
-pytestmark = pytest.mark.triton
+pytestmark = [pytest.mark.triton, pytest.mark.alone]  # measures: run alone (test_gate.py)
 
 REQUEST = (Tensor("INPUT0", "FP32", (1, 4), (1, 2, 3, 4)),)
 GOOD, FAILING = 1, 4  # testkit/models/scorer/model.py
