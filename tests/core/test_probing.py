@@ -549,17 +549,10 @@ class Drowsy(Clients):
         super().__init__(clock)
         self.last_call: dict[int, float] = {}
 
-    def infer(
-        self,
-        model: str,
-        version: int,
-        inputs: tuple[Tensor, ...],
-        outputs: tuple[str, ...],
-        timeout: float | None = None,
-    ) -> dict[str, npt.NDArray[np.generic]]:
+    def infer(self, model: str, version: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
         asleep = version == 1 and self.clock.now - self.last_call.get(1, -1.0) > 0.02
         self.latency = 0.002 + (0.0012 if asleep else 0.0)
-        answer = super().infer(model, version, inputs, outputs, timeout)
+        answer = super().infer(model, version, *args, **kwargs)
         self.last_call[version] = self.clock.now
         return answer
 
@@ -598,22 +591,16 @@ class Stalls(Clients):
         super().__init__(clock)
         self.stalled, self.always, self.calls_to_2 = stalled, always, 0
 
-    def infer(
-        self,
-        model: str,
-        version: int,
-        inputs: tuple[Tensor, ...],
-        outputs: tuple[str, ...],
-        timeout: float | None = None,
-    ) -> dict[str, npt.NDArray[np.generic]]:
+    def infer(self, model: str, version: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
         if version == 2:
             self.calls_to_2 += 1
             if self.always or self.calls_to_2 == self.stalled:
+                timeout = kwargs.get("timeout", args[2] if len(args) > 2 else None)
                 self.clock.now += timeout or 1.0
                 raise ProbeTimedOut(
                     f"server s1: inference on m version 2: no answer within {timeout}s"
                 )
-        return super().infer(model, version, inputs, outputs, timeout)
+        return super().infer(model, version, *args, **kwargs)
 
 
 def test_a_probe_that_misses_its_deadline_once_is_sent_again_before_it_counts() -> None:

@@ -335,27 +335,38 @@ class Idle:
         return Figures(success=0.0, duration_us=0.0, memory_bytes=1e6)
 
 
+def _timed_canary(
+    analysis: AnalysisSpec, traffic: TrafficSpec, router: FakeRouter, seconds: float
+) -> Pass:
+    """A canary rollout of ``m`` 1 -> 2 with ``analysis``, on fakes whose every answer takes
+    ``seconds`` on the pass's clock."""
+    state = replace_traffic(desired(), traffic)
+    analysed = replace(state.deployments["m"], analysis=analysis)
+    state = DesiredState.build(list(state.servers.values()), [analysed], [ROUTER])
+    run = Pass(state, fakes(), router)
+    clock = run.clock
+
+    class Timed(FakeTriton):
+        def infer(self, *args: object, **kwargs: object) -> dict[str, object]:  # type: ignore[override]
+            clock.sleep(seconds)
+            return super().infer(*args, **kwargs)  # type: ignore[arg-type]
+
+    for name, fake in run.fakes.items():
+        timed = Timed(name, {"m": range(1, 5)})
+        timed.serve("m", observe(fake).model("m").ready)
+        run.fakes[name] = timed
+    return run
+
+
 def _slow_canary(interval: float) -> tuple[Pass, ApplyResult]:
     """A canary of a model that answers in 100 ms, with no client traffic: only the probes
     reach the new version, one every 2 s (maxShare 0.05), for each phase's ``interval``."""
     analysis = replace(
         ANALYSIS, interval=interval, duration=interval, probes=ProbeSpec(), min_evidence=10
     )
-    state = replace_traffic(desired(), replace(CANARY, mirror=0, steps=(1_000, 5_000)))
-    slowed = replace(state.deployments["m"], analysis=analysis)
-    state = DesiredState.build(list(state.servers.values()), [slowed], [ROUTER])
-    run = Pass(state, fakes(), NoClients({"stable": 10_000, "canary": 0}))
+    traffic = replace(CANARY, mirror=0, steps=(1_000, 5_000))
+    run = _timed_canary(analysis, traffic, NoClients({"stable": 10_000, "canary": 0}), 0.1)
     clock = run.clock
-
-    class Slow(FakeTriton):
-        def infer(self, *args: object, **kwargs: object) -> dict[str, object]:  # type: ignore[override]
-            clock.sleep(0.1)
-            return super().infer(*args, **kwargs)  # type: ignore[arg-type]
-
-    for name, fake in run.fakes.items():
-        slow = Slow(name, {"m": range(1, 5)})
-        slow.serve("m", observe(fake).model("m").ready)
-        run.fakes[name] = slow
     planned = run.plan()
     timing = Timing(clock=clock.clock, sleep=clock.sleep)
     metrics = {name: Idle() for name in run.fakes}
@@ -410,21 +421,8 @@ def test_at_no_traffic_the_canarys_latency_is_judged_by_the_probes_new_against_o
     analysis = replace(
         ANALYSIS, checks=(*ANALYSIS.checks, latency), probes=ProbeSpec(), duration=3.0
     )
-    state = replace_traffic(desired(), replace(CANARY, mirror=0))
-    probed = replace(state.deployments["m"], analysis=analysis)
-    state = DesiredState.build(list(state.servers.values()), [probed], [ROUTER])
-    run = Pass(state, fakes(), at_rest())
+    run = _timed_canary(analysis, replace(CANARY, mirror=0), at_rest(), 0.002)
     clock = run.clock
-
-    class Timed(FakeTriton):
-        def infer(self, *args: object, **kwargs: object) -> dict[str, object]:  # type: ignore[override]
-            clock.sleep(0.002)
-            return super().infer(*args, **kwargs)  # type: ignore[arg-type]
-
-    for name, fake in run.fakes.items():
-        timed = Timed(name, {"m": range(1, 5)})
-        timed.serve("m", observe(fake).model("m").ready)
-        run.fakes[name] = timed
     timing = Timing(clock=clock.clock, sleep=clock.sleep)
     metrics = {name: IdleCanary(name) for name in run.fakes}
     result = apply(
