@@ -289,7 +289,7 @@ def _latency(
             detail += f"; the probes agree: {probed:+.0%} against the old version meanwhile"
         elif pending:
             detail += "; the evaluation before measured it too"
-        elif probes.sent > 0 and not pending:
+        elif probes.sent > 0:
             # The probes are on their way but too few yet to confirm or refute: one
             # evaluation's counters alone do not revert (a canary's first second at 10%:
             # +66% for a good version, measured); the next evaluation has more probes, or
@@ -400,7 +400,7 @@ def evaluate(
     latency, and one noisy second is not a slower version). ``pinned``: the probes so far,
     when the new versions see only version-pinned requests: latency is judged by them.
     ``latency_probes``: the probes since the first volley, which must confirm a latency
-    increase measured against the old versions' mean before the swap; ``latency_pending``:
+    increase measured on the counters; ``latency_pending``:
     the evaluation before measured an increase the probes could not confirm yet (a second
     one in a row fails the check)."""
     success = _delta(previous.success, current.success)
