@@ -173,8 +173,9 @@ class Prober:
         version that takes only the probes sleeps between them (an idle Python stub, woken
         by each), while the version it is compared with serves clients and stays awake: on
         a busy machine the wake-up alone made a good idle version 60-120% slower than a busy
-        one (bench.false_verdicts). Timed after a wake-up, both are measured awake. A
-        wake-up that fails counts as the probe (a failing version fails either)."""
+        one (bench.false_verdicts). Timed after a wake-up, both are measured awake (with both
+        cores held by a burner the idle one still read 50-150% slower on a 1.5 ms model:
+        BENCHMARKS.md, not closed). A wake-up that fails counts as the probe."""
         wake = self._send(request, version)
         if wake.error is not None:
             return wake
