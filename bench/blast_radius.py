@@ -73,7 +73,7 @@ from bench.harness.cli import markdown_main, read_json, write_json
 from bench.harness.errors import VOID, BenchError
 from bench.harness.provenance import busy_processes, machine, other_tritonservers, provenance
 from bench.harness.report import md_table, number
-from bench.harness.rollouts import ManifestRemote, backend_stubs, masked
+from bench.harness.rollouts import ManifestRemote, backend_stubs, masked, smoke_case_lines
 from bench.harness.stats import summary
 from bench.harness.triton import Index
 from reconciler.model.analysis import CheckResult, Evaluation
@@ -219,15 +219,7 @@ def deployment_doc(
     if analysis is not None:
         lines.append("  verify:")
         if analysis.smoke_factor is not None:
-            expected = ", ".join(f"{x * analysis.smoke_factor}" for x in (1, 2, 3, 4))
-            lines += [
-                "    smoke:",
-                f"      - name: times-{analysis.smoke_factor}",
-                "        inputs:",
-                "          INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}",
-                "        expect:",
-                f"          OUTPUT0: {{data: [{expected}], tolerance: 0.0001}}",
-            ]
+            lines += smoke_case_lines(analysis.smoke_factor)
         lines += [
             "    analysis:",
             f"      interval: {INTERVAL_S:g}s",

@@ -100,6 +100,7 @@ from bench.harness.errors import BenchError
 from bench.harness.procfs import cpu_seconds
 from bench.harness.provenance import busy_processes, machine, other_tritonservers, provenance
 from bench.harness.report import md_table, number
+from bench.harness.rollouts import smoke_case_lines
 from bench.harness.triton import Index
 from testkit.cli_run import CliRun, Reconciler
 from testkit.envoy import LocalEnvoy
@@ -310,15 +311,7 @@ def deployment_doc(
     if analysis:
         lines.append("  verify:")
         if smoke_factor is not None:
-            expected = ", ".join(f"{x * smoke_factor}" for x in (1, 2, 3, 4))
-            lines += [
-                "    smoke:",
-                f"      - name: times-{smoke_factor}",
-                "        inputs:",
-                "          INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}",
-                "        expect:",
-                f"          OUTPUT0: {{data: [{expected}], tolerance: 0.0001}}",
-            ]
+            lines += smoke_case_lines(smoke_factor)
         lines += [
             "    analysis:",
             f"      interval: {INTERVAL_S:g}s",

@@ -74,3 +74,17 @@ def backend_stubs(server_pid: int, model: str) -> dict[int, int]:
 def masked(error: str) -> str:
     """An error's first line, numbers masked (the test model numbers its failures)."""
     return re.sub(r"\d+", "N", error.strip().splitlines()[0] if error.strip() else "")
+
+
+def smoke_case_lines(factor: int) -> list[str]:
+    """A deployment's ``verify.smoke`` lines (indented for ``spec.verify``): the echo model's
+    input [1, 2, 3, 4], expected times ``factor``."""
+    expected = ", ".join(f"{x * factor}" for x in (1, 2, 3, 4))
+    return [
+        "    smoke:",
+        f"      - name: times-{factor}",
+        "        inputs:",
+        "          INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}",
+        "        expect:",
+        f"          OUTPUT0: {{data: [{expected}], tolerance: 0.0001}}",
+    ]
