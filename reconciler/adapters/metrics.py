@@ -8,7 +8,10 @@ server, every analysis interval. Two readers:
   needed); it cannot run PromQL, so every requested query reads as None.
 - ``PrometheusQuery`` asks a Prometheus server that scrapes the Triton server, with instant
   queries all evaluated at one timestamp (so success and duration come from the same scrape),
-  and also runs the deployment's own PromQL checks.
+  and also runs the deployment's own PromQL checks. It reads the server's ``up`` too: after a
+  failed scrape (a busy host, a slow endpoint) Prometheus hides the server's series, and
+  ``Figures.scrape_failed`` says so, so that the analysis waits for the next scrape instead
+  of taking the gap for a missing counter.
 
 A reader never raises for a source it cannot read: it returns ``Figures(error=...)`` naming
 the URL (credentials hidden) and the reason, which the analysis turns into ``no-data``. The
@@ -248,6 +251,8 @@ class PrometheusQuery:
             for name, query in self.standard_queries(model, versions).items():
                 standard[name] = self._value(query, at)
             values = {name: self._query(name, query, at) for name, query in queries.items()}
+            # Prometheus's own record of its last scrape of the server: 0 when it failed.
+            up = self._value(f"max(up{{instance={_quoted(self.instance)}}})", at)
         except (_unanswered(), _refused(), LookupError, TypeError) as exc:
             return Figures(
                 queries=dict.fromkeys(queries),
@@ -262,6 +267,12 @@ class PrometheusQuery:
             pending=standard.get(PENDING),
             inferences=standard.get(INFERENCES),
             memory_total_bytes=_measured(standard.get("memory_total")),
+            scrape_failed=(
+                f"Prometheus at {redact(self.url)} could not scrape {self.instance} last time"
+                " (up 0): every series of the server is hidden until a scrape succeeds"
+                if up == 0
+                else None
+            ),
         )
 
     def _query(self, name: str, query: str, at: float) -> float | None:

@@ -411,7 +411,7 @@ def evaluate(
         else _delta(previous.failure or 0.0, current.failure)
     )
     duration = _delta(previous.duration_us, current.duration_us)
-    unread = current.error or previous.error
+    unread = current.error or current.scrape_failed or previous.error
     counters: tuple[float, float] | str = (
         unread
         if unread

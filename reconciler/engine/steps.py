@@ -445,8 +445,7 @@ def _analyze(
         has_series = at_start.duration_us is not None and at_start.success is not None
         watch.latency_from = at_start if at_start.error is None and has_series else origin
         # Prometheus has no series of versions READY a moment ago until its next scrape:
-        # evaluations before the first one shows up are shown, not counted (a missing series
-        # later is no-data as ever; one that never shows up leaves the analysis inconclusive).
+        # evaluations before the first one shows up are not fresh (``_Watch.fresh``).
         watch.awaiting_series = at_start.error is None and at_start.success is None
         return watch.run(origin, queries, prober)
     finally:
@@ -592,7 +591,10 @@ class _Watch:
             if timing.stopping():
                 self._interrupted()
             current = self.source.figures(step.model, step.versions, queries)
-            self.unreadable = self.unreadable or current.error is not None
+            fresh = self.fresh(current)
+            self.unreadable = (
+                self.unreadable or current.error is not None or current.scrape_failed is not None
+            )
             if self.baseline.memory_bytes is None and current.memory_bytes is not None:
                 # The first reading had no memory figure (a failed scrape, or Triton not yet
                 # sampling): measure growth from the first reading that has one.
@@ -602,7 +604,6 @@ class _Watch:
             window = probes.since(self._probes_at_last) if probes else None
             self._probes_at_last = probes or ProbeFigures()
             self._evidence(current, probes)
-            awaiting = self.awaiting_series and current.success is None
             self.evaluations.append(
                 evaluate(
                     spec,
@@ -612,7 +613,7 @@ class _Watch:
                     current,
                     replace(self.baseline, same_time_latency_us=self._old_meanwhile()),
                     window,
-                    counted=elapsed >= spec.initial_delay and not awaiting,
+                    counted=elapsed >= spec.initial_delay and fresh,
                     # Latency over everything since the analysis began, not the window:
                     # one noisy second on a busy host is not a slower version.
                     latency_from=self.latency_from,
@@ -628,9 +629,8 @@ class _Watch:
                     and latency_unconfirmed(spec, self.evaluations[-1]),
                 )
             )
-            if not awaiting:  # else the first window with the series starts where this did
+            if fresh:  # else the next window starts where this one did
                 previous = current
-            self.awaiting_series = awaiting
             timing.events.evaluated(step, self.evaluations[-1], max(0.0, spec.duration - elapsed))
             # A first deployment has nothing to go back to: judged by its evaluations alone.
             evidence = self.evidence + self.evidence_before if self.replaces else None
@@ -648,6 +648,15 @@ class _Watch:
                     prober.figures if prober is not None else None,
                 )
             self.check_abort(current, probes)
+
+    def fresh(self, current: Figures) -> bool:
+        """Whether ``current`` shows the new versions as they are now. Not before the source's
+        first scrape of versions READY a moment ago, nor after a failed scrape (Prometheus
+        hides every series of the server until one succeeds): such an evaluation is shown,
+        not counted, and the next window starts where it did. A series missing otherwise is
+        no-data as ever; one that never shows up leaves the analysis inconclusive."""
+        self.awaiting_series = self.awaiting_series and current.success is None
+        return not self.awaiting_series and current.scrape_failed is None
 
     def _old_meanwhile(self) -> float | None:
         """The old versions' mean latency since the analysis began, if they served enough

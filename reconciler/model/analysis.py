@@ -126,6 +126,10 @@ class Figures:
     memory_bytes: float | None = None
     queries: Mapping[str, float | None] = field(default_factory=dict)
     error: str | None = None  # why the figures could not be read at all
+    # Why the figures are not fresh though the source answered: its last scrape of the
+    # server failed, and Prometheus hides every series of a server it could not scrape
+    # (staleness markers) until a scrape succeeds again.
+    scrape_failed: str | None = None
     pending: float | None = None
     inferences: float | None = None
     memory_total_bytes: float | None = None

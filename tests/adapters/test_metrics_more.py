@@ -246,3 +246,45 @@ def _until_scraped(reader: PrometheusQuery, timeout: float = 60.0) -> Figures:
         if scraped or time.monotonic() > deadline:
             return figures
         time.sleep(0.2)
+
+
+class _Flaky(_Endpoint):
+    """ENDPOINTS' "cpu" text, or a 503 while ``failing`` is set."""
+
+    text = ENDPOINTS["cpu"][0]
+    failing = threading.Event()
+
+    def do_GET(self) -> None:
+        if self.failing.is_set():
+            self.send_error(503)
+        else:
+            super().do_GET()
+
+
+def test_prometheus_says_when_its_last_scrape_of_the_server_failed(
+    start_prometheus: StartPrometheus,
+) -> None:
+    # After a failed scrape Prometheus hides every series of the server (staleness markers):
+    # the reader must say so, not hand over figures that merely lack the counters.
+    handler = type("Flaky", (_Flaky,), {"failing": threading.Event()})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        prometheus = start_prometheus([address], scrape_interval="1s")
+        reader = PrometheusQuery(prometheus.url, address)
+        served = _until_scraped(reader)
+        assert served.scrape_failed is None and served.inferences == 30, prometheus.log_tail()
+
+        handler.failing.set()
+        missed = _until(reader, (1, 2), lambda f: f.scrape_failed is not None, timeout=30)
+        assert missed.scrape_failed is not None, (missed, prometheus.log_tail())
+        assert f"could not scrape {address} last time (up 0)" in missed.scrape_failed
+        assert (missed.error, missed.inferences, missed.memory_bytes) == (None, None, None)
+
+        handler.failing.clear()
+        again = _until(reader, (1, 2), lambda f: f.inferences is not None, timeout=30)
+        assert (again.scrape_failed, again.inferences) == (None, 30), prometheus.log_tail()
+    finally:
+        server.shutdown()
+        server.server_close()

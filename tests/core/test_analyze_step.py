@@ -362,6 +362,37 @@ def test_evaluations_before_the_new_versions_first_series_are_shown_not_counted(
     assert never.analysis is not None and never.analysis.verdict is RolloutVerdict.INCONCLUSIVE
 
 
+def test_a_failed_scrape_between_two_good_ones_is_shown_not_counted() -> None:
+    # Prometheus hides every series of a server its last scrape failed on (a busy host, a
+    # slow endpoint): seen in CI, one such reading ended a good analysis inconclusive.
+    fake, clock = serving_one(), FakeClock()
+    missed = Figures(scrape_failed="Prometheus could not scrape s1 last time (up 0)")
+    first, _missed_window, third, fourth = HEALTHY[1:]
+    source = ScriptedFigures(fake, clock, [HEALTHY[0], first, missed, third, fourth])
+    p = plan_for(desired_state(watched([2], analysis(SUCCESS_RATE))), fake)
+
+    change = only(run(p, fake, clock, source))
+
+    assert change.outcome is Outcome.CONVERGED, change.error
+    analyze = change.analysis
+    assert analyze is not None
+    assert [(e.verdict, e.counted) for e in analyze.evaluations] == [
+        (Verdict.PASS, True),
+        (Verdict.NO_DATA, False),  # the failed scrape: shown with its reason, not counted
+        (Verdict.PASS, True),  # the window runs from the last fresh reading: 200 requests
+        (Verdict.PASS, True),
+    ]
+    assert analyze.evaluations[1].results[0].detail == missed.scrape_failed
+    assert "0 of 200 requests" in str(analyze.evaluations[2].results[0]), analyze.evaluations[2]
+    # Scrapes that keep failing leave nothing counted: put back, not held (as for a
+    # Prometheus that does not answer), never a pass.
+    fake, clock = serving_one(), FakeClock()
+    blind = only(run(p, fake, clock, ScriptedFigures(fake, clock, [HEALTHY[0], missed])))
+    assert blind.outcome is Outcome.REVERTED
+    assert blind.analysis is not None
+    assert blind.analysis.verdict is RolloutVerdict.METRICS_UNAVAILABLE, blind.analysis
+
+
 @pytest.mark.parametrize("metrics", [{}, {"s2": "another server's source"}])
 def test_an_analysis_without_a_metrics_source_for_its_server_reverts(
     metrics: Mapping[str, Any],
