@@ -15,6 +15,7 @@ interleaved rounds must absorb. ``--perf-analyzer PATH`` adds ``good`` and ``slo
 perf_analyzer.
 
     python -m bench.gate [--runs 5] [--burners 1] [--perf-analyzer PATH] [--output PATH]
+                         [--scenarios good,slow,...] [--perf-scenarios good,slow]
 
 Every process started here (tritonservers, burners) is ended by its pid in ``finally``.
 """
@@ -123,15 +124,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--perf-analyzer")
     parser.add_argument("--perf-runs", type=int, default=2)
     parser.add_argument("--output", type=Path)
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="which of the built-in generator's scenarios to run (comma-separated); the "
+        "perf_analyzer arms follow --perf-analyzer and --perf-scenarios",
+    )
+    parser.add_argument("--perf-scenarios", default="good,slow")
     args = parser.parse_args(argv)
+    chosen = [name for name in args.scenarios.split(",") if name]
+    perf_chosen = [name for name in args.perf_scenarios.split(",") if name]
+    unknown = sorted(set(chosen + perf_chosen) - SCENARIOS.keys())
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}: one of {', '.join(SCENARIOS)}")
     root = Path(tempfile.mkdtemp(prefix="bench-gate-"))
     repository = write_scorer_repository(root / "models")
     arms: list[tuple[str, int, str | None, int]] = [
-        (name, version, None, args.runs) for name, version in SCENARIOS.items()
+        (name, SCENARIOS[name], None, args.runs) for name in chosen
     ]
     if args.perf_analyzer:
         arms += [(f"{n}-perf_analyzer", SCENARIOS[n], args.perf_analyzer, args.perf_runs)
-                 for n in ("good", "slow")]  # fmt: skip
+                 for n in perf_chosen]  # fmt: skip
     results: dict[str, Any] = {
         "machine": f"{platform.node()} {platform.machine()} {multiprocessing.cpu_count()} CPUs",
         "python": platform.python_version(),

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from statistics import NormalDist
+from statistics import NormalDist, median
 
 from reconciler.model.analysis import (
     AnalysisSpec,
@@ -243,7 +243,7 @@ def _latency(
         # traffic yet (a canary at no traffic, a small share) is no mean to hold against
         # warm client traffic: its first answers are cold. The probes, sent to the new and
         # the old versions interleaved, judge it when they are enough; else it waits.
-        if probes is not None and min(probes.sent, probes.old_sent) >= PINNED_LATENCY_MIN_PROBES:
+        if probes is not None and _probe_medians(probes) is not None:
             return _pinned_latency(
                 check,
                 probes,
@@ -306,14 +306,24 @@ def _latency(
 
 
 def _probed_increase(probes: ProbeFigures) -> float | None:
-    """The new versions' mean probe latency over the old version's, probed interleaved;
-    None with fewer than PINNED_LATENCY_MIN_PROBES each side."""
-    if min(probes.sent, probes.old_sent) < PINNED_LATENCY_MIN_PROBES:
+    """The new versions' median probe latency over the old version's, probed interleaved;
+    None with fewer than PINNED_LATENCY_MIN_PROBES each side (``_probe_medians``)."""
+    medians = _probe_medians(probes)
+    return None if medians is None or medians[1] <= 0 else medians[0] / medians[1] - 1.0
+
+
+def _probe_medians(probes: ProbeFigures) -> tuple[float, float] | None:
+    """The median probe latency of the new versions and of the old one, in seconds; None
+    with fewer than PINNED_LATENCY_MIN_PROBES each side. Medians, not means: a handful of
+    probes, one of them stalled by the scheduler, is no mean (on a 2-core host with both
+    cores held by a busy loop, probes of a 1.5 ms model had a 90th percentile of 5 ms, so
+    one such probe among 5 to the old version moved its mean by half and a good version
+    read +50% to +152%: bench.false_verdicts); a slower version is slower on most requests,
+    which moves the median as much as the mean (the counters, where clients reach the new
+    versions, keep judging the mean)."""
+    if min(len(probes.latencies), len(probes.old_latencies)) < PINNED_LATENCY_MIN_PROBES:
         return None
-    old = probes.old_seconds / probes.old_sent
-    if old <= 0:
-        return None
-    return (probes.seconds / probes.sent) / old - 1.0
+    return median(probes.latencies), median(probes.old_latencies)
 
 
 def _pinned_latency(
@@ -325,14 +335,15 @@ def _pinned_latency(
     version-pinned requests (lower than the old, which keep the unversioned traffic), whose
     counters would compare an idle instance with a busy one."""
     threshold = f"increase <= {check.max_increase:g}"
-    if min(probes.sent, probes.old_sent) < PINNED_LATENCY_MIN_PROBES:
+    medians = _probe_medians(probes)
+    if medians is None:
         # One slow wake-up among a handful of probes is not a slower version: wait for more.
         return CheckResult(
             check.name, Verdict.SKIPPED, None, threshold,
             f"too few probes yet ({probes.sent} new, {probes.old_sent} old; "
             f"{PINNED_LATENCY_MIN_PROBES} each needed)",
         )  # fmt: skip
-    new, old = probes.seconds / probes.sent, probes.old_seconds / probes.old_sent
+    new, old = medians
     if old <= 0:
         return CheckResult(
             check.name, Verdict.NO_DATA, None, threshold, "the old version's probes read 0ms"
@@ -344,7 +355,7 @@ def _pinned_latency(
         Verdict.PASS if increase <= limit else Verdict.FAIL,
         increase,
         threshold,
-        f"probes: mean {new * 1e3:.2f}ms vs {old * 1e3:.2f}ms on the old version ({why})",
+        f"probes: median {new * 1e3:.2f}ms vs {old * 1e3:.2f}ms on the old version ({why})",
     )
 
 

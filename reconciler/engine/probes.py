@@ -190,6 +190,7 @@ class Prober:
                 old_sent=f.old_sent + 1,
                 old_failed=f.old_failed + (outcome.error is not None),
                 old_seconds=f.old_seconds + outcome.seconds,
+                old_latencies=(*f.old_latencies, outcome.seconds),
             )
             return
         failed = outcome.error is not None
@@ -198,6 +199,7 @@ class Prober:
             sent=f.sent + 1,
             failed=f.failed + failed,
             seconds=f.seconds + outcome.seconds,
+            latencies=(*f.latencies, outcome.seconds),
             consecutive=f.consecutive + 1 if failed else 0,
             last_error=outcome.error if failed else f.last_error,
         )

@@ -154,20 +154,26 @@ class ProbeFigures:
     last_error: str | None = None
     skipped: int = 0  # synthesized requests left out: the old version fails them too
     note: str | None = None  # why no probe was sent, when none could be
+    # Each probe's seconds in the order sent, to the new versions and to the old: the probes
+    # compare new with old by their medians (``core/analysis``).
+    latencies: tuple[float, ...] = field(default=(), repr=False)
+    old_latencies: tuple[float, ...] = field(default=(), repr=False)
 
     def since(self, before: ProbeFigures) -> ProbeFigures:
         """The probes between ``before`` and these."""
         return ProbeFigures(
-            self.sent - before.sent,
-            self.failed - before.failed,
-            self.seconds - before.seconds,
-            self.old_sent - before.old_sent,
-            self.old_failed - before.old_failed,
-            self.old_seconds - before.old_seconds,
-            self.consecutive,
-            self.last_error,
-            self.skipped,
-            self.note,
+            sent=self.sent - before.sent,
+            failed=self.failed - before.failed,
+            seconds=self.seconds - before.seconds,
+            old_sent=self.old_sent - before.old_sent,
+            old_failed=self.old_failed - before.old_failed,
+            old_seconds=self.old_seconds - before.old_seconds,
+            consecutive=self.consecutive,
+            last_error=self.last_error,
+            skipped=self.skipped,
+            note=self.note,
+            latencies=self.latencies[len(before.latencies) :],
+            old_latencies=self.old_latencies[len(before.old_latencies) :],
         )
 
     def __str__(self) -> str:

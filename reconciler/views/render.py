@@ -6,6 +6,7 @@ import json
 import textwrap
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from statistics import median
 from typing import Any
 
 from reconciler.core.records import checks_json, rfc3339
@@ -296,6 +297,11 @@ def _probes_json(probes: ProbeFigures | None) -> dict[str, Any] | None:
         "old_failed": probes.old_failed,
         "old_mean_ms": (
             round(probes.old_seconds / probes.old_sent * 1e3, 3) if probes.old_sent else None
+        ),
+        # What the latency check compares (core/analysis: medians, not means).
+        "median_ms": round(median(probes.latencies) * 1e3, 3) if probes.latencies else None,
+        "old_median_ms": (
+            round(median(probes.old_latencies) * 1e3, 3) if probes.old_latencies else None
         ),
         "skipped": probes.skipped,
         "last_error": probes.last_error if probes.failed else None,

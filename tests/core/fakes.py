@@ -32,6 +32,7 @@ import numpy.typing as npt
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
+from reconciler.model.analysis import ProbeFigures
 from reconciler.model.errors import LoadFailed, ServerUnavailable, VerifyFailed
 from reconciler.model.serving import (
     READY,
@@ -373,4 +374,16 @@ def desired_state(*deployments: ModelDeployment, servers: Sequence[str] = ("s1",
     return DesiredState.build(
         [TritonServer(s, f"{s}:8001", model_repository=f"/models/{s}") for s in servers],
         list(deployments),
+    )
+
+
+def timed_probes(new: Sequence[float], old: Sequence[float] = ()) -> ProbeFigures:
+    """Probes that passed and took these seconds each, to the new versions and to the old."""
+    return ProbeFigures(
+        sent=len(new),
+        seconds=sum(new),
+        old_sent=len(old),
+        old_seconds=sum(old),
+        latencies=tuple(new),
+        old_latencies=tuple(old),
     )

@@ -32,6 +32,7 @@ from reconciler.model.analysis import (
     RolloutVerdict,
     Verdict,
 )
+from tests.core.fakes import timed_probes
 
 SUCCESS_RATE = Check("success-rate", "successRate", min=0.99)
 LATENCY = Check("latency", "latency", max_increase=0.5)
@@ -163,17 +164,17 @@ def test_latency_is_judged_against_the_old_versions_meanwhile_when_they_served()
 def test_a_latency_increase_against_before_the_swap_must_be_confirmed_by_the_probes() -> None:
     # +200% on the counters against before the swap, while new and old probed at the same
     # time answer alike: the machine got busy, not the version.
-    alike = ProbeFigures(sent=40, seconds=40 * 0.003, old_sent=10, old_seconds=10 * 0.003)
+    alike = timed_probes([0.003] * 40, [0.003] * 10)
     result = latency_with_probes(300.0, alike)
     assert result.verdict is Verdict.PASS, result
     assert "not confirmed by the probes" in result.detail and "+200%" in result.detail
     # A version three times slower is slower in the probes too: confirmed, failed.
-    slower = replace(alike, seconds=40 * 0.009)
+    slower = timed_probes([0.009] * 40, [0.003] * 10)
     failed = latency_with_probes(300.0, slower)
     assert failed.verdict is Verdict.FAIL and failed.value == pytest.approx(2.0)
     assert "the probes agree: +200%" in failed.detail
     # Too few old probes yet to compare with: the check waits for them.
-    few = replace(alike, old_sent=4, old_seconds=4 * 0.003)
+    few = timed_probes([0.003] * 40, [0.003] * 4)
     waiting = latency_with_probes(300.0, few)
     assert waiting.verdict is Verdict.SKIPPED, waiting
     assert "to be confirmed by the probes (40 new, 4 old; 5 each needed)" in waiting.detail
