@@ -8,12 +8,14 @@ holds a large buffer, and one whose config renames the output. One gate run judg
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
@@ -399,6 +401,20 @@ def _server_of(gate: int, timeout: float = 120.0) -> tuple[int, list[int], str]:
     raise AssertionError(f"the gate ({gate}) started no tritonserver with stubs in {timeout}s")
 
 
+@contextlib.contextmanager
+def _sigint_delivered() -> Iterator[None]:
+    """While the gate's process starts: SIGINT handled here, so that it starts with SIGINT
+    at its default. A test run started as a background job of a shell without job control
+    inherits SIGINT ignored, and the gate keeps a SIGINT it was started ignoring ignored (as
+    a background job must): on one clean-clone run so started, the gate ran to its end
+    through the SIGINT. (A handler, unlike SIG_IGN, is not inherited across exec.)"""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_gate_ended_by_a_signal_leaves_no_server_stub_shared_memory_or_temp_folder(
     change: tuple[ManifestRepo, Path], tmp_path: Path, signum: signal.Signals
@@ -407,16 +423,17 @@ def test_a_gate_ended_by_a_signal_leaves_no_server_stub_shared_memory_or_temp_fo
     scratch = tmp_path / "tmp"  # the gate's temp folder is made here
     scratch.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "TRITON_GITOPS_PERF_ANALYZER"}
-    gate = subprocess.Popen(
-        [
-            sys.executable, "-m", "reconciler", "gate", "--repo", str(manifests.work),
-            "--path", "manifests", "--base", "main", "--head", "change",
-            "--model-repository", str(repository), "--deployment", "good",
-            "--load-generator", "built-in", "--cache-dir", str(tmp_path / "cache"),
-        ],
-        env={**env, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
+    with _sigint_delivered():
+        gate = subprocess.Popen(
+            [
+                sys.executable, "-m", "reconciler", "gate", "--repo", str(manifests.work),
+                "--path", "manifests", "--base", "main", "--head", "change",
+                "--model-repository", str(repository), "--deployment", "good",
+                "--load-generator", "built-in", "--cache-dir", str(tmp_path / "cache"),
+            ],
+            env={**env, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
     try:
         server, stubs, prefix = _server_of(gate.pid)
         assert list(Path("/dev/shm").glob(f"{prefix}*"))  # the stubs' regions, while it runs
