@@ -247,12 +247,18 @@ class PrometheusQuery:
     ) -> Figures:
         at = self.clock()
         standard: dict[str, float | None] = {}
+        # Prometheus's own record of its last scrape of the server, 0 when it failed, read
+        # before the figures and after them: each figure is a query of its own, and a scrape
+        # ingested between two of them is seen by the later ones only (a failed one hides
+        # the server's series, the next good one shows them again), so a reading that saw
+        # either is not fresh.
+        up = f"max(up{{instance={_quoted(self.instance)}}})"
         try:
+            up_before = self._value(up, at)
             for name, query in self.standard_queries(model, versions).items():
                 standard[name] = self._value(query, at)
             values = {name: self._query(name, query, at) for name, query in queries.items()}
-            # Prometheus's own record of its last scrape of the server: 0 when it failed.
-            up = self._value(f"max(up{{instance={_quoted(self.instance)}}})", at)
+            up_after = self._value(up, at)
         except (_unanswered(), _refused(), LookupError, TypeError) as exc:
             return Figures(
                 queries=dict.fromkeys(queries),
@@ -270,7 +276,7 @@ class PrometheusQuery:
             scrape_failed=(
                 f"Prometheus at {redact(self.url)} could not scrape {self.instance} last time"
                 " (up 0): every series of the server is hidden until a scrape succeeds"
-                if up == 0
+                if 0 in (up_before, up_after)
                 else None
             ),
         )
