@@ -334,16 +334,20 @@ def test_metrics_that_cannot_be_read_end_inconclusive_and_revert_without_a_hold(
     assert fake.ready("m") == {1}
 
 
+def _success_rate_judged(readings: Sequence[Figures]) -> ChangeResult:
+    """Version 2 over version 1 on one server, judged by its success rate on ``readings``
+    (``ScriptedFigures``: in order, the last repeating)."""
+    fake, clock = serving_one(), FakeClock()
+    p = plan_for(desired_state(watched([2], analysis(SUCCESS_RATE))), fake)
+    return only(run(p, fake, clock, ScriptedFigures(fake, clock, readings)))
+
+
 def test_evaluations_before_the_new_versions_first_series_are_shown_not_counted() -> None:
     # Prometheus scrapes every scrape_interval: versions READY a moment ago have no series
     # there yet (seen in CI under load: one such evaluation ended the analysis inconclusive).
-    fake, clock = serving_one(), FakeClock()
     unseen = Figures(memory_bytes=1e6)
-    later = HEALTHY[1:]
-    source = ScriptedFigures(fake, clock, [unseen, unseen, *later])
-    p = plan_for(desired_state(watched([2], analysis(SUCCESS_RATE))), fake)
 
-    change = only(run(p, fake, clock, source))
+    change = _success_rate_judged([unseen, unseen, *HEALTHY[1:]])
 
     assert change.outcome is Outcome.CONVERGED, change.error
     analyze = change.analysis
@@ -356,8 +360,7 @@ def test_evaluations_before_the_new_versions_first_series_are_shown_not_counted(
     ]
     assert "0 of 100 requests" in str(analyze.evaluations[1].results[0]), analyze.evaluations[1]
     # A series that never shows up leaves nothing counted: inconclusive, never a pass.
-    fake, clock = serving_one(), FakeClock()
-    never = only(run(p, fake, clock, ScriptedFigures(fake, clock, [unseen])))
+    never = _success_rate_judged([unseen])
     assert never.outcome is Outcome.REVERTED
     assert never.analysis is not None and never.analysis.verdict is RolloutVerdict.INCONCLUSIVE
 
@@ -365,13 +368,10 @@ def test_evaluations_before_the_new_versions_first_series_are_shown_not_counted(
 def test_a_failed_scrape_between_two_good_ones_is_shown_not_counted() -> None:
     # Prometheus hides every series of a server its last scrape failed on (a busy host, a
     # slow endpoint): seen in CI, one such reading ended a good analysis inconclusive.
-    fake, clock = serving_one(), FakeClock()
     missed = Figures(scrape_failed="Prometheus could not scrape s1 last time (up 0)")
     first, _missed_window, third, fourth = HEALTHY[1:]
-    source = ScriptedFigures(fake, clock, [HEALTHY[0], first, missed, third, fourth])
-    p = plan_for(desired_state(watched([2], analysis(SUCCESS_RATE))), fake)
 
-    change = only(run(p, fake, clock, source))
+    change = _success_rate_judged([HEALTHY[0], first, missed, third, fourth])
 
     assert change.outcome is Outcome.CONVERGED, change.error
     analyze = change.analysis
@@ -386,8 +386,7 @@ def test_a_failed_scrape_between_two_good_ones_is_shown_not_counted() -> None:
     assert "0 of 200 requests" in str(analyze.evaluations[2].results[0]), analyze.evaluations[2]
     # Scrapes that keep failing leave nothing counted: put back, not held (as for a
     # Prometheus that does not answer), never a pass.
-    fake, clock = serving_one(), FakeClock()
-    blind = only(run(p, fake, clock, ScriptedFigures(fake, clock, [HEALTHY[0], missed])))
+    blind = _success_rate_judged([HEALTHY[0], missed])
     assert blind.outcome is Outcome.REVERTED
     assert blind.analysis is not None
     assert blind.analysis.verdict is RolloutVerdict.METRICS_UNAVAILABLE, blind.analysis
