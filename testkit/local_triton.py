@@ -5,6 +5,7 @@ shared memory removed): a test needs no graceful shutdown, which costs 1 to 3 s 
 """
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from reconciler.adapters.local_triton import LocalTriton as _LocalTriton
 from reconciler.adapters.local_triton import (
@@ -13,10 +14,52 @@ from reconciler.adapters.local_triton import (
     free_port,
 )
 
+# Triton 2.51's Python backend now and then aborts the whole server (SIGABRT) with this in its
+# log, most often while a stub starts or ends on a loaded host: the same abort as
+# triton-inference-server/server#8882, open upstream. Clean-clone CI runs 2 and 16 of 17 lost
+# one test each to it. The suite reruns a test once when, and only when, a server it started
+# ended this way (tests/conftest.py), and says so in its summary.
+TRITON_ABORT = "boost::interprocess::lock_exception"
+
+_started: list["LocalTriton"] = []
+
 
 @dataclass
 class LocalTriton(_LocalTriton):
     fast_stop: bool = True
 
+    def start(self, ready_timeout: float = 60.0) -> "LocalTriton":
+        _started.append(self)  # before: the abort may come while it starts
+        super().start(ready_timeout)
+        return self
 
-__all__ = ["LocalTriton", "LocalTritonError", "end_process_group", "free_port"]
+
+def forget_started() -> None:
+    """Start a new record of the servers started in this process (one per test attempt)."""
+    _started.clear()
+
+
+def triton_aborts() -> list[str]:
+    """The servers started since ``forget_started`` whose log shows Triton's own abort:
+    "<log file>: <the line>" for each."""
+    found = []
+    for server in _started:
+        log = server.log_file
+        if log is None or not Path(log).is_file():
+            continue
+        for line in Path(log).read_text(errors="replace").splitlines():
+            if TRITON_ABORT in line:
+                found.append(f"{log}: {line.strip()}")
+                break
+    return found
+
+
+__all__ = [
+    "TRITON_ABORT",
+    "LocalTriton",
+    "LocalTritonError",
+    "end_process_group",
+    "forget_started",
+    "free_port",
+    "triton_aborts",
+]
