@@ -48,13 +48,13 @@ from reconciler.adapters.options import (
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.adapters.secret_files import SecretFileError, SecretFiles
-from reconciler.adapters.state import StateStore
 from reconciler.core.spec.desired import read_manifests
 from reconciler.core.spec.rules import promql_without_prometheus
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.gate import GateTarget, gated, run_gate
+from reconciler.loop.on_call import VerbDone, give, never_applied
 from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.review import desired_at, diff_refs
@@ -63,7 +63,7 @@ from reconciler.loop.undo import undo
 from reconciler.model.analysis import Evaluation
 from reconciler.model.errors import Problem, ReconcileError, StateFileRefused, ValidationError
 from reconciler.model.gate import GateReport, GateVerdict, ModelGate
-from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
+from reconciler.model.history import Hold, OperatorOrder, OrderKind
 from reconciler.model.plan import Step
 from reconciler.model.results import StepResult
 from reconciler.model.settings import (
@@ -1198,12 +1198,9 @@ def _history(args: argparse.Namespace) -> int:
         if args.output == "json":
             print(history_json([], []))
         return EXIT_OK
-    store = StateStore(args.state, read_only=True)
-    try:
+    with wiring.state_store(args.state, read_only=True) as store:
         rollouts = store.rollouts(args.model, args.limit)
         actions = store.operator_actions(args.model, args.limit)
-    finally:
-        store.close()
     if args.output == "json":
         print(history_json(rollouts, actions))
     else:
@@ -1297,44 +1294,46 @@ def _operator_verb(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_ERROR
-    target = args.deployment or ALL_DEPLOYMENTS
-    what = f"ModelDeployment {target}" if args.deployment else "every ModelDeployment"
-    store = StateStore(args.state)
-    try:
-        if args.command in ("abort", "promote"):
-            return _give_order(store, args, what)
-        known = set(store.history().holds) | {a.target for a in store.operator_actions()}
-        known |= set(store.applied_deployments())
-        if args.deployment and args.deployment not in known and args.command != "retry":
-            print(
-                f"note: no pass has applied a ModelDeployment named {args.deployment!r} yet",
-                file=sys.stderr,
-            )
-        if args.command == "suspend":
-            suspension = store.suspend(target, _actor(args), args.reason)
-            print(f"suspended: {suspension}")
-        elif args.command == "resume":
-            lifted = store.resume(target, _actor(args))
-            if lifted is None:
-                print(f"error: {what} is not suspended", file=sys.stderr)
-                return EXIT_ERROR
-            print(f"resumed: {what} (was {lifted})")
-            remaining = store.suspensions()
-            if remaining:
-                print("still suspended: " + "; ".join(map(str, remaining)))
+    verb = _verb(args)
+    with wiring.state_store(args.state) as store:
+        # A typo in the name would suspend nothing that exists; said, not refused: a
+        # suspension may come before the first apply.
+        named = args.deployment if verb in ("suspend", "resume") else None
+        if named and never_applied(store, named):
+            print(f"note: no pass has applied a ModelDeployment named {named!r} yet",
+                  file=sys.stderr)  # fmt: skip
+        done = give(store, verb, args.deployment, _actor(args), getattr(args, "reason", ""))
+    return _said(done)
+
+
+def _said(done: VerbDone) -> int:
+    """A verb's outcome in the local mode's words: a line on stdout, or why not on stderr."""
+    if done.refused:
+        if done.verb == "retry":
+            why = f"is not held (held: {', '.join(done.held) or 'none'})"
+        elif done.verb == "resume":
+            why = "is not suspended"
         else:
-            hold = store.retry(args.deployment, _actor(args))
-            if hold is None:
-                held = ", ".join(sorted(store.history().holds)) or "none"
-                print(f"error: {what} is not held (held: {held})", file=sys.stderr)
-                return EXIT_ERROR
-            print(
-                f"retry: the hold on {what} (revision {hold.revision[:12]}: "
-                f"{hold.reason.strip().splitlines()[0] if hold.reason else 'failed'}) is "
-                "lifted; the next pass tries the same spec again"
-            )
-    finally:
-        store.close()
+            going = ", ".join(done.in_progress) or "none"
+            print(f"error: no rollout of {done.what} is in progress (in progress: {going})",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_ERROR
+        print(f"error: {done.what} {why}", file=sys.stderr)
+        return EXIT_ERROR
+    record = done.record
+    if isinstance(record, OperatorOrder):
+        print(f"{record.kind}: {done.what}: given by {record.by} at {record.at}; the "
+              f"reconciler applying it obeys within {ORDERS_EVERY:g} s")  # fmt: skip
+    elif isinstance(record, Hold):
+        reason = record.reason.strip().splitlines()[0] if record.reason else "failed"
+        print(f"retry: the hold on {done.what} (revision {record.revision[:12]}: {reason}) is "
+              "lifted; the next pass tries the same spec again")  # fmt: skip
+    elif done.verb == "resume":
+        print(f"resumed: {done.what} (was {record})")
+        if done.still_suspended:
+            print("still suspended: " + "; ".join(map(str, done.still_suspended)))
+    else:
+        print(f"suspended: {record}")
     return EXIT_OK
 
 
@@ -1380,19 +1379,6 @@ def _verb(args: argparse.Namespace) -> str:
     return str(OrderKind.PROMOTE_FULL) if getattr(args, "full", False) else str(args.command)
 
 
-def _give_order(store: StateStore, args: argparse.Namespace, what: str) -> int:
-    """abort / promote on the state store that the reconciler applying the rollout reads."""
-    order = store.give_order(OrderKind(_verb(args)), args.deployment, _actor(args), args.reason)
-    if order is None:
-        going = ", ".join(sorted(store.in_progress())) or "none"
-        print(f"error: no rollout of {what} is in progress (in progress: {going})",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_ERROR
-    print(f"{order.kind}: {what}: given by {order.by} at {order.at}; the reconciler applying "
-          f"it obeys within {ORDERS_EVERY:g} s")  # fmt: skip
-    return EXIT_OK
-
-
 def _watch_status(args: argparse.Namespace) -> int:
     """status --watch: the live view, redrawn on a terminal; elsewhere printed each time it
     changes (one block per change, for logs). Runs until interrupted."""
@@ -1415,11 +1401,8 @@ def _watch_status(args: argparse.Namespace) -> int:
                 if args.service:
                     snapshot = live_status(args.service, str(token)).get("in_progress")
                 else:
-                    store = StateStore(args.state, read_only=True)
-                    try:
+                    with wiring.state_store(args.state, read_only=True) as store:
                         snapshot = store.live()
-                    finally:
-                        store.close()
                     # Written by a reconciler that no longer runs (killed mid-pass): the
                     # lock is the kernel's word on that, whatever the snapshot says.
                     if snapshot and wiring.lock_holder(args.state) is None:

@@ -22,8 +22,10 @@ from reconciler.model.history import (
     Hold,
     OperatorAction,
     OperatorOrder,
+    OrderKind,
     PassRecord,
     Rollout,
+    Suspension,
 )
 from reconciler.model.plan import Step
 from reconciler.model.serving import ModelInterface, ModelState, ServerState
@@ -153,6 +155,50 @@ class StateStore(Protocol):
     def orders(self, deployment: str, since: float) -> list[OperatorOrder]: ...
 
     def record_live(self, snapshot: Mapping[str, Any] | None) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class OnCallRecord(Protocol):
+    """What the on-call verbs (``loop.on_call``) read and write: the state store the passes
+    read, opened by ``wiring.state_store``."""
+
+    def history(self) -> History: ...
+
+    def applied_deployments(self) -> list[str]: ...
+
+    def operator_actions(
+        self, target: str | None = None, limit: int = 100
+    ) -> list[OperatorAction]: ...
+
+    def suspend(self, target: str, by: str, reason: str = "") -> Suspension: ...
+
+    def resume(self, target: str, by: str) -> Suspension | None: ...
+
+    def suspensions(self) -> list[Suspension]: ...
+
+    def retry(self, deployment: str, by: str) -> Hold | None: ...
+
+    def give_order(
+        self, kind: OrderKind, deployment: str, by: str, reason: str = ""
+    ) -> OperatorOrder | None: ...
+
+    def in_progress(self) -> set[str]: ...
+
+    def record_action(
+        self, verb: str, target: str, by: str, detail: str = ""
+    ) -> OperatorAction: ...
+
+
+class DeliveryRecord(Protocol):
+    """The webhook deliveries the service has seen, kept in the state store so that a replay
+    is refused across a restart (``service.webhooks``)."""
+
+    def seen_deliveries(self, since: float, limit: int) -> list[tuple[str, float]]: ...
+
+    def remember_deliveries(
+        self, keys: Iterable[str], at: float, since: float, limit: int
+    ) -> None: ...
 
     def close(self) -> None: ...
 

@@ -100,6 +100,23 @@ def revert_writer(source: Source, settings: Settings) -> GitWriter:
     )
 
 
+def open_state_store(path: Path, *, read_only: bool = False) -> StateStore:
+    """The state store at ``path``, for a caller that keeps it open and closes it itself
+    (the service's webhook memory). ``state_store`` for a block."""
+    return StateStore(path, read_only=read_only)
+
+
+@contextmanager
+def state_store(path: Path, *, read_only: bool = False) -> Iterator[StateStore]:
+    """The state store at ``path`` for one block, closed after it: the on-call verbs,
+    history and the live view (a pass opens its own through ``ports``)."""
+    store = open_state_store(path, read_only=read_only)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
 def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) -> Ports:
     """The adapters one pass over ``source`` uses, as ``settings`` configure them. Cheap:
     nothing is opened until the pass asks (the state store and alerter once per pass)."""

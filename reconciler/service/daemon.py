@@ -53,13 +53,13 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from reconciler.adapters.credentials import conceal, redact
 from reconciler.adapters.secret_files import SecretFiles
-from reconciler.adapters.state import StateStore
 from reconciler.core.failures import pass_failures
 from reconciler.core.placement import held_after, model_states
 from reconciler.core.records import rfc3339
 from reconciler.core.undo import UndoRequest
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.memory import PassMemory
+from reconciler.loop.on_call import VerbDone, give
 from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.undo import undo
@@ -71,7 +71,7 @@ from reconciler.model.errors import (
     UnsafeRevision,
     ValidationError,
 )
-from reconciler.model.history import ALL_DEPLOYMENTS, OrderKind
+from reconciler.model.history import Hold, OrderKind
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 from reconciler.model.settings import RunSettings, Settings
@@ -82,7 +82,7 @@ from reconciler.service.http import _Listener, handler_for
 from reconciler.service.telemetry import ReconcilerMetrics, _event, fewer_malloc_arenas, log
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
-from reconciler.wiring import ports
+from reconciler.wiring import ports, state_store
 
 # The secret files that are RunSettings fields; "git_token" is the Git credentials' token.
 _RUN_SECRETS = ("github_secret", "gitlab_token", "reconcile_token", "operator_tokens")
@@ -409,41 +409,28 @@ class Daemon:
             return self._undo(UndoRequest(deployment, who, to_revision, reason, dry_run))
         if verb == "reconcile" and self.lock is not None and not self.lock.held():
             return 503, {"verb": verb, "error": f"this reconciler does not hold {self.lock.where}"}
-        if verb == "reconcile":
-            after = self._started  # a pass numbered above this started after the request
-            store = StateStore(self.settings.state_path)
-            try:
-                store.record_action(verb, ALL_DEPLOYMENTS, who, reason)
-            finally:
-                store.close()
-            _event("operator verb", logging.WARNING, verb=verb, by=who, reason=reason)
-            self.trigger(f"reconcile by {who}")
-            return 202, {"verb": verb, "by": who, "after": after, "pass": "requested"}
-        target = deployment or ALL_DEPLOYMENTS
-        if verb in set(OrderKind):
-            return self._order(OrderKind(verb), target, who, reason)
-        store = StateStore(self.settings.state_path)
-        try:
-            if verb == "suspend":
-                done: Any = store.suspend(target, who, reason)
-            elif verb == "resume":
-                done = store.resume(target, who)
-            else:
-                done = store.retry(target, who)
-        finally:
-            store.close()
-        _event("operator verb", logging.WARNING, verb=verb, target=target, by=who, reason=reason)
-        if done is None:
-            what = "not suspended" if verb == "resume" else "not held"
-            return 409, {"error": f"{target} is {what}", "verb": verb, "target": target}
-        if verb != "suspend":
+        after = self._started  # a pass numbered above this started after the request
+        with state_store(self.settings.state_path) as store:
+            done = give(store, verb, deployment, who, reason)
+        _event("operator verb", logging.WARNING, verb=verb, target=done.target, by=who,
+               reason=reason, given=not done.refused)  # fmt: skip
+        if done.refused:
+            what = (
+                f"no rollout of {done.target} is in progress"
+                if verb in set(OrderKind)
+                else (f"{done.target} is {done.refused}")
+            )
+            return 409, {"error": what, "verb": verb, "target": done.target}
+        if done.asks_for_a_pass:
             self.trigger(f"{verb} by {who}")
+        if verb == "reconcile":
+            return 202, {"verb": verb, "by": who, "after": after, "pass": "requested"}
         return 200, {
             "verb": verb,
-            "target": target,
+            "target": done.target,
             "by": who,
-            "detail": done.reason if verb == "retry" else str(done),
-            "pass": "requested" if verb != "suspend" else "the next pass honours it",
+            "detail": _detail(done),
+            "pass": _pass_note(verb),
         }
 
     def _undo(self, request: UndoRequest) -> tuple[int, dict[str, Any]]:
@@ -481,41 +468,12 @@ class Daemon:
             "pass": "the dry run changes nothing" if request.dry_run else "requested",
         }
 
-    def _order(
-        self, kind: OrderKind, deployment: str, who: str, reason: str
-    ) -> tuple[int, dict[str, Any]]:
-        """``abort`` / ``promote``: an order the pass applying ``deployment`` obeys within
-        ORDERS_EVERY (it reads the state store while it runs)."""
-        store = StateStore(self.settings.state_path)
-        try:
-            order = store.give_order(kind, deployment, who, reason)
-        finally:
-            store.close()
-        _event("operator verb", logging.WARNING, verb=str(kind), target=deployment, by=who,
-               reason=reason, given=order is not None)  # fmt: skip
-        if order is None:
-            return 409, {
-                "error": f"no rollout of {deployment} is in progress",
-                "verb": str(kind),
-                "target": deployment,
-            }
-        return 200, {
-            "verb": str(kind),
-            "target": deployment,
-            "by": who,
-            "detail": str(order),
-            "pass": f"the rollout in progress obeys within {ORDERS_EVERY:g} s",
-        }
-
     def last_pass(self) -> dict[str, Any]:
         return dict(self._outcome)
 
     def live_status(self) -> dict[str, Any]:
-        store = StateStore(self.settings.state_path)
-        try:
+        with state_store(self.settings.state_path) as store:
             live = store.live()
-        finally:
-            store.close()
         return {"in_progress": live or {"rollouts": []}, "last_pass": self.last_pass()}
 
     def refused(self, reason: str) -> None:
@@ -625,6 +583,20 @@ class Daemon:
         while not self.stop_requested.wait(1.0):
             pass
         return self.shutdown()
+
+
+def _detail(done: VerbDone) -> str:
+    """What a verb did, as its reply's ``detail`` says it."""
+    if isinstance(done.record, Hold):
+        return done.record.reason
+    return str(done.record)
+
+
+def _pass_note(verb: str) -> str:
+    """When what a verb did takes effect, as its reply's ``pass`` says it."""
+    if verb in set(OrderKind):
+        return f"the rollout in progress obeys within {ORDERS_EVERY:g} s"
+    return "the next pass honours it" if verb == "suspend" else "requested"
 
 
 def _outcome(

@@ -16,10 +16,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from reconciler.adapters.state import StateStore
 from reconciler.model.settings import RunSettings
+from reconciler.ports import DeliveryRecord
 from reconciler.service.operator import caller
 from reconciler.service.telemetry import _event
+from reconciler.wiring import open_state_store
 
 # Webhook endpoints and the source each is counted and verified as.
 WEBHOOK_ROUTES = {"/webhook/github": "github", "/webhook/gitlab": "gitlab", "/reconcile": "token"}
@@ -122,13 +123,13 @@ class WebhookGate:
         self.deliveries = DeliveryMemory(run.replay_window, run.replay_memory)
         self.reads = threading.BoundedSemaphore(run.max_webhook_reads)
         self.state_path = state_path  # where deliveries outlive the process (None: nowhere)
-        self._store: StateStore | None = None
+        self._store: DeliveryRecord | None = None
 
-    def _open_store(self) -> StateStore | None:
+    def _open_store(self) -> DeliveryRecord | None:
         # Only a store a pass has made: creating one here would hide the first pass's
         # warning that the state file is missing.
         if self._store is None and self.state_path is not None and self.state_path.exists():
-            self._store = StateStore(self.state_path)
+            self._store = open_state_store(self.state_path)
         return self._store
 
     def recall(self) -> None:
