@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from reconciler.adapters.perf_analyzer import failed_requests, input_data
-from reconciler.cli import _write_gate_reports
+from reconciler.cli.gate import write_gate_reports
 from reconciler.core.gate import judge, judge_alone
 from reconciler.loop.gate import _measure
 from reconciler.model.gate import (
@@ -209,7 +209,7 @@ def test_figures_with_no_value_are_null_in_strict_json(tmp_path: Path) -> None:
     latency = next(c for c in model["checks"] if c["name"] == "latency")
     assert latency["old"] == latency["new"] == 3.0  # the rounds that measured something
     # What the gate command writes (--report-dir, --output json) parses strictly too.
-    _write_gate_reports(report, tmp_path)
+    write_gate_reports(report, tmp_path)
     assert _strict((tmp_path / "gate.json").read_text()) == found
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.cli import _ApplyLines
+from reconciler.cli.passes import ApplyLines
 from reconciler.model.plan import Action, Step
 from reconciler.model.results import StepResult
 from testkit.cli_run import Reconciler, cli
@@ -85,7 +85,7 @@ def test_apply_logs_what_failed_as_json_lines_or_text(
 def test_apply_progress_is_log_records_with_log_format_json(
     caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    lines = _ApplyLines(60.0, as_records=True)
+    lines = ApplyLines(60.0, as_records=True)
     load = Step("edge-a", "echo", Action.LOAD, (2,), "new")
     with caplog.at_level(logging.INFO):
         lines.started(load, reverting=False)
