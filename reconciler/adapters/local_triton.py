@@ -198,8 +198,11 @@ class LocalTriton:
         return self
 
     def _wait_ready(self, timeout: float) -> None:
+        """Until the server says it is ready and its metrics endpoint answers: Triton starts
+        that endpoint after HTTP, and on a busy host a scrape right after /v2/health/ready
+        was refused (clean-clone run 18)."""
         deadline = time.monotonic() + timeout
-        url = f"http://{self.http_address}/v2/health/ready"
+        waiting = [f"http://{self.http_address}/v2/health/ready", self.metrics_url]
         while time.monotonic() < deadline:
             assert self.process is not None
             if self.process.poll() is not None:
@@ -208,9 +211,12 @@ class LocalTriton:
                     + self.log_tail()
                 )
             try:
-                with urllib.request.urlopen(url, timeout=1) as response:
+                with urllib.request.urlopen(waiting[0], timeout=1) as response:
                     if response.status == 200:
-                        return
+                        waiting.pop(0)
+                        if not waiting:
+                            return
+                        continue
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.1)
