@@ -28,6 +28,7 @@ from reconciler.model.history import (
     Suspension,
 )
 from reconciler.model.plan import Step
+from reconciler.model.servers import TritonServer
 from reconciler.model.serving import ModelInterface, ModelState, ServerState
 from reconciler.model.source import (
     CommitVerdict,
@@ -36,7 +37,7 @@ from reconciler.model.source import (
     Revision,
     SignaturePolicy,
 )
-from reconciler.model.spec import Tensor, TritonServer
+from reconciler.model.spec import Tensor
 from reconciler.model.traffic import RouterSpec, RouteState
 
 
@@ -201,6 +202,13 @@ class DeliveryRecord(Protocol):
     ) -> None: ...
 
     def close(self) -> None: ...
+
+
+class RotatingSecrets(Protocol):
+    """The service's secrets as their mounted files say now, re-read when a file changes (a
+    rotated Kubernetes Secret): ``adapters.secret_files.SecretFiles``."""
+
+    def current(self) -> dict[str, Any]: ...
 
 
 class StepEvents(Protocol):

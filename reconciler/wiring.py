@@ -42,9 +42,9 @@ from reconciler.core.records import rfc3339
 from reconciler.core.triton_config import parse_pbtxt
 from reconciler.loop.gate import GATE_SERVER, BaseConfig, IsolatedServer
 from reconciler.model.errors import ReconcileError
+from reconciler.model.servers import TritonServer
 from reconciler.model.settings import Settings
 from reconciler.model.source import GitCredentials, Source
-from reconciler.model.spec import TritonServer
 from reconciler.model.traffic import RouterSpec
 from reconciler.ports import (
     FiguresSource,
@@ -65,6 +65,12 @@ def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
         call_timeout=settings.triton.call_timeout,
         config_recheck=settings.triton.config_recheck,
     )
+
+
+def watch_client(server: str, address: str) -> TritonServerClient:
+    """A client for the watch between passes: it only asks what a server serves, and gives
+    up after 2 s (a server that slow is left to the next pass and the backoff)."""
+    return TritonServerClient(server, address, call_timeout=2.0)
 
 
 def git_source(source: Source, settings: Settings) -> GitSource:

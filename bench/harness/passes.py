@@ -23,9 +23,9 @@ from reconciler.loop import phases
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.reconcile import reconcile
 from reconciler.model.reports import PassReport
+from reconciler.model.servers import TritonServer
 from reconciler.model.settings import Settings, TritonSettings
 from reconciler.model.source import Source
-from reconciler.model.spec import TritonServer
 from reconciler.ports import FiguresSource, Ports, StateStore, TritonClient
 from reconciler.wiring import ports
 

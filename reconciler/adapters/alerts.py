@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, Protocol, TypeVar
 
-from reconciler.adapters.credentials import basic_auth, redact, redact_all
+from reconciler.credentials import basic_auth, redact, redact_all
 from reconciler.model.history import KINDS, AlertEvent
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,8 @@ from reconciler.core.spec.selection import (
     ignore_text,
 )
 from reconciler.core.spec.yaml import MAX_MANIFEST_BYTES, UnreadFile
-from reconciler.model.errors import Problem, ValidationError
+from reconciler.model.errors import ValidationError
+from reconciler.model.problems import Problem
 
 
 def manifest_files_in(directory: Path) -> dict[str, bytes]:

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import git
 
-from reconciler.adapters.credentials import redact
 from reconciler.adapters.signatures import (
     CommitVerifier,
     approvals,
@@ -35,6 +34,7 @@ from reconciler.core.spec.selection import (
 )
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.core.spec.yaml import MAX_MANIFEST_BYTES, UnreadFile
+from reconciler.credentials import redact
 from reconciler.faults import fault_point
 from reconciler.model.errors import SourceUnavailable
 from reconciler.model.source import (

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.adapters.credentials import basic_auth, redact
+from reconciler.credentials import basic_auth, redact
 from reconciler.model.errors import StepFailed
 from reconciler.model.plan import Step
 

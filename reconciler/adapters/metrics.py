@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from reconciler.adapters.credentials import basic_auth, redact
+from reconciler.credentials import basic_auth, redact
 from reconciler.model.analysis import Figures
 from reconciler.ports import FiguresSource
 

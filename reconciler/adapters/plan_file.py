@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from reconciler.adapters.credentials import redact
+from reconciler.credentials import redact
 from reconciler.model.errors import StalePlan
 from reconciler.model.reports import PassReport, SavedPlan
 from reconciler.model.source import Source

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from reconciler.adapters.credentials import conceal
+from reconciler.credentials import conceal
 
 log = logging.getLogger("triton_gitops.secrets")
 

@@ -34,6 +34,7 @@ from reconciler.model.errors import (
     UnloadFailed,
     VerifyFailed,
 )
+from reconciler.model.servers import TritonServer
 from reconciler.model.serving import (
     READY,
     ModelInterface,
@@ -42,7 +43,7 @@ from reconciler.model.serving import (
     TensorSignature,
     VersionState,
 )
-from reconciler.model.spec import Tensor, TritonServer
+from reconciler.model.spec import Tensor
 
 _UNREACHABLE = {"StatusCode.UNAVAILABLE", "StatusCode.DEADLINE_EXCEEDED"}
 

@@ -28,7 +28,8 @@ from reconciler.core.spec.desired import read_manifests
 from reconciler.core.spec.rules import promql_without_prometheus
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.loop.review import diff_refs
-from reconciler.model.errors import Problem, ValidationError
+from reconciler.model.errors import ValidationError
+from reconciler.model.problems import Problem
 from reconciler.model.spec import DesiredState, ManifestReading
 from reconciler.views.review import diff_json, diff_markdown, diff_text
 from reconciler.views.validation import validation_annotations, validation_json, validation_text

@@ -24,7 +24,8 @@ from typing import Any
 from reconciler.core.interface import interface_changes
 from reconciler.core.triton_config import canonical, config_drift
 from reconciler.model.plan import Action, ModelChange, Plan, Step
-from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
+from reconciler.model.servers import TritonServer
+from reconciler.model.spec import DesiredState, ModelDeployment
 
 # Since Triton 2.49 these config changes are applied to a loaded model in place; a change of
 # any other key reloads every version of the model (in the background, the old instance

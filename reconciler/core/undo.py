@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from reconciler.core.spec.build import fingerprint_of
-from reconciler.core.spec.yaml import _documents, plain
-from reconciler.model.errors import Problem
+from reconciler.core.spec.yaml import plain, yaml_documents
 from reconciler.model.history import AppliedSpec, Rollout
+from reconciler.model.problems import Problem
 from reconciler.model.results import Outcome
-from reconciler.model.spec import Location
+from reconciler.model.servers import Location
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def deployment_document(files: Mapping[str, bytes], name: str) -> DeploymentDocu
     """ModelDeployment ``name`` in a revision's manifest files, or None. Only the documents
     are read, not validated: an undo of one deployment is not stopped by another's error."""
     problems: list[Problem] = []  # other files' problems: not this verb's to report
-    for doc in _documents(files, problems):
+    for doc in yaml_documents(files, problems):
         root = doc.root
         metadata, spec = root.get("metadata"), root.get("spec")
         if (

@@ -48,7 +48,8 @@ from reconciler.model.gate import (
 )
 from reconciler.model.history import History
 from reconciler.model.plan import Action, ModelChange, PlanProblem
-from reconciler.model.spec import DesiredState, ModelDeployment, RolloutSpec, Tensor, TritonServer
+from reconciler.model.servers import TritonServer
+from reconciler.model.spec import DesiredState, ModelDeployment, RolloutSpec, Tensor
 from reconciler.ports import LoadTester, MemoryGauge, TritonClient, VersionDigests
 
 GATE_SERVER = "gate"  # the isolated server's name in plans and messages

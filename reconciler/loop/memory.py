@@ -9,8 +9,9 @@ from collections.abc import Callable, Mapping
 from reconciler.core.plan.settle import settle_key
 from reconciler.model.history import History
 from reconciler.model.plan import Plan
+from reconciler.model.servers import TritonServer
 from reconciler.model.serving import ServerState
-from reconciler.model.spec import DesiredState, TritonServer
+from reconciler.model.spec import DesiredState
 from reconciler.ports import TritonClient
 
 

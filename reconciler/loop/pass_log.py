@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from reconciler.core.failures import pass_failures
-from reconciler.model.errors import Problem
+from reconciler.model.problems import Problem
 from reconciler.model.reports import PassFailure, PassReport
 from reconciler.model.results import StepResult
 

@@ -49,9 +49,9 @@ again), Interrupted and ShutdownBetweenStages are a shutdown, DrainTimeout swapp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from reconciler.model.problems import Problem
 from reconciler.model.results import FailureKind
 from reconciler.model.source import CommitVerdict
 
@@ -61,18 +61,6 @@ class ReconcileError(Exception):
 
     # What a step that failed with this error says (see the module docstring).
     failure: ClassVar[FailureKind] = FailureKind.AGAINST_VERSIONS
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One thing wrong with the manifests, located in a file."""
-
-    file: str
-    line: int
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line}: {self.message}"
 
 
 class ValidationError(ReconcileError):

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from reconciler.model.spec import Location, TritonServer
+from reconciler.model.servers import Location, TritonServer
 
 WEIGHT_SCALE = 10_000
 NOWHERE = Location("<memory>", 0)

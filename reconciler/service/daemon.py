@@ -51,12 +51,11 @@ from apscheduler.events import (
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from reconciler.adapters.credentials import conceal, redact
-from reconciler.adapters.secret_files import SecretFiles
 from reconciler.core.failures import pass_failures
 from reconciler.core.placement import held_after, model_states
 from reconciler.core.records import rfc3339
 from reconciler.core.undo import UndoRequest
+from reconciler.credentials import conceal, redact
 from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.on_call import VerbDone, give
@@ -76,10 +75,10 @@ from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 from reconciler.model.settings import RunSettings, Settings
 from reconciler.model.source import Source
-from reconciler.ports import ReconcilerLock
+from reconciler.ports import ReconcilerLock, RotatingSecrets
 from reconciler.service.backoff import ServerBackoff, backoff_delay
-from reconciler.service.http import _Listener, handler_for
-from reconciler.service.telemetry import ReconcilerMetrics, _event, fewer_malloc_arenas, log
+from reconciler.service.http import Listener, handler_for
+from reconciler.service.telemetry import ReconcilerMetrics, fewer_malloc_arenas, log, log_event
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
 from reconciler.wiring import ports, state_store
@@ -102,7 +101,7 @@ class Daemon:
         *,
         rng: random.Random | None = None,
         lock: ReconcilerLock | None = None,
-        secrets: SecretFiles | None = None,
+        secrets: RotatingSecrets | None = None,
     ) -> None:
         self.source = source
         self.settings = settings
@@ -136,7 +135,7 @@ class Daemon:
         self._outcome: dict[str, Any] = {"number": 0}
         self._watch = Watch(settings, self.backoff)
         self.scheduler = BackgroundScheduler(timezone=UTC)
-        self.http: _Listener | None = None
+        self.http: Listener | None = None
         self.webhooks = WebhookGate(run, settings.state_path, self.run_now)
 
     # -- secrets that rotate ------------------------------------------------------------
@@ -162,7 +161,7 @@ class Daemon:
 
     def trigger(self, why: str) -> None:
         """Run a pass as soon as possible (after the one running, if any)."""
-        _event("pass requested", trigger=why)
+        log_event("pass requested", trigger=why)
         self._pending.set()
         if self.scheduler.running and not self.stop_requested.is_set():
             self.scheduler.modify_job("reconcile", next_run_time=datetime.now(UTC))
@@ -201,7 +200,7 @@ class Daemon:
             self.metrics.git_errors.inc()
             delay = self._git_backoff()
             result = "source-unavailable"
-            _event(
+            log_event(
                 "manifest repository unavailable; everything keeps serving",
                 logging.WARNING,
                 error=str(exc),
@@ -210,7 +209,7 @@ class Daemon:
         except ValidationError as exc:
             self._fetched_once = True
             result = "invalid"
-            _event(
+            log_event(
                 "manifests invalid; nothing applied",
                 logging.ERROR,
                 revision=exc.revision,
@@ -222,14 +221,14 @@ class Daemon:
             self._fetched_once = True
             result = "refused"
             delay = self._git_backoff()
-            _event(
+            log_event(
                 "state file refused" if isinstance(exc, StateFileRefused) else "revision refused",
                 logging.ERROR,
                 error=str(exc),
                 retry_in_seconds=round(delay, 1),
             )
         except ReconcileError as exc:
-            _event("pass failed", logging.ERROR, error=str(exc))
+            log_event("pass failed", logging.ERROR, error=str(exc))
         except Exception:
             log.exception("pass crashed", extra={"fields": {"trigger": trigger}})
             result = "crashed"
@@ -238,7 +237,7 @@ class Daemon:
             self.metrics.pass_duration.observe(seconds)
             self.metrics.passes.labels(result).inc()
             self._outcome = _outcome(number, trigger, result, seconds, report)
-            _event(
+            log_event(
                 "pass finished",
                 trigger=trigger,
                 result=result,
@@ -277,7 +276,7 @@ class Daemon:
         self.metrics.set_model_states(model_states(report))
         for server, model in report.drift:
             self.metrics.drift.labels(server, model).inc()
-            _event(
+            log_event(
                 "drift corrected",
                 logging.WARNING,
                 server=server,
@@ -287,7 +286,7 @@ class Daemon:
         for change in report.result.changes if report.result else ():
             if change.change.deployment is not None and change.change.desired:
                 self.metrics.rollouts.labels(str(change.outcome)).inc()
-            _event(
+            log_event(
                 "change",
                 logging.INFO if change.outcome is Outcome.CONVERGED else logging.WARNING,
                 revision=report.revision,
@@ -298,7 +297,7 @@ class Daemon:
                 error=change.error,
             )
         for note in report.reverts:
-            _event("revert write-back", revision=report.revision, note=note)
+            log_event("revert write-back", revision=report.revision, note=note)
         if report.ok:
             self.metrics.last_success.set(time.time())
             self._passed_once = True
@@ -350,13 +349,13 @@ class Daemon:
             # (every 2 s), and SIGTERM is heard within that.
             if lock.acquire(timeout=2.0):
                 if told is not None:
-                    _event("reconciler lock taken", lock=lock.where,
+                    log_event("reconciler lock taken", lock=lock.where,
                            waited_seconds=round(time.monotonic() - began, 1))  # fmt: skip
                 return True
             if told is None or time.monotonic() - told >= _LOCK_WAIT_LOG_EVERY:
                 told = time.monotonic()
                 holder = lock.holder()
-                _event(
+                log_event(
                     "waiting for the reconciler lock", logging.WARNING, lock=lock.where,
                     holder=str(holder) if holder else None,
                     holder_pid=holder.pid if holder else None,
@@ -372,7 +371,7 @@ class Daemon:
         if self.lock.held():
             return False
         self._lock_lost = True
-        _event("reconciler lock lost; stopping", logging.ERROR, lock=self.lock.where)
+        log_event("reconciler lock lost; stopping", logging.ERROR, lock=self.lock.where)
         self.request_stop()
         return True
 
@@ -412,7 +411,7 @@ class Daemon:
         after = self._started  # a pass numbered above this started after the request
         with state_store(self.settings.state_path) as store:
             done = give(store, verb, deployment, who, reason)
-        _event("operator verb", logging.WARNING, verb=verb, target=done.target, by=who,
+        log_event("operator verb", logging.WARNING, verb=verb, target=done.target, by=who,
                reason=reason, given=not done.refused)  # fmt: skip
         if done.refused:
             what = (
@@ -447,7 +446,7 @@ class Daemon:
             return 409, {**reply, "error": str(exc)}
         except ReconcileError as exc:
             return 502, {**reply, "error": str(exc)}
-        _event(
+        log_event(
             "operator verb",
             logging.WARNING,
             verb="undo",
@@ -479,7 +478,7 @@ class Daemon:
     def refused(self, reason: str) -> None:
         self.metrics.connections_refused.labels(reason).inc()
         if reason != "error":
-            _event("connection refused", logging.WARNING, reason=reason)
+            log_event("connection refused", logging.WARNING, reason=reason)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -487,7 +486,7 @@ class Daemon:
         """Serve webhooks, /metrics and the health checks (without the scheduler: tests)."""
         self.webhooks.recall()  # replays of deliveries seen before a restart are refused too
         host, _, port = self.run_settings.listen.rpartition(":")
-        self.http = _Listener(
+        self.http = Listener(
             (host or "127.0.0.1", int(port)),
             handler_for(self, self.run_settings),
             self.run_settings.max_connections,
@@ -520,7 +519,7 @@ class Daemon:
             coalesce=True,
         )
         self.scheduler.start()
-        _event(
+        log_event(
             "started",
             repo=redact(self.source.repo),
             ref=self.source.ref,
@@ -539,11 +538,11 @@ class Daemon:
         if event.job_id == "reconcile":
             self.metrics.skipped.inc()
             self._pending.set()
-            _event("pass overran its interval; the next one runs when it ends", logging.WARNING)
+            log_event("pass overran its interval; the next one runs when it ends", logging.WARNING)
 
     def request_stop(self, signum: int | None = None, _: FrameType | None = None) -> None:
         if not self.stop_requested.is_set():
-            _event("stopping", signal=signal.Signals(signum).name if signum else None)
+            log_event("stopping", signal=signal.Signals(signum).name if signum else None)
         self.stop_requested.set()
 
     def shutdown(self) -> int:
@@ -561,9 +560,9 @@ class Daemon:
             if self.lock is not None:
                 self.lock.release()
             self._pass_lock.release()
-            _event("stopped")
+            log_event("stopped")
             return 1 if self._lock_lost else 0
-        _event(
+        log_event(
             "stopped at the deadline with a pass still running",
             logging.ERROR,
             deadline_seconds=self.run_settings.shutdown_deadline,

@@ -10,7 +10,7 @@ application sees them, and stops accepting over its connection limit. What http.
 parses laxly is checked first, strictly, by service/framing.py.
 
 ``Daemon.start_http`` (service/daemon.py) serves ``handler_for(daemon, run)`` on a
-``_Listener``; what a webhook must pass is asked of ``WebhookGate`` (service/webhooks.py).
+``Listener``; what a webhook must pass is asked of ``WebhookGate`` (service/webhooks.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from reconciler.service.operator import (
     route,
     undo_of,
 )
-from reconciler.service.telemetry import ReconcilerMetrics, _event
+from reconciler.service.telemetry import ReconcilerMetrics, log_event
 from reconciler.service.webhooks import WEBHOOK_ROUTES, WebhookGate
 
 
@@ -76,7 +76,7 @@ LINGER_SECONDS = 1.0  # at most, and never past the request's deadline
 LINGER_BYTES = 256 * 1024
 
 
-class _Listener(ThreadingHTTPServer):
+class Listener(ThreadingHTTPServer):
     """A thread per connection, at most ``max_connections`` of them; one over is answered
     503 at once and closed, so a flood costs a bounded number of threads."""
 
@@ -280,7 +280,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             self.service.refused("timeout")
         elif format.startswith("code %d") and args:
             # The reason is ours (service/framing.py), never the client's bytes.
-            _event("bad request", logging.WARNING, status=args[0], reason=self.refusal)
+            log_event("bad request", logging.WARNING, status=args[0], reason=self.refusal)
             self.service.refused("malformed")
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
@@ -299,7 +299,7 @@ class RequestHandler(BaseHTTPRequestHandler):
 
     def _refuse(self, source: str, result: str, status: int, error: str) -> None:
         self.service.metrics.webhooks.labels(source, result).inc()
-        _event("webhook refused", logging.WARNING, source=source, reason=result)
+        log_event("webhook refused", logging.WARNING, source=source, reason=result)
         self._json(status, {"error": error})
         self.close_connection = True
         self.unread = True
@@ -354,7 +354,7 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._refuse(source, "malformed", exc.status, exc.reason)
         except TimeoutError:
             self.service.metrics.webhooks.labels(source, "timeout").inc()
-            _event("webhook body not received in time", logging.WARNING, source=source)
+            log_event("webhook body not received in time", logging.WARNING, source=source)
             self.close_connection = True
         finally:
             self.service.metrics.webhook_reads.dec()
@@ -419,7 +419,7 @@ class RequestHandler(BaseHTTPRequestHandler):
 
 
 def handler_for(service: ServiceFront, run: RunSettings) -> type[RequestHandler]:
-    """The handler class for ``_Listener``, bound to ``service`` and its settings."""
+    """The handler class for ``Listener``, bound to ``service`` and its settings."""
 
     class Handler(RequestHandler):
         # The socket's timeout until ``setup`` hands reading to the deadline reader.

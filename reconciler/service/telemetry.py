@@ -1,4 +1,4 @@
-"""The service's log events (``_event``: a message and structured fields, written as JSON
+"""The service's log events (``log_event``: a message and structured fields, written as JSON
 lines by ``adapters/logs.py``) and its Prometheus metrics."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def fewer_malloc_arenas(arenas: int = 2) -> bool:
 _M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
 
 
-def _event(message: str, level: int = logging.INFO, **fields: Any) -> None:
+def log_event(message: str, level: int = logging.INFO, **fields: Any) -> None:
     log.log(level, message, extra={"fields": fields})
 
 

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import time
 
-from reconciler.adapters.triton import TritonServerClient
 from reconciler.model.errors import ReconcileError, ServerUnavailable, StepFailed
 from reconciler.model.reports import PassReport
 from reconciler.model.settings import Settings
 from reconciler.service.backoff import ServerBackoff
-from reconciler.wiring import resolver
+from reconciler.wiring import resolver, watch_client
 
 
 class Watch:
@@ -62,7 +61,7 @@ class Watch:
             if not expected and not retrying:
                 continue
             try:
-                with TritonServerClient(server, address, call_timeout=2.0) as client:
+                with watch_client(server, address) as client:
                     ready = client.ready_versions()
             except (ServerUnavailable, StepFailed):
                 continue  # still down: the backoff handles it

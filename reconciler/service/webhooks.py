@@ -19,7 +19,7 @@ from pathlib import Path
 from reconciler.model.settings import RunSettings
 from reconciler.ports import DeliveryRecord
 from reconciler.service.operator import caller
-from reconciler.service.telemetry import _event
+from reconciler.service.telemetry import log_event
 from reconciler.wiring import open_state_store
 
 # Webhook endpoints and the source each is counted and verified as.
@@ -139,7 +139,7 @@ class WebhookGate:
             window, memory = self.run_settings.replay_window, self.run_settings.replay_memory
             seen = store.seen_deliveries(self.deliveries.clock() - window, memory)
             self.deliveries.recall(seen)
-            _event("webhook deliveries recalled", keys=len(seen))
+            log_event("webhook deliveries recalled", keys=len(seen))
 
     def _remember(self, keys: list[str], at: float) -> None:
         store = self._open_store()

@@ -14,10 +14,16 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from reconciler.model.errors import Problem
 from reconciler.model.gate import GateCheck, GateFinding, GateReport, GateVerdict, ModelGate
+from reconciler.model.problems import Problem
 from reconciler.views.render import FORMAT_VERSION
-from reconciler.views.review import _code, _md, _short, _table, github_annotations
+from reconciler.views.review import (
+    code,
+    github_annotations,
+    markdown_table,
+    plain_md,
+    short,
+)
 
 GATE_MARKER = "<!-- triton-gitops gate -->"
 
@@ -120,7 +126,7 @@ def _summary(report: GateReport) -> str:
 
 
 def gate_text(report: GateReport) -> str:
-    lines = [f"gate {_short(report.base)} -> {_short(report.head)}: {_summary(report)}"]
+    lines = [f"gate {short(report.base)} -> {short(report.head)}: {_summary(report)}"]
     for gate in report.models:
         lines.append(f"{gate.verdict.upper()} {_title(gate)} ({_how(gate)})")
         for finding in gate.findings:
@@ -158,7 +164,7 @@ def _check_rows(checks: Sequence[GateCheck]) -> list[tuple[str, ...]]:
                 _number(check.old, unit),
                 _number(check.new, unit),
                 _ratio(check),
-                _md(check.threshold),
+                plain_md(check.threshold),
                 _spread(check) or "—",
                 f"{mark} {check.verdict}",
             )
@@ -171,35 +177,40 @@ def gate_markdown(report: GateReport, charts: Sequence[str] = ()) -> str:
     file names), listed so a reviewer knows where to look."""
     lines = [
         GATE_MARKER,
-        f"### triton-gitops gate {_code(_short(report.base))} → {_code(_short(report.head))}",
+        f"### triton-gitops gate {code(short(report.base))} → {code(short(report.head))}",
         "",
-        f"**{_md(_summary(report)[:1].upper() + _summary(report)[1:])}**",
+        f"**{plain_md(_summary(report)[:1].upper() + _summary(report)[1:])}**",
         "",
     ]
     for gate in report.models:
         mark = _MARKS.get(gate.verdict, "❌")
-        lines += [f"#### {mark} {_md(_title(gate))}", "", f"_{_md(_how(gate))}_", ""]
+        lines += [
+            f"#### {mark} {plain_md(_title(gate))}",
+            "",
+            f"_{plain_md(_how(gate))}_",
+            "",
+        ]
         for finding in gate.findings:
             if finding.name == "note":
-                lines.append(f"- note: {_md(finding.message)}")
+                lines.append(f"- note: {plain_md(finding.message)}")
             else:
                 lines.append(
                     f"- **{finding.name} {finding.verdict}** (line {finding.line}): "
-                    f"{_md(finding.message)}"
+                    f"{plain_md(finding.message)}"
                 )
         if gate.findings:
             lines.append("")
         if gate.checks:
-            lines += _table(
+            lines += markdown_table(
                 ("check", "concurrency", "old", "new", "change", "bound", "rounds", "verdict"),
                 _check_rows(gate.checks),
             )
             noisy = [c for c in gate.checks if c.verdict is GateVerdict.INCONCLUSIVE]
-            lines += [f"- {c.name} at {c.concurrency}: {_md(_noisy(c))}" for c in noisy]
+            lines += [f"- {c.name} at {c.concurrency}: {plain_md(_noisy(c))}" for c in noisy]
             if noisy:
                 lines.append("")
     if charts:
-        lines += ["Latency charts (old against new): " + ", ".join(map(_code, charts)), ""]
+        lines += ["Latency charts (old against new): " + ", ".join(map(code, charts)), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -24,8 +24,8 @@ from reconciler.core.review_diff import (
     WarningKind,
     plan_warnings,
 )
-from reconciler.model.errors import Problem
 from reconciler.model.plan import Action, ModelChange, Plan, Step
+from reconciler.model.problems import Problem
 from reconciler.views.render import FORMAT_VERSION, plan_text
 
 DIFF_MARKER = "<!-- triton-gitops diff -->"
@@ -46,7 +46,7 @@ def _list(versions: Iterable[int]) -> str:
     return ", ".join(map(str, versions)) or "none"
 
 
-def _short(revision: str) -> str:
+def short(revision: str) -> str:
     return revision[:12]
 
 
@@ -62,7 +62,7 @@ def _plural(count: int, one: str, many: str | None = None) -> str:
     return f"{count} {one if count == 1 else (many or one + 's')}"
 
 
-def _md(text: str) -> str:
+def plain_md(text: str) -> str:
     """Plain text made inert in Markdown: no HTML, no code spans, no table breaks. (A ">"
     starts a quote only at the start of a line, where this text never is.)"""
     return (
@@ -74,7 +74,7 @@ def _md(text: str) -> str:
     )
 
 
-def _code(text: str, *, cell: bool = False) -> str:
+def code(text: str, *, cell: bool = False) -> str:
     """An inline code span holding ``text`` as it is; in a table ``cell``, | is escaped (GFM
     splits cells before it reads code spans)."""
     text = text.replace("\n", " ")
@@ -113,16 +113,16 @@ def _warning_lines(warnings: Sequence[ReviewWarning]) -> list[str]:
     for w in warnings:
         where = []
         if w.model:
-            where.append(_code(w.model))
+            where.append(code(w.model))
         if w.servers:
-            where.append(("on " if w.model else "server ") + ", ".join(map(_code, w.servers)))
+            where.append(("on " if w.model else "server ") + ", ".join(map(code, w.servers)))
         if w.deployment and w.deployment != w.model:
-            where.append(f"(ModelDeployment {_code(w.deployment)})")
-        lines.append(f"- **{_WARNING_TITLES[w.kind]}**: {' '.join(where)}: {_md(w.message)}")
+            where.append(f"(ModelDeployment {code(w.deployment)})")
+        lines.append(f"- **{_WARNING_TITLES[w.kind]}**: {' '.join(where)}: {plain_md(w.message)}")
     return [*lines, ""]
 
 
-def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
+def markdown_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> list[str]:
     return [
         "| " + " | ".join(header) + " |",
         "|" + "|".join(" --- " for _ in header) + "|",
@@ -262,12 +262,12 @@ def _warning_json(warning: ReviewWarning) -> dict[str, Any]:
 
 
 def _model_cell(change: ModelDiff) -> str:
-    what = _md(_model_what(change))
+    what = plain_md(_model_what(change))
     if change.change is Change.REMOVED:
         what = f"**{what}**"
     details = [
-        f"{_code(f.key)} {_code(_cut(_value(f.old)), cell=True)} → "
-        f"{_code(_cut(_value(f.new)), cell=True)}"
+        f"{code(f.key)} {code(_cut(_value(f.old)), cell=True)} → "
+        f"{code(_cut(_value(f.new)), cell=True)}"
         for f in change.config
     ]
     if change.verify:
@@ -278,7 +278,7 @@ def _model_cell(change: ModelDiff) -> str:
 def diff_markdown(diff: DesiredDiff, base_rev: str, head_rev: str) -> str:
     lines = [
         DIFF_MARKER,
-        f"### triton-gitops diff {_code(_short(base_rev))} → {_code(_short(head_rev))}",
+        f"### triton-gitops diff {code(short(base_rev))} → {code(short(head_rev))}",
         "",
         f"**{_sentence(_diff_summary(diff).removeprefix('diff: '))}**",
         "",
@@ -289,14 +289,14 @@ def diff_markdown(diff: DesiredDiff, base_rev: str, head_rev: str) -> str:
     servers = {s.server: s for s in diff.servers}
     for name in sorted(set(by_server) | set(servers)):
         server = servers.get(name)
-        heading = f"#### Server {_code(name)}"
+        heading = f"#### Server {code(name)}"
         if server is not None and server.change is Change.ADDED:
             heading += " (new)"
         if server is not None and server.change is Change.REMOVED:
             heading += " (removed from the manifests)"
         lines += [heading, ""]
         if server is not None and server.change is Change.REMOVED:
-            kept = ", ".join(map(_code, server.models))
+            kept = ", ".join(map(code, server.models))
             lines += [
                 "No longer reconciled" + (f": it keeps serving {kept} as it is." if kept else "."),
                 "",
@@ -306,25 +306,25 @@ def diff_markdown(diff: DesiredDiff, base_rev: str, head_rev: str) -> str:
             lines += [
                 "Server fields: "
                 + "; ".join(
-                    f"{_code(f.key)} {_code(_cut(_value(f.old)))} → {_code(_cut(_value(f.new)))}"
+                    f"{code(f.key)} {code(_cut(_value(f.old)))} → {code(_cut(_value(f.new)))}"
                     for f in server.fields
                 ),
                 "",
             ]
         rows = [
             (
-                _code(c.model),
-                _md(_list(c.old_versions)) if c.old_versions else "—",
-                _md(_list(c.new_versions)) if c.new_versions else "—",
+                code(c.model),
+                plain_md(_list(c.old_versions)) if c.old_versions else "—",
+                plain_md(_list(c.new_versions)) if c.new_versions else "—",
                 _model_cell(c),
             )
             for c in by_server.get(name, [])
         ]
         if rows:
-            lines += _table(("model", "from", "to", "what changes"), rows)
+            lines += markdown_table(("model", "from", "to", "what changes"), rows)
     if diff.deployments_removed:
         lines += [
-            "ModelDeployments removed: " + ", ".join(map(_code, diff.deployments_removed)),
+            "ModelDeployments removed: " + ", ".join(map(code, diff.deployments_removed)),
             "",
         ]
     lines += _warning_lines(diff.warnings)
@@ -349,10 +349,10 @@ def _step_summary(step: Step) -> str:
 
 def _change_row(change: ModelChange) -> tuple[str, ...]:
     return (
-        _code(change.model),
-        _md(_list(change.serving)) if change.serving else "—",
-        _md(_list(change.desired)) if change.desired else "—",
-        " → ".join(_md(_step_summary(s)) for s in change.steps),
+        code(change.model),
+        plain_md(_list(change.serving)) if change.serving else "—",
+        plain_md(_list(change.desired)) if change.desired else "—",
+        " → ".join(plain_md(_step_summary(s)) for s in change.steps),
     )
 
 
@@ -369,7 +369,7 @@ def plan_markdown(plan: Plan) -> str:
     ]
     lines = [
         PLAN_MARKER,
-        f"### triton-gitops plan at {_code(_short(plan.revision))}",
+        f"### triton-gitops plan at {code(short(plan.revision))}",
         "",
         f"**{_sentence(', '.join(summary))}**",
         "",
@@ -378,21 +378,22 @@ def plan_markdown(plan: Plan) -> str:
         lines += ["Nothing to do: every server serves what the manifests ask for.", ""]
     for server in servers:
         rows = [_change_row(c) for c in plan.changes if c.server == server]
-        lines += [f"#### Server {_code(server)}", ""]
-        lines += _table(("model", "from", "to", "steps"), rows)
+        lines += [f"#### Server {code(server)}", ""]
+        lines += markdown_table(("model", "from", "to", "steps"), rows)
     if plan.held:
         lines += ["#### Held", ""]
         for h in sorted(plan.held, key=lambda h: (h.server, h.model)):
             reason = h.reason.strip().splitlines()[0] if h.reason.strip() else "rollout failed"
             lines.append(
-                f"- {_code(h.model)} on {_code(h.server)}: ModelDeployment {_code(h.deployment)} "
-                f"kept at {_md(_list(h.versions))} since {_code(_short(h.revision))}: {_md(reason)}"
+                f"- {code(h.model)} on {code(h.server)}: ModelDeployment {code(h.deployment)} "
+                f"kept at {plain_md(_list(h.versions))} since {code(short(h.revision))}: "
+                f"{plain_md(reason)}"
             )
         lines.append("")
     if plan.problems:
         lines += ["#### Problems", ""]
         lines += [
-            f"- {_md(str(p))}"
+            f"- {plain_md(str(p))}"
             for p in sorted(plan.problems, key=lambda p: (p.server, p.model or "", p.message))
         ]
         lines.append("")

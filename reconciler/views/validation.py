@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from reconciler.core.spec.schema import API_VERSION
-from reconciler.model.errors import Problem
+from reconciler.model.problems import Problem
 from reconciler.model.spec import ManifestReading
 from reconciler.views.review import github_annotations, problems_json
 

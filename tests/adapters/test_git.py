@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.credentials import redact
 from reconciler.adapters.git import GitSource
 from reconciler.core.spec.yaml import UnreadFile
+from reconciler.credentials import redact
 from reconciler.model.errors import SourceUnavailable
 from testkit.manifests import ManifestRepo, git
 

@@ -10,8 +10,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from reconciler.adapters.credentials import conceal
 from reconciler.adapters.logs import JsonLogFormatter, TextLogFormatter, configure_logging
+from reconciler.credentials import conceal
 
 
 def record(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.credentials import redact
 from reconciler.adapters.secret_files import SecretFileError, SecretFiles
+from reconciler.credentials import redact
 from reconciler.service.operator import parse_tokens
 
 

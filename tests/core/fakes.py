@@ -34,6 +34,7 @@ from tritonclient.grpc import model_config_pb2
 
 from reconciler.model.analysis import ProbeFigures
 from reconciler.model.errors import LoadFailed, ServerUnavailable, VerifyFailed
+from reconciler.model.servers import TritonServer
 from reconciler.model.serving import (
     READY,
     ModelInterface,
@@ -42,7 +43,7 @@ from reconciler.model.serving import (
     TensorSignature,
     VersionState,
 )
-from reconciler.model.spec import DesiredState, ModelDeployment, SmokeCase, Tensor, TritonServer
+from reconciler.model.spec import DesiredState, ModelDeployment, SmokeCase, Tensor
 
 LOADING = "LOADING"
 UNAVAILABLE = "UNAVAILABLE"

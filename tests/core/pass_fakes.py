@@ -24,6 +24,7 @@ from reconciler.model.history import (
     PassRecord,
     Rollout,
 )
+from reconciler.model.servers import TritonServer
 from reconciler.model.serving import ServerState
 from reconciler.model.source import (
     CommitVerdict,
@@ -32,7 +33,6 @@ from reconciler.model.source import (
     Revision,
     SignaturePolicy,
 )
-from reconciler.model.spec import TritonServer
 from reconciler.ports import Ports
 from tests.core.fakes import FakeTriton, observe
 

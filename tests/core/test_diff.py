@@ -22,7 +22,8 @@ from reconciler.core.review_diff import (
 from reconciler.core.triton_config import merge
 from reconciler.model.analysis import AnalysisSpec, Check
 from reconciler.model.history import History
-from reconciler.model.spec import DesiredState, ModelDeployment, SmokeCase, Tensor, TritonServer
+from reconciler.model.servers import TritonServer
+from reconciler.model.spec import DesiredState, ModelDeployment, SmokeCase, Tensor
 from tests.core.fakes import FakeTriton, deploy, desired_state, observe
 
 ANALYSIS = AnalysisSpec(interval=5.0, duration=60.0, checks=(Check("ok", "successRate", min=0.99),))

@@ -26,10 +26,11 @@ from ruamel.yaml import YAML
 
 from reconciler.adapters.files import read_in_directory
 from reconciler.core.spec.desired import load_desired_state
-from reconciler.core.spec.schema import KIND_SCHEMAS, _schemas
+from reconciler.core.spec.schema import KIND_SCHEMAS, schema_documents
 from reconciler.core.spec.shadow import attach_shadow_requests
 from reconciler.core.spec.yaml import MAX_MANIFEST_BYTES, MAX_YAML_DEPTH, MAX_YAML_VALUES
-from reconciler.model.errors import Problem, ValidationError
+from reconciler.model.errors import ValidationError
+from reconciler.model.problems import Problem
 from reconciler.model.spec import DesiredState
 from tests.core.test_spec import DEPLOYMENTS, SERVERS
 
@@ -378,7 +379,7 @@ NAMES = ("edge-a", "edge-b", "resnet", "ranker", "bert")  # few names, so refere
 
 def _ref(ref: str) -> dict[str, Any]:
     file, _, pointer = ref.partition("#")
-    node: Any = _schemas()[file.rsplit("/", 1)[-1]]
+    node: Any = schema_documents()[file.rsplit("/", 1)[-1]]
     for part in pointer.strip("/").split("/"):
         node = node[part]
     result: dict[str, Any] = node
@@ -489,7 +490,9 @@ def revisions_from_schema(draw: st.DrawFn) -> list[Any]:
     """TritonServers and ModelDeployments from the schemas. Half the time the rules that no
     schema can say are then kept (unique names, deployments naming a server drawn, config
     complete, smoke data that fills its shape), so whole revisions are valid too."""
-    server, deployment = (_schemas()[KIND_SCHEMAS[k]] for k in ("TritonServer", "ModelDeployment"))
+    server, deployment = (
+        schema_documents()[KIND_SCHEMAS[k]] for k in ("TritonServer", "ModelDeployment")
+    )
     servers = draw(st.lists(from_schema(server), max_size=2))
     deployments = draw(st.lists(from_schema(deployment), max_size=2))
     if servers and draw(st.booleans()):

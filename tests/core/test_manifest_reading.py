@@ -18,9 +18,9 @@ from reconciler.core.spec.desired import _salvaged, load_desired_state, read_man
 from reconciler.core.spec.schema import (
     API_VERSION,
     LEGACY_API_VERSION,
-    _schemas,
-    _validators,
+    kind_validators,
     schema_dir,
+    schema_documents,
 )
 from reconciler.core.spec.selection import ManifestSelection
 
@@ -223,7 +223,7 @@ def test_the_schemas_write_one_duration_pattern() -> None:
     assert text.count('"pattern": "^(?!$)(?:([0-9]+') == 1
     assert text.count("common.schema.json#/$defs/duration") == 10  # every duration field
     assert "(ms|s|m" not in text
-    assert _schemas()["common.schema.json"]["$defs"]["duration"]["type"] == "string"
+    assert schema_documents()["common.schema.json"]["$defs"]["duration"]["type"] == "string"
 
 
 def test_documents_of_other_tools_are_left_alone_and_counted() -> None:
@@ -368,7 +368,7 @@ def test_a_refused_value_is_taken_out_and_the_rest_still_checked() -> None:
     names[9], names[10] = "Bad_9", "Bad_10"  # list indices past 9: taken out from the end
     text = deployment("echo").replace("versions: [1]", f"versions: [1]\n  dependsOn: {names}")
     data = plain_document(text)
-    validator = _validators()["ModelDeployment"]
+    validator = kind_validators()["ModelDeployment"]
     salvaged = _salvaged(validator, data, list(validator.iter_errors(data)))
     assert salvaged is not None
     assert salvaged["spec"]["dependsOn"] == [n for n in names if not n.startswith("Bad")]

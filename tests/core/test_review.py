@@ -29,9 +29,10 @@ from reconciler.core.review_diff import (
 )
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.triton_config import merge
-from reconciler.model.errors import Problem, ValidationError
+from reconciler.model.errors import ValidationError
 from reconciler.model.history import Held, History
 from reconciler.model.plan import Plan, PlanProblem
+from reconciler.model.problems import Problem
 from reconciler.model.spec import DesiredState
 from reconciler.views.review import (
     diff_json,

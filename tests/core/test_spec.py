@@ -8,7 +8,8 @@ import pytest
 
 from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.core.spec.schema import API_VERSION
-from reconciler.model.errors import Problem, ValidationError
+from reconciler.model.errors import ValidationError
+from reconciler.model.problems import Problem
 from reconciler.model.spec import Expectation, Tensor
 
 MARK = "# <-"  # ends the line a problem must be reported at

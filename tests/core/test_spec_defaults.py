@@ -16,9 +16,9 @@ from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.schema import KIND_SCHEMAS, schema_defaults
 from reconciler.core.spec.schema import default as schema_default
 from reconciler.model.analysis import AnalysisSpec, NoTraffic
+from reconciler.model.servers import Discovery
 from reconciler.model.spec import (
     DesiredState,
-    Discovery,
     Expectation,
     ModelDeployment,
     SequencePolicy,

@@ -28,7 +28,8 @@ from reconciler.model.errors import RouterUnavailable, ValidationError
 from reconciler.model.history import History
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, FailureKind, Outcome
-from reconciler.model.spec import DesiredState, RolloutSpec, TritonServer
+from reconciler.model.servers import TritonServer
+from reconciler.model.spec import DesiredState, RolloutSpec
 from reconciler.model.traffic import (
     EnvoyRoute,
     Pool,

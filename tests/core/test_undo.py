@@ -18,9 +18,9 @@ from reconciler.core.undo import (
 from reconciler.loop.undo import undo
 from reconciler.model.errors import UndoRefused
 from reconciler.model.history import AppliedSpec, Rollout
+from reconciler.model.servers import Location
 from reconciler.model.settings import ApprovalSettings, Settings
 from reconciler.model.source import SignaturePolicy, Source
-from reconciler.model.spec import Location
 from tests.core.pass_fakes import World, deployment_yaml, server_yaml
 
 

@@ -13,9 +13,9 @@ from reconciler.core.triton_config import parse_pbtxt, with_versions
 from reconciler.loop.memory import PassMemory
 from reconciler.loop.reconcile import reconcile
 from reconciler.model.reports import PassReport
+from reconciler.model.servers import TritonServer
 from reconciler.model.settings import Settings, TritonSettings
 from reconciler.model.source import Source
-from reconciler.model.spec import TritonServer
 from reconciler.ports import TritonClient
 from reconciler.wiring import new_client, ports
 from testkit.local_triton import LocalTriton, free_port

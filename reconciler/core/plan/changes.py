@@ -20,7 +20,7 @@ from reconciler.model.serving import ModelState, ServerState, interface_differen
 from reconciler.model.spec import BackendSpec, ModelDeployment, SequencePolicy
 
 
-def _versions(values: frozenset[int] | set[int]) -> tuple[int, ...]:
+def sorted_versions(values: frozenset[int] | set[int]) -> tuple[int, ...]:
     return tuple(sorted(values))
 
 
@@ -198,7 +198,7 @@ class _Delta:
         return self.ready - self.desired
 
 
-def _plan_model(
+def plan_model(
     server: str,
     deployment: ModelDeployment,
     observed: ServerState,
@@ -306,8 +306,8 @@ def _change_beside(delta: _Delta) -> ModelChange:
         server,
         deployment.model,
         deployment.name,
-        _versions(ready),
-        _versions(delta.desired),
+        sorted_versions(ready),
+        sorted_versions(delta.desired),
         tuple(steps),
         exclusive=deployment.name if delta.sequence is not None and ready else None,
         interface_baseline=(
@@ -337,7 +337,7 @@ def _load_and_verify(delta: _Delta) -> list[Step]:
             server,
             deployment.model,
             Action.LOAD,
-            _versions(loading),
+            sorted_versions(loading),
             "; ".join(why),
             config=with_versions(delta.target, deployment.model, loading),
         )
@@ -372,7 +372,7 @@ def _analyze_step(delta: _Delta) -> Step:
         delta.server,
         deployment.model,
         Action.ANALYZE,
-        _versions(watched),
+        sorted_versions(watched),
         f"watch {', '.join(map(str, sorted(watched)))} for {spec.duration:g}s, every "
         f"{spec.interval:g}s: {', '.join(c.name for c in spec.checks)}"
         + (
@@ -389,7 +389,7 @@ def _analyze_step(delta: _Delta) -> Step:
         )
         + f"; old versions stay loaded{note}",
         analysis=spec,
-        baseline=_versions(ready - delta.desired),
+        baseline=sorted_versions(ready - delta.desired),
         # What the probes send: the smoke cases, else the recorded requests (else requests
         # synthesized from the model's inputs).
         smoke=deployment.smoke,
@@ -403,11 +403,11 @@ def _unload_old(delta: _Delta) -> Step:
         delta.server,
         model,
         Action.UNLOAD,
-        _versions(delta.desired),
+        sorted_versions(delta.desired),
         f"drop old version(s) {', '.join(map(str, sorted(delta.old)))}"
         + (" once the new ones are verified" if delta.new or delta.drift else ""),
         config=with_versions(delta.target, model, delta.desired),
-        dropped=_versions(delta.old),
+        dropped=sorted_versions(delta.old),
         # The new versions are verified and serving: nothing to put back; the next pass
         # retries the unload.
         on_failure=OnFailure.STOP,
@@ -419,7 +419,7 @@ def _drain_step(server: str, model: str, ready: frozenset[int], policy: Sequence
         server,
         model,
         Action.DRAIN,
-        _versions(ready),
+        sorted_versions(ready),
         f"wait until {model} is idle here (no pending request, no new inference for "
         f"{policy.idle:g}s; at most {policy.drain_timeout:g}s)"
         + (", after telling the load balancer" if policy.drain_webhook else ""),
@@ -471,10 +471,10 @@ def _verify_step(
         server,
         deployment.model,
         Action.VERIFY,
-        _versions(desired),
+        sorted_versions(desired),
         "; ".join(notes),
         smoke=deployment.smoke,
-        smoke_versions=_versions(smoke_versions),
+        smoke_versions=sorted_versions(smoke_versions),
         timeout=deployment.verify_timeout,
         interface_check=interface,
         shadow=shadow,
@@ -526,7 +526,7 @@ def _swap_in_place(
             server,
             model,
             Action.LOAD,
-            _versions(desired),
+            sorted_versions(desired),
             f"serve {', '.join(map(str, sorted(desired)))} again",
             config=with_versions(target, model, desired),
         )
@@ -536,8 +536,8 @@ def _swap_in_place(
         server,
         model,
         deployment.name,
-        _versions(ready),
-        _versions(desired),
+        sorted_versions(ready),
+        sorted_versions(desired),
         tuple(steps),
         revert=revert,
         exclusive=deployment.name,
@@ -570,7 +570,7 @@ def _load_back(
             server,
             model_name,
             Action.LOAD,
-            _versions(ready),
+            sorted_versions(ready),
             f"revert: serve only {', '.join(map(str, sorted(ready)))} as before",
             config=config,
         ),
@@ -578,7 +578,7 @@ def _load_back(
             server,
             model_name,
             Action.VERIFY,
-            _versions(ready),
+            sorted_versions(ready),
             f"revert: {', '.join(map(str, sorted(ready)))} READY",
         ),
     )

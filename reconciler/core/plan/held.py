@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.core.plan.changes import _plan_model, _versions
+from reconciler.core.plan.changes import plan_model, sorted_versions
 from reconciler.model.history import Hold
 from reconciler.model.plan import Action, ModelChange, OnFailure, PlanProblem, Step
 from reconciler.model.serving import ServerState
 from reconciler.model.spec import ModelDeployment
 
 
-def _plan_held(
+def plan_held(
     server: str, deployment: ModelDeployment, hold: Hold, observed: ServerState
 ) -> ModelChange | PlanProblem | None:
     """Keep (or bring back) what served before the failed rollout; never the failed spec."""
@@ -31,7 +31,7 @@ def _plan_held(
         previous = before.pop()
         config = next((c for c in hold.configs.values() if c is not None), None)
     if not previous:
-        return _plan_removal(server, deployment.model, observed)
+        return plan_removal(server, deployment.model, observed)
     restored = replace(
         deployment,
         versions=previous,
@@ -39,10 +39,10 @@ def _plan_held(
         smoke=(),
         analysis=None,
     )
-    return _plan_model(server, restored, observed)
+    return plan_model(server, restored, observed)
 
 
-def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelChange | None:
+def plan_removal(server: str, model_name: str, observed: ServerState) -> ModelChange | None:
     model = observed.model(model_name)
     if not model.ready:
         return None
@@ -50,7 +50,7 @@ def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelC
         server,
         model_name,
         None,
-        _versions(model.ready),
+        sorted_versions(model.ready),
         (),
         (
             Step(
@@ -59,7 +59,7 @@ def _plan_removal(server: str, model_name: str, observed: ServerState) -> ModelC
                 Action.UNLOAD,
                 (),
                 "no ModelDeployment places this model on this server any more",
-                dropped=_versions(model.ready),
+                dropped=sorted_versions(model.ready),
                 on_failure=OnFailure.STOP,  # nothing to put back; the next pass retries
             ),
         ),

@@ -13,7 +13,7 @@ from reconciler.model.serving import ServerState
 from reconciler.model.spec import Placement
 
 
-def _order(
+def order_changes(
     server: str,
     changes: list[ModelChange],
     placements: Mapping[str, Placement],

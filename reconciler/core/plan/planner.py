@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from reconciler.core.plan.changes import _plan_model
-from reconciler.core.plan.held import _plan_held, _plan_removal
-from reconciler.core.plan.order import _order
-from reconciler.core.plan.settle import _as_before, _await_load_in_progress
-from reconciler.core.plan.stages import _rollouts, with_restarted_finish
+from reconciler.core.plan.changes import plan_model
+from reconciler.core.plan.held import plan_held, plan_removal
+from reconciler.core.plan.order import order_changes
+from reconciler.core.plan.settle import as_before_the_stop, await_load_in_progress
+from reconciler.core.plan.stages import staged_rollouts, with_restarted_finish
 from reconciler.core.plan.traffic import steady_routes, unroutable
 from reconciler.model.history import ALL_DEPLOYMENTS, Held, History
 from reconciler.model.plan import ModelChange, Plan, PlanProblem
@@ -70,12 +70,12 @@ def plan(
                 in_sync.append((server, model_name))
                 continue
             if hold is not None:
-                outcome = _plan_held(server, deployment, hold, observed)
+                outcome = plan_held(server, deployment, hold, observed)
             else:
-                outcome = _plan_model(
-                    server, deployment, _as_before(observed, deployment, history), history
+                outcome = plan_model(
+                    server, deployment, as_before_the_stop(observed, deployment, history), history
                 )
-                outcome = _await_load_in_progress(outcome, observed.model(model_name))
+                outcome = await_load_in_progress(outcome, observed.model(model_name))
             if outcome is None:
                 in_sync.append((server, model_name))
             elif isinstance(outcome, PlanProblem):
@@ -87,16 +87,16 @@ def plan(
         # Suspended as a whole (``triton-gitops suspend``): no model leaves a server either.
         unplaced = set() if everything_suspended else history.managed.get(server, frozenset())
         for model_name in sorted(unplaced - set(placements)):
-            removal = _plan_removal(server, model_name, observed)
+            removal = plan_removal(server, model_name, observed)
             if removal is not None:
                 server_changes.append(removal)
-        ordered, dependency_problems = _order(server, server_changes, placements, observed)
+        ordered, dependency_problems = order_changes(server, server_changes, placements, observed)
         changes.extend(ordered)
         problems.extend(dependency_problems)
     routes = routes or {}
     changes, waiting = unroutable(desired, changes, routes)
     problems.extend(waiting)
-    rollouts, changes = _rollouts(desired, changes, history, routes)
+    rollouts, changes = staged_rollouts(desired, changes, history, routes)
     moving = {r.traffic.router for r in rollouts if r.traffic is not None}
     return Plan(
         revision,

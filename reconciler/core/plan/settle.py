@@ -35,7 +35,9 @@ def emptied_servers(
     )
 
 
-def _as_before(observed: ServerState, deployment: ModelDeployment, history: History) -> ServerState:
+def as_before_the_stop(
+    observed: ServerState, deployment: ModelDeployment, history: History
+) -> ServerState:
     """A server a stopped staged rollout was in the middle of: seen as it served before,
     so its verify and analysis run again (loading what is already loaded is no reload)."""
     record = history.staged.get(deployment.name)
@@ -54,7 +56,7 @@ def _as_before(observed: ServerState, deployment: ModelDeployment, history: Hist
     )
 
 
-def _await_load_in_progress(
+def await_load_in_progress(
     outcome: ModelChange | PlanProblem | None, model: ModelState
 ) -> ModelChange | PlanProblem | None:
     """Never start a second load of a model Triton is still loading (an earlier pass's load,

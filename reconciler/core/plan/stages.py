@@ -23,7 +23,7 @@ def _count(value: int | str, total: int) -> int:
     return max(1, min(total, number))
 
 
-def _rollouts(
+def staged_rollouts(
     desired: DesiredState,
     changes: list[ModelChange],
     history: History,

@@ -16,24 +16,22 @@ from collections.abc import Mapping
 from typing import Any
 
 from reconciler.core.spec.promql import promql_syntax_error
-from reconciler.core.spec.schema import ANY, JsonPath, _schemas, default
-from reconciler.core.spec.yaml import _Document
+from reconciler.core.spec.schema import ANY, JsonPath, default, schema_documents
+from reconciler.core.spec.yaml import Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
-from reconciler.model.errors import Problem
 from reconciler.model.gate import GateSpec
+from reconciler.model.problems import Problem
+from reconciler.model.servers import Discovery, Location, TritonServer
 from reconciler.model.spec import (
     BackendSpec,
-    Discovery,
     Expectation,
-    Location,
     ModelDeployment,
     RolloutSpec,
     SequencePolicy,
     ShadowSpec,
     SmokeCase,
     Tensor,
-    TritonServer,
 )
 from reconciler.model.traffic import (
     WEIGHT_SCALE,
@@ -48,7 +46,7 @@ from reconciler.model.traffic import (
 # Durations are parsed with the schema's own pattern (common.schema.json#/$defs/duration),
 # so what the schema accepts and what the code reads cannot drift apart: its four groups
 # are the hours, minutes, seconds and milliseconds, each optional.
-_DURATION = re.compile(_schemas()["common.schema.json"]["$defs"]["duration"]["pattern"])
+_DURATION = re.compile(schema_documents()["common.schema.json"]["$defs"]["duration"]["pattern"])
 _DURATION_UNITS = (3600.0, 60.0, 1.0, 0.001)
 _SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
 
@@ -84,14 +82,14 @@ def _or_default(values: Mapping[str, Any], kind: str, *path: str) -> Any:
     return values.get(path[-1], default(kind, *path))
 
 
-def _flat(data: list[Any]) -> list[Any]:
+def flat(data: list[Any]) -> list[Any]:
     out: list[Any] = []
     for item in data:
-        out.extend(_flat(item) if isinstance(item, list) else [item])
+        out.extend(flat(item) if isinstance(item, list) else [item])
     return out
 
 
-def _build_server(doc: _Document, spec: dict[str, Any]) -> TritonServer:
+def build_server(doc: Document, spec: dict[str, Any]) -> TritonServer:
     metadata, body = spec["metadata"], spec["spec"]
     discovery = body.get("discovery")
     return TritonServer(
@@ -114,8 +112,8 @@ def _build_server(doc: _Document, spec: dict[str, Any]) -> TritonServer:
     )
 
 
-def _build_deployment(
-    doc: _Document, spec: dict[str, Any], problems: list[Problem]
+def build_deployment(
+    doc: Document, spec: dict[str, Any], problems: list[Problem]
 ) -> ModelDeployment:
     """A ModelDeployment from a schema-valid document; what the schema cannot say (config
     that protobuf refuses, smoke data that does not fill its shape, versions written twice)
@@ -183,7 +181,7 @@ _POINTED_AT = (
 )
 
 
-def _lines(doc: _Document, body: dict[str, Any]) -> tuple[tuple[str, int], ...]:
+def _lines(doc: Document, body: dict[str, Any]) -> tuple[tuple[str, int], ...]:
     found = []
     for path in _POINTED_AT:
         node: Any = body
@@ -195,7 +193,7 @@ def _lines(doc: _Document, body: dict[str, Any]) -> tuple[tuple[str, int], ...]:
 
 
 def _check_config(
-    doc: _Document, config: dict[str, Any], model: str, problems: list[Problem]
+    doc: Document, config: dict[str, Any], model: str, problems: list[Problem]
 ) -> None:
     """spec.config as Triton's ModelConfig would take it, and naming the model it is for."""
     try:
@@ -215,7 +213,7 @@ def _check_config(
         )
 
 
-def _check_promql(doc: _Document, analysis: dict[str, Any], problems: list[Problem]) -> None:
+def _check_promql(doc: Document, analysis: dict[str, Any], problems: list[Problem]) -> None:
     """Each promql check's query must parse (syntax only: no Prometheus is asked)."""
     for index, check in enumerate(analysis.get("checks", [])):
         if "promql" not in check:
@@ -231,7 +229,7 @@ def _check_promql(doc: _Document, analysis: dict[str, Any], problems: list[Probl
 
 
 def _smoke_cases(
-    doc: _Document, verify: dict[str, Any], problems: list[Problem]
+    doc: Document, verify: dict[str, Any], problems: list[Problem]
 ) -> tuple[SmokeCase, ...]:
     """spec.verify.smoke; data that does not fill its shape is a problem (the schema cannot
     relate the two)."""
@@ -240,7 +238,7 @@ def _smoke_cases(
         path: JsonPath = ("spec", "verify", "smoke", index)
         inputs = []
         for name, tensor in case["inputs"].items():
-            data = _flat(tensor["data"])
+            data = flat(tensor["data"])
             if math.prod(tensor["shape"]) != len(data):
                 problems.append(
                     doc.problem(
@@ -259,13 +257,13 @@ def _smoke_cases(
 
 
 def _expectation(
-    doc: _Document,
+    doc: Document,
     path: JsonPath,
     name: str,
     expected: dict[str, Any],
     problems: list[Problem],
 ) -> Expectation:
-    data = _flat(expected["data"])
+    data = flat(expected["data"])
     shape = expected.get("shape")
     if shape is not None and math.prod(shape) != len(data):
         problems.append(
@@ -286,7 +284,7 @@ def _expectation(
 
 
 def _versions(
-    doc: _Document, body: dict[str, Any], problems: list[Problem]
+    doc: Document, body: dict[str, Any], problems: list[Problem]
 ) -> tuple[tuple[int, ...], dict[int, str]]:
     """spec.versions, sorted, and the digests pinned for some of them."""
     numbers: list[Any] = []
@@ -334,7 +332,7 @@ def _backend(body: dict[str, Any]) -> BackendSpec | None:
     )
 
 
-def _shadow(doc: _Document, verify: dict[str, Any]) -> ShadowSpec | None:
+def _shadow(doc: Document, verify: dict[str, Any]) -> ShadowSpec | None:
     if "shadow" not in verify:
         return None
     shadow = verify["shadow"]
@@ -375,7 +373,7 @@ def _share(text: str) -> int:
     return round(float(text.rstrip("%")) * WEIGHT_SCALE / 100)
 
 
-def _traffic(doc: _Document, spec: dict[str, Any]) -> TrafficSpec:
+def _traffic(doc: Document, spec: dict[str, Any]) -> TrafficSpec:
     path = ("spec", "rollout", "traffic")
     strategy = Strategy(spec["strategy"])
     if strategy is Strategy.CANARY:
@@ -395,7 +393,7 @@ def _traffic(doc: _Document, spec: dict[str, Any]) -> TrafficSpec:
     )
 
 
-def _build_router(doc: _Document, spec: dict[str, Any]) -> RouterSpec:
+def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
     metadata, body = spec["metadata"], spec["spec"]
     envoy, gateway = body.get("envoy"), body.get("gatewayAPI")
     where = ("spec", "envoy")
@@ -433,7 +431,7 @@ def _build_router(doc: _Document, spec: dict[str, Any]) -> RouterSpec:
     )
 
 
-def _rollout(doc: _Document, spec: dict[str, Any]) -> RolloutSpec:
+def _rollout(doc: Document, spec: dict[str, Any]) -> RolloutSpec:
     preview = spec.get("preview", {}).get("servers", {})
     webhooks = spec.get("webhooks", {})
     return RolloutSpec(

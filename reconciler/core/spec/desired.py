@@ -15,27 +15,29 @@ from typing import Any
 
 import jsonschema
 
-from reconciler.core.spec.build import _build_deployment, _build_router, _build_server
+from reconciler.core.spec.build import build_deployment, build_router, build_server
 from reconciler.core.spec.rules import (
     Unbuilt,
-    _cross_check,
-    _dependency_problems,
-    _traffic_problems,
     analysis_source_problems,
+    cross_check,
+    dependency_problems,
     evidence_warnings,
+    traffic_problems,
 )
 from reconciler.core.spec.schema import (
     API_VERSION,
     KIND_SCHEMAS,
     LEGACY_API_VERSION,
-    _mapping,
-    _schema_message,
-    _validators,
+    as_mapping,
+    kind_validators,
+    schema_message,
 )
 from reconciler.core.spec.shadow import attach_shadow_requests
-from reconciler.core.spec.yaml import _Document, _documents, plain
-from reconciler.model.errors import Problem, ValidationError
-from reconciler.model.spec import DesiredState, ManifestReading, ModelDeployment, TritonServer
+from reconciler.core.spec.yaml import Document, plain, yaml_documents
+from reconciler.model.errors import ValidationError
+from reconciler.model.problems import Problem
+from reconciler.model.servers import TritonServer
+from reconciler.model.spec import DesiredState, ManifestReading, ModelDeployment
 from reconciler.model.traffic import RouterSpec
 
 
@@ -54,13 +56,13 @@ def read_manifests(
     problems: list[Problem] = []
     warnings: list[Problem] = []
     ignored: dict[str, list[str]] = {}
-    servers: list[tuple[_Document, TritonServer]] = []
-    deployments: list[tuple[_Document, ModelDeployment]] = []
-    routers: list[tuple[_Document, RouterSpec]] = []
+    servers: list[tuple[Document, TritonServer]] = []
+    deployments: list[tuple[Document, ModelDeployment]] = []
+    routers: list[tuple[Document, RouterSpec]] = []
     unbuilt = Unbuilt()
-    validators = _validators()
+    validators = kind_validators()
     documents = 0
-    for doc in _documents(files, problems, ignored):
+    for doc in yaml_documents(files, problems, ignored):
         documents += 1
         api_version, kind = doc.root.get("apiVersion"), doc.root.get("kind")
         if api_version is None:
@@ -95,21 +97,21 @@ def read_manifests(
             validators[kind].iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]
         )
         if errors:
-            problems.extend(doc.problem(tuple(e.absolute_path), _schema_message(e)) for e in errors)
+            problems.extend(doc.problem(tuple(e.absolute_path), schema_message(e)) for e in errors)
             salvaged = _salvaged(validators[kind], data, errors)
             if salvaged is None:
                 unbuilt.add(kind, data)
                 continue
             data = salvaged
         if kind == "TritonServer":
-            servers.append((doc, _build_server(doc, data)))
+            servers.append((doc, build_server(doc, data)))
         elif kind == "Router":
-            routers.append((doc, _build_router(doc, data)))
+            routers.append((doc, build_router(doc, data)))
         else:
-            deployments.append((doc, _build_deployment(doc, data, problems)))
-    problems.extend(_cross_check(servers, deployments, unbuilt))
-    problems.extend(_dependency_problems(deployments, unbuilt))
-    problems.extend(_traffic_problems(servers, deployments, routers, unbuilt))
+            deployments.append((doc, build_deployment(doc, data, problems)))
+    problems.extend(cross_check(servers, deployments, unbuilt))
+    problems.extend(dependency_problems(deployments, unbuilt))
+    problems.extend(traffic_problems(servers, deployments, routers, unbuilt))
     warnings.extend(evidence_warnings(deployments))
     desired = DesiredState.build(
         [s for _, s in servers], [d for _, d in deployments], [r for _, r in routers]
@@ -177,7 +179,7 @@ def _take_out(
         holder = _at(data, path)
         if not isinstance(holder, dict):
             return None
-        declared = _mapping(error.schema).get("properties", {})
+        declared = as_mapping(error.schema).get("properties", {})
         for key in [k for k in error.instance if k not in declared]:
             holder.pop(key, None)
         return (*path, "\0")  # no other error's path: the object itself stays

@@ -10,9 +10,10 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
-from reconciler.core.spec.yaml import _Document
-from reconciler.model.errors import Problem
-from reconciler.model.spec import DesiredState, ModelDeployment, TritonServer
+from reconciler.core.spec.yaml import Document
+from reconciler.model.problems import Problem
+from reconciler.model.servers import TritonServer
+from reconciler.model.spec import DesiredState, ModelDeployment
 from reconciler.model.traffic import RouterSpec, Strategy, TrafficSpec, share_text
 
 
@@ -41,9 +42,9 @@ class Unbuilt:
         return any(all(found.get(k) == v for k, v in labels.items()) for found in self.labels)
 
 
-def _cross_check(
-    servers: list[tuple[_Document, TritonServer]],
-    deployments: list[tuple[_Document, ModelDeployment]],
+def cross_check(
+    servers: list[tuple[Document, TritonServer]],
+    deployments: list[tuple[Document, ModelDeployment]],
     unbuilt: Unbuilt,
 ) -> Iterator[Problem]:
     seen_servers: dict[str, TritonServer] = {}
@@ -172,8 +173,8 @@ def dependency_cycle(edges: Mapping[str, Iterable[str]]) -> list[str] | None:
     return None
 
 
-def _dependency_problems(
-    deployments: list[tuple[_Document, ModelDeployment]], unbuilt: Unbuilt
+def dependency_problems(
+    deployments: list[tuple[Document, ModelDeployment]], unbuilt: Unbuilt
 ) -> Iterator[Problem]:
     """dependsOn naming unknown ModelDeployments; cycles through dependsOn and ensembles."""
     names = {d.name for _, d in deployments}
@@ -181,7 +182,7 @@ def _dependency_problems(
     for _, d in deployments:
         by_model.setdefault(d.model, set()).add(d.name)
     edges: dict[str, set[str]] = {}
-    where: dict[str, _Document] = {}
+    where: dict[str, Document] = {}
     for doc, d in deployments:
         where[d.name] = doc
         for index, other in enumerate(d.depends_on):
@@ -200,10 +201,10 @@ def _dependency_problems(
         )
 
 
-def _traffic_problems(
-    servers: list[tuple[_Document, TritonServer]],
-    deployments: list[tuple[_Document, ModelDeployment]],
-    routers: list[tuple[_Document, RouterSpec]],
+def traffic_problems(
+    servers: list[tuple[Document, TritonServer]],
+    deployments: list[tuple[Document, ModelDeployment]],
+    routers: list[tuple[Document, RouterSpec]],
     unbuilt: Unbuilt,
 ) -> Iterator[Problem]:
     """Routers whose pools name unknown servers or share one, and ModelDeployments whose
@@ -253,7 +254,7 @@ def _traffic_problems(
 
 
 def _deployment_traffic(
-    doc: _Document,
+    doc: Document,
     deployment: ModelDeployment,
     traffic: TrafficSpec,
     routers: Mapping[str, RouterSpec],
@@ -322,7 +323,7 @@ def _deployment_traffic(
 SLOW_MODEL_SECONDS = 0.1
 
 
-def evidence_warnings(deployments: Iterable[tuple[_Document, ModelDeployment]]) -> list[Problem]:
+def evidence_warnings(deployments: Iterable[tuple[Document, ModelDeployment]]) -> list[Problem]:
     """A warning for each analysis whose ``minEvidence`` the probes alone reach only for a
     model faster than SLOW_MODEL_SECONDS: with no client traffic (a canary before its
     share, a quiet hour), a slower good version ends inconclusive and is reverted. A probe

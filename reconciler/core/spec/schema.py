@@ -47,21 +47,21 @@ def schema_dir() -> Path:
 
 
 @cache
-def _schemas() -> dict[str, Any]:
+def schema_documents() -> dict[str, Any]:
     return {p.name: json.loads(p.read_text()) for p in schema_dir().glob("*.schema.json")}
 
 
 @cache
 def _registry() -> referencing.Registry[Any]:
     return referencing.Registry().with_resources(
-        (s["$id"], referencing.Resource.from_contents(s)) for s in _schemas().values()
+        (s["$id"], referencing.Resource.from_contents(s)) for s in schema_documents().values()
     )
 
 
 @cache
-def _validators() -> dict[str, jsonschema.protocols.Validator]:
+def kind_validators() -> dict[str, jsonschema.protocols.Validator]:
     return {
-        kind: jsonschema.Draft202012Validator(_schemas()[name], registry=_registry())
+        kind: jsonschema.Draft202012Validator(schema_documents()[name], registry=_registry())
         for kind, name in KIND_SCHEMAS.items()
     }
 
@@ -82,7 +82,7 @@ def default(kind: str, *path: str) -> Any:
 @cache
 def schema_defaults(kind: str) -> Mapping[tuple[str, ...], Any]:
     """Every ``default`` in the schema of ``kind``, by the path of its field."""
-    schema = _schemas()[KIND_SCHEMAS[kind]]
+    schema = schema_documents()[KIND_SCHEMAS[kind]]
     found: dict[tuple[str, ...], Any] = {}
     _collect_defaults(schema, _registry().resolver(base_uri=schema["$id"]), (), found)
     return MappingProxyType(found)  # cached: shared by every caller
@@ -112,25 +112,25 @@ def _collect_defaults(
 _JSON_SCALARS = (str, int, float, type(None))
 
 
-def _foreign_value(value: Any, path: JsonPath) -> tuple[JsonPath, Any] | None:
+def foreign_value(value: Any, path: JsonPath) -> tuple[JsonPath, Any] | None:
     """The first value (with its path) that JSON cannot hold: timestamps, sets, binary,
     tagged scalars. Keys are text once loaded (see ``plain``)."""
     if isinstance(value, Mapping):
         for key, item in value.items():
-            found = _foreign_value(item, (*path, str(key)))
+            found = foreign_value(item, (*path, str(key)))
             if found is not None:
                 return found
         return None
     if isinstance(value, list):
         for index, item in enumerate(value):
-            found = _foreign_value(item, (*path, index))
+            found = foreign_value(item, (*path, index))
             if found is not None:
                 return found
         return None
     return None if isinstance(value, _JSON_SCALARS) else (path, value)
 
 
-def _yaml_type(value: Any) -> str:
+def yaml_type(value: Any) -> str:
     if isinstance(value, datetime.date):  # datetimes too
         return "timestamp"
     if isinstance(value, AbstractSet):
@@ -140,7 +140,7 @@ def _yaml_type(value: Any) -> str:
     return f"value tagged {getattr(value, 'tag', None) or type(value).__name__}"
 
 
-def _where(path: JsonPath) -> str:
+def json_path_text(path: JsonPath) -> str:
     """A path as the schema messages write it: spec.versions[0]."""
     return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
 
@@ -191,17 +191,17 @@ def _alternatives(error: jsonschema.ValidationError) -> str | None:
     words = [
         str(e.schema["errorMessage"]).removeprefix("is not ")
         for e in _same_form(error)
-        if e.validator == "pattern" and "errorMessage" in _mapping(e.schema)
+        if e.validator == "pattern" and "errorMessage" in as_mapping(e.schema)
     ]
     if len(words) < 2:
         return None
     return f"{error.instance!r} is not {' or '.join(dict.fromkeys(words))}"
 
 
-def _schema_message(error: jsonschema.ValidationError) -> str:
+def schema_message(error: jsonschema.ValidationError) -> str:
     alternatives = _alternatives(error)
     error = _specific(error)
-    where = _where(tuple(error.absolute_path))
+    where = json_path_text(tuple(error.absolute_path))
     if alternatives is not None:
         message = alternatives
     elif error.validator == "not" and error.absolute_path and error.absolute_path[-1] == "config":
@@ -217,7 +217,9 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         message = "exactly one of grpc (with an optional metrics URL) or discovery is required"
     elif error.validator in ("minProperties", "maxProperties") and where.endswith("servers"):
         message = "exactly one of names or matchLabels is required"
-    elif error.validator in ("pattern", "type", "not") and "errorMessage" in _mapping(error.schema):
+    elif error.validator in ("pattern", "type", "not") and "errorMessage" in as_mapping(
+        error.schema
+    ):
         # The schema's own words for a value of the wrong form: never its regular expression.
         words = error.schema["errorMessage"]
         scalar = not isinstance(error.instance, dict | list)
@@ -234,7 +236,7 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     return f"{where}: {message}" if where else message
 
 
-def _mapping(schema: Any) -> Mapping[str, Any]:
+def as_mapping(schema: Any) -> Mapping[str, Any]:
     return schema if isinstance(schema, Mapping) else {}  # a schema may be true or false
 
 

@@ -10,9 +10,10 @@ from dataclasses import replace
 
 import jsonschema
 
-from reconciler.core.spec.build import _flat
-from reconciler.core.spec.schema import _schema_message, _schemas, _validators
-from reconciler.model.errors import Problem, ValidationError
+from reconciler.core.spec.build import flat
+from reconciler.core.spec.schema import kind_validators, schema_documents, schema_message
+from reconciler.model.errors import ValidationError
+from reconciler.model.problems import Problem
 from reconciler.model.spec import DesiredState, Tensor
 
 MAX_SHADOW_REQUESTS = 10_000
@@ -25,12 +26,12 @@ def attach_shadow_requests(
     """Read every ModelDeployment's shadow requests file (``read`` gives a file of the
     revision, or None) into its spec; every problem as FILE:LINE."""
     problems: list[Problem] = []
-    tensor = {"$ref": _schemas()["common.schema.json"]["$id"] + "#/$defs/tensor"}
+    tensor = {"$ref": schema_documents()["common.schema.json"]["$id"] + "#/$defs/tensor"}
     validator = jsonschema.Draft202012Validator(
         {"type": "object", "required": ["inputs"],
          "properties": {"inputs": {"type": "object", "minProperties": 1,
                                    "additionalProperties": tensor}}},
-        registry=_validators()["ModelDeployment"]._registry,
+        registry=kind_validators()["ModelDeployment"]._registry,
     )  # fmt: skip
     deployments = []
     for deployment in desired.deployments.values():
@@ -64,12 +65,12 @@ def attach_shadow_requests(
             errors = list(validator.iter_errors(request))
             if errors:
                 problems.extend(
-                    Problem(shadow.requests_file, number, _schema_message(e)) for e in errors
+                    Problem(shadow.requests_file, number, schema_message(e)) for e in errors
                 )
                 continue
             requests.append(
                 tuple(
-                    Tensor(name, t["datatype"], tuple(t["shape"]), tuple(_flat(t["data"])))
+                    Tensor(name, t["datatype"], tuple(t["shape"]), tuple(flat(t["data"])))
                     for name, t in request["inputs"].items()
                 )
             )

@@ -19,11 +19,11 @@ from reconciler.core.spec.schema import (
     API_GROUPS,
     KIND_SCHEMAS,
     JsonPath,
-    _foreign_value,
-    _where,
-    _yaml_type,
+    foreign_value,
+    json_path_text,
+    yaml_type,
 )
-from reconciler.model.errors import Problem
+from reconciler.model.problems import Problem
 
 # Caps that keep hostile manifests (YAML bombs, deep nesting, huge files) bounded in time and
 # memory. A real manifest is a few kilobytes, a few levels deep, a few hundred values.
@@ -55,7 +55,7 @@ class UnreadFile(bytes):
         return UnreadFile(f"file is larger than {MAX_MANIFEST_BYTES} bytes, not read")
 
 
-class _Document:
+class Document:
     """One YAML document of one file, with a way to find the line of any path in it."""
 
     def __init__(self, file: str, root: CommentedMap, start_line: int) -> None:
@@ -177,11 +177,11 @@ def other_tool(document: Mapping[str, Any]) -> str | None:
     return repr(api_version)
 
 
-def _documents(
+def yaml_documents(
     files: Mapping[str, bytes],
     problems: list[Problem],
     ignored: dict[str, list[str]] | None = None,
-) -> Iterator[_Document]:
+) -> Iterator[Document]:
     """The documents of this reconciler in ``files``; those of other tools are left out (what
     each is, by file, in ``ignored``), what cannot be read goes to ``problems``."""
     for file, content in sorted(files.items()):
@@ -234,15 +234,16 @@ def _documents(
                 if ignored is not None:
                     ignored.setdefault(file, []).append(other or "")
                 continue
-            doc = _Document(file, document, _start_line(document))
-            foreign = _foreign_value(document, ())
+            doc = Document(file, document, _start_line(document))
+            foreign = foreign_value(document, ())
             if foreign is not None:
                 path, value = foreign
                 problems.append(
                     doc.problem(
                         path,
-                        f"{_where(path)}: a YAML {_yaml_type(value)} is not a manifest value "
-                        "(text, number, boolean, null, list or mapping); quote it if it is text",
+                        f"{json_path_text(path)}: a YAML {yaml_type(value)} is not a manifest "
+                        "value (text, number, boolean, null, list or mapping); quote it if it "
+                        "is text",
                     )
                 )
                 continue
