@@ -446,7 +446,10 @@ def test_backend_swap_killed_at(
     else:
         assert ready_versions(triton, "echo") == set()
     # (The first pass found echo serving and recorded 2026.10 without replacing anything.)
-    assert installed_revisions(installed) == ([] if point == "apply.unload" else ["2026.11"])
+    assert installed_revisions(installed) == ([] if point == "apply.unload" else ["2026.11"]), (
+        killed.out,
+        killed.err,
+    )
     rerun = reconciler.run()
     assert rerun.code == 0, rerun.out + rerun.err
     ended_cleanly(reconciler, 1)
