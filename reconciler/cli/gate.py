@@ -10,6 +10,8 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,38 +151,18 @@ def _gate(args: argparse.Namespace) -> int:
             )
     workdir = Path(tempfile.mkdtemp(prefix="triton-gitops-gate-"))
     received: list[int] = []
-
-    def interrupted(signum: int, frame: object) -> None:
-        received.append(signum)
-        for taken in handlers:  # a second signal must not cut the cleanup short
-            signal.signal(taken, signal.SIG_IGN)
-        raise KeyboardInterrupt
-
-    # SIGTERM (a cancelled CI job, a supervisor) ends the gate as Ctrl-C does: its server
-    # killed by its pid with its process group (its stubs), its shared memory and its temp
-    # folder removed. A signal's default action would leave them all behind. A SIGINT the
-    # gate was started ignoring (a background job) stays ignored.
-    handlers = {
-        taken: signal.getsignal(taken)
-        for taken in (signal.SIGTERM, signal.SIGINT)
-        if signal.getsignal(taken) is not signal.SIG_IGN
-    }
-    for taken in handlers:
-        signal.signal(taken, interrupted)
-    try:
-        gates, errors = _gate_each(args, targets, workdir, perf_analyzer)
-    except KeyboardInterrupt:
-        shutil.rmtree(workdir, ignore_errors=True)
-        number = received[0] if received else signal.SIGINT
-        print(
-            f"gate: interrupted by {signal.Signals(number).name}: its tritonserver ended, "
-            f"{workdir} removed",
-            file=sys.stderr,
-        )
-        return 128 + number
-    finally:
-        for taken, handler in handlers.items():
-            signal.signal(taken, handler)
+    with _signals_interrupt(received):
+        try:
+            gates, errors = _gate_each(args, targets, workdir, perf_analyzer)
+        except KeyboardInterrupt:
+            shutil.rmtree(workdir, ignore_errors=True)
+            number = received[0] if received else signal.SIGINT
+            print(
+                f"gate: interrupted by {signal.Signals(number).name}: its tritonserver ended, "
+                f"{workdir} removed",
+                file=sys.stderr,
+            )
+            return 128 + number
     report = GateReport(base_sha, head_sha, tuple(gates))
     charts: list[str] = []
     if args.report_dir is not None:
@@ -202,6 +184,34 @@ def _gate(args: argparse.Namespace) -> int:
         GateVerdict.FAIL: EXIT_GATE_FAILED,
         GateVerdict.INCONCLUSIVE: EXIT_GATE_INCONCLUSIVE,
     }.get(report.verdict, EXIT_OK)
+
+
+@contextmanager
+def _signals_interrupt(received: list[int]) -> Iterator[None]:
+    """SIGTERM (a cancelled CI job, a supervisor) ends the gate as Ctrl-C does: its server
+    killed by its pid with its process group (its stubs), its shared memory and its temp
+    folder removed. A signal's default action would leave them all behind. A SIGINT the
+    gate was started ignoring (a background job) stays ignored. ``received``: the signals
+    that came; the handlers are put back at the end of the block."""
+
+    def interrupted(signum: int, frame: object) -> None:
+        received.append(signum)
+        for taken in handlers:  # a second signal must not cut the cleanup short
+            signal.signal(taken, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    handlers = {
+        taken: signal.getsignal(taken)
+        for taken in (signal.SIGTERM, signal.SIGINT)
+        if signal.getsignal(taken) is not signal.SIG_IGN
+    }
+    for taken in handlers:
+        signal.signal(taken, interrupted)
+    try:
+        yield
+    finally:
+        for taken, handler in handlers.items():
+            signal.signal(taken, handler)
 
 
 def _gate_each(

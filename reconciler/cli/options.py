@@ -56,6 +56,18 @@ def source_options(
     outputs: tuple[str, ...] = ("text", "json"),
     repo_required: bool = True,
 ) -> None:
+    """The options of a command that reads the manifests and reaches the servers, in the
+    groups --help shows: source, Git credentials, approval, reconciler, analysis."""
+    _manifest_source(parser, outputs, repo_required)
+    _git_credentials(parser)
+    _approval(parser)
+    _reconciler(parser)
+    _analysis(parser)
+
+
+def _manifest_source(
+    parser: argparse.ArgumentParser, outputs: tuple[str, ...], repo_required: bool
+) -> None:
     group = parser.add_argument_group("manifest source")
     group.add_argument(
         "--repo",
@@ -79,6 +91,9 @@ def source_options(
     group.add_argument(
         "--output", choices=outputs, default="text", help="report format (default %(default)s)"
     )
+
+
+def _git_credentials(parser: argparse.ArgumentParser) -> None:
     creds = parser.add_argument_group(
         "Git credentials (from the environment or mounted files, never from the repository)"
     )
@@ -95,6 +110,9 @@ def source_options(
         help="user name sent with the token (%(default)s)",
     )
     creds.add_argument("--git-ssh-key", type=Path, metavar="FILE", help="SSH private key file")
+
+
+def _approval(parser: argparse.ArgumentParser) -> None:
     approved = parser.add_argument_group(
         "only approved commits (fast-forward only; signatures; approval trailers)"
     )
@@ -131,6 +149,9 @@ def source_options(
         metavar="N",
         help="with --require-trailer (%(default)s)",
     )
+
+
+def _reconciler(parser: argparse.ArgumentParser) -> None:
     run = parser.add_argument_group("reconciler")
     run.add_argument(
         "--state",
@@ -207,6 +228,16 @@ def source_options(
         "shows no change (a hand reload with another config); spread over 0.5x-1.5x "
         "(%(default)g)",
     )
+    run.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="accept a revision that leaves a server with no declared models although the "
+        "last applied one had some (otherwise refused, so that an empty or broken checkout "
+        "never unloads production)",
+    )
+
+
+def _analysis(parser: argparse.ArgumentParser) -> None:
     analysis = parser.add_argument_group("analysis, revert and alerts")
     analysis.add_argument(
         "--prometheus-url",
@@ -247,13 +278,6 @@ def source_options(
         "--alert-webhook",
         metavar="URL",
         help="post every alert event as JSON to this URL",
-    )
-    run.add_argument(
-        "--allow-empty",
-        action="store_true",
-        help="accept a revision that leaves a server with no declared models although the "
-        "last applied one had some (otherwise refused, so that an empty or broken checkout "
-        "never unloads production)",
     )
 
 
