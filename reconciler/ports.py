@@ -409,7 +409,7 @@ class MemoryGauge(Protocol):
     def server_memory(self) -> int | None: ...
 
 
-# -- one reconciler at a time (cli.py's apply and undo, service/daemon.py) ------------------
+# -- one reconciler at a time (apply and undo in cli/, service/daemon.py) ------------------
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@
            ``--log-format json``
 
 A record's structured fields are ``extra={"fields": {...}}`` (the service's
-``telemetry._event``, the pass's ``loop/pass_log.py``, ``LogAlerter``) or any other key given
-in ``extra``. Credentials are hidden in both formats (``redact``). ``cli.py`` calls
+``telemetry.log_event``, the pass's ``loop/pass_log.py``, ``LogAlerter``) or any other key given
+in ``extra``. Credentials are hidden in both formats (``redact``). ``cli.main`` calls
 ``configure_logging`` once, before the command runs.
 """
 

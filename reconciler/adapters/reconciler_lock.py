@@ -1,7 +1,7 @@
 """The reconciler lock as a file next to the state store (``<state>.lock``): ``apply``,
 ``undo`` and ``run`` hold it while they run, so two of them never share one state store and
 Git mirror at once. ``wiring.reconciler_lock`` makes it (and the Kubernetes Lease beside it
-when one is configured); ``cli.py`` and ``service/daemon.py`` take it.
+when one is configured); ``cli/`` (apply, undo) and ``service/daemon.py`` take it.
 
 ``fcntl.flock`` rather than a lock library: the kernel drops the lock when its holder dies
 (SIGKILL included), so there is never a stale lock to clean up, and the holder's pid,

@@ -9,7 +9,7 @@ no read unless something changed. A new value that is empty or cannot be read or
 not taken: the old one stays, and a warning names the file (never a value). Each value read
 is concealed from every log line (``credentials.conceal``).
 
-``cli.py`` (``triton-gitops run``) makes one; ``service/daemon.py`` asks it before each
+``cli/service.py`` (``triton-gitops run``) makes one; ``service/daemon.py`` asks it before each
 webhook, on-call verb and pass.
 """
 

@@ -96,7 +96,7 @@ def _declare_status(commands: Commands) -> None:
 
 def _status(args: argparse.Namespace) -> int:
     if args.watch:
-        return watch_status(args)
+        return _watch_status(args)
     if not args.repo:
         return failed("status needs --repo (or --watch)")
     source, settings = Source(args.repo, args.ref, args.path), settings_of(args)
@@ -110,7 +110,7 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def watch_status(args: argparse.Namespace) -> int:
+def _watch_status(args: argparse.Namespace) -> int:
     """status --watch: the live view, redrawn on a terminal; elsewhere printed each time it
     changes (one block per change, for logs). Runs until interrupted."""
     token = operator_token(args) if args.service else None

@@ -27,7 +27,7 @@ The pass itself is ``loop.reconcile``; this module only decides when to run it a
 beside it: service/http.py (the request handler, bounded reading, the listener),
 service/webhooks.py (webhook authentication and replays), service/watch.py (the watch
 between passes), service/backoff.py (the backoff of failing servers), service/telemetry.py
-(log lines and metrics). ``cli.py`` (``triton-gitops run``) makes one and calls ``serve``.
+(log lines and metrics). ``cli/service.py`` (``triton-gitops run``) makes one and calls ``serve``.
 """
 
 from __future__ import annotations
@@ -412,13 +412,11 @@ class Daemon:
         with state_store(self.settings.state_path) as store:
             done = give(store, verb, deployment, who, reason)
         log_event("operator verb", logging.WARNING, verb=verb, target=done.target, by=who,
-               reason=reason, given=not done.refused)  # fmt: skip
+                  reason=reason, given=not done.refused)  # fmt: skip
         if done.refused:
-            what = (
-                f"no rollout of {done.target} is in progress"
-                if verb in set(OrderKind)
-                else (f"{done.target} is {done.refused}")
-            )
+            what = f"{done.target} is {done.refused}"
+            if verb in set(OrderKind):
+                what = f"no rollout of {done.target} is in progress"
             return 409, {"error": what, "verb": verb, "target": done.target}
         if done.asks_for_a_pass:
             self.trigger(f"{verb} by {who}")
