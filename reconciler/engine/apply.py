@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from reconciler.engine.change import _ignore, _ignore_stage, apply_change
+from reconciler.engine.change import apply_change, no_progress, no_stage_progress, server_lost
+from reconciler.engine.context import ChangeContext, NoStepHooks, Timing
 from reconciler.engine.orders import OrderWatch
-from reconciler.engine.staged import _server_lost, _staged
-from reconciler.engine.steps import NoStepHooks, Timing, _ChangeContext
-from reconciler.engine.traffic import _set_route, _traffic
-from reconciler.model.plan import Action, ModelChange, Plan, Step
+from reconciler.engine.staged import run_staged
+from reconciler.engine.stages import Rollout, RolloutKind
+from reconciler.engine.traffic import run_traffic, set_route
+from reconciler.model.plan import Action, ModelChange, Plan, RolloutPlan, Step
 from reconciler.model.results import (
     ApplyResult,
     ChangeResult,
@@ -40,7 +41,7 @@ def apply(
     *,
     max_parallel: int = 8,
     timing: Timing | None = None,
-    progress: Progress = _ignore,
+    progress: Progress = no_progress,
     metrics: Mapping[str, FiguresSource] | None = None,
     staged_progress: StagedProgress | None = None,
     hooks: StepHooks | None = None,
@@ -85,11 +86,11 @@ def apply(
         results: list[ChangeResult] = []
         for change in by_server[server]:
             # Shutdown: finish the change in progress, start no other.
-            if timing.stopping() or (results and _server_lost(results[-1])):
+            if timing.stopping() or (results and server_lost(results[-1])):
                 results.append(ChangeResult(change, Outcome.SKIPPED, ()))
                 continue
             source = (metrics or {}).get(server)
-            context = _ChangeContext(source, hooks=step_hooks)
+            context = ChangeContext(source, hooks=step_hooks)
             if change.exclusive:
                 with locks[change.exclusive]:
                     results.append(
@@ -105,36 +106,29 @@ def apply(
         per_server = list(pool.map(run_server, sorted(by_server)))
     results = [r for server_results in per_server for r in server_results]
     for rollout in plan.rollouts:
-        if rollout.traffic is not None:
-            results.extend(
-                _traffic(
-                    rollout,
-                    staged[rollout.deployment],
-                    controls,
-                    timing,
-                    progress,
-                    metrics,
-                    staged_progress or _ignore_stage,
-                    step_hooks,
-                    routers[rollout.traffic.router],
-                )
-            )
-            continue
-        results.extend(
-            _staged(
-                rollout,
-                staged[rollout.deployment],
-                controls,
-                timing,
-                progress,
-                metrics,
-                staged_progress or _ignore_stage,
-                step_hooks,
-            )
+        router = routers[rollout.traffic.router] if rollout.traffic is not None else None
+        run = Rollout(
+            rollout,
+            staged[rollout.deployment],
+            controls,
+            timing,
+            progress,
+            metrics or {},
+            step_hooks,
+            staged_progress or no_stage_progress,
+            router,
         )
+        results.extend(kind_of(rollout)(run))
     order = {(c.server, c.model): i for i, c in enumerate(plan.changes)}
     results.sort(key=lambda r: order[(r.change.server, r.change.model)])
     return ApplyResult(plan.revision, tuple(results), routes)
+
+
+def kind_of(rollout: RolloutPlan) -> RolloutKind:
+    """The one place that says which kind runs a rollout across servers: by traffic share
+    through a router when the plan routes it, else stage by stage. (A change on one server,
+    in place, is ``apply_change``.)"""
+    return run_traffic if rollout.traffic is not None else run_staged
 
 
 def _steady(
@@ -142,4 +136,4 @@ def _steady(
 ) -> StepResult:
     """A router put back to its steady route (``Plan.routes``)."""
     step = Step("", "", Action.ROUTE, (), f"router {update.router}: {update.reason}")
-    return _set_route(routers[update.router], update.weights, update.mirror, step, timing)
+    return set_route(routers[update.router], update.weights, update.mirror, step, timing)

@@ -1,6 +1,6 @@
 """One change at a time: its steps in order, and its revert steps when one fails and the
 plan says to put the model back (``Step.on_failure``). Called by ``engine/apply.py`` and,
-for the runs of steps, ``engine/staged.py``.
+for the runs of steps, the rollout kinds (``engine/stages.py``, ``engine/traffic.py``).
 """
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from reconciler.core.analysis import before_ready
+from reconciler.engine.context import FORWARD, ChangeContext, Timing, obey_abort
 from reconciler.engine.probes import Prober
-from reconciler.engine.steps import FORWARD, Timing, _ChangeContext, execute_step, obey_abort
+from reconciler.engine.steps import execute_step
 from reconciler.faults import fault_point
 from reconciler.model.errors import AnalysisFailed, ReconcileError, VerifyFailed
 from reconciler.model.plan import Action, ModelChange, OnFailure, RolloutPlan, Step
@@ -18,15 +19,17 @@ from reconciler.model.results import ChangeResult, FailureKind, Outcome, Progres
 from reconciler.ports import FiguresSource, ModelControl
 
 
-def _ignore_stage(_: RolloutPlan, __: tuple[str, ...], ___: Mapping[str, tuple[int, ...]]) -> None:
+def no_stage_progress(
+    _: RolloutPlan, __: tuple[str, ...], ___: Mapping[str, tuple[int, ...]]
+) -> None:
     pass
 
 
-def _ignore(_: StepResult) -> None:
+def no_progress(_: StepResult) -> None:
     pass
 
 
-def _failed(
+def failed_step(
     step: Step, exc: ReconcileError, started: float, ended: float, reverting: bool
 ) -> StepResult:
     """The result of a step that raised ``exc``: what the failure means is decided here,
@@ -44,12 +47,12 @@ def _failed(
     )
 
 
-def _run(
+def run_steps(
     control: ModelControl,
     steps: tuple[Step, ...],
     timing: Timing,
     progress: Progress,
-    context: _ChangeContext,
+    context: ChangeContext,
     reverting: bool = False,
 ) -> list[StepResult]:
     results: list[StepResult] = []
@@ -61,7 +64,7 @@ def _run(
             timing.events.started(step, reverting)
             evaluations, verdict = execute_step(control, step, timing, context)
         except ReconcileError as exc:
-            results.append(_failed(step, exc, started, timing.clock(), reverting))
+            results.append(failed_step(step, exc, started, timing.clock(), reverting))
             progress(results[-1])
             break
         ended = timing.clock()
@@ -81,8 +84,8 @@ def _run(
     return results
 
 
-def _read_interface(
-    control: ModelControl, change: ModelChange, context: _ChangeContext
+def read_interface(
+    control: ModelControl, change: ModelChange, context: ChangeContext
 ) -> StepResult | None:
     """Read the old versions' interface, which the new ones must keep, into ``context``;
     the failed first step when it cannot be read, None when it was read or is not needed."""
@@ -113,8 +116,8 @@ def _lingering(control: ModelControl, step: Step) -> bool:
     )
 
 
-def _prepare_analysis(
-    control: ModelControl, change: ModelChange, context: _ChangeContext, timing: Timing
+def prepare_analysis(
+    control: ModelControl, change: ModelChange, context: ChangeContext, timing: Timing
 ) -> None:
     """Before anything loads, what the analysis needs from the time the old versions alone
     serve: the new versions' counters (so that their requests count from READY) and the
@@ -147,16 +150,16 @@ def apply_change(
     control: ModelControl,
     change: ModelChange,
     timing: Timing,
-    progress: Progress = _ignore,
+    progress: Progress = no_progress,
     source: FiguresSource | None = None,
-    context: _ChangeContext | None = None,
+    context: ChangeContext | None = None,
 ) -> ChangeResult:
-    context = context or _ChangeContext(source)
-    unread = _read_interface(control, change, context)
+    context = context or ChangeContext(source)
+    unread = read_interface(control, change, context)
     if unread is not None:
         return ChangeResult(change, Outcome.FAILED, (unread,))
-    _prepare_analysis(control, change, context, timing)
-    results = _run(control, change.steps, timing, progress, context)
+    prepare_analysis(control, change, context, timing)
+    results = run_steps(control, change.steps, timing, progress, context)
     if all(r.ok for r in results):
         return ChangeResult(change, Outcome.CONVERGED, tuple(results))
     failed = results[-1]
@@ -165,16 +168,14 @@ def apply_change(
         # unload is left). Or the server is gone: nothing can be put back. Not held.
         return ChangeResult(change, Outcome.FAILED, tuple(results))
     if failed.step.action in (Action.VERIFY, Action.ANALYZE):
-        results[-1] = _blame_restart(control, change.model, failed)
+        results[-1] = blame_restart(control, change.model, failed)
     fault_point("apply.revert")
-    again = _ChangeContext(source, hooks=context.hooks)
-    reverted = _run(control, change.revert, timing, progress, again, True)
-    return ChangeResult(
-        change, _put_back(failed.failure, reverted), tuple(results), tuple(reverted)
-    )
+    again = ChangeContext(source, hooks=context.hooks)
+    reverted = run_steps(control, change.revert, timing, progress, again, True)
+    return ChangeResult(change, put_back(failed.failure, reverted), tuple(results), tuple(reverted))
 
 
-def _put_back(failure: FailureKind | None, reverted: list[StepResult]) -> Outcome:
+def put_back(failure: FailureKind | None, reverted: list[StepResult]) -> Outcome:
     """How a change that stopped with ``failure`` and ran its revert ended: FAILED when the
     revert did not go through, INTERRUPTED when a shutdown stopped it (nothing failed),
     REVERTED otherwise. One rule for a single change and every server of a staged rollout."""
@@ -185,7 +186,7 @@ def _put_back(failure: FailureKind | None, reverted: list[StepResult]) -> Outcom
     return Outcome.REVERTED
 
 
-def _blame_restart(control: ModelControl, model: str, failed: StepResult) -> StepResult:
+def blame_restart(control: ModelControl, model: str, failed: StepResult) -> StepResult:
     """A verify or analysis that failed because the server lost the model meanwhile: no
     version at all in its index (a version that failed or was unloaded stays listed), which
     is a restarted server (EXPLICIT mode starts empty). Marked as a lost server so the spec
@@ -200,4 +201,12 @@ def _blame_restart(control: ModelControl, model: str, failed: StepResult) -> Ste
         failure=FailureKind.SERVER_LOST,
         error=f"{failed.error}; server {failed.step.server} lost every version of {model} "
         "meanwhile (restarted?): not held, the next pass rolls out again",
+    )
+
+
+def server_lost(result: ChangeResult) -> bool:
+    """A change that found its server gone (skipped, or a step could not reach it): the
+    server's later changes in this pass are skipped."""
+    return result.outcome is Outcome.SKIPPED or any(
+        r.unreachable for r in (*result.steps, *result.revert)
     )

@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from reconciler.core.records import failure_at_hold
-from reconciler.engine.steps import FORWARD
+from reconciler.engine.context import FORWARD
 from reconciler.model.history import History, Hold
 from reconciler.model.plan import Action, ModelChange, Plan
 from reconciler.model.results import FailureKind, Progress, StepResult

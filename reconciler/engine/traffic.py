@@ -15,29 +15,27 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from reconciler.core.plan.traffic import routes_as
-from reconciler.engine.change import _prepare_analysis, _run
-from reconciler.engine.staged import (
+from reconciler.engine.change import prepare_analysis, run_steps
+from reconciler.engine.context import ChangeContext, Timing
+from reconciler.engine.stages import (
     PooledFigures,
-    _finish,
-    _finishing,
-    _Rollout,
-    _shutdown,
-    _take_back,
-    _through_stages,
+    Rollout,
+    finish,
+    finishing_index,
+    shutdown_failure,
+    take_back,
+    through_stages,
 )
-from reconciler.engine.steps import Timing, _ChangeContext
 from reconciler.model.analysis import Figures
 from reconciler.model.errors import RouterUnavailable
-from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
+from reconciler.model.plan import Action, Step
 from reconciler.model.results import (
     ChangeResult,
     FailureKind,
-    Progress,
-    StagedProgress,
     StepResult,
 )
 from reconciler.model.traffic import TrafficPhase, TrafficPlan
-from reconciler.ports import FiguresSource, ModelControl, StepHooks, TrafficRouter
+from reconciler.ports import FiguresSource, TrafficRouter
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ def _route_step(plan: TrafficPlan, server: str, model: str, what: str) -> Step:
     return Step(server, model, Action.ROUTE, (), f"router {plan.router}: {what}")
 
 
-def _set_route(
+def set_route(
     router: TrafficRouter,
     weights: Mapping[str, int],
     mirror: Mapping[str, int],
@@ -81,28 +79,18 @@ def _set_route(
     return StepResult(step, True, ended - started, reverting=reverting, ended_at=ended)
 
 
-def _traffic(
-    rollout: RolloutPlan,
-    changes: Mapping[str, ModelChange],
-    controls: Mapping[str, ModelControl],
-    timing: Timing,
-    progress: Progress,
-    metrics: Mapping[str, FiguresSource] | None,
-    staged_progress: StagedProgress,
-    hooks: StepHooks,
-    router: TrafficRouter,
-) -> list[ChangeResult]:
+def run_traffic(run: Rollout) -> list[ChangeResult]:
     """Run one ModelDeployment's traffic rollout (see the module's docstring)."""
-    plan = rollout.traffic
-    assert plan is not None
-    run = _Rollout(rollout, changes, controls, timing, progress, metrics or {}, hooks)
+    rollout, plan, router = run.plan, run.plan.traffic, run.router
+    assert plan is not None and router is not None  # kind_of chose this kind for them
     done: dict[str, list[StepResult]] = {}
-    contexts: dict[str, _ChangeContext] = {}
+    contexts: dict[str, ChangeContext] = {}
     first = rollout.stages[0][0] if rollout.stages else ""
     model = rollout.model
+    timing = run.timing
     # The route at rest first: a rollout cut short may have left the new pool with traffic.
     failure: StepResult | None = _checked(
-        _set_route(
+        set_route(
             router,
             plan.restore.weights,
             plan.restore.mirror,
@@ -118,9 +106,9 @@ def _traffic(
                 return _phases(run, plan, router, done)
             return None
 
-        failure = _through_stages(run, staged_progress, contexts, done, phases_after)
+        failure = through_stages(run, contexts, done, phases_after)
     if failure is None:
-        final = _set_route(
+        final = set_route(
             router,
             plan.final.weights,
             plan.final.mirror,
@@ -131,7 +119,9 @@ def _traffic(
             results.append(_on(final, server))
         failure = _checked(final)
     if failure is None:
-        return [_finish(run, server, done[server], contexts[server]) for server in sorted(changes)]
+        return [
+            finish(run, server, done[server], contexts[server]) for server in sorted(run.changes)
+        ]
     return _switch_back(run, plan, router, failure, done)
 
 
@@ -145,7 +135,7 @@ def _checked(result: StepResult) -> StepResult | None:
 
 
 def _switch_back(
-    run: _Rollout,
+    run: Rollout,
     plan: TrafficPlan,
     router: TrafficRouter,
     failure: StepResult,
@@ -153,7 +143,7 @@ def _switch_back(
 ) -> list[ChangeResult]:
     """Every request back to the old pool in one router update, then every server touched
     put back as a staged rollout does; the switch back is the first step of each revert."""
-    back = _set_route(
+    back = set_route(
         router,
         plan.restore.weights,
         plan.restore.mirror,
@@ -164,7 +154,7 @@ def _switch_back(
         reverting=True,
     )
     run.progress(back)
-    outcome = _take_back(run, failure, done)
+    outcome = take_back(run, failure, done)
     return [
         replace(
             result, revert=(replace(back, step=replace(back.step, server=server)), *result.revert)
@@ -176,7 +166,7 @@ def _switch_back(
 
 
 def _phases(
-    run: _Rollout, plan: TrafficPlan, router: TrafficRouter, done: dict[str, list[StepResult]]
+    run: Rollout, plan: TrafficPlan, router: TrafficRouter, done: dict[str, list[StepResult]]
 ) -> StepResult | None:
     """Each phase: set the route, then the new pool's analyses under it, concurrently; then
     check the router still routes as set. The first failure, if any."""
@@ -189,7 +179,7 @@ def _phases(
             failure = _drop_old(run, plan, done)
             if failure is not None:
                 return failure
-        stopped = _shutdown(
+        stopped = shutdown_failure(
             run.timing, _route_step(plan, analyses[0].server, run.plan.model, phase.name)
         )
         if stopped is not None:
@@ -201,7 +191,7 @@ def _phases(
             _prepare(run, plan, router, phase, step, evidence[step.server], index == last)
             for step in analyses
         ]
-        routed = _set_route(
+        routed = set_route(
             router,
             phase.weights,
             phase.mirror,
@@ -238,14 +228,14 @@ def _phases(
 
 
 def _drop_old(
-    run: _Rollout, plan: TrafficPlan, done: dict[str, list[StepResult]]
+    run: Rollout, plan: TrafficPlan, done: dict[str, list[StepResult]]
 ) -> StepResult | None:
     """The old versions' unload on the new pool's servers that need it before the pool
     takes any request (``TrafficPlan.drop_old_first``); once: their finish is then done."""
     for server in sorted(set(plan.drop_old_first) - run.early):
         change = run.changes[server]
-        finish = change.steps[_finishing(change) :]
-        results = _run(run.controls[server], finish, run.timing, run.progress, _ChangeContext())
+        finish = change.steps[finishing_index(change) :]
+        results = run_steps(run.controls[server], finish, run.timing, run.progress, ChangeContext())
         done[server].extend(results)
         if results and not results[-1].ok:
             return results[-1]
@@ -254,14 +244,14 @@ def _drop_old(
 
 
 def _prepare(
-    run: _Rollout,
+    run: Rollout,
     plan: TrafficPlan,
     router: TrafficRouter,
     phase: TrafficPhase,
     step: Step,
     evidence_before: float,
     judge_evidence: bool,
-) -> tuple[Step, _ChangeContext]:
+) -> tuple[Step, ChangeContext]:
     """One new-pool server's analysis under ``phase``, ready to run: for the phase's time,
     its figures carrying the router's statistics for the new pool, its baseline the old
     pool's servers, its counters' origin read and its probes prepared; the evidence of the
@@ -270,7 +260,7 @@ def _prepare(
     source = run.metrics.get(server)
     old = run.plan.baselines[0] if run.plan.baselines else ()
     pool = tuple(m for s in old if (m := run.metrics.get(s)) is not None)
-    context = _ChangeContext(
+    context = ChangeContext(
         RoutedFigures(source, router, plan.new_pool) if source is not None else None,
         baseline=PooledFigures(pool) if pool else None,
         hooks=run.hooks,
@@ -286,13 +276,13 @@ def _prepare(
         analysis=replace(step.analysis, duration=phase.watch),
     )
     change = replace(run.changes[server], steps=(watched,))
-    _prepare_analysis(run.controls[server], change, context, run.timing)
+    prepare_analysis(run.controls[server], change, context, run.timing)
     return watched, context
 
 
-def _analyse(run: _Rollout, prepared: tuple[Step, _ChangeContext]) -> list[StepResult]:
+def _analyse(run: Rollout, prepared: tuple[Step, ChangeContext]) -> list[StepResult]:
     step, context = prepared
-    return _run(run.controls[step.server], (step,), run.timing, run.progress, context)
+    return run_steps(run.controls[step.server], (step,), run.timing, run.progress, context)
 
 
 def _drifted(

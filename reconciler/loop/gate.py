@@ -34,7 +34,8 @@ from reconciler.core.plan import plan
 from reconciler.core.probes import synthesized
 from reconciler.core.review_diff import Change, diff
 from reconciler.core.smoke import mismatches
-from reconciler.engine.steps import Timing, _ChangeContext, execute_step
+from reconciler.engine.context import ChangeContext, Timing
+from reconciler.engine.steps import execute_step
 from reconciler.loop.observation import observe_servers
 from reconciler.model.errors import ReconcileError, VerifyFailed
 from reconciler.model.gate import (
@@ -158,7 +159,7 @@ def _planned(
 
 
 def _run_until_unload(
-    change: ModelChange, server: IsolatedServer, context: _ChangeContext
+    change: ModelChange, server: IsolatedServer, context: ChangeContext
 ) -> ReconcileError | None:
     """The change's steps up to the first that would drop the old versions or watch traffic
     (there is none here); the error of the step that failed, if one did."""
@@ -189,7 +190,7 @@ def _bring_up_base(
         raise GateError(f"{_where(base)} at the base ref: {planned.message}")
     if planned is None:
         return
-    failed = _run_until_unload(planned, server, _ChangeContext(replaces=False))
+    failed = _run_until_unload(planned, server, ChangeContext(replaces=False))
     if failed is not None:
         raise GateError(
             f"{_where(base)} at the base ref does not come up in the isolated server: {failed}"
@@ -317,7 +318,7 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
         return []
     new_versions = sorted(set(planned.desired) - set(planned.serving))
     old = planned.interface_baseline or (max(planned.serving) if planned.serving else None)
-    context = _ChangeContext(replaces=bool(planned.serving))
+    context = ChangeContext(replaces=bool(planned.serving))
     if planned.interface_baseline is not None:
         context.interface = server.control.interface(model, planned.interface_baseline)
     failed = _run_until_unload(planned, server, context)

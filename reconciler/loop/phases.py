@@ -44,8 +44,8 @@ from reconciler.core.records import (
 )
 from reconciler.core.spec.desired import read_manifests
 from reconciler.engine.apply import apply as execute
+from reconciler.engine.context import Timing
 from reconciler.engine.journal import Journal, unpushed
-from reconciler.engine.steps import Timing
 from reconciler.faults import fault_point
 from reconciler.loop.approval import check_approved
 from reconciler.loop.binding import bind, check_bound

@@ -16,7 +16,7 @@ import pytest
 from reconciler.core.plan.planner import plan
 from reconciler.core.records import holds_from
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.analysis import (
     AnalysisSpec,
     Check,

@@ -9,7 +9,7 @@ import pytest
 
 from reconciler.core.plan.planner import plan
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.errors import LoadFailed
 from reconciler.model.history import History
 from reconciler.model.plan import Action, Plan

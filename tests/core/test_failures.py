@@ -14,7 +14,7 @@ from reconciler.core.failures import pass_failures
 from reconciler.core.plan.planner import plan
 from reconciler.core.records import alerts_from
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.analysis import CheckResult, Evaluation, Verdict
 from reconciler.model.history import History
 from reconciler.model.plan import Action, ModelChange, Plan, PlanProblem, Step

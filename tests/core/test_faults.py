@@ -18,7 +18,7 @@ WHERE = {
     "apply.load.requested": ("engine/steps.py", "_load"),
     "apply.load.accepted": ("engine/steps.py", "_load"),
     "apply.verify": ("engine/steps.py", "_verify"),
-    "apply.analysis": ("engine/steps.py", "_analyze"),
+    "apply.analysis": ("engine/analyze.py", "analyze_step"),
     "apply.unload": ("engine/steps.py", "_unload"),
     "apply.library.replaced": ("engine/steps.py", "_replace_library"),
     "apply.revert": ("engine/change.py", "apply_change"),

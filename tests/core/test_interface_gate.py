@@ -20,7 +20,7 @@ from reconciler.core.plan.planner import plan
 from reconciler.core.records import problem_alerts
 from reconciler.core.triton_config import merge
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.history import History
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import Outcome

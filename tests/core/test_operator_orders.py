@@ -11,7 +11,7 @@ import pytest
 from reconciler.core.orders import resumed_since, standing
 from reconciler.core.records import holds_from, rollouts_from
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.analysis import RolloutVerdict
 from reconciler.model.history import History, OperatorOrder, OrderKind, StagedRecord
 from reconciler.model.plan import Action

@@ -14,7 +14,7 @@ from reconciler.core.plan.planner import plan
 from reconciler.core.plan.settle import emptied_servers
 from reconciler.core.triton_config import merge
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.history import History, StagedRecord
 from reconciler.model.plan import Action, Plan, PlanProblem
 from reconciler.model.results import ApplyResult, Outcome

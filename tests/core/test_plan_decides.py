@@ -14,8 +14,9 @@ import pytest
 from reconciler.core.analysis import concluded
 from reconciler.core.plan.planner import plan
 from reconciler.engine.apply import apply
-from reconciler.engine.change import _failed
-from reconciler.engine.steps import EXECUTORS, Timing
+from reconciler.engine.change import failed_step
+from reconciler.engine.context import Timing
+from reconciler.engine.steps import EXECUTORS
 from reconciler.model.analysis import (
     AnalysisSpec,
     CheckResult,
@@ -108,7 +109,7 @@ def test_a_failed_step_records_what_its_error_means(
     error: ReconcileError, kind: FailureKind
 ) -> None:
     step = Step("s1", "m", Action.LOAD, (2,), "load")
-    result = _failed(step, error, 1.0, 3.0, reverting=False)
+    result = failed_step(step, error, 1.0, 3.0, reverting=False)
     assert result.failure is kind and not result.ok and result.seconds == 2.0
     assert result.unreachable is (kind is FailureKind.SERVER_LOST)
     # Held only for a failure against the versions; transient ones are retried, not held.

@@ -21,7 +21,7 @@ from reconciler.core.analysis import early_abort, evaluate, wilson_upper
 from reconciler.core.plan.planner import plan
 from reconciler.core.probes import declared, synthesized, wrong
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.analysis import (
     AnalysisSpec,
     Baseline,

@@ -20,7 +20,7 @@ from reconciler.core.records import (
     rollouts_from,
 )
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.analysis import (
     AnalysisSpec,
     Check,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from reconciler.core.failures import pass_failures
 from reconciler.core.records import alerts_from, holds_from
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.loop.reconcile import reconcile
 from reconciler.model.history import History
 from reconciler.model.plan import Action

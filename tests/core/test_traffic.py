@@ -14,7 +14,7 @@ import pytest
 from reconciler.core.plan.planner import plan
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.engine.apply import apply
-from reconciler.engine.steps import Timing
+from reconciler.engine.context import Timing
 from reconciler.model.analysis import (
     AnalysisSpec,
     Check,
