@@ -28,6 +28,10 @@ class RolloutVerdict(StrEnum):
     METRICS_UNAVAILABLE = "metrics-unavailable"
     # Ended early by an operator's ``promote``: passed without the rest of its duration.
     PROMOTED = "promoted"
+    # Stopped by an operator's ``abort`` (held, as after a failed analysis), or by a shutdown
+    # (put back, not held): what the rollout record shows as the analysis's verdict.
+    ABORTED = "aborted"
+    INTERRUPTED = "interrupted"
 
 
 class NoTraffic(StrEnum):

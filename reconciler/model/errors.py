@@ -49,8 +49,9 @@ again), Interrupted and ShutdownBetweenStages are a shutdown, DrainTimeout swapp
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
+from reconciler.model.analysis import Evaluation, RolloutVerdict
 from reconciler.model.problems import Problem
 from reconciler.model.results import FailureKind
 from reconciler.model.source import CommitVerdict
@@ -115,9 +116,15 @@ class ProbeTimedOut(VerifyFailed):
 
 
 class AnalysisFailed(StepFailed):
-    """The analysis failed the rollout; carries every evaluation made, for the record."""
+    """The analysis failed the rollout; carries every evaluation made, for the record, and
+    how the analysis ended (failed; aborted or interrupted for the subclasses)."""
 
-    def __init__(self, message: str, evaluations: tuple[Any, ...], verdict: Any = "failed") -> None:
+    def __init__(
+        self,
+        message: str,
+        evaluations: tuple[Evaluation, ...],
+        verdict: RolloutVerdict = RolloutVerdict.FAILED,
+    ) -> None:
         super().__init__(message)
         self.evaluations = evaluations
         self.verdict = verdict
@@ -135,9 +142,8 @@ class Interrupted(AnalysisFailed):
 
     failure = FailureKind.INTERRUPTED
 
-    def __init__(self, message: str, evaluations: tuple[Any, ...]) -> None:
-        # "interrupted" is what the rollout record shows as the analysis' verdict.
-        super().__init__(message, evaluations, "interrupted")
+    def __init__(self, message: str, evaluations: tuple[Evaluation, ...]) -> None:
+        super().__init__(message, evaluations, RolloutVerdict.INTERRUPTED)
 
 
 class ShutdownBetweenStages(StepFailed):
@@ -152,8 +158,8 @@ class Aborted(AnalysisFailed):
     """An operator's ``abort`` stopped the rollout: the old versions go back and the spec is
     held, as after a failed analysis (the operator judged the new versions)."""
 
-    def __init__(self, message: str, evaluations: tuple[Any, ...] = ()) -> None:
-        super().__init__(message, evaluations, "aborted")
+    def __init__(self, message: str, evaluations: tuple[Evaluation, ...] = ()) -> None:
+        super().__init__(message, evaluations, RolloutVerdict.ABORTED)
 
 
 class UnloadFailed(StepFailed):
