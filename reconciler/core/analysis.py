@@ -28,9 +28,9 @@ Evaluations within ``initialDelay`` of READY are kept and shown but not counted.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from statistics import NormalDist, median
 
+from reconciler.core.readings import delta, finite, ratio, routed_since
 from reconciler.model.analysis import (
     AnalysisSpec,
     Baseline,
@@ -59,106 +59,6 @@ SAME_TIME_MIN_REQUESTS = 20
 # Probes each side, new and old, before new versions that see only pinned requests are
 # judged slower or not by them.
 PINNED_LATENCY_MIN_PROBES = 5
-
-
-def pooled(readings: Sequence[Figures]) -> Figures:
-    """Several servers' figures for the same versions as one: counters summed over the
-    servers that could be read (a server that could not be read is left out; all unread is
-    the first error). Memory and queries are per server, so none."""
-    read = [f for f in readings if f.error is None]
-    if not read:
-        return Figures(error=readings[0].error if readings else "no server to read")
-
-    def total(values: Sequence[float | None]) -> float | None:
-        known = [v for v in values if v is not None and math.isfinite(v)]
-        return sum(known) if known else None
-
-    return Figures(
-        success=total([f.success for f in read]),
-        failure=total([f.failure for f in read]),
-        duration_us=total([f.duration_us for f in read]),
-        pending=total([f.pending for f in read]),
-        inferences=total([f.inferences for f in read]),
-    )
-
-
-def before_ready(figures: Figures) -> Figures:
-    """A reading of new versions taken before they load: where they have no series yet
-    (Triton reports none for a version it does not serve), their counts are zero, so that the
-    first window counts every request from the moment they are READY."""
-
-    def zero(value: float | None) -> float:
-        return 0.0 if value is None else value
-
-    return Figures(
-        success=zero(figures.success),
-        # Left absent: Triton has no failure series before the first failure, and an absent
-        # series on both sides already counts as none (``evaluate``).
-        failure=figures.failure,
-        duration_us=zero(figures.duration_us),
-        memory_bytes=figures.memory_bytes,
-        pending=figures.pending,
-        inferences=zero(figures.inferences),
-        memory_total_bytes=figures.memory_total_bytes,
-    )
-
-
-def since_ready(origin: Figures, current: Figures) -> tuple[float, float] | None:
-    """Triton's (successes, failures) on the new versions between two readings; None when
-    either could not be read or a counter went backwards."""
-    if origin.error or current.error:
-        return None
-    success = _delta(origin.success, current.success)
-    failure = (
-        0.0
-        if origin.failure is None and current.failure is None
-        else _delta(origin.failure or 0.0, current.failure)
-    )
-    if success is None or failure is None:
-        return None
-    return success, failure
-
-
-def routed_since(origin: Figures | None, current: Figures | None) -> tuple[float, float] | None:
-    """The router's (answered OK, failed) requests to the new versions' pool between two
-    readings; None outside a traffic rollout, or when a counter went backwards (a
-    restarted Envoy starts its statistics again)."""
-    if origin is None or current is None or origin.routed is None or current.routed is None:
-        return None
-    before, after = origin.routed, current.routed
-    total = _delta(before.total, after.total)
-    success = _delta(before.success, after.success)
-    if total is None or success is None or success > total:
-        return None
-    return success, total - success
-
-
-def baseline_from(old: Figures | None, at_start: Figures) -> Baseline:
-    """The old versions' cumulative mean latency, and the memory as analysis begins.
-
-    ``old`` is None when no old versions served (a first deployment).
-    """
-    if old is None:
-        return Baseline(None, _finite(at_start.memory_bytes), has_old=False)
-    return Baseline(_ratio(old.duration_us, old.success), _finite(at_start.memory_bytes))
-
-
-def _finite(value: float | None) -> float | None:
-    return value if value is not None and math.isfinite(value) else None
-
-
-def _ratio(numerator: float | None, denominator: float | None) -> float | None:
-    numerator, denominator = _finite(numerator), _finite(denominator)
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
-
-
-def _delta(before: float | None, after: float | None) -> float | None:
-    before, after = _finite(before), _finite(after)
-    if before is None or after is None or after < before:  # absent, or counters were reset
-        return None
-    return after - before
 
 
 def _success_rate(
@@ -208,10 +108,10 @@ def same_time_latency(
     new versions are judged in (a busy machine slows both). None otherwise."""
     if start is None or now is None or start.error or now.error:
         return None
-    success = _delta(start.success, now.success)
+    success = delta(start.success, now.success)
     if success is None or success < at_least:
         return None
-    return _ratio(_delta(start.duration_us, now.duration_us), success)
+    return ratio(delta(start.duration_us, now.duration_us), success)
 
 
 def _latency(
@@ -235,7 +135,7 @@ def _latency(
         return CheckResult(check.name, Verdict.SKIPPED, None, threshold, "no old versions")
     if success is not None and success == 0:
         return CheckResult(check.name, Verdict.NO_TRAFFIC, None, threshold, "no requests")
-    mean = _ratio(duration, success)
+    mean = ratio(duration, success)
     if mean is None:
         return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no latency figures")
     if success is not None and success < LATENCY_MIN_REQUESTS:
@@ -361,7 +261,7 @@ def _pinned_latency(
 
 def _memory(check: Check, now: float | None, baseline: Baseline) -> CheckResult:
     threshold = f"growth <= {check.max_increase_bytes:g} bytes"
-    now = _finite(now)
+    now = finite(now)
     if now is None or baseline.memory_bytes is None:
         return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no memory figures")
     growth = now - baseline.memory_bytes
@@ -374,7 +274,7 @@ def _query(check: Check, value: float | None) -> CheckResult:
     bounds = [f">= {check.min:g}"] if check.min is not None else []
     bounds += [f"<= {check.max:g}"] if check.max is not None else []
     threshold = " and ".join(bounds) or "any value"
-    value = _finite(value)
+    value = finite(value)
     if value is None:
         return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "query gave no number")
     ok = (check.min is None or value >= check.min) and (check.max is None or value <= check.max)
@@ -414,14 +314,14 @@ def evaluate(
     increase measured on the counters; ``latency_pending``:
     the evaluation before measured an increase the probes could not confirm yet (a second
     one in a row fails the check)."""
-    success = _delta(previous.success, current.success)
+    success = delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
         0.0
         if previous.failure is None and current.failure is None
-        else _delta(previous.failure or 0.0, current.failure)
+        else delta(previous.failure or 0.0, current.failure)
     )
-    duration = _delta(previous.duration_us, current.duration_us)
+    duration = delta(previous.duration_us, current.duration_us)
     unread = current.error or current.scrape_failed or previous.error
     counters: tuple[float, float] | str = (
         unread
@@ -438,8 +338,8 @@ def evaluate(
     latency_window = (duration, success)
     if latency_from is not None:
         latency_window = (
-            _delta(latency_from.duration_us, current.duration_us),
-            _delta(latency_from.success, current.success),
+            delta(latency_from.duration_us, current.duration_us),
+            delta(latency_from.success, current.success),
         )
     results: list[CheckResult] = []
     for check in spec.checks:

@@ -9,16 +9,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.core.analysis import (
-    baseline_from,
     concluded,
     early_abort,
     evaluate,
     latency_unconfirmed,
     probe_capacity,
-    routed_since,
     same_time_latency,
-    since_ready,
 )
+from reconciler.core.readings import baseline_from, routed_since, since_ready
 from reconciler.engine.context import ChangeContext, StepDone, Timing, aborted
 from reconciler.engine.probes import Prober
 from reconciler.faults import fault_point

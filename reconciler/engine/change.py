@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from reconciler.core.analysis import before_ready
+from reconciler.core.readings import before_ready
 from reconciler.engine.context import FORWARD, ChangeContext, Timing, obey_abort
 from reconciler.engine.probes import Prober
 from reconciler.engine.steps import execute_step

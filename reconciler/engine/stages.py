@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from reconciler.core.analysis import pooled
+from reconciler.core.readings import pooled
 from reconciler.engine.change import (
     blame_restart,
     failed_step,

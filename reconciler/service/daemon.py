@@ -51,14 +51,11 @@ from apscheduler.events import (
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from reconciler.core.failures import pass_failures
-from reconciler.core.placement import held_after, model_states
-from reconciler.core.records import rfc3339
+from reconciler.core.placement import model_states
 from reconciler.core.undo import UndoRequest
 from reconciler.credentials import conceal, redact
-from reconciler.engine.orders import ORDERS_EVERY
 from reconciler.loop.memory import PassMemory
-from reconciler.loop.on_call import VerbDone, give
+from reconciler.loop.on_call import give
 from reconciler.loop.pass_log import log_step
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.undo import undo
@@ -70,7 +67,7 @@ from reconciler.model.errors import (
     UnsafeRevision,
     ValidationError,
 )
-from reconciler.model.history import Hold, OrderKind
+from reconciler.model.history import OrderKind
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 from reconciler.model.settings import RunSettings, Settings
@@ -78,9 +75,11 @@ from reconciler.model.source import Source
 from reconciler.ports import ReconcilerLock, RotatingSecrets
 from reconciler.service.backoff import ServerBackoff, backoff_delay
 from reconciler.service.http import Listener, handler_for
+from reconciler.service.operator import verb_detail, verb_takes_effect
 from reconciler.service.telemetry import ReconcilerMetrics, fewer_malloc_arenas, log, log_event
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
+from reconciler.views.passes import pass_outcome
 from reconciler.wiring import ports, state_store
 
 # The secret files that are RunSettings fields; "git_token" is the Git credentials' token.
@@ -236,7 +235,7 @@ class Daemon:
             seconds = time.monotonic() - started
             self.metrics.pass_duration.observe(seconds)
             self.metrics.passes.labels(result).inc()
-            self._outcome = _outcome(number, trigger, result, seconds, report)
+            self._outcome = pass_outcome(number, trigger, result, seconds, report, time.time())
             log_event(
                 "pass finished",
                 trigger=trigger,
@@ -426,8 +425,8 @@ class Daemon:
             "verb": verb,
             "target": done.target,
             "by": who,
-            "detail": _detail(done),
-            "pass": _pass_note(verb),
+            "detail": verb_detail(done),
+            "pass": verb_takes_effect(verb),
         }
 
     def _undo(self, request: UndoRequest) -> tuple[int, dict[str, Any]]:
@@ -580,56 +579,3 @@ class Daemon:
         while not self.stop_requested.wait(1.0):
             pass
         return self.shutdown()
-
-
-def _detail(done: VerbDone) -> str:
-    """What a verb did, as its reply's ``detail`` says it."""
-    if isinstance(done.record, Hold):
-        return done.record.reason
-    return str(done.record)
-
-
-def _pass_note(verb: str) -> str:
-    """When what a verb did takes effect, as its reply's ``pass`` says it."""
-    if verb in set(OrderKind):
-        return f"the rollout in progress obeys within {ORDERS_EVERY:g} s"
-    return "the next pass honours it" if verb == "suspend" else "requested"
-
-
-def _outcome(
-    number: int, trigger: str, result: str, seconds: float, report: PassReport | None
-) -> dict[str, Any]:
-    """What ``GET /v1/passes/last`` answers about one pass: whether it fully succeeded,
-    each server or model it could not bring where the manifests ask (with the reason), and
-    each model a hold keeps at its old versions after it (written by this pass or an earlier
-    one: Stalled until a person acts, which ``reconcile --service`` fails on)."""
-    failed = [
-        {
-            "server": f.server if f.server is not None else f"router {f.router}",
-            "model": f.model,
-            "deployment": f.deployment,
-            "kind": f.kind,
-            "reason": f.reason,
-        }
-        for f in (pass_failures(report) if report is not None else ())
-    ]
-    return {
-        "number": number,
-        "trigger": trigger,
-        "result": result,
-        "ok": result == "ok",
-        "revision": report.revision if report else None,
-        "seconds": round(seconds, 3),
-        "finished_at": rfc3339(time.time()),
-        "failed": failed,
-        "held": [
-            {
-                "deployment": h.deployment,
-                "server": h.server,
-                "model": h.model,
-                "revision": h.revision,
-                "reason": h.reason,
-            }
-            for h in (held_after(report) if report is not None else ())
-        ],
-    }

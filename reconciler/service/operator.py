@@ -25,6 +25,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from reconciler.engine.orders import ORDERS_EVERY
+from reconciler.loop.on_call import VerbDone
+from reconciler.model.history import Hold, OrderKind
+
 _DEPLOYMENT = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"  # a Kubernetes object name (DNS-1123)
 _ROUTE = re.compile(
     rf"/v1/(?:deployments/(?P<name>{_DEPLOYMENT})/)?"
@@ -108,3 +112,17 @@ def undo_of(body: bytes) -> tuple[str | None, bool]:
     if not isinstance(dry_run, bool):
         raise ValueError("dryRun must be true or false")
     return revision, dry_run
+
+
+def verb_detail(done: VerbDone) -> str:
+    """What a verb did, as its reply's ``detail`` says it."""
+    if isinstance(done.record, Hold):
+        return done.record.reason
+    return str(done.record)
+
+
+def verb_takes_effect(verb: str) -> str:
+    """When what a verb did takes effect, as its reply's ``pass`` says it."""
+    if verb in set(OrderKind):
+        return f"the rollout in progress obeys within {ORDERS_EVERY:g} s"
+    return "the next pass honours it" if verb == "suspend" else "requested"

@@ -11,14 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reconciler.core.analysis import (
-    baseline_from,
     evaluate,
     judge,
     latency_unconfirmed,
-    pooled,
     probe_capacity,
     same_time_latency,
 )
+from reconciler.core.readings import baseline_from, pooled
 from reconciler.model.analysis import (
     AnalysisSpec,
     Baseline,

@@ -1,4 +1,4 @@
-"""What ``GET /v1/passes/last`` answers (``service/daemon.py``'s ``_outcome``) about a pass
+"""What ``GET /v1/passes/last`` answers (``views/passes.py``'s ``pass_outcome``) about a pass
 that leaves a ModelDeployment held: the pass that held it, and a later one with nothing to
 do, both list the held model (what ``reconcile --service`` fails on, as ``flux reconcile``
 fails on a stalled object), and a pass with no hold lists none."""
@@ -10,7 +10,7 @@ from pathlib import Path
 from reconciler.loop.reconcile import reconcile
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
-from reconciler.service.daemon import _outcome
+from reconciler.views.passes import pass_outcome
 from tests.core.pass_fakes import FakeClient, World, deployment_yaml, server_yaml
 
 SOURCE = Source("fake://manifests")
@@ -31,16 +31,17 @@ def test_the_last_pass_lists_each_held_model_until_the_hold_is_lifted(tmp_path: 
     settings = Settings(cache_dir=tmp_path / "cache", state_path=tmp_path / "state.db")
     deploy(world, 1)
     first = reconcile(SOURCE, settings, world.ports(), apply_changes=True)
-    assert _outcome(1, "schedule", "ok", 0.1, first)["held"] == []
+    assert pass_outcome(1, "schedule", "ok", 0.1, first, 0.0)["held"] == []
 
     world.servers["s1"].failing.add(("echo", 2))
     bad = deploy(world, 2)
-    failed = _outcome(
+    failed = pass_outcome(
         2,
         "operator",
         "partial",
         0.1,
         reconcile(SOURCE, settings, world.ports(), apply_changes=True),
+        0.0,
     )
     expected = [
         {
@@ -56,9 +57,9 @@ def test_the_last_pass_lists_each_held_model_until_the_hold_is_lifted(tmp_path: 
     # Nothing to do while held: the pass succeeds, and the hold is still listed.
     quiet = reconcile(SOURCE, settings, world.ports(), apply_changes=True)
     assert quiet.ok
-    assert _outcome(3, "operator", "ok", 0.1, quiet)["held"] == expected
+    assert pass_outcome(3, "operator", "ok", 0.1, quiet, 0.0)["held"] == expected
 
     deploy(world, 3)  # a commit that changes the spec lifts the hold
     fixed = reconcile(SOURCE, settings, world.ports(), apply_changes=True)
-    assert fixed.ok and _outcome(4, "operator", "ok", 0.1, fixed)["held"] == []
-    assert _outcome(5, "operator", "error", 0.1, None)["held"] == []
+    assert fixed.ok and pass_outcome(4, "operator", "ok", 0.1, fixed, 0.0)["held"] == []
+    assert pass_outcome(5, "operator", "error", 0.1, None, 0.0)["held"] == []
