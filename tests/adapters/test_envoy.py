@@ -5,10 +5,12 @@ and what it says when Envoy is not there or not configured for the Router manife
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -96,6 +98,55 @@ def test_per_pool_grpc_outcomes_and_latency_as_clients_saw_them(envoy: LocalEnvo
     assert figures["stable"].success == figures["stable"].total > 0
     assert figures["stable"].timed == pytest.approx(figures["stable"].total, abs=4)
     assert figures["stable"].time_ms is not None and figures["stable"].time_ms >= 0
+
+
+class _LateMerge(BaseHTTPRequestHandler):
+    """Envoy's admin as a busy host answers it: the gRPC counters at once, the request-time
+    histogram only from the ``merged_from``-th read of the statistics on."""
+
+    merged_from = 4
+    reads: int = 0
+
+    def do_GET(self) -> None:
+        type(self).reads += 1
+        timed = 95 if self.reads >= self.merged_from else 0
+        body = (
+            "# TYPE envoy_cluster_grpc_success counter\n"
+            'envoy_cluster_grpc_success{envoy_cluster_name="stable"} 95\n'
+            "# TYPE envoy_cluster_grpc_total counter\n"
+            'envoy_cluster_grpc_total{envoy_cluster_name="stable"} 95\n'
+            "# TYPE envoy_cluster_upstream_rq_time histogram\n"
+            'envoy_cluster_upstream_rq_time_bucket{envoy_cluster_name="stable",le="+Inf"} '
+            f"{timed}\n"
+            f'envoy_cluster_upstream_rq_time_sum{{envoy_cluster_name="stable"}} {timed * 2}\n'
+            f'envoy_cluster_upstream_rq_time_count{{envoy_cluster_name="stable"}} {timed}\n'
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_timings_that_merge_late_are_read_once_they_have() -> None:
+    """Clean-clone run 20: on a busy host the second read still showed 0 timed of 95."""
+    admin = ThreadingHTTPServer(("127.0.0.1", 0), _LateMerge)
+    threading.Thread(target=admin.serve_forever, daemon=True).start()
+    try:
+        spec = RouterSpec(
+            "edge",
+            (Pool("stable", server_names=("a",)),),
+            envoy=EnvoyRoute(f"http://127.0.0.1:{admin.server_address[1]}", "r", "m"),
+        )
+        figures = EnvoyRouter(spec).figures(("stable",))["stable"]
+    finally:
+        admin.shutdown()
+        admin.server_close()
+
+    assert (figures.total, figures.timed, figures.time_ms) == (95, 95, 190), _LateMerge.reads
+    assert _LateMerge.reads == _LateMerge.merged_from
 
 
 def test_unreachable_envoy_is_data_naming_the_router(tmp_path: Path) -> None:
