@@ -307,6 +307,9 @@ def test_abort_and_promote_through_the_service_act_within_a_second_and_status_wa
     watcher = None
     try:
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "echo deployed")
+        # The pass that loaded it has recorded it: until then its rollout is in progress, and
+        # an abort would be taken (clean-clone run 21).
+        service.wait_passes(0, 30, "the first pass finished")
         early = cli("abort", "echo", *verb)
         assert early.code == 1 and "409: no rollout of echo is in progress" in early.err
 
