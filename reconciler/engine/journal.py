@@ -3,8 +3,9 @@ reconciler killed mid-pass (SIGKILL, OOM, a power cut) resumes safely. Called by
 
 Before apply, for each ModelDeployment change that loads something, the versions each server
 served before (staged rollouts record their stages themselves): if the process dies, the next
-pass sees the new versions as not yet verified (``plan._as_before``) and verifies and analyses
-them again, rather than promoting a version whose analysis never finished. When a server's
+pass sees the new versions as not yet verified (``core.plan.settle.as_before_the_stop``) and
+verifies and analyses them again, rather than promoting a version whose analysis never
+finished. When a server's
 forward steps pass (the last verify or analysis before the old versions go), it is marked so.
 When a forward step fails, the hold is written at once, before the revert runs, so a kill
 mid-revert neither loses the failure nor lets the next pass try the failed spec again; in the
