@@ -13,10 +13,9 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "reconciler"
 LONGEST = 600
 
-# Modules over LONGEST lines, each with the most it may have until it is split.
-OWED_LONG_MODULES = {
-    "adapters/state.py": 795,
-}
+# Modules over LONGEST lines, each with the most it may have until it is split (none now:
+# adapters/state.py, the last, was split into state_file.py and state_tables.py).
+OWED_LONG_MODULES: dict[str, int] = {}
 
 
 def _modules() -> list[Path]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters import state
+from reconciler.adapters import state_tables
 from reconciler.adapters.state import StateStore
 from reconciler.core.records import rfc3339
 from reconciler.model.history import Hold, PassRecord, Rollout
@@ -146,7 +146,7 @@ def test_a_long_backlog_is_pruned_over_several_passes(
         clock.now = START + day * DAY
         store.record_pass(PassRecord("1" * 40, {}, True, {}))
     store.close()
-    monkeypatch.setattr(state, "_PRUNE_BATCH", 10)
+    monkeypatch.setattr(state_tables, "PRUNE_BATCH", 10)
     store = StateStore(tmp_path / "state.db", history_days=1, clock=clock)
     left = []
     for _ in range(4):
