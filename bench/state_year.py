@@ -33,7 +33,7 @@ from typing import Any
 
 from bench.harness.cli import markdown_main
 from bench.harness.provenance import host, provenance
-from bench.harness.report import md_table, number
+from bench.harness.report import render
 from bench.harness.stats import percentile
 from reconciler.adapters.state import StateStore
 from reconciler.core.records import rfc3339
@@ -237,49 +237,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    lines = [f"Measured {result['at']}, commit `{result['code']['commit'][:7]}`.", ""]
-    header = [
-        "history kept", "day", "file MB", "passes", "rollouts", "actions",
-        "record_pass median ms", "p99 ms", "reads per pass ms", "status rollouts ms",
-    ]  # fmt: skip
-    rows = []
-    for arm in result["arms"]:
-        kept = f"{arm['history_days']:g} days" if arm["history_days"] else "for ever"
-        for s in arm["samples"]:
-            rows.append([
-                kept, s["day"], number(s["bytes"] / 1e6, 1), f"{s['rows']['passes']:,}",
-                f"{s['rows']['rollouts']:,}", f"{s['rows']['operator_actions']:,}",
-                number(s["record_pass_median_ms"], 3), number(s["record_pass_p99_ms"], 3),
-                number(s["reads_ms"], 3), number(s["status_rollouts_ms"], 2),
-            ])  # fmt: skip
-    lines += md_table(header, rows)
-    kept, forever = (arm["samples"] for arm in result["arms"])
-    week = next((s for s in kept if s["day"] >= 7), kept[0])
-
-    def ratio(a: dict[str, Any], b: dict[str, Any], key: str) -> str:
-        return f"{a[key] / b[key]:.2f}"
-
-    lines += [
-        "",
-        f"- Kept 90 days, day {kept[-1]['day']} against day {week['day']}: file "
-        f"{ratio(kept[-1], week, 'bytes')}x, record_pass "
-        f"{ratio(kept[-1], week, 'record_pass_median_ms')}x, "
-        f"reads {ratio(kept[-1], week, 'reads_ms')}x.",
-        f"- Day {kept[-1]['day']}, kept for ever against kept 90 days: file "
-        f"{ratio(forever[-1], kept[-1], 'bytes')}x, record_pass "
-        f"{ratio(forever[-1], kept[-1], 'record_pass_median_ms')}x, reads "
-        f"{ratio(forever[-1], kept[-1], 'reads_ms')}x.",
-    ]
-    up = result["upgrade"]
-    lines += [
-        f"- The store kept for ever, opened with 90 days (an upgrade): {up['passes_before']:,} "
-        f"passes trimmed to {up['passes_after']:,} over {up['trimming_passes']} passes, each "
-        f"recording in {number(up['record_pass_median_ms'], 1)} ms median "
-        f"({number(up['record_pass_max_ms'], 1)} ms max); the file stays "
-        f"{number(up['bytes_after'] / 1e6, 1)} MB (SQLite reuses the freed pages, and "
-        "returns them to the disk only with VACUUM).",
-    ]
-    return "\n".join(lines)
+    return render("state_year", result)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,16 +1,23 @@
-"""Tables for the scenarios' output: Markdown tables (the sections BENCHMARKS.md carries)
-and fixed-width text tables (what ``print_result`` writes to the terminal).
+"""The scenarios' reports: one renderer (``render``) fills a scenario's Markdown template in
+``bench/reports/`` from its JSON result, so that the report text is data, kept apart from the
+code that measures; and fixed-width text tables (what ``print_result`` writes to the terminal).
 
-Cells are text: each scenario formats its own numbers (they differ in digits and units),
-this module only lays them out, so that a report function is its rows and nothing else.
+Templates are Jinja (``trim_blocks``/``lstrip_blocks``: a ``{% ... %}`` line leaves no blank
+line; an undefined name is an error, never an empty cell). Filters: ``number(digits,
+thousands=False)`` and ``ratio(b, key, digits=2)``; ``md_row`` builds a table's row from cells.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import jinja2
+
 from bench.harness.provenance import REPO_ROOT
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "reports"
 
 
 def md_row(cells: Iterable[object]) -> str:
@@ -59,3 +66,31 @@ def short_path(file: str) -> str:
         if marker in file:
             return file.split(marker, 1)[1]
     return file
+
+
+def ratio(a: Mapping[str, Any], b: Mapping[str, Any], key: str, digits: int = 2) -> str:
+    """``a[key] / b[key]`` with ``digits`` decimals."""
+    return f"{a[key] / b[key]:.{digits}f}"
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=False,
+        autoescape=False,  # Markdown, not HTML
+    )
+    env.filters.update(number=number, ratio=ratio, short_path=short_path)
+    env.globals.update(md_row=md_row)
+    return env
+
+
+_ENVIRONMENT = _environment()
+
+
+def render(scenario: str, result: Mapping[str, Any], **extra: Any) -> str:
+    """The Markdown section of ``scenario`` (``bench/reports/<scenario>.md``) from its JSON
+    ``result`` (the template's ``r``) and what ``extra`` adds."""
+    return _ENVIRONMENT.get_template(f"{scenario}.md").render(r=result, **extra)
