@@ -558,6 +558,21 @@ def test_judge_passes_only_with_the_minimum_evidence() -> None:
     assert judge(needs, evs(F), 5.0, evidence=0) is RolloutVerdict.FAILED  # failing needs none
 
 
+def test_a_latency_increase_awaiting_confirmation_at_the_end_gets_one_more_evaluation() -> None:
+    """An increase the last evaluation measured but could not confirm yet is decided by the
+    next evaluation, never by the clock: the end of ``duration`` neither passes it unseen nor
+    fails it unconfirmed (the extension bounds the wait)."""
+    unconfirmed = CheckResult("latency", Verdict.SKIPPED, 1.2, "increase <= 0.5", "waits")
+    waiting = replace(ev(P, 11), results=(unconfirmed,))
+    confirmed = replace(ev(F, 12), results=(replace(unconfirmed, verdict=Verdict.FAIL),))
+    passes = (*evs(*[P] * 11), waiting)
+
+    assert judge(spec(), passes, 60.0) is RolloutVerdict.RUNNING
+    assert judge(spec(), (*passes, confirmed), 65.0) is RolloutVerdict.FAILED
+    assert judge(spec(), (*passes, ev(P, 12)), 65.0) is RolloutVerdict.PASSED
+    assert judge(spec(), passes, 120.0) is RolloutVerdict.PASSED  # the extension is spent
+
+
 def test_evaluations_within_the_initial_delay_are_kept_but_not_counted() -> None:
     warm = (
         replace(ev(F, 0), counted=False),
