@@ -17,6 +17,7 @@ from reconciler.adapters.operator_client import ask_service, wait_for_pass
 from reconciler.cli.options import (
     default_state,
     lock_timeout_option,
+    seconds_option,
     settings_of,
     source_options,
     token_file_option,
@@ -53,9 +54,7 @@ def _declare_reconcile(commands: Commands) -> None:
     )
     reconcile_verb.add_argument("--service", required=True, metavar="URL")
     token_file_option(reconcile_verb)
-    reconcile_verb.add_argument(
-        "--timeout", type=float, default=900.0, metavar="SECONDS", help="longest wait (900)"
-    )
+    seconds_option(reconcile_verb, "--timeout", 900.0, "longest wait (%(default)g)")
 
 
 def _reconcile_now(args: argparse.Namespace) -> int:

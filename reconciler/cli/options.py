@@ -41,6 +41,14 @@ def default_cache() -> Path:
     return Path(base) / "triton-gitops"
 
 
+def seconds_option(
+    group: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, default: float, help: str
+) -> None:
+    """An option of seconds (a float), its default written once (``help`` shows it with
+    ``%(default)g``)."""
+    group.add_argument(flag, type=float, default=default, metavar="SECONDS", help=help)
+
+
 def token_file_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token-file",
@@ -190,28 +198,25 @@ def _reconciler(parser: argparse.ArgumentParser) -> None:
         help="resolve discovery names from this file first ('name address...' lines), then "
         "from DNS: for local fleets and tests",
     )
-    run.add_argument(
+    seconds_option(
+        run,
         "--load-timeout",
-        type=float,
-        default=_TRITON.load_timeout,
-        metavar="SECONDS",
-        help="longest wait for one Triton load call (default %(default)g). Triton has no "
+        _TRITON.load_timeout,
+        "longest wait for one Triton load call (default %(default)g). Triton has no "
         "server-side load timeout: a load cut off here keeps running on the server.",
     )
-    run.add_argument(
+    seconds_option(
+        run,
         "--fetch-timeout",
-        type=float,
-        default=_GIT.fetch_timeout,
-        metavar="SECONDS",
-        help="longest wait for one fetch of the manifest repository (default %(default)g); a "
+        _GIT.fetch_timeout,
+        "longest wait for one fetch of the manifest repository (default %(default)g); a "
         "remote that stalls longer fails the pass, and everything keeps serving",
     )
-    run.add_argument(
+    seconds_option(
+        run,
         "--call-timeout",
-        type=float,
-        default=_TRITON.call_timeout,
-        metavar="SECONDS",
-        help="longest wait for any other Triton call (default %(default)g)",
+        _TRITON.call_timeout,
+        "longest wait for any other Triton call (default %(default)g)",
     )
     run.add_argument(
         "--leader-lease",
@@ -219,12 +224,11 @@ def _reconciler(parser: argparse.ArgumentParser) -> None:
         help="apply, undo and run also take this coordination.k8s.io/v1 Lease (leader "
         "election, for more than one replica) besides the lock file next to --state",
     )
-    run.add_argument(
+    seconds_option(
+        run,
         "--config-recheck",
-        type=float,
-        default=_TRITON.config_recheck,
-        metavar="SECONDS",
-        help="run: how often a loaded model's config is read again although Triton's index "
+        _TRITON.config_recheck,
+        "run: how often a loaded model's config is read again although Triton's index "
         "shows no change (a hand reload with another config); spread over 0.5x-1.5x "
         "(%(default)g)",
     )
@@ -282,12 +286,11 @@ def _analysis(parser: argparse.ArgumentParser) -> None:
 
 
 def lock_timeout_option(command: argparse.ArgumentParser) -> None:
-    command.add_argument(
+    seconds_option(
+        command,
         "--lock-timeout",
-        type=float,
-        default=LOCK_TIMEOUT,
-        metavar="SECONDS",
-        help="how long to wait for another reconciler (a running service, another apply) "
+        LOCK_TIMEOUT,
+        "how long to wait for another reconciler (a running service, another apply) "
         "to release the lock next to --state before refusing (%(default)g; 0: refuse at once)",
     )
 

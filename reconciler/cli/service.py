@@ -12,7 +12,7 @@ from pathlib import Path
 from reconciler import wiring
 from reconciler.adapters.logs import configure_logging
 from reconciler.adapters.secret_files import SecretFileError, SecretFiles
-from reconciler.cli.options import settings_of, source_options
+from reconciler.cli.options import seconds_option, settings_of, source_options
 from reconciler.cli.shell import Command, Commands, failed
 from reconciler.model.settings import RunSettings
 from reconciler.model.source import Source
@@ -35,19 +35,17 @@ def _declare_run(commands: Commands) -> None:
     )
     source_options(run)
     service = run.add_argument_group("service")
-    service.add_argument(
+    seconds_option(
+        service,
         "--interval",
-        type=float,
-        default=_RUN.interval,
-        metavar="SECONDS",
-        help="between passes (%(default)g)",
+        _RUN.interval,
+        "between passes (%(default)g)",
     )
-    service.add_argument(
+    seconds_option(
+        service,
         "--jitter",
-        type=float,
-        default=_RUN.jitter,
-        metavar="SECONDS",
-        help="random delay added (%(default)g)",
+        _RUN.jitter,
+        "random delay added (%(default)g)",
     )
     service.add_argument(
         "--listen",
@@ -55,19 +53,17 @@ def _declare_run(commands: Commands) -> None:
         metavar="HOST:PORT",
         help="address for webhooks, /metrics, /healthz, /readyz (%(default)s)",
     )
-    service.add_argument(
+    seconds_option(
+        service,
         "--watch-interval",
-        type=float,
-        default=_RUN.watch_interval,
-        metavar="SECONDS",
-        help="how often each server is checked between passes (%(default)g)",
+        _RUN.watch_interval,
+        "how often each server is checked between passes (%(default)g)",
     )
-    service.add_argument(
+    seconds_option(
+        service,
         "--shutdown-deadline",
-        type=float,
-        default=_RUN.shutdown_deadline,
-        metavar="SECONDS",
-        help="longest wait at shutdown for the change in progress (%(default)g)",
+        _RUN.shutdown_deadline,
+        "longest wait at shutdown for the change in progress (%(default)g)",
     )
     service.add_argument(
         "--dry-run", action="store_true", help="plan and report every pass; change nothing"

@@ -15,7 +15,13 @@ from pathlib import Path
 
 from reconciler import wiring
 from reconciler.adapters.operator_client import live_status
-from reconciler.cli.options import default_state, settings_of, source_options, token_file_option
+from reconciler.cli.options import (
+    default_state,
+    seconds_option,
+    settings_of,
+    source_options,
+    token_file_option,
+)
 from reconciler.cli.shell import (
     EXIT_NO_SERVER,
     EXIT_OK,
@@ -89,9 +95,7 @@ def _declare_status(commands: Commands) -> None:
         "--service", metavar="URL", help="with --watch: read a running service's GET /status"
     )
     token_file_option(status)
-    status.add_argument(
-        "--every", type=float, default=1.0, metavar="SECONDS", help="with --watch: refresh (1)"
-    )
+    seconds_option(status, "--every", 1.0, "with --watch: refresh (%(default)g)")
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -108,15 +108,15 @@ def apply(
     for rollout in plan.rollouts:
         router = routers[rollout.traffic.router] if rollout.traffic is not None else None
         run = Rollout(
-            rollout,
-            staged[rollout.deployment],
-            controls,
-            timing,
-            progress,
-            metrics or {},
-            step_hooks,
-            staged_progress or no_stage_progress,
-            router,
+            plan=rollout,
+            changes=staged[rollout.deployment],
+            controls=controls,
+            timing=timing,
+            progress=progress,
+            metrics=metrics or {},
+            hooks=step_hooks,
+            staged_progress=staged_progress or no_stage_progress,
+            router=router,
         )
         results.extend(kind_of(rollout)(run))
     order = {(c.server, c.model): i for i, c in enumerate(plan.changes)}
