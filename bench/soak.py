@@ -61,7 +61,7 @@ from bench.harness.cli import markdown_main, write_json
 from bench.harness.errors import BenchError
 from bench.harness.procfs import children, rss_kb
 from bench.harness.provenance import machine, other_tritonservers, provenance
-from bench.harness.report import md_row, md_table
+from bench.harness.report import render
 from bench.harness.service import measured_service
 from bench.harness.stats import slope_per_100
 from bench.harness.triton import Index, wait_for
@@ -549,106 +549,8 @@ def result(
     }
 
 
-def _slope(summary: dict[str, Any], key: str) -> str:
-    value = summary["slope_kb_per_100_swaps"][key]
-    return "n/a" if value is None else f"{value:+,.0f}"
-
-
-def _series_row(name: str, summary: dict[str, Any], warmup: int) -> str:
-    return md_row(
-        (
-            name,
-            *(f"{summary[k]:.1f}" for k in ("first_mb", "last_mb", "max_mb")),
-            f"{summary['growth_mb']:+.1f}",
-            *(_slope(summary, k) for k in ("all", f"from_swap_{warmup}", "second_half")),
-        )
-    )
-
-
 def markdown(result: dict[str, Any]) -> str:
-    s = result["settings"]
-    m = result["machine"]
-    lines = [
-        "## Soak (reliability issue)",
-        "",
-        f"    {result['command']}",
-        "",
-        f"Machine: {m['nproc']} cores ({m['cpu_model']}), {m['ram_gib']} GiB RAM, Python "
-        f"{m['python']}, Triton {m['triton_server']} (nvidia-pytriton {m['nvidia_pytriton']}); "
-        f"load average {m['before_run']['load_average'][0]:.2f} at the start, "
-        f"{m['at_end']['load_average'][0]:.2f} at the end; other tritonservers on the machine: "
-        f"{m['before_run']['other_tritonservers']} at the start, "
-        f"{m['at_end']['other_tritonservers']} at the end. Code: commit "
-        f"`{result['code']['at_start']['commit'][:7]}`"
-        + (
-            " plus uncommitted changes in `reconciler/`"
-            if result["code"]["at_start"]["uncommitted_reconciler_files"]
-            else ""
-        )
-        + f". One run, {result['date'][:10]}, {result['run_seconds'] / 60:.1f} min.",
-        "",
-        f"Per arm: two tritonservers, the service (`triton-gitops run`), "
-        f"{s['client_threads_per_server']} client threads per server sending unversioned "
-        f"requests all along; {s['swaps']} swaps, each a commit and a `POST /reconcile`; "
-        f"echo alternates 1 <-> 2, and every {s['bad_every']}th swap goes to version 4 "
-        f"(fails 40% of requests), which the analysis (success rate >= 0.95, every "
-        f"{s['analysis_interval']} for {s['analysis_duration']}, scraped from each server) "
-        "must revert. Memory from /proc after every swap; slopes are least squares in KB "
-        f"per 100 swaps (all swaps / from swap {s['warmup_swaps']} / second half).",
-        "",
-    ]
-    for arm in result["arms"].values():
-        if "skipped" in arm:
-            lines += [f"### Arm `{arm['arm']}`: {arm['skipped']}", ""]
-            continue
-        c = arm["client"]
-        mem = arm["memory"]
-        warmup = mem["warmup_swaps"]
-        lines += [
-            f"### Arm `{arm['arm']}`"
-            + (f" (`LD_PRELOAD={arm['ld_preload']}`)" if arm["ld_preload"] else " (glibc malloc)"),
-            "",
-            f"- {arm['swaps']} swaps in {arm['seconds'] / 60:.1f} min (pass median "
-            f"{arm['pass_s']['good_median']:.2f} s good, {arm['pass_s']['bad_median'] or 0:.2f} s "
-            f"bad, max {arm['pass_s']['max']:.2f} s); good swaps as expected (new version alone "
-            f"on both servers, `converged`, no hold): **{arm['good_as_expected']}/"
-            f"{arm['good_swaps']}**; bad swaps reverted (old version alone on both, `reverted`, "
-            f"hold on the revision): **{arm['bad_reverted_and_held']}/{arm['bad_swaps']}**.",
-            f"- Client requests: {c['requests']:,}. Failed requests in good swaps' windows: "
-            f"**{c['failures_in_good_swaps']}**"
-            + (
-                f" (swaps {c['good_swaps_with_failures'][:10]})"
-                if c["good_swaps_with_failures"]
-                else ""
-            )
-            + f"; version 4's own failures in bad swaps: {c['v4_own_failures_in_bad_swaps']:,}; "
-            f"other failures in bad swaps: {c['other_failures_in_bad_swaps']}; failures between "
-            f"swaps: {c['between_swaps']['failures']} of {c['between_swaps']['requests']:,}.",
-        ]
-        if arm["not_as_expected"]:
-            lines.append(f"- Not as expected: {json.dumps(arm['not_as_expected'][:5])}")
-        if c["failure_examples"]:
-            lines.append(f"- Failure examples: {json.dumps(c['failure_examples'][:3])}")
-        header = ("RSS", "first MB", "last MB", "max MB", "growth MB", "slope all")
-        lines += [
-            "",
-            *md_table((*header, f"slope from {warmup}", "slope 2nd half"), []),
-            _series_row("service (`triton-gitops run`)", mem["service"], warmup),
-        ]
-        for name, server in mem["servers"].items():
-            lines += [
-                _series_row(f"{name}: tritonserver", server["tritonserver"], warmup),
-                _series_row(
-                    f"{name}: backend stubs ({server['stub_processes_first_last'][0]} -> "
-                    f"{server['stub_processes_first_last'][1]} processes)",
-                    server["backend_stubs"],
-                    warmup,
-                ),
-            ]
-        lines.append("")
-    for title, notes in result.get("notes", {}).items():  # written by hand after a run
-        lines += [f"### {title}", "", *(f"- {note}" for note in notes), ""]
-    return "\n".join(lines)
+    return render("soak", result, json_dumps=json.dumps)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
