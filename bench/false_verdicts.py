@@ -99,7 +99,7 @@ from bench.harness.cli import markdown_main
 from bench.harness.errors import BenchError
 from bench.harness.procfs import cpu_seconds
 from bench.harness.provenance import busy_processes, machine, other_tritonservers, provenance
-from bench.harness.report import md_table, number
+from bench.harness.report import render
 from bench.harness.rollouts import smoke_case_lines
 from bench.harness.triton import Index
 from testkit.cli_run import CliRun, Reconciler
@@ -667,139 +667,17 @@ def summarize(
     }
 
 
-def _margin_cell(entry: Mapping[str, Any] | None, digits: int = 3) -> str:
-    if not entry or entry.get("margin") is None:
-        return "-"
-    value = entry["value"]
-    shown = f"{value:.{digits}f}" if isinstance(value, float) else str(value)
-    return f"{shown} ({entry['threshold']}; margin {entry['margin']:.{digits}f})"
-
-
 def markdown(result: Mapping[str, Any]) -> str:
-    """The section BENCHMARKS.md carries."""
-    m = result["machine"]
-    s = result["settings"]
-    summary = result["summary"]
-    lines = [
-        "## False verdicts: verdicts about the version, not the machine (issue 26)",
-        "",
-        "```sh",
-        result["command"],
-        "```",
-        "",
-        f"**Machine:** {m['nproc']} CPUs ({m['cpu_model']}), {m['ram_gib']} GiB RAM, "
-        f"Python {m['python']}, Triton {m['triton_server']} (nvidia-pytriton "
-        f"{m['nvidia_pytriton']}), tritonclient {m['tritonclient']}. Load average "
-        f"{m['load_average_at_start'][0]:.2f} at the start, {m['load_average_at_end'][0]:.2f} "
-        f"at the end; other tritonservers {m['other_tritonservers_at_start']} at the start; "
-        f"{m['wall_minutes']:.1f} min. Code: `{result['code']['commit'][:7]}`"
-        + (
-            f" plus uncommitted {', '.join(result['code']['uncommitted_reconciler_files'])}"
-            if result["code"]["uncommitted_reconciler_files"]
-            else ""
-        )
-        + ".",
-        "",
-        f"**Analysis** (every arm): `interval: {s['interval_s']:g}s`, `duration: "
-        f"{s['duration_s']:g}s`, `noTraffic: wait`, `minEvidence: {s['min_evidence']}`, "
-        f"`successRate: {{min: {s['min_success']:g}}}`, `latency: {{maxIncrease: "
-        f"{s['latency_max_increase']:g}}}`, probes and early abort at their defaults. Burner: "
-        f"one busy-loop process per core ({m['nproc']}) from just before the apply to its end. "
-        f"Seed {s['seed']}.",
-        "",
-        f"**Good rollouts: {summary['good_rollouts']}, false reverts: "
-        f"{summary['false_reverts']}.** Closest to failing per check (the value, its "
-        "threshold, the margin left; evidence: requests or probes that reached the new "
-        "versions, from the report's evaluations; a traffic rollout's report holds its last "
-        "phase only):",
-        "",
-        *md_table(
-            (
-                "arm",
-                "burner",
-                "rollouts",
-                "false reverts",
-                "successRate lowest",
-                "latency increase highest",
-                "overruled by probes (max raw)",
-                "evidence lowest",
-                "client failures",
-                "apply s (median)",
-            ),
-            [
-                (
-                    f"`{arm}`",
-                    state,
-                    a["rollouts"],
-                    f"**{a['false_reverts']}**" if a["false_reverts"] else "0",
-                    _margin_cell(a["closest"].get("success-rate"), 4),
-                    _margin_cell(a["closest"].get("latency")),
-                    (
-                        f"{a['closest'].get('latency', {}).get('overruled', 0)}"
-                        + (
-                            f" ({a['closest']['latency']['raw_max']:+.2f})"
-                            if "raw_max" in a["closest"].get("latency", {})
-                            else ""
-                        )
-                    ),
-                    _margin_cell(a["closest"].get("evidence"), 0),
-                    a["client_failures"],
-                    number(a["apply_seconds_median"], 1),
-                )
-                for arm, states in summary["arms"].items()
-                for state, a in states.items()
-            ],
-        ),
-    ]
-    false = [
-        (arm, state, v)
-        for arm, states in summary["arms"].items()
-        for state, a in states.items()
-        for v in a["verdicts"]
-    ]
-    if false:
-        lines += ["", "False reverts, in the reconciler's words:", ""]
-        lines += [
-            f"- `{arm}` burner {state}, rollout {v['index']} ({v['rollout']})"
-            + (f', under "{v["phase"]}"' if v.get("phase") else "")
-            + f": {v['verdict']}"
-            for arm, state, v in false
-        ]
-    calibration = result.get("calibration", {})
-    lines += [
-        "",
-        f"**Bad versions: {summary['bad_caught']} of {summary['bad_rollouts']} caught** (on "
-        f"the `single` arm's server under its clients; blast radius: failed client requests "
-        f"from the apply's start to {WINDOW_TAIL_S:g} s after its end, goal at most "
-        f"{BLAST_GOAL}"
-        + (
-            "; `slow-3x`'s `slow_ms`: "
-            + ", ".join(f"{k} {v['slow_ms']:g}" for k, v in calibration.items())
-            if calibration
-            else ""
-        )
-        + "):",
-        "",
-        *md_table(
-            ("mode", "burner", "caught", "caught by", "failed per rollout", "goal", "late answers"),
-            [
-                (
-                    f"`{mode}` ({MODE_BY_NAME[mode].what})" if mode in MODE_BY_NAME else mode,
-                    state,
-                    f"{b['caught']}/{b['rollouts']}",
-                    "; ".join(b["caught_by"]),
-                    ", ".join(map(str, b["failed"])),
-                    "met" if b["within_goal"] else "**missed**",
-                    ", ".join(map(str, b["affected"])) if any(b["affected"]) else "-",
-                )
-                for mode, states in summary["modes"].items()
-                for state, b in states.items()
-            ],
-        ),
-        "",
-        "The pre-merge gate's runs are not part of this benchmark (see `bench.gate`).",
-    ]
-    return "\n".join(lines) + "\n"
+    """The section BENCHMARKS.md carries (bench/reports/false_verdicts.md), ending in a
+    newline as written to bench/results/false_verdicts.md."""
+    section = render(
+        "false_verdicts",
+        result,
+        modes=MODE_BY_NAME,
+        window_tail_s=WINDOW_TAIL_S,
+        blast_goal=BLAST_GOAL,
+    )
+    return section + "\n"
 
 
 def write_section(result: Mapping[str, Any], path: Path) -> None:
