@@ -29,6 +29,7 @@ by hand with tritonclient (the floor): load [1, 4], wait until 4 is READY, let i
 for one interval, then time the same in-place load of [1] and the same READY poll.
 
     python -m bench.rollback_latency [--rollouts N] [--threads N] [--floor-reverts N]
+    python -m bench.rollback_latency --report JSON      # the report again, from a saved result
 
 Every process started here (one tritonserver and its backend stubs) is stopped in ``finally``.
 """
@@ -47,10 +48,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.harness.cli import measured, quiet_reconciler_log, write_json
+from bench.harness.cli import measured, quiet_reconciler_log, read_json, write_json
 from bench.harness.errors import VOID, BenchError
 from bench.harness.provenance import machine, provenance
-from bench.harness.report import fixed, machine_line, number
+from bench.harness.report import fixed, machine_line, render
 from bench.harness.rollouts import ManifestRemote, backend_stubs, masked
 from bench.harness.stats import summary
 from bench.harness.triton import Index
@@ -460,76 +461,22 @@ def report(
 # -- output -----------------------------------------------------------------------------------
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The terminal report (``bench/reports/rollback_latency.md``, fixed-width text)."""
+    return render(
+        "rollback_latency",
+        result,
+        model=MODEL,
+        good=GOOD,
+        bad=BAD,
+        target_ms=TARGET_MS,
+        fixed=fixed,
+        machine_line=machine_line,
+    )
+
+
 def print_result(result: dict[str, Any]) -> None:
-    m = result["machine"]
-    settings = result["settings"]
-    print(
-        f"\nRollback latency under load: {MODEL} {GOOD}->{BAD} (fails 40%), "
-        f"{settings['rollouts']} rollouts reverted by the analysis (interval {INTERVAL_S:g}s, "
-        f"success rate >= 0.95), {settings['threads']} client threads"
-    )
-    print(
-        f"{machine_line(m)}; load average {m['load_average_at_start'][0]:.2f} at start, "
-        f"{m['load_average_at_end'][0]:.2f} at end"
-    )
-    load = result["load"]
-    print(
-        f"load: {load['requests_per_second']:.0f} req/s; outside the rollouts "
-        f"{load['requests_outside_rollouts']} requests, {load['failures_outside_rollouts']} "
-        f"failed\n"
-    )
-    rb = result["rollback_ms"]
-    floor = result["floor_ms"]
-    rows = [
-        ("reconciler: rollback_seconds", rb["reconciler"]),
-        ("  gap before the revert load", rb["reconciler_parts"]["gap_before_revert_load"]),
-        ("  revert load call (in place)", rb["reconciler_parts"]["revert_load_call"]),
-        ("  then verify poll (not in it)", rb["reconciler_parts"]["revert_verify_poll"]),
-        ("  until verify done", rb["reconciler_parts"]["until_verify_done"]),
-        ("client: final run of version 1", rb["client"]),
-        ("client: last bad request start", rb["client_last_bad_started"]),
-        ("client: last bad request end", rb["client_last_bad_ended"]),
-        (f"floor ({floor['reverts']} by hand): load call", floor["load_call"]),
-        ("floor: verify poll", floor["verify_poll"]),
-        ("floor: client, final run of 1", floor["client"]),
-    ]
-    widths = (36, 9, 9, 9, 9)
-    print(fixed(("from the failing evaluation (ms)", "median", "p90", "max", "min"), widths))
-    for name, stats in rows:
-        if stats is not None:
-            cells = (number(stats[k], 1) for k in ("median", "p90", "max", "min"))
-            print(fixed((name, *cells), widths))
-    met = result["targets_met"]["client_median_under_50_ms"]
-    print(
-        f"\nclient-observed median {rb['client']['median']:.1f} ms "
-        f"(target < {TARGET_MS:g} ms: {'met' if met else 'NOT met'})"
-    )
-    failed = result["failed_requests"]
-    print(
-        f"failed requests: {failed['total']} in {settings['rollouts']} rollouts "
-        f"({failed['before_detection']} before the failing evaluation, "
-        f"{failed['after_detection']} after it; {failed['not_from_version_4']} not from "
-        f"version 4); per rollout median {failed['per_rollout']['median']:.0f}, max "
-        f"{failed['per_rollout']['max']:.0f}; answers from version 4: "
-        f"{failed['answered_by_version_4']}"
-    )
-    d = result["detection"]
-    print(
-        f"detection: analyze step {d['analysis_step_s']['median']:.3f} s median "
-        f"(max {d['analysis_step_s']['max']:.3f}) with interval {INTERVAL_S:g} s; failing "
-        f"evaluation {d['failing_evaluation_at_s']['median']:.3f} s into the analysis; "
-        f"evaluations {d['evaluations']['median']:.0f} median, {d['evaluations']['max']:.0f} max "
-        f"(step beyond evaluations x interval: "
-        f"{d['beyond_evaluations_times_interval_ms']['median']:.1f} ms median); "
-        f"version 4 served {d['version_4_exposed_before_detection_s']['median']:.3f} s "
-        f"(median) before the failing evaluation"
-    )
-    print(f"apply wall time per rollout: {result['apply_seconds']['median']:.2f} s median")
-    left = result["left_on_the_server"]
-    print(
-        f"left on the server at the end: states {left['states']}, Python backend stubs by "
-        f"version {left['backend_stubs']}"
-    )
+    print(markdown(result))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -566,6 +513,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--output", type=Path, default=RESULTS / "rollback_latency.json", help="JSON result"
     )
+    parser.add_argument(
+        "--report", type=Path, metavar="JSON", help="print the report again from a saved result"
+    )
     args = parser.parse_args(argv)
     if args.rollouts < 1 or args.threads < 1 or args.warmup < 0 or args.floor_reverts < 0:
         parser.error("--rollouts and --threads must be at least 1, the others not negative")
@@ -576,6 +526,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report is not None:
+        print_result(read_json(args.report))
+        return 0
     quiet_reconciler_log()  # one JSON alert line per reverted rollout
     result = measured(lambda: run(args))
     if result is None:

@@ -23,6 +23,7 @@ Triton through its ports; ``bench.harness.probe``) and one under cProfile, to sh
 reconciler's time beyond the floor goes.
 
     python -m bench.swap_under_load [--swaps N] [--threads N] [--baseline-seconds S]
+    python -m bench.swap_under_load --report JSON      # the report again, from a saved result
 
 Every process started here (one tritonserver and its backend stubs) is stopped in ``finally``.
 """
@@ -43,12 +44,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness.cli import measured, write_json
+from bench.harness.cli import measured, read_json, write_json
 from bench.harness.errors import VOID, BenchError
 from bench.harness.passes import pass_settings, run_pass
 from bench.harness.probe import Probe
 from bench.harness.provenance import machine, other_tritonservers, provenance
-from bench.harness.report import fixed, machine_line, number
+from bench.harness.report import fixed, machine_line, render
 from bench.harness.stats import bootstrap_ratio, percentile, time_stats
 from bench.harness.triton import Index
 from reconciler.model.errors import ReconcileError
@@ -440,116 +441,14 @@ def report(
 # -- output -----------------------------------------------------------------------------------
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The terminal report (``bench/reports/swap_under_load.md``, fixed-width text): client
+    load per window, swap times and ratio, breakdown."""
+    return render("swap_under_load", result, model=MODEL, fixed=fixed, machine_line=machine_line)
+
+
 def print_result(result: dict[str, Any]) -> None:
-    """The terminal report: client load per window, swap times and ratio, breakdown."""
-    _print_load(result)
-    _print_swaps(result)
-    _print_breakdown(result)
-
-
-def _print_load(result: dict[str, Any]) -> None:
-    m = result["machine"]
-    settings = result["settings"]
-    print(
-        f"\nSwap under load: {MODEL} 1<->2, {settings['swaps']} reconciler applies and "
-        f"{settings['swaps']} hand swaps (interleaved ABBA), {settings['threads']} client threads"
-    )
-    print(machine_line(m))
-    before, after = m["before_run"], m["at_end"]
-    print(
-        f"before the run: load average {before['load_average'][0]:.2f}, other tritonservers "
-        f"{before['other_tritonservers']}; at the end: other tritonservers "
-        f"{after['other_tritonservers']}\n"
-    )
-    widths = (28, 9, 10, 10, 9, 9, 9, 9)
-    header = ("client requests", "window s", "requests", "failures", "req/s", "p50 ms")
-    print(fixed((*header, "p99 ms", "max ms"), widths))
-    names = {
-        "baseline": "baseline (no swap)",
-        "during_reconciler_applies": "during reconciler applies",
-        "during_hand_swaps": "during hand-floor swaps",
-        "whole_measured_run": "whole measured run",
-    }
-    for key, name in names.items():
-        row = result["load"][key]
-        cells = (
-            f"{row['window_seconds']:.2f}",
-            row["requests"],
-            row["failures"],
-            f"{row['requests_per_second']:.0f}",
-            *(number(row[k], 1) for k in ("p50_ms", "p99_ms", "max_ms")),
-        )
-        print(fixed((name, *cells), widths))
-    load = result["load"]
-    print(
-        f"failures over the whole run (breakdown applies included): "
-        f"{load['failures_whole_run_including_breakdown']}; versions seen: "
-        f"{load['versions_seen']}\n"
-    )
-
-
-def _print_swaps(result: dict[str, Any]) -> None:
-    columns = ("median", "mean", "min", "max", "stdev")
-    print(fixed(("swap wall time (s)", *columns), (28, 9, 9, 9, 9, 9)))
-    rows = [
-        ("reconciler apply", result["swap_seconds"]["reconciler_apply"]),
-        ("hand floor", result["swap_seconds"]["hand_floor"]),
-        *(
-            (f"  floor: {part}", stats)
-            for part, stats in result["swap_seconds"]["hand_floor_parts"].items()
-        ),
-    ]
-    for name, stats in rows:
-        print(fixed((name, *(f"{stats[k]:.3f}" for k in columns)), (28, 9, 9, 9, 9, 9)))
-    ratio = result["ratio"]
-    met = result["targets_met"]
-    print(
-        f"\nratio median(apply)/median(floor): {ratio['median']:.3f}  "
-        f"(target <= {TARGET_RATIO}: {'met' if met['ratio_at_most_1.1'] else 'NOT met'})"
-    )
-    print(
-        f"ratio mean(apply)/mean(floor):     {ratio['mean']:.3f}  "
-        f"(mean of per-round ratios {ratio['mean_of_paired_ratios']:.3f})"
-    )
-    band = ratio["median_95pct_interval_paired_bootstrap"]
-    print(
-        f"95% interval of the median ratio (paired bootstrap over rounds): "
-        f"{band['low']:.3f} .. {band['high']:.3f}"
-    )
-    print(f"failures: {'0 (target met)' if met['zero_failures'] else 'NOT zero'}")
-
-
-def _print_breakdown(result: dict[str, Any]) -> None:
-    summary = result["breakdown"]
-    if not summary:
-        return
-    print(
-        f"\nwhere one apply's time goes (median over {summary['applies']} instrumented "
-        f"applies, wall {summary['median_wall']:.3f} s):"
-    )
-    print(f"{'phase':<72}{'seconds':>9}{'calls':>7}")
-    hidden = 0
-    for label, row in summary["rows"].items():
-        if row["median_seconds"] < 0.0001:  # in the JSON; here they only clutter
-            hidden += 1
-            continue
-        depth = label.count(" > ")
-        name = "  " * depth + label.rsplit(" > ", 1)[-1]
-        print(f"{name:<72}{row['median_seconds']:>9.4f}{row['mean_calls']:>7.1f}")
-    print(
-        f"{'outside the phases above (between phases, thread pools)':<72}"
-        f"{summary['unaccounted_median_seconds']:>9.4f}"
-    )
-    if hidden:
-        print(f"({hidden} phase(s) under 0.1 ms not shown; all are in the JSON)")
-    over = summary["overhead_beyond_floor_work"]
-    floor = result["swap_seconds"]["hand_floor"]["median"]
-    print(
-        f"reconciler time beyond the floor's own work (wall - loads - verify wait): "
-        f"median {over['median']:.4f} s (min {over['min']:.4f}, max {over['max']:.4f}); "
-        f"over the median floor {floor:.3f} s that is a ratio of "
-        f"{(floor + over['median']) / floor:.3f}"
-    )
+    print(markdown(result))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -588,6 +487,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--output", type=Path, default=RESULTS / "swap_under_load.json", help="JSON result"
     )
+    parser.add_argument(
+        "--report", type=Path, metavar="JSON", help="print the report again from a saved result"
+    )
     args = parser.parse_args(argv)
     if args.swaps < 1 or args.threads < 1 or args.baseline_seconds <= 0:
         parser.error("--swaps and --threads must be at least 1, --baseline-seconds positive")
@@ -596,6 +498,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report is not None:
+        print_result(read_json(args.report))
+        return 0
     result = measured(lambda: run(args))
     if result is None:
         return 1
