@@ -76,8 +76,7 @@ from bench.harness.passes import pass_settings, run_pass
 from bench.harness.probe import Probe
 from bench.harness.procfs import children, cpu_seconds, status_kb
 from bench.harness.provenance import machine, other_tritonservers, provenance, tree_digest
-from bench.harness.report import md_table, short_path
-from bench.harness.report import number as _number
+from bench.harness.report import render, short_path
 from bench.harness.service import measured_service
 from bench.harness.stats import slope_per_100, summary
 from bench.harness.triton import Index, wait_for
@@ -987,359 +986,32 @@ def report(args: argparse.Namespace, raw: dict[str, Any], seconds: float) -> dic
 # -- output -------------------------------------------------------------------------------------
 
 
-def _f(value: float | None, digits: int = 0) -> str:
-    return _number(value, digits, thousands=True)
-
-
-def _ms_table(rows: Sequence[tuple[str, dict[str, float] | None]]) -> list[str]:
-    """Milliseconds: median, p90, max and min per row ('-' where nothing was measured)."""
-    keys = ("median", "p90", "max", "min")
-    return md_table(
-        ("ms", *keys),
-        [(name, *(_f(stats[k]) if stats else "-" for k in keys)) for name, stats in rows],
-    )
-
-
 def markdown(result: dict[str, Any]) -> str:
-    """The section BENCHMARKS.md carries: question, method, machine, results, diagnosis."""
-    idle = result["idle"]
-    return "\n".join(
-        [
-            *_method_lines(result),
-            *_machine_lines(result),
-            *_webhook_lines(result),
-            *_restart_lines(result),
-            *_idle_lines(result),
-            *diagnosis_lines(result["diagnosis"], idle["rss_mb"]["max"], idle["models"]),
-        ]
+    """The section BENCHMARKS.md carries: question, method, machine, results, diagnosis
+    (``bench/reports/daemon.md``)."""
+    floor_parts = result["webhook_to_serving_ms"]["floor_parts"]
+    frames = result["diagnosis"]["tracemalloc"]["biggest_first_half_traceback"]
+    return render(
+        "daemon",
+        result,
+        floor_unload=_sum_stats(floor_parts, "unload_call", "unload_poll"),
+        origin=_allocated_at(frames),
+        rss_target_mb=RSS_TARGET_MB,
+        warm_passes=WARM_PASSES,
     )
-
-
-def _method_lines(result: dict[str, Any]) -> list[str]:
-    s = result["settings"]
-    return [
-        "## Continuous operation (issue: continuous reconciliation)",
-        "",
-        "**Question:** run as a service (`triton-gitops run`), how much time does the reconciler "
-        "add between a signed webhook and the new version serving, beyond Triton's own load "
-        "time; how long until a killed and restarted Triton serves again; and what do RSS and "
-        "CPU do over many idle passes against a server with many models? Targets: **under 1 s "
-        "of our own overhead per change**, **under 80 MB RSS**, RSS flat.",
-        "",
-        "### Command",
-        "",
-        "```sh",
-        result["command"].replace("python ", "/tmp/venv/bin/python ", 1),
-        "```",
-        "",
-        f"Options (this run's values): `--changes {s['changes']}` `--warmup {s['warmup']}` "
-        f"`--restarts {s['restarts']}` `--models {s['models']}` `--passes {s['passes']}` "
-        f"`--sample-every {s['sample_every']}` `--idle-max-seconds {s['idle_max_seconds']:g}` "
-        f"`--watch-interval {s['watch_interval']:g}` `--gap {s['gap']:g}` "
-        f"`--scrapes {s['scrapes']}` `--profile-passes {s['profile_passes']}` "
-        f"`--tracemalloc-passes {s['tracemalloc_passes']}` `--output PATH`. The result goes to "
-        "`bench/results/daemon.json`.",
-        "",
-        "### What it does",
-        "",
-        "One `tritonserver` (`LocalTriton`, EXPLICIT mode) over the test model repository plus "
-        f"`echo-floor` (echo under another name) and {s['models']} copies of echo "
-        "(`idle-000`...); a bare Git remote (`ManifestRepo`, `file://`). The service is "
-        "`python -m reconciler run` in its own process group with `--interval 3600 --jitter 0 "
-        f"--watch-interval {s['watch_interval']:g}`, the GitHub secret from a file and "
-        "`TRITON_GITOPS_RECONCILE_TOKEN` in its environment; it is stopped with SIGTERM by pid.",
-        "",
-        "1. **Webhook to serving.** echo is deployed at 1. Each change commits the other version "
-        "(1 <-> 2) and pushes (not timed), then POSTs a signed GitHub push webhook; timed until "
-        "the repository index shows exactly the new version READY (tritonclient gRPC, every "
-        "10 ms). Interleaved, the same change by hand on `echo-floor` (no manifest declares it, "
-        "so the service leaves it alone): `load_model` with the whole config and versions "
-        "[old, new], poll until new is READY, `load_model` with [new], poll until new is READY "
-        "alone. Overhead = webhook-to-serving minus that floor, change by change. The service's "
-        "own JSON log lines split its side (pass start = `pass finished` time minus its "
-        "seconds; steps from the `step` lines).",
-        "2. **Restart to restored.** `LocalTriton.kill()` (SIGKILL to the server's process "
-        "group) and `start()` on the same ports; timed from `/v2/health/live` first answering "
-        "200 (polled every 10 ms) until the HTTP repository index shows echo READY at the "
-        "desired version (every 10 ms); `/v2/health/ready` is polled as well. The service "
-        "finds out with its watch. Floor, afterwards with the service stopped: the same "
-        "restart, then a hand `load_model` of echo as soon as the server is live, until READY.",
-        f"3. **Idle passes.** A fresh server and a fresh service; the manifests declare "
-        f"{s['models']} ModelDeployments, deployed by the service's first pass. Then passes "
-        "with nothing to change, back to back: `POST /reconcile` (bearer token), then wait for "
-        "`triton_gitops_passes_total` on `/metrics` to move (polling from 80% of the last "
-        f"pass's duration, every 20 ms). Every {s['sample_every']} passes `/proc/PID` of the "
-        "service: `VmRSS` (and `RssAnon`, `RssFile`, `VmHWM`), utime+stime, "
-        "cutime+cstime (the `git` children), threads, open files, children. The service's CPU "
-        "for one `/metrics` scrape is measured first and taken off in the second CPU figure.",
-        "4. **Diagnosis**, in the benchmark's own process against the same server and "
-        "manifests (own cache and state): the big parts of an idle pass timed one by one, "
-        "passes under cProfile and under tracemalloc, and the RSS of a fresh interpreter "
-        "importing the service's dependencies one after another.",
-        "",
-    ]
-
-
-def _machine_lines(result: dict[str, Any]) -> list[str]:
-    m = result["machine"]
-    i = result["idle"]
-    code = result["code"]
-    busy = m["busy_at_start"]
-    return [
-        "### Machine",
-        "",
-        f'- {m["nproc"]} vCPU, `/proc/cpuinfo` model name "{m["cpu_model"]}", {m["ram_gib"]} '
-        f"GiB RAM; {m['platform']}.",
-        f"- Python {m['python']}; Triton Inference Server {m['triton_server']} from "
-        f"nvidia-pytriton {m['nvidia_pytriton']} (CPU only, Python backend); tritonclient "
-        f"{m['tritonclient']}.",
-        f"- Shared with other sessions' test suites and benchmarks: 1-minute load average "
-        f"{busy['load_average'][0]:.2f} at the start, up to "
-        f"{max(x['load_average'] for x in i['samples']):.2f} during the idle passes, "
-        f"{m['load_average_at_end'][0]:.2f} at the end; other tritonservers running: "
-        f"{busy['other_tritonservers']} at the start, {m['other_tritonservers_at_end']} at "
-        "the end.",
-        f"- Reconciler code measured: commit `{code['at_start']['commit'][:7]}`"
-        + (
-            f" plus uncommitted work in {len(code['at_start']['uncommitted_reconciler_files'])} "
-            "files of `reconciler/`"
-            if code["at_start"]["uncommitted_reconciler_files"]
-            else ""
-        )
-        + (
-            "; **the code on disk changed during the run** (other sessions edit it; digests in "
-            "the JSON under `code`)"
-            if code["changed_during_run"]
-            else "; unchanged during the run"
-        )
-        + (
-            ". Both services started from the tree as it was at the start"
-            if code.get("service_a_tree") == code.get("service_b_tree") == code["at_start"]["tree"]
-            else ". The services did not start from the same tree"
-        )
-        + (
-            f"; at the end it was commit `{code['at_end']['commit'][:7]}`, which the import "
-            "measurement (run last) used"
-            if code["changed_during_run"]
-            else ""
-        )
-        + ".",
-        "",
-    ]
-
-
-def _webhook_lines(result: dict[str, Any]) -> list[str]:
-    s = result["settings"]
-    w = result["webhook_to_serving_ms"]
-    met = result["targets_met"]
-    verdict = {True: "**met**", False: "**missed**", None: "not measured (too few passes)"}
-    sp = w["service_parts"]
-    return [
-        f"### Results (one run, {result['date'][:10]}, {result['run_seconds'] / 60:.1f} min)",
-        "",
-        f"**Webhook to serving**, {w['changes']} changes after {s['warmup']} warm-up (ms):",
-        "",
-        *_ms_table(
-            [
-                ("webhook to serving", w["webhook_to_serving"]),
-                ("floor: the same change by hand", w["floor"]),
-                ("**our overhead** (change by change)", w["overhead"]),
-                ("service: webhook to pass start", sp["webhook_to_pass_start"]),
-                (
-                    "service: pass start to load step (fetch, parse, observe, plan)",
-                    sp["pass_start_to_first_step"],
-                ),
-                ("service: load step", sp["load_step"]),
-                ("floor: load call", w["floor_parts"]["load_call"]),
-                ("service: verify step", sp["verify_step"]),
-                ("service: unload step", sp["unload_step"]),
-                (
-                    "floor: unload call + poll",
-                    _sum_stats(w["floor_parts"], "unload_call", "unload_poll"),
-                ),
-                ("service: after serving, rest of the pass", sp["after_serving_in_pass"]),
-            ]
-        ),
-        "",
-        f"- Under 1 s of our own overhead per change: "
-        f"{verdict[met['overhead_per_change_under_1_s']]}: median {_f(w['overhead']['median'])} "
-        f"ms, max {_f(w['overhead']['max'])} ms (difference of the medians "
-        f"{_f(w['overhead_of_medians'])} ms). Triton's load of a Python model is "
-        f"{w['floor']['median'] / w['webhook_to_serving']['median'] * 100:.0f}% of the "
-        "webhook-to-serving time.",
-        "",
-    ]
-
-
-def _restart_lines(result: dict[str, Any]) -> list[str]:
-    s = result["settings"]
-    r = result["restart_ms"]
-    restore_gap = r["live_to_restored"]["median"] - r["floor_live_to_ready_by_hand"]["median"]
-    return [
-        f"**Restart to restored**, {r['restarts']} kill -9 restarts (ms):",
-        "",
-        *_ms_table(
-            [
-                ("**live to echo restored**", r["live_to_restored"]),
-                ("live to `/v2/health/ready` 200", r["live_to_ready"]),
-                ("ready to echo restored (see below)", r["ready_to_restored"]),
-                ("service: watch triggered the pass, after live", r["watch_triggered_after_live"]),
-                ("service: the restoring pass", r["restoring_pass"]),
-                ("service: its load step", r["load_step"]),
-                ("floor: live to READY by hand", r["floor_live_to_ready_by_hand"]),
-            ]
-        ),
-        "",
-        f"- Restored {_f(restore_gap)} ms (median) later than a hand load on the freshly "
-        f"started server; the watch looks every {s['watch_interval']:g} s, so up to that "
-        "much is waiting for its next look. The reference is liveness, not readiness: "
-        "Triton's gRPC endpoint answers some 40 ms before the HTTP one (a negative 'watch "
-        "triggered' is the watch's gRPC call getting there first), and with Triton's default "
-        "strict readiness `/v2/health/ready` stays 503 while a model is LOADING, so when the "
-        "restoring load starts before the HTTP endpoint is up, readiness only comes with the "
-        "restored model ('ready to restored' near 0 or negative). Drift corrections counted "
-        f"by the service: {_f(r['drift_corrections_counted'])}.",
-        "",
-    ]
-
-
-def _idle_lines(result: dict[str, Any]) -> list[str]:
-    i = result["idle"]
-    met = result["targets_met"]
-    verdict = {True: "**met**", False: "**missed**", None: "not measured (too few passes)"}
-    rss = i["rss_mb"]
-    slope = i["rss_slope_kb_per_100_passes"]
-    return [
-        f"**Idle passes**: {i['models']} models on the one server ({i['backend_stub_processes']} "
-        f"backend stub processes), deployed by the first pass in {i['deploy_pass_s']:.0f} s. "
-        f"{i['passes_run']:,} idle passes run (of {i['passes_requested']:,} requested) in "
-        f"{i['seconds']:.0f} s; results {_results(i['results'])}; {i['steps_or_changes_logged']} "
-        f"steps or changes logged; {i['extra_passes']} passes started by anything else.",
-        "",
-        "| | value |",
-        "|---|---:|",
-        f"| RSS when the service first answered / after the deploying pass | "
-        f"{rss['service_start']:.1f} / {rss['after_deploy']:.1f} MB |",
-        f"| RSS at idle pass 0 / at the end / max / min | {rss['start']:.1f} / {rss['end']:.1f} "
-        f"/ {rss['max']:.1f} / {rss['min']:.1f} MB |",
-        f"| of which anonymous (start / end) | {rss['anon_start_end'][0]:.1f} / "
-        f"{rss['anon_start_end'][1]:.1f} MB |",
-        f"| of which file-backed: shared libraries (start / end) | {rss['file_start_end'][0]:.1f} "
-        f"/ {rss['file_start_end'][1]:.1f} MB |",
-        f"| peak RSS of the process's life (VmHWM) | {rss['peak_hwm']:.1f} MB |",
-        f"| RSS slope, least squares: all samples / from pass {WARM_PASSES} / second half | "
-        f"{_f(slope['all'], 1)} / {_f(slope[f'from_pass_{WARM_PASSES}'], 1)} / "
-        f"{_f(slope['second_half'], 1)} KB per 100 passes |",
-        f"| last sample-to-sample RSS growth over 64 KB | "
-        f"{_pass(i['rss_last_grew_by_over_64_kb_at_pass'])} |",
-        f"| CPU per pass, service process (without our `/metrics` scrapes) | "
-        f"{i['cpu_s_per_pass'] * 1000:.1f} ({i['cpu_s_per_pass_without_scrapes'] * 1000:.1f}) ms |",
-        f"| CPU per pass, its `git` children | {i['children_cpu_s_per_pass'] * 1000:.1f} ms |",
-        f"| CPU per pass, tritonserver (answering the observe) | "
-        f"{i['triton_cpu_s_per_pass'] * 1000:.1f} ms |",
-        f"| pass duration: histogram mean; logged median / p90 / max | "
-        f"{_f((i['pass_s_histogram_mean'] or 0) * 1000)}; {_f(_get(i['pass_s_logged'], 'median'))} "
-        f"/ {_f(_get(i['pass_s_logged'], 'p90'))} / {_f(_get(i['pass_s_logged'], 'max'))} ms |",
-        f"| `POST /reconcile` to the pass counted, median | "
-        f"{_f(i['request_to_counted_s']['median'] * 1000)} ms |",
-        f"| threads, open files, child processes: first / last sample | {i['threads'][0]} / "
-        f"{i['threads'][1]}, {i['open_files'][0]} / {i['open_files'][1]}, "
-        f"{i['child_processes'][0]} / {i['child_processes'][1]} |",
-        "",
-        f"- Under 80 MB RSS: {verdict[met['rss_under_80_mb']]}: max {rss['max']:.1f} MB over the "
-        f"idle passes, peak {rss['peak_hwm']:.1f} MB.",
-        f"- RSS flat (second-half slope under 1 MB per 1,000 passes): "
-        f"{verdict[met['rss_flat']]}: {_f(slope['second_half'], 1)} KB per 100 passes; in all "
-        f"{rss['end'] - rss['start']:+.1f} MB from idle pass 0 to the last.",
-        "",
-    ]
-
-
-def _results(results: dict[str, float]) -> str:
-    return ", ".join(f"{v:,.0f} {k}" for k, v in results.items()) or "none"
-
-
-def _pass(value: int | None) -> str:
-    return "none" if value is None else f"at pass {value:,}"
-
-
-def _get(stats: dict[str, float] | None, key: str) -> float | None:
-    return None if stats is None else stats[key] * 1000
-
-
-def diagnosis_lines(d: dict[str, Any], max_rss_mb: float, models: int) -> list[str]:
-    imports = d["import_rss"]
-    floor_mb = imports[-1]["rss_kb"] / 1024
-    steps = []
-    previous = 0
-    for item in imports:
-        added = (item["rss_kb"] - previous) / 1024
-        steps.append(f"{item['step']} {item['rss_kb'] / 1024:.1f} (+{added:.1f})")
-        previous = item["rss_kb"]
-    profile = d["profile"]
-    traced = d["tracemalloc"]
-    direct = d["direct_ms"]
-    frames = traced["biggest_first_half_traceback"]
-    ours = [f for f in frames if "/reconciler/" in f][-3:]
-    origin = " <- ".join(f"`{short_path(f)}`" for f in reversed(ours + frames[-1:]))
-    phases = "; ".join(
-        f"{k} {v:.0f}" for k, v in profile["phases_cumulative_ms_per_pass"].items() if v >= 0.5
-    )
-    top_own = "; ".join(
-        f"`{t['function']}` {t['own_ms_per_pass']:.1f}" for t in profile["top_own"][:6]
-    )
-    lines = [
-        "### Where the memory and the CPU go",
-        "",
-        f"- **Imports alone are {floor_mb:.1f} MB** of the {max_rss_mb:.1f} MB: a fresh "
-        "interpreter importing the service's dependencies in turn reaches (MB, cumulative): "
-        + "; ".join(steps)
-        + f". That leaves {RSS_TARGET_MB - floor_mb:.1f} MB of the 80 MB for everything the "
-        "service holds and allocates while it runs.",
-        f"- **Python heap**, tracemalloc over {traced['passes']} in-process idle "
-        f"passes after 10 warm-up passes (collected before each reading): traced "
-        + " -> ".join(f"{x:.0f}" for x in traced["traced_kb"])
-        + f" KB, i.e. {traced['growth_kb_per_100_passes']['first_half']:.1f} KB then "
-        f"{traced['growth_kb_per_100_passes']['second_half']:.1f} KB per 100 passes in the two "
-        "halves. Largest differences, first half: "
-        + "; ".join(
-            f"`{short_path(t['where'])}` {t['size_diff_kb']:+.1f} KB ({t['count']:+d} blocks)"
-            for t in traced["top_growth_first_half"][:3]
-        )
-        + "; second half: "
-        + "; ".join(
-            f"`{short_path(t['where'])}` {t['size_diff_kb']:+.1f} KB ({t['count']:+d} blocks)"
-            for t in traced["top_growth_second_half"][:3]
-        )
-        + f". The largest first-half block was allocated at {origin} (tracemalloc does not "
-        "see blocks freed that were allocated before it started, so "
-        "a table that was replaced counts at its full new size).",
-    ]
-    if "error" in direct:
-        lines.append(f"- Direct timings not taken: {direct['error']}.")
-    else:
-        lines.append(
-            "- **Parts of an idle pass**, timed one by one without a profiler "
-            f"({direct['repeats']} times, median / max ms): fetch "
-            f"{_f(direct['fetch']['median'])} / {_f(direct['fetch']['max'])}; "
-            "read + parse + validate the manifests "
-            f"{_f(direct['parse_validate']['median'])} / {_f(direct['parse_validate']['max'])}; "
-            f"observe (index, {models} configs, {models} config.pbtxt files) "
-            f"{_f(direct['observe']['median'])} / {_f(direct['observe']['max'])}."
-        )
-    lines += [
-        f"- cProfile over {profile['passes']} in-process idle passes (median "
-        f"{profile['wall_s']['median'] * 1000:.0f} ms each under the profiler), cumulative ms per "
-        f"pass: {phases}. Most own time (ms per pass): {top_own}. ({profile['note']}.)",
-        "",
-    ]
-    return lines
 
 
 def _sum_stats(parts: dict[str, Any], a: str, b: str) -> dict[str, float] | None:
     if parts.get(a) is None or parts.get(b) is None:
         return None
     return {k: parts[a][k] + parts[b][k] for k in ("median", "p90", "max", "min")}
+
+
+def _allocated_at(frames: list[str]) -> list[str]:
+    """Where a block was allocated: its frame, then the last three frames of our own code
+    that led to it (innermost first)."""
+    ours = [f for f in frames if "/reconciler/" in f][-3:]
+    return list(reversed(ours + frames[-1:]))
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
