@@ -104,7 +104,7 @@ from bench.harness.passes import DEFAULT_PARALLEL, pass_settings, plan_inputs, r
 from bench.harness.probe import Probe
 from bench.harness.procfs import cpu_seconds
 from bench.harness.provenance import REPO_ROOT, busy_processes, host, provenance
-from bench.harness.report import short_path
+from bench.harness.report import render, short_path
 from bench.harness.stats import median_range as summary
 from reconciler.core.plan.changes import target_config
 from reconciler.core.plan.planner import plan as plan_fn
@@ -1112,518 +1112,35 @@ def models_axis_ratio(result: Mapping[str, Any]) -> dict[str, Any] | None:
 # -- output -----------------------------------------------------------------------------------
 
 
-def _s(value: float) -> str:
-    return f"{value:.3f}" if value < 10 else f"{value:.1f}"
-
-
 def markdown(result: Mapping[str, Any]) -> str:
-    """The section BENCHMARKS.md carries."""
-    parts = (
-        _method_lines,
-        _machine_lines,
-        _results_lines,
-        _phase_lines,
-        _plan_alone_lines,
-        _where_time_goes_lines,
-        _verdict_lines,
-    )
-    return "\n".join(line for part in parts for line in part(result))
-
-
-def _method_lines(result: Mapping[str, Any]) -> list[str]:
-    """Question, command and method."""
-    out: list[str] = []
-    w = out.append
-    w("## Fleet size (issue: progressive delivery across a fleet)\n")
-    w(
-        "**Question:** what do planning and a no-op pass cost as the fleet grows (10, 100 and "
-        "1,000 instances x 100 models), and is planning linear in instances x models? "
-        f"Targets: **a no-op pass over 1,000 x 100 in under {TARGET_S:g} s** on this 2-core "
-        "machine; **planning time linear in instances x models**.\n"
-    )
-    w("### Command\n")
-    w("```sh\n/tmp/venv/bin/python -m bench.fleet\n```\n")
-    w(
-        "Options: `--sizes 10,100,1000`, `--models 100`, `--passes N` (measured no-op passes "
-        "per size, default 5), `--large-passes N` (largest size, default 3), `--variants "
-        "32,64` and `--variant-passes N` (other `max_parallel`, default 2 passes each), "
-        "`--large-variants 64` and `--large-variant-passes 1` (the same at the largest "
-        "size), `--plan-budget S` (seconds of repeated `plan()` runs per size, default 20), "
-        "`--sim-processes N` (simulator helpers, default 2), `--call-samples N` (single calls "
-        "timed, default 2000), `--no-models-axis`, `--no-real`, `--real-counts 1,4`, "
-        "`--real-models N` (default 4), `--output PATH`, `--profile-output PATH`, "
-        "`--markdown-from JSON` (print this section from a saved result). Results: "
-        "`bench/results/fleet.json`; cProfile dump of one pass at the largest size: "
-        "`bench/results/fleet.prof`. The run takes 11 to 15 minutes here, depending on what the "
-        "other sessions on the machine are doing.\n"
-    )
-    w("### What it does\n")
-    w(
-        "1. **Fleet as in production:** one `TritonServer` with `discovery: {dns: "
-        f"{DNS}, grpcPort: P}}` and a hosts file (`Settings.hosts_file`, `--hosts-file`) "
-        "mapping the name to 127.10.h.l addresses (all of 127/8 is loopback), one port for "
-        "every instance as a Service's pods have. So the pass runs discovery and builds one "
-        "`pool/<address>` instance and one gRPC client per address, as it would in a "
-        "cluster. 100 `ModelDeployment`s `m0000`..`m0099`, `versions: [1]`, complete "
-        "`spec.config` (backend, input, output), no `modelRepository`.\n"
-        "2. **Simulated instances:** `SimulatedTriton` implements tritonclient's "
-        "`GRPCInferenceServiceServicer` (`ServerLive`, `ServerReady`, `ServerMetadata`, "
-        "`RepositoryIndex`, `ModelConfig`), answering as Triton 2.51 does when every model "
-        "serves version 1 READY, with the config Triton 2.51 reports for `echo` (captured "
-        f"from the real server). {result['simulator']['helper_processes']} helper processes "
-        "each run one `grpc.aio` server bound to its share of the addresses on one port, so "
-        "the benchmark's process only runs the reconciler. Every pass is checked to be a "
-        "no-op (no change, no problem, every pair in sync).\n"
-        "3. Per size, its own state store and Git cache: one warm-up pass, then measured "
-        "`reconcile(source, settings, ports, apply_changes=True)` passes (Git fetch, parse, "
-        "discovery, observe over gRPC, plan, apply of nothing, record), at the default "
-        f"`max_parallel` ({DEFAULT_PARALLEL}) and at {variants_text(result)}. The pass "
-        "reports its phases through `ports.hooks`, and its state store and gRPC clients "
-        "are timed through its ports, which splits each pass into phases. CPU per pass is read for "
-        "the reconciler's process, its `git` children and the simulator's helpers: all "
-        "share the 2 cores.\n"
-        "4. `plan()` alone, on the `DesiredState`, `ServingState` and `History` the last "
-        "pass handed to it (built again by the pass's own phases), repeated, each run after a full "
-        "garbage collection; median wall and median CPU of the planning thread.\n"
-        "5. For 1,000 instances, one more pass under cProfile (main thread and every worker "
-        "thread, merged), then single calls timed against one simulated instance.\n"
-        "6. A models-axis point (10 x 1,000: the same 10,000 pairs as 100 x 100), and real "
-        "Triton: 1 and 4 `LocalTriton`s on 127.0.0.2..5 (one shared port, same discovery), "
-        f"{len(result.get('real', {}).get('models', [])) or 'a few'} copies of the test "
-        "model `echo` deployed by a first apply, then no-op passes, next to the same shapes "
-        "on simulated instances.\n"
-    )
-    return out
-
-
-def _machine_lines(result: Mapping[str, Any]) -> list[str]:
-    """The machine, the versions and the code measured."""
-    m = result["machine"]
-    out: list[str] = []
-    w = out.append
-    w("### Machine\n")
-    w(
-        f'- {m["nproc"]} vCPU (`nproc`), `/proc/cpuinfo` model name "{m["cpu_model"]}", '
-        f"{m['ram_gib']} GiB RAM; {m['platform']}.\n"
-        f"- Python {m['python']}; grpcio {m['grpcio']}, tritonclient {m['tritonclient']}, "
-        f"protobuf {m['protobuf']}; real points: Triton "
-        f"{result.get('real', {}).get('triton_server', '-')} from nvidia-pytriton "
-        f"{m['nvidia_pytriton']} (CPU, Python backend). `ulimit -n` {m['ulimit_nofile'][0]}.\n"
-        f"- Load average {m['load_average_at_start'][0]:.2f} at start, "
-        f"{m['load_average_at_end'][0]:.2f} at end (the machine is shared with other "
-        "sessions; the busiest other processes are in the JSON under `machine`). Peak RSS of "
-        f"the benchmark's process: {m['peak_rss_mib']:.0f} MiB.\n"
-        f"- Reconciler code: commit `{result['code']['commit'][:7]}`"
-        + (
-            " plus uncommitted changes in `reconciler/` (listed in the JSON)"
-            if result["code"]["uncommitted_reconciler_files"]
-            else ""
-        )
-        + f". Whole run: {result['run_seconds'] / 60:.1f} min.\n"
-    )
-    return out
-
-
-def _results_lines(result: Mapping[str, Any]) -> list[str]:
-    """The no-op passes per size: one-shot at each max_parallel, and the service's."""
-    sizes = result["sizes"]
-    default = str(DEFAULT_PARALLEL)
-    out: list[str] = []
-    w = out.append
-    w("### Results\n")
-    w(
-        "No-op pass, `reconcile(..., apply_changes=True)`, wall time (median, min-max); CPU "
-        "per pass (median) of the reconciler's process and of the simulator's helpers; the "
-        "machine's 1-minute load average at the start of the passes. A one-shot pass (as "
-        "`triton-gitops apply`: nothing kept from the pass before) at each `max_parallel`, "
-        "and the service's pass (`triton-gitops run`: a `PassMemory` kept from pass to pass, "
-        "filled by one warm-up pass; max_parallel " + default + "):\n"
-    )
-    variants = [k for k in sizes[0]["no_op_pass"] if k != default]
-    header = (
-        "| instances x models | pairs | max_parallel "
-        + default
-        + " | per instance | "
-        + " | ".join(f"max_parallel {v}" for v in variants)
-        + " | reconciler CPU | simulator CPU | load average | service pass | service CPU |"
-    )
-    w(header)
-    w("|" + "---|" * (header.count("|") - 1))
-    for s in _points(result):
-        p = s["no_op_pass"][default]
-        cells = [
-            f"{s['instances']:,} x {s['models']:,}",
-            f"{s['pairs']:,}",
-            f"**{_s(p['wall_s']['median'])} s** ({_s(p['wall_s']['min'])}-"
-            f"{_s(p['wall_s']['max'])}, n={p['wall_s']['n']})",
-            f"{p['wall_s']['median'] / s['instances'] * 1000:.1f} ms",
-        ]
-        for v in variants:
-            q = s["no_op_pass"].get(v)
-            cells.append(f"{_s(q['wall_s']['median'])} s (n={q['wall_s']['n']})" if q else "-")
-        load = p.get("load_average")
-        cells += [
-            f"{_s(p['cpu_reconciler_s']['median'])} s",
-            f"{_s(p['cpu_servers_mean_s'])} s",
-            f"{load['min']:.1f}-{load['max']:.1f}" if load else "-",
-        ]
-        sp = s.get("service_pass")
-        cells += (
-            [
-                f"**{_s(sp['wall_s']['median'])} s** ({_s(sp['wall_s']['min'])}-"
-                f"{_s(sp['wall_s']['max'])}, n={sp['wall_s']['n']})",
-                f"{_s(sp['cpu_reconciler_s']['median'])} s",
-            ]
-            if sp
-            else ["-", "-"]
-        )
-        w("| " + " | ".join(cells) + " |")
-    w("")
-    return out
-
-
-def _phase_lines(result: Mapping[str, Any]) -> list[str]:
-    """The no-op passes' phases per size, one-shot and the service's."""
-    default = str(DEFAULT_PARALLEL)
-    out: list[str] = []
-    w = out.append
-    w(
-        "Phases of the no-op pass (median seconds at the default `max_parallel`; `other` is "
-        "the wall time no phase or call covers):\n"
-    )
-    columns = _points(result)
-    shown = [
-        p
-        for p in (*PHASES, "other")
-        if any(s["no_op_pass"][default]["phases_median_s"][p] >= 0.0005 for s in columns)
-    ]
-    w("| phase | " + " | ".join(f"{s['instances']:,} x {s['models']:,}" for s in columns) + " |")
-    w("|---|" + "---:|" * len(columns))
-    for phase in shown:
-        w(
-            f"| {phase} | "
-            + " | ".join(
-                f"{s['no_op_pass'][default]['phases_median_s'][phase]:.3f}" for s in columns
-            )
-            + " |"
-        )
-    w(
-        "| (garbage collector, inside the phases above) | "
-        + " | ".join(
-            f"{s['no_op_pass'][default]['gc_s']['median']:.3f}"
-            if "gc_s" in s["no_op_pass"][default]
-            else "-"
-            for s in columns
-        )
-        + " |"
-    )
-    w("")
-    w(
-        "Phases of the service's no-op pass (median seconds; observe reads each instance's "
-        "index and nothing else while it is unchanged; settle compares each instance's "
-        "settle key with the last pass's):\n"
-    )
-    w("| phase | " + " | ".join(f"{s['instances']:,} x {s['models']:,}" for s in columns) + " |")
-    w("|---|" + "---:|" * len(columns))
-    for phase in (*PHASES, "other"):
-        values = [s.get("service_pass", {}).get("phases_median_s", {}).get(phase) for s in columns]
-        if any(v is not None and v >= 0.0005 for v in values):
-            w(f"| {phase} | " + " | ".join("-" if v is None else f"{v:.3f}" for v in values) + " |")
-    w("")
-    return out
-
-
-def _plan_alone_lines(result: Mapping[str, Any]) -> list[str]:
-    """plan() alone per size, and the real Triton points."""
-    sizes = result["sizes"]
-    default = str(DEFAULT_PARALLEL)
-    out: list[str] = []
-    w = out.append
-    w(
-        "`plan()` alone, repeated on the state a real pass built (each run after a full "
-        "collection; median wall, median CPU of the planning thread, of which the garbage "
-        "collector; the per-pair ratio is on CPU, which the other sessions on this machine "
-        "disturb less than wall):\n"
-    )
-    w(
-        "| instances x models | pairs | runs | wall s | CPU s | of which GC s | per pair (wall) "
-        "| per pair (CPU) | CPU per-pair ratio |"
-    )
-    w("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows = _points(result)
-    for i, s in enumerate(rows):
-        pa = s["plan_alone"]
-        ratio = "-"
-        if 0 < i < len(sizes):
-            before = sizes[i - 1]["plan_alone"]["per_pair_cpu_us"]
-            ratio = f"{pa['per_pair_cpu_us'] / before:.2f} (vs the row above)"
-        elif i >= len(sizes):
-            ref = next((x for x in sizes if x["pairs"] == s["pairs"]), None)
-            if ref:
-                ratio = (
-                    f"{pa['per_pair_cpu_us'] / ref['plan_alone']['per_pair_cpu_us']:.2f} "
-                    f"(vs {ref['instances']} x {ref['models']})"
-                )
-        w(
-            f"| {s['instances']:,} x {s['models']:,} | {s['pairs']:,} | "
-            f"{pa['seconds']['n']} | {_s(pa['seconds']['median'])} | "
-            f"{_s(pa['cpu_seconds']['median'])} | {_s(pa['gc_seconds']['median'])} | "
-            f"{pa['per_pair_us']:.1f} us | {pa['per_pair_cpu_us']:.1f} us | {ratio} |"
-        )
-    w("")
-    if "real" in result:
-        w("Real Triton against simulated instances, same manifests shape (no-op pass, median):\n")
-        w(
-            "| instances x models | real Triton pass | simulated pass | real observe | "
-            "simulated observe | real: server CPU / pass | simulated: server CPU / pass |"
-        )
-        w("|---|---:|---:|---:|---:|---:|---:|")
-        for point in result["real"]["points"]:
-            r, s = point["real"], point["simulated"]
-            rp, sp = r["no_op_pass"][default], s["no_op_pass"][default]
-            w(
-                f"| {r['instances']} x {r['models']} | {rp['wall_s']['median'] * 1000:.1f} ms "
-                f"| {sp['wall_s']['median'] * 1000:.1f} ms "
-                f"| {rp['phases_median_s']['observe'] * 1000:.1f} ms "
-                f"| {sp['phases_median_s']['observe'] * 1000:.1f} ms "
-                f"| {rp['cpu_servers_mean_s'] * 1000:.1f} ms "
-                f"| {sp['cpu_servers_mean_s'] * 1000:.1f} ms |"
-            )
-        w("")
-    return out
-
-
-def _points(result: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The sizes measured, and the models-axis point if there is one."""
-    return [*result["sizes"], *([result["models_axis"]] if "models_axis" in result else [])]
-
-
-def _where_time_goes_lines(result: Mapping[str, Any]) -> list[str]:
-    """The largest size's pass, phase by phase, and its profile."""
-    sizes = result["sizes"]
-    default = str(DEFAULT_PARALLEL)
-    largest = max(sizes, key=lambda s: s["pairs"])
-    out: list[str] = []
-    w = out.append
-    w(f"### Where the time goes ({largest['instances']:,} x {largest['models']})\n")
-    profile = largest.get("profile")
-    lp = largest["no_op_pass"][default]
-    wall = lp["wall_s"]["median"]
-    ph = lp["phases_median_s"]
-    pc = lp["phases_cpu_median_s"]
-    rpcs = largest["instances"] * (largest["models"] + 1)
-    w(
-        f"Pass median {_s(wall)} s; the reconciler's process used "
-        f"{_s(lp['cpu_reconciler_s']['median'])} s of CPU per pass (all threads), the "
-        f"simulated instances {_s(lp['cpu_servers_mean_s'])} s, `git` "
-        f"{_s(lp['cpu_git_children_s']['median'])} s. Per phase (median of the measured "
-        "passes; CPU is the reconciler process's, all threads, while the phase ran):\n"
-    )
-    w("| phase | wall s | share | reconciler CPU s |")
-    w("|---|---:|---:|---:|")
-    for phase in (*PHASES, "other"):
-        if ph[phase] >= 0.0005:
-            w(
-                f"| {phase} | {ph[phase]:.3f} | {ph[phase] / wall:.0%} | "
-                + (f"{pc[phase]:.3f} |" if phase in pc else "- |")
-            )
-    w("")
-    w(
-        f"observe makes {rpcs:,} RPCs per pass ({largest['instances']:,} x (1 "
-        f"`RepositoryIndex` + {largest['models']} `ModelConfig`)): "
-        f"{pc['observe'] / rpcs * 1e6:.0f} us of reconciler CPU and "
-        f"{ph['observe'] / rpcs * 1e6:.0f} us of wall per RPC, at max_parallel "
-        f"{DEFAULT_PARALLEL}.\n"
-    )
-    costs = result.get("call_costs")
-    if costs:
-        w(
-            "Single calls against one simulated instance (this process's CPU per call, "
-            "sequential):\n"
-        )
-        w("| call | wall | reconciler CPU |")
-        w("|---|---:|---:|")
-        for name, c in costs.items():
-            w(f"| `{name}` | {c['wall_us']:.0f} us | {c['cpu_us']:.0f} us |")
-        w("")
-    if profile:
-        w(
-            f"cProfile of one pass ({profile['threads_profiled']} threads merged; "
-            f"{_s(profile['wall_s_profiled'])} s under the profiler), selected functions "
-            "(cumulative seconds summed over threads):\n"
-        )
-        w("| function | calls | own s | cumulative s |")
-        w("|---|---:|---:|---:|")
-        for name, f in profile["functions"].items():
-            w(f"| {name} | {f['calls']:,} | {f['own_s']:.2f} | {f['cumulative_s']:.2f} |")
-        w("")
-        w("Main thread, top functions by cumulative time (wall):\n")
-        w("| function | calls | own s | cumulative s |")
-        w("|---|---:|---:|---:|")
-        for row in profile["main_thread_top_cumulative"][:18]:
-            w(
-                f"| `{row['function']}` | {row['calls']:,} | {row['own_s']:.2f} | "
-                f"{row['cumulative_s']:.2f} |"
-            )
-        w("")
-        w(
-            "All threads, top functions by own time (wall per thread: a worker's "
-            "`_blocking` is the time it waited for an RPC's answer, the GIL included):\n"
-        )
-        w("| function | calls | own s | cumulative s |")
-        w("|---|---:|---:|---:|")
-        for row in profile["all_threads_top_own"][:15]:
-            w(
-                f"| `{row['function']}` | {row['calls']:,} | {row['own_s']:.2f} | "
-                f"{row['cumulative_s']:.2f} |"
-            )
-        w("")
-    breakdown = largest.get("plan_breakdown_s")
-    if breakdown:
-        w(
-            f"The planner's per-pair helpers, called once per pair of the "
-            f"{int(breakdown['pairs']):,} pairs (seconds, all pairs):\n"
-        )
-        w("| helper | s |")
-        w("|---|---:|")
-        for name, value in breakdown.items():
-            if name != "pairs":
-                w(f"| `{name}` | {value:.3f} |")
-        w("")
-    return out
-
-
-def _verdict_lines(result: Mapping[str, Any]) -> list[str]:
-    """The findings and the verdict on the targets."""
-    sizes = result["sizes"]
-    largest = max(sizes, key=lambda s: s["pairs"])
-    out: list[str] = []
-    w = out.append
-    t = result["targets"]
-    met = t["no_op_pass_1000_under_2s"]
-    lin = t["plan_linear"]
-    w(findings(result))
-    w("### Verdict\n")
-    w(
-        f"- No-op pass over {largest['instances']:,} x {largest['models']}, the service's "
-        f"(`triton-gitops run`): {_s(met['service_median_s'])} s: target < {TARGET_S:g} s "
-        f"**{'met' if met['met'] else 'NOT met'}**. A one-shot pass (`apply`): "
-        f"{_s(met['one_shot_median_s_default_parallel'])} s at the default `max_parallel` "
-        f"(best {_s(met['one_shot_best_median_s'])} s at {met['one_shot_best_max_parallel']}).\n"
-        f"- Planning per pair (CPU): "
-        + ", ".join(f"{v:.1f} us" for v in lin["per_pair_us"])
-        + f" for {', '.join(format(s['pairs'], ',') for s in sizes)} pairs (max/min "
-        f"{lin['max_over_min_per_pair']:.2f}): linear in instances at "
-        f"{sizes[0]['models']} models **{'yes' if lin['met'] else 'no'}**."
-    )
-    axis = t.get("plan_linear_in_models")
-    if axis:
-        a, b = axis["per_pair_cpu_us"].items()
-        w(
-            f"- Same {axis['pairs']:,} pairs, models axis: {a[0]} {a[1]:.1f} us per pair "
-            "(CPU), "
-            f"{b[0]} {b[1]:.1f} us ({axis['ratio']:.2f}x): linear in instances x models "
-            + ("**yes**." if axis["met"] else "**no** (see Findings).")
-        )
-    return out
-
-
-def variants_text(result: Mapping[str, Any]) -> str:
-    settings = result["settings"]
-    small = ", ".join(str(v) for v in settings["variants"] if v != DEFAULT_PARALLEL)
-    large = ", ".join(str(v) for v in settings.get("large_variants", ()) if v != DEFAULT_PARALLEL)
-    return (
-        f"{small or 'nothing else'} ({settings['variant_passes']} passes each; at the "
-        f"largest size {large or 'none'}, {settings.get('large_variant_passes', 1)} pass each)"
-    )
-
-
-def findings(result: Mapping[str, Any]) -> str:
-    """What the numbers say: the service's pass against a one-shot pass, at the largest size."""
+    """The section BENCHMARKS.md carries: ``bench/reports/fleet.md`` filled from ``result``."""
     default = str(DEFAULT_PARALLEL)
     sizes = result["sizes"]
-    big = max(sizes, key=lambda s: s["pairs"])
-    one = big["no_op_pass"][default]
-    svc = big["service_pass"]
-    n, m = big["instances"], big["models"]
-    out: list[str] = [f"### Findings ({n:,} x {m})\n"]
-    w = out.append
-    sw, sc = svc["wall_s"]["median"], svc["cpu_reconciler_s"]["median"]
-    sph = svc["phases_median_s"]
-    top = sorted(((k, v) for k, v in sph.items() if k != "other"), key=lambda kv: -kv[1])[:4]
-    w(
-        f"- **The service's no-op pass: {_s(sw)} s** ({_s(sc)} s of reconciler CPU, "
-        f"{_s(svc['cpu_servers_mean_s'])} s in the simulated instances; load average "
-        f"{svc['load_average']['median']:.1f} on 2 cores). It makes {n:,} RPCs, one "
-        "`RepositoryIndex` per instance: an instance whose index bytes are those of the last "
-        "pass, with no config recheck due, is the same observation (same token), so its "
-        "configs are not read and its settle key equals the last one, and the planner "
-        "reports its pairs in sync without planning them. Largest phases: "
-        + ", ".join(f"{k} {_s(v)} s" for k, v in top)
-        + "."
-    )
-    ow, oc = one["wall_s"]["median"], one["cpu_reconciler_s"]["median"]
-    oph, opc = one["phases_median_s"], one["phases_cpu_median_s"]
-    w(
-        f"- **A one-shot pass** (`triton-gitops apply`, nothing kept): {_s(ow)} s, "
-        f"{_s(oc)} s of CPU; observe {_s(oph['observe'])} s for {n * (m + 1):,} RPCs (every "
-        "loaded model's config is read: a new client knows none), plan "
-        f"{_s(oph['plan'])} s. It is {ow / sw:.0f}x the service's pass; it is what the "
-        "first pass of the service costs too, and what a pass costs for an instance whose "
-        "index changed (a restart, a rollout)."
-    )
-    pa = big["plan_alone"]
-    w(
-        f"- **Planning every pair** (plan() alone, no short-cut): "
-        f"{pa['per_pair_cpu_us']:.1f} us of CPU per pair, {_s(pa['cpu_seconds']['median'])} s "
-        f"for {big['pairs']:,} pairs. The per-pair work an in-sync pair does: the "
-        "manifest's spec.config is canonicalised once per ModelDeployment (cached by its "
-        "JSON), the merged target config is built only for a change, and `_order` runs only "
-        "on a server with changes."
-    )
-    recheck = 600.0
-    w(
-        f"- **What the short-cut costs in freshness:** Triton's index does not change when "
-        "someone reloads a version by hand with another config, so a kept client reads each "
-        f"loaded config again every `--config-recheck` seconds (default {recheck:g}, spread "
-        "over 0.5-1.5x per model so the reads do not come in one pass). Those reads are the "
-        f"one-shot pass's observe: {_s(opc['observe'])} s of reconciler CPU per {recheck:g} "
-        f"s, about {opc['observe'] / recheck:.1%} of a core on average at this size. A "
-        "restart, a "
-        "hand unload or load, and every change the reconciler makes show in the index and "
-        "are seen at the next pass."
-    )
     wide = result.get("models_axis")
-    same = next((s for s in sizes if wide and s["pairs"] == wide["pairs"]), None)
-    if wide and same:
-        w(
-            f"- **Models axis:** {wide['instances']} x {wide['models']:,} has the pairs of "
-            f"{same['instances']} x {same['models']}: plan alone "
-            f"{wide['plan_alone']['per_pair_cpu_us']:.1f} against "
-            f"{same['plan_alone']['per_pair_cpu_us']:.1f} us of CPU per pair; service pass "
-            f"{_s(wide['service_pass']['wall_s']['median'])} against "
-            f"{_s(same['service_pass']['wall_s']['median'])} s."
-        )
-    real = result.get("real")
-    if real:
-        rows = []
-        for point in real["points"]:
-            r, s_ = point["real"], point["simulated"]
-            rows.append(
-                f"{r['instances']} x {r['models']}: real "
-                f"{r['no_op_pass'][default]['wall_s']['median'] * 1000:.0f} ms, simulated "
-                f"{s_['no_op_pass'][default]['wall_s']['median'] * 1000:.0f} ms"
-            )
-        w(
-            "- **Simulated against real Triton** (one-shot passes): "
-            + "; ".join(rows)
-            + ". The reconciler's side of each call is the same code against either."
-        )
-    return "\n".join(out) + "\n"
+    points = [*sizes, *([wide] if wide else [])]
+    return render(
+        "fleet",
+        result,
+        dns=DNS,
+        target_s=TARGET_S,
+        default_parallel=DEFAULT_PARALLEL,
+        phases=(*PHASES, "other"),
+        points=points,
+        largest=max(sizes, key=lambda s: s["pairs"]),
+        same=next((s for s in sizes if wide and s["pairs"] == wide["pairs"]), None),
+        one_shot_phases=_phase_rows([p["no_op_pass"][default] for p in points]),
+        service_phases=_phase_rows([p.get("service_pass") for p in points]),
+    )
 
 
-def print_summary(result: Mapping[str, Any]) -> None:
-    print(markdown(result))
+def _phase_rows(passes: Sequence[Mapping[str, Any] | None]) -> list[tuple[str, list[Any]]]:
+    """A phase table's rows: each phase (and "other") that took 0.5 ms or more in one of
+    ``passes`` at least, with its median in each (None where a pass has none)."""
+    rows = [
+        (phase, [(p or {}).get("phases_median_s", {}).get(phase) for p in passes])
+        for phase in (*PHASES, "other")
+    ]
+    return [row for row in rows if any(v is not None and v >= 0.0005 for v in row[1])]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -1678,7 +1195,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.markdown_from:
-        print_summary(read_json(args.markdown_from))
+        print(markdown(read_json(args.markdown_from)))
         return 0
     quiet_reconciler_log()
     args.output.parent.mkdir(parents=True, exist_ok=True)  # the profile dump goes there too
@@ -1686,7 +1203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if result is None:
         return 1
     write_json(args.output, result, default=str)
-    print_summary(result)
+    print(markdown(result))
     print(f"\nJSON result: {args.output}", file=sys.stderr)
     return 0
 
