@@ -23,7 +23,6 @@ from reconciler.adapters.alerts import (
     LogAlerter,
     WebhookAlerter,
 )
-from reconciler.adapters.artifacts import version_digests
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
 from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.adapters.gateway import GatewayRouter
@@ -32,7 +31,7 @@ from reconciler.adapters.hooks import HttpStepHooks
 from reconciler.adapters.leader_lease import LeaderLease, lease_api
 from reconciler.adapters.local_triton import LocalTriton
 from reconciler.adapters.metrics import metrics_reader
-from reconciler.adapters.model_repository import read_model
+from reconciler.adapters.model_repository import read_model, version_digests
 from reconciler.adapters.perf_analyzer import PerfAnalyzer
 from reconciler.adapters.reconciler_lock import Locks, StateLockFile, lock_path
 from reconciler.adapters.state import StateStore

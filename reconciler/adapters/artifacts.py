@@ -67,14 +67,29 @@ _SKIPPED_SUFFIX = ".pyc"
 _CHUNK = 1 << 20
 
 
-def _skipped(name: str) -> bool:
+def skipped(name: str) -> bool:
+    """Whether an entry named ``name`` is left out of a digest (rule 2)."""
     return name == _SKIPPED_FOLDER or name.endswith(_SKIPPED_SUFFIX)
 
 
-def _encoded(text: str) -> str:
+def encoded(text: str) -> str:
+    """A path or link target as a digest line writes it (rule 4)."""
     # os.fsencode gives the name's bytes as the file system holds them, even for names that
     # are not valid UTF-8 (Python keeps those as surrogate escapes).
     return urllib.parse.quote(os.fsencode(text), safe="/")
+
+
+def file_line(executable: bool, sha256: str, relative: str) -> str:
+    """A regular file's line (rule 3); ``relative`` already ``encoded``."""
+    return f"file {'x' if executable else '-'} {sha256} {relative}\n"
+
+
+def digest_of(lines: Iterable[str]) -> str:
+    """``"sha256:<hex>"`` of the lines, sorted by path as rule 5 says."""
+    digest = hashlib.sha256()
+    for line in sorted(lines, key=lambda line: line.rsplit(" ", 1)[1]):
+        digest.update(line.encode("ascii"))
+    return f"sha256:{digest.hexdigest()}"
 
 
 def _file_sha256(path: Path) -> str:
@@ -89,10 +104,9 @@ def _line(path: Path, relative: str) -> str:
     try:
         status = path.lstat()
         if stat.S_ISLNK(status.st_mode):
-            return f"link - {_encoded(os.readlink(path))} {relative}\n"
+            return f"link - {encoded(os.readlink(path))} {relative}\n"
         if stat.S_ISREG(status.st_mode):
-            executable = "x" if status.st_mode & stat.S_IXUSR else "-"
-            return f"file {executable} {_file_sha256(path)} {relative}\n"
+            return file_line(bool(status.st_mode & stat.S_IXUSR), _file_sha256(path), relative)
     except OSError as exc:
         raise ArtifactError(f"cannot read {path}: {exc.strerror or exc}") from exc
     raise ArtifactError(f"cannot hash {path}: neither a regular file nor a symlink")
@@ -114,12 +128,12 @@ def digest_lines(folder: Path) -> list[str]:
         here = Path(current)
         # os.walk lists a symlink to a folder among the folders; it is an entry of its own.
         links = [name for name in folders if (here / name).is_symlink()]
-        folders[:] = sorted(n for n in folders if n not in links and not _skipped(n))
+        folders[:] = sorted(n for n in folders if n not in links and not skipped(n))
         for name in sorted((*files, *links)):
-            if _skipped(name):
+            if skipped(name):
                 continue
             path = here / name
-            relative = _encoded(path.relative_to(root).as_posix())
+            relative = encoded(path.relative_to(root).as_posix())
             lines[relative] = _line(path, relative)
     return [lines[path] for path in sorted(lines)]
 
@@ -130,10 +144,7 @@ def tree_digest(folder: Path) -> str:
     Raises ``ArtifactError`` naming the path for a missing folder, an unreadable file or
     folder, or a special file.
     """
-    digest = hashlib.sha256()
-    for line in digest_lines(folder):
-        digest.update(line.encode("ascii"))
-    return f"sha256:{digest.hexdigest()}"
+    return digest_of(digest_lines(folder))
 
 
 def version_digests(repository: str, model: str, versions: Iterable[int]) -> dict[int, str | None]:

@@ -29,6 +29,7 @@ from reconciler.core.smoke import as_array
 from reconciler.model.errors import (
     LoadFailed,
     ProbeTimedOut,
+    RepositoryUnavailable,
     ServerUnavailable,
     StepFailed,
     UnloadFailed,
@@ -287,6 +288,10 @@ class TritonServerClient:
                 )
         except ServerUnavailable as exc:
             return ServerState(self.name, error=self._unobserved(exc))
+        except RepositoryUnavailable as exc:
+            # Nothing is known of what the repository holds: a reason to wait, as for a
+            # server that does not answer (nothing is loaded or unloaded on it this pass).
+            return ServerState(self.name, error=str(exc))
         listed = frozenset(e.name for e in entries if e.name)
         token.append(listed)
         state = ServerState(self.name, states, listed, token=tuple(token))

@@ -11,9 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from reconciler import wiring
-from reconciler.adapters.artifacts import tree_digest
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
+from reconciler.adapters.model_repository import folder_digest
 from reconciler.cli.options import default_cache, git_credentials, two_refs
 from reconciler.cli.shell import (
     EXIT_CHANGES,
@@ -149,15 +149,16 @@ def _declare_digest(commands: Commands) -> None:
         "digest",
         help="print the digest of a model version folder, to pin in a manifest",
         description="Print the sha256 file-tree digest of a model version folder (e.g. "
-        "models/echo/3), as spec.versions entries pin it: {version: 3, digest: sha256:...}. "
-        "The reconciler recomputes it before every load when it can read the model "
-        "repository, and refuses a version whose folder changed.",
+        "models/echo/3, or s3://bucket/models/echo/3 read from the bucket), as spec.versions "
+        "entries pin it: {version: 3, digest: sha256:...}. The reconciler recomputes it "
+        "before every load when it can read the model repository, and refuses a version "
+        "whose folder changed.",
     )
-    digest.add_argument("path", type=Path, metavar="PATH")
+    digest.add_argument("path", metavar="PATH|URL")
 
 
 def _digest(args: argparse.Namespace) -> int:
-    print(tree_digest(args.path))
+    print(folder_digest(args.path))
     return EXIT_OK
 
 

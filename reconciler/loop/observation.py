@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from reconciler.core.plan.settle import emptied_servers
-from reconciler.model.errors import UnsafeRevision
+from reconciler.model.errors import RepositoryUnavailable, UnsafeRevision
 from reconciler.model.history import History
 from reconciler.model.serving import ServerState
 from reconciler.model.spec import DesiredState
@@ -68,7 +68,10 @@ def observe_servers(
             for model, placement in desired.placements[server].items():
                 pinned = placement.deployment.digests
                 if pinned and model in enriched:
-                    found = digests(repository, model, pinned)
+                    try:
+                        found = digests(repository, model, pinned)
+                    except RepositoryUnavailable as exc:
+                        return ServerState(server, error=str(exc))  # as unreachable: wait
                     enriched[model] = replace(enriched[model], repository_digests=found)
                     pinned_found.append((model, tuple(sorted(found.items()))))
             token = None if state.token is None else (*state.token, tuple(pinned_found))

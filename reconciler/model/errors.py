@@ -15,6 +15,8 @@
     │   └── MigrationFailed            a migration to this version's schema failed (rolled
     │                                  back: the file stays at its version)
     ├── ArtifactError                  a version folder cannot be hashed
+    ├── RepositoryUnavailable          a model repository in object storage cannot be read
+    │                                  (transient: its server is not observed this pass)
     ├── UndoRefused                    ``undo`` has no earlier spec to go back to, or may not
     │                                  push one (names the deployment, file:line, revision)
     ├── UnsafeRevision                 a revision refused as a whole (e.g. it would empty a
@@ -277,6 +279,18 @@ class MigrationFailed(StateFileRefused):
 
 class ArtifactError(ReconcileError):
     """A version folder cannot be hashed: missing, unreadable, or holding a special file."""
+
+
+class RepositoryUnavailable(ReconcileError):
+    """A model repository in object storage cannot be read: the store does not answer or
+    times out, the bucket is missing, the credentials are refused. Like a server that does
+    not answer, a reason to wait: the server is left unobserved (nothing is loaded or
+    unloaded on it) and no spec is held."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"model repository {url}: {reason}")
 
 
 class UndoRefused(ReconcileError):

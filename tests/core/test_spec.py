@@ -314,6 +314,25 @@ CASES: dict[str, tuple[str, str]] = {
 }
 
 
+def test_a_model_repository_triton_cannot_read_is_reported_at_its_line() -> None:
+    server = """\
+apiVersion: triton-gitops/v1alpha1
+kind: TritonServer
+metadata:
+  name: edge-c
+spec:
+  grpc: edge-c.internal:8001
+  modelRepository: s3://http://minio.internal/models/edge-c  # <-
+"""
+    (line,) = marked_lines(server)
+
+    (problem,) = problems_of({FLEET: SERVERS, "edge-c.yaml": server})
+
+    assert (problem.file, problem.line) == ("edge-c.yaml", line), problem
+    assert problem.message.startswith("TritonServer 'edge-c': spec.modelRepository "), problem
+    assert "s3://http://HOST:PORT/BUCKET/PREFIX" in problem.message, problem
+
+
 def one_case(case: str) -> dict[str, str]:
     return {FLEET: SERVERS, f"{case}.yaml": CASES[case][0]}
 

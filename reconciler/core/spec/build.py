@@ -22,6 +22,7 @@ from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
 from reconciler.model.gate import GateSpec
 from reconciler.model.problems import Problem
+from reconciler.model.repository import parse_repository
 from reconciler.model.servers import Discovery, Location, TritonServer
 from reconciler.model.spec import (
     BackendSpec,
@@ -89,9 +90,19 @@ def flat(data: list[Any]) -> list[Any]:
     return out
 
 
-def build_server(doc: Document, spec: dict[str, Any]) -> TritonServer:
+def build_server(doc: Document, spec: dict[str, Any], problems: list[Problem]) -> TritonServer:
     metadata, body = spec["metadata"], spec["spec"]
     discovery = body.get("discovery")
+    if "modelRepository" in body:
+        try:
+            parse_repository(body["modelRepository"])
+        except ValueError as exc:
+            problems.append(
+                doc.problem(
+                    ("spec", "modelRepository"),
+                    f"TritonServer {metadata['name']!r}: spec.modelRepository {exc}",
+                )
+            )
     return TritonServer(
         name=metadata["name"],
         labels=dict(metadata.get("labels", {})),

@@ -104,7 +104,7 @@ def read_manifests(
                 continue
             data = salvaged
         if kind == "TritonServer":
-            servers.append((doc, build_server(doc, data)))
+            servers.append((doc, build_server(doc, data, problems)))
         elif kind == "Router":
             routers.append((doc, build_router(doc, data)))
         else:

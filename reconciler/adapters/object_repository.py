@@ -1,0 +1,232 @@
+"""A Triton model repository in object storage (``s3://``, ``gs://``, ``as://``), read through
+fsspec's implementation for its store (s3fs, gcsfs, adlfs: the ``s3``, ``gcs`` and ``azure``
+extras), with the same answers as a local folder (``model_repository.py``): a model's base
+config and version numbers, and the digests of its version folders.
+
+Cost, per model and read: **one listing** (a recursive list of the model's prefix: one
+request, more only past a page of objects); an object is read only when the listing shows it
+new or changed. The listing gives each object's identity in the store (ETag, or GCS's
+generation, with its size and modification time): ``config.pbtxt`` is parsed again, and a
+file hashed again, only when that identity changed, so a pass over an unchanged repository
+reads no object at all, and a version's digest is computed once per object version.
+fsspec's own listing cache is off: a listing is the repository as it is now.
+
+The digest is ``artifacts.py``'s contract over the objects: a file's line is
+``file - <sha256> <path>`` (objects have no execute bit; a version pinned from a local copy
+whose files are executable has another digest: ``triton-gitops digest`` reads the bucket),
+``__pycache__`` and ``*.pyc`` are left out, and keys ending in ``/`` (folder markers some
+tools write) are not files.
+
+Errors: a store that does not answer or times out, a missing bucket, refused credentials
+raise ``RepositoryUnavailable`` naming the URL: the caller leaves the server unobserved, a
+reason to wait, as for a server that is down. Credentials come from the store's standard
+chain (environment, shared config files, IRSA or workload identity), never from a manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reconciler.adapters.artifacts import digest_of, encoded, file_line, skipped
+from reconciler.core.triton_config import parse_pbtxt
+from reconciler.model.errors import RepositoryUnavailable
+from reconciler.model.repository import RepositoryLocation
+
+# Seconds for one request to connect and to answer: a store that stalls longer is down for
+# this pass (the server is left unobserved), not a pass that hangs.
+STORE_TIMEOUT = 10.0
+_CHUNK = 1 << 20
+_EXTRA = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "as": ("adlfs", "azure")}
+
+
+@dataclass
+class StoreReads:
+    """What the repository asked of its store, for the benchmark and the tests."""
+
+    listings: int = 0
+    objects_read: int = 0
+    bytes_read: int = 0
+
+
+@dataclass(frozen=True)
+class _Object:
+    path: str  # the store's full path (bucket/prefix/model/...)
+    identity: tuple[Any, ...]  # changes when the object does
+
+
+@dataclass
+class ObjectRepository:
+    """One repository URL's reader; keep it for the process (``model_repository.opened``)
+    so that what it parsed and hashed is not read again."""
+
+    location: RepositoryLocation
+    fs: Any  # an fsspec AbstractFileSystem (untyped)
+    reads: StoreReads = field(default_factory=StoreReads)
+    _configs: dict[_Object, dict[str, Any] | None] = field(default_factory=dict)
+    _hashes: dict[_Object, str] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def read_model(self, model: str) -> tuple[dict[str, Any] | None, frozenset[int] | None]:
+        """(config as JSON or None, version numbers present or None when the model has no
+        object under the repository)."""
+        objects = self._listing(model)
+        if not objects:
+            return None, None
+        versions = frozenset(
+            int(first) for first in {r.split("/", 1)[0] for r in objects if "/" in r}
+            if first.isdigit()
+        )  # fmt: skip
+        config = objects.get("config.pbtxt")
+        return (self._config(config) if config else None), versions
+
+    def version_digests(self, model: str, versions: Iterable[int]) -> dict[int, str | None]:
+        """The digest of each of ``versions``' folders; None for a version with no object."""
+        objects = self._listing(model)
+        digests: dict[int, str | None] = {}
+        for version in versions:
+            here = f"{version}/"
+            lines = [
+                file_line(False, self._sha256(found), encoded(relative[len(here) :]))
+                for relative, found in sorted(objects.items())
+                if relative.startswith(here)
+                and not any(skipped(part) for part in relative[len(here) :].split("/"))
+            ]
+            has_any = any(relative.startswith(here) for relative in objects)
+            digests[version] = digest_of(lines) if has_any else None
+        return digests
+
+    def _listing(self, model: str) -> dict[str, _Object]:
+        """Every object under ``model``'s prefix, by its path relative to it; one request."""
+        if "/" in model or model in ("", ".", ".."):
+            return {}
+        base = f"{self.location.root}/{model}"
+        found = self._store(
+            f"listing {model}", lambda: self.fs.find(base, detail=True, withdirs=False)
+        )
+        with self._lock:
+            self.reads.listings += 1
+        objects = {}
+        under = base.strip("/") + "/"
+        for path, info in found.items():
+            name = str(path).lstrip("/")  # some file systems name paths from a leading /
+            if not name.startswith(under) or name.endswith("/") or info.get("type") != "file":
+                continue  # another model's prefix (echo vs echo2), a folder marker
+            objects[name[len(under) :]] = _Object(str(path), _identity(info))
+        return objects
+
+    def _config(self, found: _Object) -> dict[str, Any] | None:
+        with self._lock:
+            if found in self._configs:
+                return self._configs[found]
+        text = self._read(found).decode("utf-8", errors="replace")
+        try:
+            config: dict[str, Any] | None = parse_pbtxt(text)
+        except ValueError:
+            # A broken config.pbtxt is Triton's to report on load, as for a local folder.
+            config = None
+        with self._lock:
+            self._forget_older(self._configs, found)
+            self._configs[found] = config
+        return config
+
+    def _sha256(self, found: _Object) -> str:
+        with self._lock:
+            known = self._hashes.get(found)
+        if known is not None:
+            return known
+        digest = hashlib.sha256()
+
+        def read() -> None:
+            with self.fs.open(found.path, "rb", block_size=_CHUNK) as stream:
+                while chunk := stream.read(_CHUNK):
+                    digest.update(chunk)
+                    with self._lock:
+                        self.reads.bytes_read += len(chunk)
+
+        self._store(f"reading {found.path}", read)
+        with self._lock:
+            self.reads.objects_read += 1
+            self._forget_older(self._hashes, found)
+            self._hashes[found] = digest.hexdigest()
+        return digest.hexdigest()
+
+    def _read(self, found: _Object) -> bytes:
+        data: bytes = self._store(f"reading {found.path}", lambda: self.fs.cat_file(found.path))
+        with self._lock:
+            self.reads.objects_read += 1
+            self.reads.bytes_read += len(data)
+        return data
+
+    @staticmethod
+    def _forget_older(cache: dict[_Object, Any], found: _Object) -> None:
+        # One entry per path: an object rewritten replaces what its older version gave.
+        for old in [o for o in cache if o.path == found.path]:
+            del cache[old]
+
+    def _store(self, doing: str, call: Any) -> Any:
+        try:
+            return call()
+        except FileNotFoundError as exc:
+            raise RepositoryUnavailable(
+                self.location.text, f"{doing}: the bucket or container does not exist ({exc})"
+            ) from exc
+        except PermissionError as exc:
+            raise RepositoryUnavailable(
+                self.location.text, f"{doing}: the store refused the credentials ({exc})"
+            ) from exc
+        except Exception as exc:  # the store's client raises its own classes (botocore...)
+            if isinstance(exc, (TypeError, AttributeError, NameError)):
+                raise  # a bug here, not the store
+            raise RepositoryUnavailable(
+                self.location.text, f"{doing}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def _identity(info: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What changes when an object is rewritten, from a listing entry of any of the stores."""
+    return (
+        info.get("ETag") or info.get("etag") or info.get("md5Hash"),
+        info.get("generation"),
+        info.get("size"),
+        str(info.get("LastModified") or info.get("last_modified") or info.get("updated")),
+        str(info.get("created") or info.get("mtime")),  # fsspec's own (memory, local)
+    )
+
+
+def open_store(location: RepositoryLocation, timeout: float = STORE_TIMEOUT) -> ObjectRepository:
+    """A reader of ``location`` through its store's fsspec file system. Raises
+    RepositoryUnavailable when that file system is not installed (naming the extra)."""
+    module_name, extra = _EXTRA[location.scheme]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RepositoryUnavailable(
+            location.text,
+            f"reading {location.scheme}:// needs {module_name}: pip install "
+            f"'triton-gitops[{extra}]'",
+        ) from exc
+    if location.scheme == "s3":
+        fs = module.S3FileSystem(
+            use_listings_cache=False,
+            skip_instance_cache=True,
+            client_kwargs={"endpoint_url": location.endpoint} if location.endpoint else {},
+            config_kwargs={
+                "connect_timeout": timeout,
+                "read_timeout": timeout,
+                "retries": {"max_attempts": 2, "mode": "standard"},
+            },
+        )
+    elif location.scheme == "gs":
+        fs = module.GCSFileSystem(
+            use_listings_cache=False, skip_instance_cache=True, timeout=timeout
+        )
+    else:
+        fs = module.AzureBlobFileSystem(
+            account_name=location.account, use_listings_cache=False, skip_instance_cache=True
+        )
+    return ObjectRepository(location, fs)

@@ -1,0 +1,134 @@
+"""A model repository in object storage, read through fsspec: the same answers as a local
+folder, one listing per model and read, and no object read again while it is unchanged.
+Here over fsspec's in-memory file system (a real fsspec implementation, no network);
+tests/integration/test_object_storage.py runs the same against an S3 server and Triton."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from reconciler.adapters.artifacts import tree_digest
+from reconciler.adapters.object_repository import ObjectRepository
+from reconciler.model.errors import RepositoryUnavailable
+from reconciler.model.repository import RepositoryLocation, parse_repository
+
+MODELS = Path(__file__).resolve().parents[2] / "testkit" / "models"
+CONFIG = 'name: "echo"\nbackend: "python"\nmax_batch_size: 0\n'
+
+
+def bucket() -> tuple[Any, RepositoryLocation]:
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    name = f"b{uuid.uuid4().hex[:10]}"
+    return fs, parse_repository(f"s3://{name}/models")
+
+
+def repository(files: dict[str, bytes]) -> tuple[ObjectRepository, Any, str]:
+    fs, location = bucket()
+    for key, data in files.items():
+        fs.pipe(f"/{location.root}/{key}", data)
+    return ObjectRepository(location, fs), fs, location.root
+
+
+def test_config_and_versions_come_from_one_listing_and_one_read() -> None:
+    store, _, _ = repository(
+        {
+            "echo/config.pbtxt": CONFIG.encode(),
+            "echo/1/model.py": b"one",
+            "echo/2/model.py": b"two",
+            "echo/notes/README": b"not a version",
+            "echo2/1/model.py": b"another model sharing the prefix",
+        }
+    )
+
+    config, versions = store.read_model("echo")
+
+    assert config is not None and config["backend"] == "python", config
+    assert versions == frozenset({1, 2})
+    assert (store.reads.listings, store.reads.objects_read) == (1, 1), store.reads
+    assert store.read_model("absent") == (None, None)
+    assert store.read_model("../echo") == (None, None)
+
+
+def test_an_unchanged_repository_is_listed_again_but_never_read_again() -> None:
+    store, fs, root = repository(
+        {"echo/config.pbtxt": CONFIG.encode(), "echo/1/model.py": b"one" * 1000}
+    )
+    store.read_model("echo")
+    store.version_digests("echo", [1])
+    read = (store.reads.objects_read, store.reads.bytes_read)
+
+    for _ in range(3):  # three more passes over the same objects
+        store.read_model("echo")
+        store.version_digests("echo", [1])
+
+    assert (store.reads.objects_read, store.reads.bytes_read) == read, store.reads
+    assert store.reads.listings == 8  # one per read: the repository as it is now
+    fs.pipe(f"/{root}/echo/config.pbtxt", CONFIG.replace("0", "8").encode())
+    config, _ = store.read_model("echo")
+    assert config is not None and config["max_batch_size"] == 8  # a rewrite is read again
+    assert store.reads.objects_read == read[0] + 1
+
+
+def test_a_version_digest_in_the_bucket_equals_the_folders(tmp_path: Path) -> None:
+    """The digest contract over objects: the same files give the same digest as the local
+    folder (files not executable: objects have no execute bit), __pycache__ and .pyc left
+    out, a folder marker key is no file."""
+    folder = tmp_path / "echo" / "1"
+    (folder / "weights").mkdir(parents=True)
+    shutil.copy(MODELS / "echo" / "model.py", folder / "model.py")
+    (folder / "model.py").chmod(0o644)  # objects have no execute bit
+    (folder / "weights" / "my layer.bin").write_bytes(bytes(range(256)) * 64)
+    files = {
+        f"echo/1/{p.relative_to(folder).as_posix()}": p.read_bytes()
+        for p in folder.rglob("*")
+        if p.is_file()
+    }
+    files["echo/1/__pycache__/model.cpython-311.pyc"] = b"compiled on first load"
+    files["echo/1/model.pyc"] = b"compiled ahead"
+    store, fs, root = repository(files)
+    fs.mkdir(f"/{root}/echo/1/empty/")
+
+    found = store.version_digests("echo", [1, 7])
+
+    assert found == {1: tree_digest(folder), 7: None}, found
+    fs.pipe(f"/{root}/echo/1/model.py", b"changed under a released version number")
+    assert store.version_digests("echo", [1])[1] != tree_digest(folder)
+
+
+def test_a_store_that_fails_is_unavailable_naming_the_url_and_what_was_done() -> None:
+    class Down:
+        def find(self, *args: object, **kwargs: object) -> object:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    location = parse_repository("s3://http://127.0.0.1:9/models-bucket/models")
+
+    with pytest.raises(RepositoryUnavailable) as raised:
+        ObjectRepository(location, Down()).read_model("echo")
+
+    message = str(raised.value)
+    assert message.startswith("model repository s3://http://127.0.0.1:9/models-bucket/models")
+    assert "listing echo" in message and "Connection refused" in message, message
+
+
+def test_a_missing_bucket_and_refused_credentials_say_so() -> None:
+    class Store:
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def find(self, *args: object, **kwargs: object) -> object:
+            raise self.error
+
+    location = parse_repository("s3://models-bucket/models")
+    missing = ObjectRepository(location, Store(FileNotFoundError("models-bucket")))
+    refused = ObjectRepository(location, Store(PermissionError("InvalidAccessKeyId")))
+
+    with pytest.raises(RepositoryUnavailable, match="does not exist"):
+        missing.read_model("echo")
+    with pytest.raises(RepositoryUnavailable, match="refused the credentials"):
+        refused.version_digests("echo", [1])
