@@ -8,5 +8,7 @@
 - ``cli_run``: the CLI run in-process, its output captured;
 - ``loadgen``: client threads sending requests and recording every outcome;
 - ``service_process``: ``python -m reconciler run`` in its own process (``Service``);
-- ``services``: real Prometheus and Alertmanager processes.
+- ``services``: real Prometheus and Alertmanager processes;
+- ``object_store``: a real S3-protocol store (moto's server) for model repositories in a
+  bucket (``LocalObjectStore``).
 """

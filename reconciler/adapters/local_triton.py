@@ -105,11 +105,23 @@ def _resident_bytes(pid: int) -> int | None:
     return None
 
 
+# Triton's own spellings of a model repository in object storage (S3, GCS, Azure).
+REMOTE_REPOSITORY_SCHEMES = ("s3://", "gs://", "as://")
+
+
+def is_remote_repository(location: Path | str) -> bool:
+    """Whether ``location`` is a model repository URL in object storage, passed to Triton
+    as written (a ``Path`` would fold the "//" of ``s3://http://host:port/bucket``)."""
+    return isinstance(location, str) and location.startswith(REMOTE_REPOSITORY_SCHEMES)
+
+
 @dataclass
 class LocalTriton:
-    """One tritonserver process in EXPLICIT mode over ``model_repository``."""
+    """One tritonserver process in EXPLICIT mode over ``model_repository``: a folder, or a
+    URL in object storage in Triton's spelling (``s3://http://127.0.0.1:9000/bucket/models``),
+    kept as the string it is; any other string is taken as a folder."""
 
-    model_repository: Path
+    model_repository: Path | str
     host: str = "127.0.0.1"
     http_port: int = 0
     grpc_port: int = 0
@@ -132,6 +144,10 @@ class LocalTriton:
     # True from just before the server is started until its Popen is kept: an interruption in
     # between (the gate's SIGTERM) leaves a server no Popen names, found by its shm prefix.
     _launching: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not is_remote_repository(self.model_repository):
+            self.model_repository = Path(self.model_repository)
 
     @property
     def grpc_address(self) -> str:
@@ -281,7 +297,9 @@ class LocalTriton:
     def version_memory(self, model: str, version: int) -> int | None:
         """Resident memory of the Python-backend stub processes that run ``version`` of
         ``model`` (one per instance; each runs ``<repository>/<model>/<version>/model.py``),
-        in bytes; None when no stub runs it (another backend runs inside the server)."""
+        in bytes; None when no stub runs it (another backend runs inside the server). Over a
+        bucket Triton runs the stub from a copy named ``folderXXXXXX``, not ``<model>``:
+        this finds none there (None)."""
         total, found = 0, False
         for pid, argv in self._group_processes():
             if len(argv) > 1 and argv[0].endswith("triton_python_backend_stub"):
