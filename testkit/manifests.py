@@ -115,7 +115,7 @@ def write_scorer_repository(root: Path, names: tuple[str, ...] = (SCORER,)) -> P
 def server_doc(
     name: str,
     address: str,
-    repository: Path | None,
+    repository: Path | str | None,
     labels: str = "",
     metrics: str | None = None,
 ) -> str:

@@ -1,0 +1,173 @@
+"""The reconciler over a model repository in an S3 bucket, with real components: moto's
+S3-protocol server on loopback, a real tritonserver loading the models from that bucket, and
+the reconciler reading the same URL (``s3://http://127.0.0.1:PORT/BUCKET/models``, Triton's
+own spelling). Every model-aware check works as on a folder: a swap under client load drops
+no request, a version the bucket lacks is a plan problem, a changed object under a pinned
+digest and an interface change in the bucket's config.pbtxt are refused before any load, and
+a store that does not answer leaves the server serving what it served.
+
+Nothing leaves loopback: explicit dummy credentials, region us-east-1, no EC2 metadata."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from testkit.cli_run import Reconciler, cli, explain
+from testkit.loadgen import LoadGenerator
+from testkit.local_triton import LocalTriton
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
+from testkit.object_store import LocalObjectStore
+from tests.integration.flows import ready_versions
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalObjectStore]:
+    with LocalObjectStore(log_file=tmp_path_factory.mktemp("store") / "moto.log") as started:
+        yield started
+
+
+@dataclass
+class BucketFleet:
+    """One tritonserver over a bucket of its own, and the reconciler pointed at both."""
+
+    store: LocalObjectStore
+    bucket: str
+    url: str
+    triton: LocalTriton
+    reconciler: Reconciler
+    manifests: ManifestRepo
+
+    def deploy(self, *versions: int, extra: str = "") -> None:
+        self.manifests.write(
+            "echo.yaml", deployment_doc("echo", list(versions), ["edge-a"]) + extra
+        )
+        self.manifests.commit(f"echo {versions}")
+
+    def put(self, key: str, data: bytes | str) -> None:
+        self.store.put(self.bucket, f"models/{key}", data)
+
+
+@pytest.fixture
+def fleet(
+    store: LocalObjectStore,
+    manifests: ManifestRepo,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[BucketFleet]:
+    for name, value in store.environment().items():  # the reconciler runs in this process
+        monkeypatch.setenv(name, value)
+    bucket = f"models-{uuid.uuid4().hex[:12]}"
+    store.create_bucket(bucket)
+    store.upload_folder(write_model_repository(tmp_path / "models"), bucket, "models")
+    url = store.triton_url(bucket, "models")
+    triton = LocalTriton(url, log_file=tmp_path / "triton.log", extra_env=store.environment())
+    with triton:
+        manifests.write(
+            "servers.yaml",
+            server_doc("edge-a", triton.grpc_address, url, metrics=triton.metrics_url),
+        )
+        yield BucketFleet(
+            store, bucket, url, triton, Reconciler(manifests.url, tmp_path / "r"), manifests
+        )
+
+
+def test_a_swap_from_the_bucket_under_client_load_drops_no_request(fleet: BucketFleet) -> None:
+    fleet.deploy(1)
+    first = fleet.reconciler.apply("--output", "json")
+    assert first.code == 0, explain(first.json(), first.err)
+    assert ready_versions(fleet.triton, "echo") == {1}
+
+    with LoadGenerator(fleet.triton.grpc_address, "echo", threads=2) as load:
+        load.wait_for_samples(100)
+        fleet.deploy(2)
+        swapped = fleet.reconciler.apply("--output", "json")
+        load.wait_for_samples(len(load.samples) + 100)
+
+    assert swapped.code == 0, explain(swapped.json(), swapped.err)
+    assert load.failures == [], load.failures[:5]
+    assert 2 in load.versions_seen()
+    assert ready_versions(fleet.triton, "echo") == {2}
+
+
+def test_a_version_the_bucket_lacks_is_a_plan_problem_naming_server_and_model(
+    fleet: BucketFleet,
+) -> None:
+    fleet.deploy(8)
+
+    planned = fleet.reconciler.plan()
+
+    assert planned.code == 1, planned.out + planned.err
+    assert "server edge-a, model echo: version(s) 8 not in the model repository" in planned.out
+    assert ready_versions(fleet.triton, "echo") == set()
+
+
+def test_an_object_changed_under_a_pinned_digest_is_refused(fleet: BucketFleet) -> None:
+    shown = cli("digest", f"{fleet.url}/echo/2")
+    assert shown.code == 0, shown.err
+    digest = shown.out.strip()
+    assert digest.startswith("sha256:") and len(digest) == 71, shown.out
+    pinned = "  versions: [{version: 2, digest: '" + digest + "'}]\n"
+    echo_2 = deployment_doc("echo", [2], ["edge-a"]).replace("  versions: [2]\n", pinned)
+    fleet.manifests.write("echo.yaml", echo_2)
+    fleet.manifests.commit("echo 2, pinned to its objects in the bucket")
+    applied = fleet.reconciler.apply("--output", "json")
+    assert applied.code == 0, explain(applied.json(), applied.err)
+    fleet.deploy(1)
+    assert fleet.reconciler.apply().code == 0
+
+    fleet.put("echo/2/model.py", "# changed after release\n")
+    fleet.manifests.write("echo.yaml", echo_2)
+    fleet.manifests.commit("echo 2 again: its objects were changed meanwhile")
+    refused = fleet.reconciler.apply()
+
+    assert refused.code == 1, refused.out + refused.err
+    assert "artifact changed under a released version number" in refused.out, refused.out
+    assert ready_versions(fleet.triton, "echo") == {1}
+
+
+def test_an_interface_change_in_the_buckets_config_is_refused_before_any_load(
+    fleet: BucketFleet,
+) -> None:
+    fleet.deploy(1)
+    assert fleet.reconciler.apply().code == 0
+    config = (Path(__file__).resolve().parents[2] / "testkit/models/echo/config.pbtxt").read_text()
+    assert '"OUTPUT0"' in config
+    fleet.put("echo/config.pbtxt", config.replace('"OUTPUT0"', '"SCORES"'))
+    fleet.deploy(2)
+
+    planned = fleet.reconciler.plan()
+
+    assert planned.code == 1, planned.out + planned.err
+    assert "version 2 changes the model's interface" in planned.out, planned.out
+    assert "refused before anything is loaded" in planned.out
+    assert ready_versions(fleet.triton, "echo") == {1}
+
+
+def test_a_store_that_does_not_answer_leaves_the_server_serving_and_holds_nothing(
+    fleet: BucketFleet,
+) -> None:
+    fleet.deploy(1)
+    assert fleet.reconciler.apply().code == 0
+    fleet.deploy(2)
+    # The same bucket URL with the store's port closed: the reconciler's reads fail, Triton
+    # (started before) still serves version 1.
+    down = fleet.url.replace(f":{fleet.store.endpoint.rsplit(':', 1)[1]}/", ":9/")
+    fleet.manifests.write(
+        "servers.yaml",
+        server_doc("edge-a", fleet.triton.grpc_address, down, metrics=fleet.triton.metrics_url),
+    )
+    fleet.manifests.commit("the store is unreachable")
+
+    waited = fleet.reconciler.apply("--output", "json")
+
+    assert waited.code != 0, waited.out
+    assert f"model repository {down}" in waited.out + waited.err, explain(waited.json(), waited.err)
+    assert ready_versions(fleet.triton, "echo") == {1}
+    assert waited.json()["held"] == [], explain(waited.json(), waited.err)
+    status = cli("status", *fleet.reconciler.options, "--output", "json").json()
+    assert status["unreachable"]["edge-a"].startswith(f"model repository {down}: "), status
