@@ -29,7 +29,7 @@ from reconciler.adapters.gateway import GatewayRouter
 from reconciler.adapters.git import GitManifests, GitSource, GitWriter, folder_in_repository
 from reconciler.adapters.hooks import HttpStepHooks
 from reconciler.adapters.leader_lease import LeaderLease, lease_api
-from reconciler.adapters.local_triton import LocalTriton
+from reconciler.adapters.local_triton import LocalTriton, is_remote_repository
 from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.model_repository import read_model, version_digests
 from reconciler.adapters.perf_analyzer import PerfAnalyzer
@@ -41,6 +41,7 @@ from reconciler.core.records import rfc3339
 from reconciler.core.triton_config import parse_pbtxt
 from reconciler.loop.gate import GATE_SERVER, BaseConfig, IsolatedServer
 from reconciler.model.errors import ReconcileError
+from reconciler.model.repository import parse_repository
 from reconciler.model.servers import TritonServer
 from reconciler.model.settings import Settings
 from reconciler.model.source import GitCredentials, Source
@@ -193,9 +194,9 @@ def base_configs(
     manifests: GitManifests,
     repo: str,
     revision: str,
-    model_repository: Path,
+    model_repository: str,
     models: Iterable[str],
-    base_model_repository: Path | None = None,
+    base_model_repository: str | None = None,
 ) -> dict[str, BaseConfig]:
     """Each model's config.pbtxt at the base ref ``revision``, which the gate brings the old
     versions up with: from ``base_model_repository`` (the model repository as it is at the
@@ -206,9 +207,11 @@ def base_configs(
     found: dict[str, BaseConfig] = {}
     if base_model_repository is not None:
         for model in models:
-            found[model] = BaseConfig(read_model(str(base_model_repository), model)[0])
+            found[model] = BaseConfig(read_model(base_model_repository, model)[0])
         return found
-    folder = folder_in_repository(repo, model_repository)
+    if parse_repository(model_repository).remote:
+        return found  # a bucket has no history: --base-model-repository gives the base's
+    folder = folder_in_repository(repo, Path(model_repository))
     if folder is None:
         return found
     for model in models:
@@ -222,7 +225,7 @@ def base_configs(
 
 @contextmanager
 def isolated_server(
-    model_repository: Path,
+    model_repository: str | Path,
     workdir: Path,
     *,
     tritonserver: Path | None = None,
@@ -234,8 +237,15 @@ def isolated_server(
     given, else the built-in one. Stopped by its pid on exit (killed at once, with its
     process group, when interrupted)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    # A bucket is read by the isolated server directly, with the credentials in this
+    # environment: the bytes the fleet will load, without a copy of every model first.
+    where = (
+        model_repository
+        if is_remote_repository(model_repository)
+        else Path(model_repository).resolve()
+    )
     server = LocalTriton(
-        model_repository.resolve(),
+        where,
         binary=tritonserver,
         log_file=workdir / "tritonserver.log",
     )
@@ -246,7 +256,7 @@ def isolated_server(
             GATE_SERVER,
             server.grpc_address,
             load_timeout=load_timeout,
-            model_repository=str(model_repository.resolve()),
+            model_repository=str(where),
         )
         tester: LoadTester = (
             PerfAnalyzer(perf_analyzer, server.grpc_address, workdir)
@@ -259,7 +269,7 @@ def isolated_server(
             memory=server,
             digests=version_digests,
             address=server.grpc_address,
-            model_repository=str(model_repository.resolve()),
+            model_repository=str(where),
         )
     except KeyboardInterrupt:
         # Interrupted (Ctrl-C, or SIGTERM as the gate command takes it), maybe while it

@@ -115,6 +115,25 @@ def is_remote_repository(location: Path | str) -> bool:
     return isinstance(location, str) and location.startswith(REMOTE_REPOSITORY_SCHEMES)
 
 
+# Where Triton copies each model folder it loads from object storage (default /tmp), by the
+# repository's scheme (Triton's docs/user_guide/model_repository.md).
+MOUNT_DIRECTORY_VARIABLES = {
+    "s3://": "TRITON_AWS_MOUNT_DIRECTORY",
+    "gs://": "TRITON_GCS_MOUNT_DIRECTORY",
+    "as://": "TRITON_AZURE_MOUNT_DIRECTORY",
+}
+
+
+def mount_directory_variable(model_repository: Path | str) -> str | None:
+    """The variable that names Triton's local copy folder for this repository (None: a
+    local folder, read in place)."""
+    if not is_remote_repository(model_repository):
+        return None
+    return next(
+        v for k, v in MOUNT_DIRECTORY_VARIABLES.items() if str(model_repository).startswith(k)
+    )
+
+
 @dataclass
 class LocalTriton:
     """One tritonserver process in EXPLICIT mode over ``model_repository``: a folder, or a
@@ -144,10 +163,17 @@ class LocalTriton:
     # True from just before the server is started until its Popen is kept: an interruption in
     # between (the gate's SIGTERM) leaves a server no Popen names, found by its shm prefix.
     _launching: bool = field(default=False, init=False, repr=False)
+    # Over object storage, each start gets a copy folder of its own for Triton's copies of
+    # the loaded models, removed when the server has ended (SIGKILL leaves them behind),
+    # unless extra_env names one.
+    mount_directory: Path | None = field(default=None, init=False)
+    _owns_mount: bool = field(default=False, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not is_remote_repository(self.model_repository):
             self.model_repository = Path(self.model_repository)
+        variable = mount_directory_variable(self.model_repository)
+        self._owns_mount = variable is not None and variable not in self.extra_env
 
     @property
     def grpc_address(self) -> str:
@@ -162,6 +188,17 @@ class LocalTriton:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
     def start(self, ready_timeout: float = 60.0) -> LocalTriton:
+        variable = mount_directory_variable(self.model_repository)
+        if self._owns_mount and variable is not None and self.mount_directory is None:
+            self.mount_directory = Path(tempfile.mkdtemp(prefix="triton-mount-"))
+            self.extra_env = {**self.extra_env, variable: str(self.mount_directory)}
+        try:
+            return self._start(ready_timeout)
+        except BaseException:
+            self._remove_mount_directory()
+            raise
+
+    def _start(self, ready_timeout: float) -> LocalTriton:
         env = dict(os.environ)
         if self.binary is not None:
             if not self.binary.is_file():
@@ -256,6 +293,7 @@ class LocalTriton:
         end_process_group(process, timeout)
         self._end_unrecorded()
         self._remove_shared_memory()
+        self._remove_mount_directory()
 
     def kill(self) -> None:
         """End the server at once (SIGKILL), as a crash would; its shared memory is removed
@@ -266,6 +304,15 @@ class LocalTriton:
             process.wait()
         self._end_unrecorded()
         self._remove_shared_memory()
+        self._remove_mount_directory()
+
+    def _remove_mount_directory(self) -> None:
+        """After the server has ended (or failed to start): its copy folder goes."""
+        if self.mount_directory is not None and (
+            self.process is None or self.process.poll() is not None
+        ):
+            shutil.rmtree(self.mount_directory, ignore_errors=True)
+            self.mount_directory = None
 
     def _end_unrecorded(self) -> None:
         """A server started but not kept (``start`` interrupted inside ``Popen``): found by

@@ -35,6 +35,7 @@ from reconciler.loop.gate import GateTarget, gated, run_gate
 from reconciler.loop.review import desired_at
 from reconciler.model.errors import ReconcileError, ValidationError
 from reconciler.model.gate import GateReport, GateVerdict, ModelGate
+from reconciler.model.repository import parse_repository
 from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
 
 
@@ -58,14 +59,15 @@ def _declare_gate(commands: Commands) -> None:
     gate.add_argument(
         "--model-repository",
         required=True,
-        type=Path,
-        metavar="PATH",
-        help="a Triton model repository holding the old and the new version folders",
+        metavar="PATH|URL",
+        help="a Triton model repository holding the old and the new version folders: a "
+        "folder, or a bucket in Triton's spelling (s3://, s3://http://HOST:PORT/..., gs://, "
+        "as://), which the isolated tritonserver reads directly with the credentials in the "
+        "environment",
     )
     gate.add_argument(
         "--base-model-repository",
-        type=Path,
-        metavar="PATH",
+        metavar="PATH|URL",
         help="the model repository as it is at --base, for the config.pbtxt the old versions "
         "run with; default: read from --repo at --base when --model-repository is in its "
         "checkout",
@@ -117,7 +119,11 @@ def _load_generator(args: argparse.Namespace) -> str | None:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    if not args.model_repository.is_dir():
+    try:
+        location = parse_repository(args.model_repository)
+    except ValueError as exc:
+        return failed(f"--model-repository {exc}")
+    if not location.remote and not Path(args.model_repository).is_dir():
         return failed(f"model repository {args.model_repository} is not a folder")
     try:
         perf_analyzer = _load_generator(args)

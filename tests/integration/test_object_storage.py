@@ -10,6 +10,7 @@ Nothing leaves loopback: explicit dummy credentials, region us-east-1, no EC2 me
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +21,14 @@ import pytest
 from testkit.cli_run import Reconciler, cli, explain
 from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
-from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
+from testkit.manifests import (
+    ManifestRepo,
+    deployment_doc,
+    git,
+    server_doc,
+    write_model_repository,
+    write_scorer_repository,
+)
 from testkit.object_store import LocalObjectStore
 from tests.integration.flows import ready_versions
 
@@ -171,3 +179,43 @@ def test_a_store_that_does_not_answer_leaves_the_server_serving_and_holds_nothin
     assert waited.json()["held"] == [], explain(waited.json(), waited.err)
     status = cli("status", *fleet.reconciler.options, "--output", "json").json()
     assert status["unreachable"]["edge-a"].startswith(f"model repository {down}: "), status
+
+
+def test_the_gate_reads_the_bucket_directly_and_fails_a_version_that_fails_every_request(
+    store: LocalObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``gate --model-repository s3://...``: the isolated tritonserver loads the old and the
+    new versions from the bucket (the bytes the fleet will load, no copy first); scorer 4
+    fails every request (its verify step says so before any load test), a verdict no busy
+    machine changes."""
+    for name, value in store.environment().items():
+        monkeypatch.setenv(name, value)
+    bucket = f"gate-{uuid.uuid4().hex[:12]}"
+    store.create_bucket(bucket)
+    store.upload_folder(write_scorer_repository(tmp_path / "models"), bucket, "models")
+    url = store.triton_url(bucket, "models")
+    manifests = ManifestRepo(tmp_path / "git")
+    manifests.write("manifests/servers.yaml", server_doc("prod", "10.0.0.1:8001", url))
+    scorer = deployment_doc("scorer", [1], ["prod"]) + (
+        "  verify:\n    gate: {concurrency: [1], rounds: 2, requests: 40}\n"
+    )
+    manifests.write("manifests/scorer.yaml", scorer)
+    manifests.commit("base")
+    git(manifests.work, "checkout", "--quiet", "-b", "change")
+    manifests.write("manifests/scorer.yaml", scorer.replace("versions: [1]", "versions: [4]"))
+    git(manifests.work, "commit", "--quiet", "--all", "-m", "scorer 4")
+    requests_before = store.request_count
+
+    run = cli(
+        "gate", "--repo", str(manifests.work), "--path", "manifests", "--base", "main",
+        "--head", "change", "--model-repository", url, "--cache-dir", str(tmp_path / "cache"),
+        "--load-generator", "built-in", "--output", "json",
+    )  # fmt: skip
+
+    assert run.code == 3, run.out + run.err  # judged and failed, not an error
+    (model,) = json.loads(run.out)["models"]
+    assert model["verdict"] == "fail", model
+    (finding,) = model["findings"]  # its verify step: before any load test
+    assert finding["name"] == "verify" and "fails on version 4" in finding["message"], model
+    gets = [r for r in store.requests()[requests_before:] if r.method == "GET"]
+    assert any("/scorer/4/" in r.path for r in gets), gets[-20:]  # Triton read the bucket
