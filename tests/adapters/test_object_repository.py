@@ -5,7 +5,9 @@ tests/integration/test_object_storage.py runs the same against an S3 server and 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import uuid
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ import fsspec
 import pytest
 
 from reconciler.adapters.artifacts import tree_digest
-from reconciler.adapters.object_repository import ObjectRepository
+from reconciler.adapters.object_repository import ObjectRepository, open_store
 from reconciler.model.errors import RepositoryUnavailable
 from reconciler.model.repository import RepositoryLocation, parse_repository
 
@@ -132,3 +134,40 @@ def test_a_missing_bucket_and_refused_credentials_say_so() -> None:
         missing.read_model("echo")
     with pytest.raises(RepositoryUnavailable, match="refused the credentials"):
         refused.version_digests("echo", [1])
+
+
+def test_a_store_that_accepts_and_never_answers_times_out_as_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that stalls is down for the pass: each request times out (here after 0.5 s,
+    STORE_TIMEOUT in service) and is tried twice (botocore's attempts; s3fs's own retries
+    around them are off), instead of holding the pass for minutes."""
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(32)  # accepts connections (the kernel's backlog), never answers
+        port = silent.getsockname()[1]
+        location = parse_repository(f"s3://http://127.0.0.1:{port}/stalled-bucket/models")
+
+        with pytest.raises(RepositoryUnavailable) as raised:
+            open_store(location, timeout=0.5).read_model("echo")
+
+        silent.setblocking(False)
+        attempts = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                silent.accept()[0].close()
+                attempts += 1
+
+    assert "listing echo" in str(raised.value) and "timeout" in str(raised.value).lower(), str(
+        raised.value
+    )
+    # 3 measured (botocore's two attempts and one more request of s3fs's find); 15 with
+    # s3fs's retries on.
+    assert attempts <= 3, f"{attempts} connections for one listing of a store that never answers"
