@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.local_triton import LocalTriton, forget_started, triton_aborts
+from testkit.local_triton import LocalTriton, forget_started, revive_shared, triton_aborts
 from testkit.manifests import ManifestRepo, write_model_repository
 
 pytest_plugins = ("tests.services", "tests.signing")
@@ -81,6 +81,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    # A module's shared tritonserver that ended during an earlier test (Triton's abort) is
+    # started again first: that test failed or was rerun, and this one starts as it would.
+    revived = revive_shared()
+    if revived:
+        warnings.warn(
+            "a tritonserver shared by the module had ended; started again on its own ports "
+            f"before {item.nodeid}:\n" + "\n".join(revived),
+            stacklevel=1,
+        )
     forget_started()
 
 

@@ -26,7 +26,7 @@ import tritonclient.grpc as triton_grpc
 from reconciler.adapters.state import StateStore
 from testkit.cli_run import CliRun, cli
 from testkit.loadgen import LoadGenerator
-from testkit.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton, shared_between_tests
 from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
 from testkit.services import ALERTMANAGER_BINARIES, Alertmanager
 from tests.integration.flows import ready_versions, served_factor
@@ -40,7 +40,9 @@ def triton(
     log = tmp_path_factory.mktemp("crash-triton") / "triton.log"
     server = LocalTriton(model_repository, log_file=log).start()
     try:
-        yield server
+        # Started again before the next test if Triton aborts: each test loads echo itself.
+        with shared_between_tests(server):
+            yield server
     finally:
         server.stop()
 

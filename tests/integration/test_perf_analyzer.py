@@ -19,7 +19,7 @@ from reconciler.adapters.perf_analyzer import PerfAnalyzer
 from reconciler.core.triton_config import parse_pbtxt
 from reconciler.model.errors import StepFailed
 from reconciler.model.spec import Tensor
-from testkit.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton, shared_between_tests
 from testkit.manifests import SCORER, write_scorer_repository
 from tests.services import perf_analyzer_or_skip
 
@@ -36,7 +36,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalTrit
     root = tmp_path_factory.mktemp("perf")
     repository = write_scorer_repository(root / "models")
     server = LocalTriton(repository, log_file=root / "triton.log").start()
-    try:
+
+    def load_both(server: LocalTriton) -> None:
         config = parse_pbtxt((repository / SCORER / "config.pbtxt").read_text())
         config["version_policy"] = {"specific": {"versions": [GOOD, FAILING]}}
         client = triton_grpc.InferenceServerClient(server.grpc_address)
@@ -44,8 +45,13 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalTrit
             client.load_model(SCORER, config=json.dumps(config))
         finally:
             client.close()
+
+    try:
+        load_both(server)
         (root / "work").mkdir()
-        yield server, Path(binary), root / "work"
+        # Started again, with both versions loaded, before the next test if Triton aborts.
+        with shared_between_tests(server, load_both):
+            yield server, Path(binary), root / "work"
     finally:
         server.stop()
 

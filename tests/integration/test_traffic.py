@@ -14,6 +14,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec
 from testkit.cli_run import CliRun, Reconciler, cli
 from testkit.envoy import LocalEnvoy
 from testkit.loadgen import LoadGenerator
-from testkit.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton, shared_between_tests
 from testkit.manifests import ManifestRepo, git, server_doc
 from tests.integration.flows import live_servers, ready_versions
 from tests.services import envoy_or_skip
@@ -93,7 +94,12 @@ def fleet(
             {"blue": 10_000},
         ).start()
         started.append(blue_green)
-        yield {"canary": Fleet(tritons, canary), "blueGreen": Fleet(tritons, blue_green)}
+        with ExitStack() as shared:
+            # Started again before the next test if Triton aborts (on the same ports, which
+            # the routers name); each test loads its models itself.
+            for server in tritons.values():
+                shared.enter_context(shared_between_tests(server))
+            yield {"canary": Fleet(tritons, canary), "blueGreen": Fleet(tritons, blue_green)}
     finally:
         for envoy in started:
             envoy.stop()
