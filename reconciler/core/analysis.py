@@ -121,6 +121,7 @@ def _latency(
     baseline: Baseline,
     probes: ProbeFigures | None = None,
     pending: bool = False,
+    probes_due: bool = False,
 ) -> CheckResult:
     """The new versions' mean latency against the old versions': over the same time when
     the old ones served enough requests meanwhile (``Baseline.same_time_latency_us``), else
@@ -129,7 +130,11 @@ def _latency(
     probed interleaved at the same pace, so both meet the same machine): a busy host slows
     every version, and a lightly loaded server answers a fast model slower than a busy one
     (a canary at 10% against the stable pool: +52% for a good version, measured); a verdict
-    must be about the version."""
+    must be about the version. While the analysis's duration lasts (``probes_due``) probes on
+    their way are waited for even when the evaluation before measured the increase too
+    (``pending``): two readings of the counters share the same idle-versus-busy bias (a good
+    canary at 10%: +67%, then +53%, false_verdicts run 4). After it, a second unconfirmed
+    increase in a row fails."""
     threshold = f"increase <= {check.max_increase:g}"
     if not baseline.has_old:
         return CheckResult(check.name, Verdict.SKIPPED, None, threshold, "no old versions")
@@ -188,13 +193,12 @@ def _latency(
             )
         if probed is not None:
             detail += f"; the probes agree: {probed:+.0%} against the old version meanwhile"
-        elif pending:
-            detail += "; the evaluation before measured it too"
-        elif probes.sent > 0:
-            # The probes are on their way but too few yet to confirm or refute: one
-            # evaluation's counters alone do not revert (a canary's first second at 10%:
-            # +66% for a good version, measured); the next evaluation has more probes, or
-            # confirms it by itself (a model slow enough that its probes come seconds apart).
+        elif probes.sent > 0 and (probes_due or not pending):
+            # The probes are on their way but too few yet to confirm or refute: the counters
+            # alone do not revert (a canary's first second at 10%: +66% for a good version,
+            # measured); a later evaluation has more probes, or, once the duration is over,
+            # the next one confirms it by itself (a model slow enough that its probes come
+            # seconds apart).
             return CheckResult(
                 check.name,
                 Verdict.SKIPPED,
@@ -203,6 +207,8 @@ def _latency(
                 f"{detail} (+{increase:.0%}), to be confirmed by the probes ({probes.sent} "
                 f"new, {probes.old_sent} old; {PINNED_LATENCY_MIN_PROBES} each needed)",
             )
+        elif pending:
+            detail += "; the evaluation before measured it too"
     return CheckResult(check.name, Verdict.FAIL, increase, threshold, detail)
 
 
@@ -324,7 +330,7 @@ def evaluate(
     ``latency_probes``: the probes since the first volley, which must confirm a latency
     increase measured on the counters; ``latency_pending``:
     the evaluation before measured an increase the probes could not confirm yet (a second
-    one in a row fails the check)."""
+    one in a row fails the check; on the counters, only once ``at`` is past the duration)."""
     success = delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
@@ -362,7 +368,14 @@ def evaluate(
             results.append(_pinned_latency(check, pinned, pending=latency_pending))
         elif check.kind == "latency":
             results.append(
-                _latency(check, *latency_window, baseline, latency_probes, latency_pending)
+                _latency(
+                    check,
+                    *latency_window,
+                    baseline,
+                    latency_probes,
+                    latency_pending,
+                    probes_due=at < spec.duration,
+                )
             )
         elif check.kind == "memory":
             results.append(_memory(check, current.memory_bytes, baseline))

@@ -405,6 +405,26 @@ def test_one_probe_delayed_by_a_busy_machine_does_not_stop_the_probes() -> None:
     ]
 
 
+def test_with_a_latency_check_the_old_version_gets_every_other_round_until_comparable() -> None:
+    # The volley goes to the new version only; at one round in five to the old one, a busy
+    # canary's old version had 2 probes against 9 after a second, and the counters alone
+    # judged its latency (false_verdicts run 4). With a latency check the old version takes
+    # every other round until it has the 5 a comparison needs; without one it takes one in
+    # five, the rest being the new version's evidence.
+    latency = Check("latency", "latency", max_increase=0.5)
+    old_in_first_rounds = {}
+    for checks in ((SUCCESS, latency), (SUCCESS,)):
+        clock = FakeClock()
+        fake = Clients(clock)
+        change = rollout(fake, clock, spec(checks=checks), Traffic(fake, clock, 100.0, 0.0))
+        assert change.outcome is Outcome.CONVERGED, change.error
+        versions = [v for v, _ in fake.probed]
+        rounds = versions[versions.index(2) + 1 :][:10]  # after the volley's one probe
+        old_in_first_rounds[len(checks)] = rounds.count(1)
+        assert versions.count(1) >= 5, versions  # over the whole analysis, either way
+    assert old_in_first_rounds == {2: 5, 1: 2}, old_in_first_rounds
+
+
 def test_a_slow_model_without_clients_is_watched_on_until_its_evidence_is_in() -> None:
     # 100 ms a probe, one probe every 2 s (maxShare 0.05): 3 in the 5 s duration, short of
     # minEvidence 5. Every evaluation passed, so the analysis goes on until it has 5 (at most
