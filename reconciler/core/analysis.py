@@ -28,6 +28,7 @@ Evaluations within ``initialDelay`` of READY are kept and shown but not counted.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from statistics import NormalDist, median
 
 from reconciler.core.readings import delta, finite, ratio, routed_since
@@ -180,36 +181,55 @@ def _latency(
     detail = f"mean {mean:.0f}us vs {reference:.0f}us {when}"
     if increase <= limit:
         return CheckResult(check.name, Verdict.PASS, increase, threshold, detail)
-    if probes is not None:
-        probed = _probed_increase(probes)
-        if probed is not None and probed <= limit:
-            return CheckResult(
-                check.name,
-                Verdict.PASS,
-                probed,
-                threshold,
-                f"{detail} (+{increase:.0%}), not confirmed by the probes: new and old probed "
-                f"at the same time differ by {probed:+.0%} (a busy machine, not the version)",
-            )
-        if probed is not None:
-            detail += f"; the probes agree: {probed:+.0%} against the old version meanwhile"
-        elif probes.sent > 0 and (probes_due or not pending):
-            # The probes are on their way but too few yet to confirm or refute: the counters
-            # alone do not revert (a canary's first second at 10%: +66% for a good version,
-            # measured); a later evaluation has more probes, or, once the duration is over,
-            # the next one confirms it by itself (a model slow enough that its probes come
-            # seconds apart).
-            return CheckResult(
-                check.name,
-                Verdict.SKIPPED,
-                increase,
-                threshold,
-                f"{detail} (+{increase:.0%}), to be confirmed by the probes ({probes.sent} "
-                f"new, {probes.old_sent} old; {PINNED_LATENCY_MIN_PROBES} each needed)",
-            )
-        elif pending:
-            detail += "; the evaluation before measured it too"
-    return CheckResult(check.name, Verdict.FAIL, increase, threshold, detail)
+    if probes is None:
+        return CheckResult(check.name, Verdict.FAIL, increase, threshold, detail)
+    return _increase_asked_of_the_probes(
+        CheckResult(check.name, Verdict.FAIL, increase, threshold, detail),
+        limit,
+        probes,
+        pending,
+        probes_due,
+    )
+
+
+def _increase_asked_of_the_probes(
+    failed: CheckResult,
+    limit: float,
+    probes: ProbeFigures,
+    pending: bool,
+    probes_due: bool,
+) -> CheckResult:
+    """An increase beyond the bound on the counters (``failed``), as the probes judge it:
+    refuted (a pass with the probes' figure), confirmed, on its way (skipped, with the
+    counters' figure, while the duration lasts or when it is the first), or a failure."""
+    increase, detail = failed.value, failed.detail
+    assert increase is not None
+    probed = _probed_increase(probes)
+    if probed is not None and probed <= limit:
+        return replace(
+            failed,
+            verdict=Verdict.PASS,
+            value=probed,
+            detail=f"{detail} (+{increase:.0%}), not confirmed by the probes: new and old "
+            f"probed at the same time differ by {probed:+.0%} (a busy machine, not the version)",
+        )
+    if probed is not None:
+        detail += f"; the probes agree: {probed:+.0%} against the old version meanwhile"
+    elif probes.sent > 0 and (probes_due or not pending):
+        # The probes are on their way but too few yet to confirm or refute: the counters
+        # alone do not revert (a canary's first second at 10%: +66% for a good version,
+        # measured); a later evaluation has more probes, or, once the duration is over, the
+        # next one confirms it by itself (a model slow enough that its probes come seconds
+        # apart).
+        return replace(
+            failed,
+            verdict=Verdict.SKIPPED,
+            detail=f"{detail} (+{increase:.0%}), to be confirmed by the probes ({probes.sent} "
+            f"new, {probes.old_sent} old; {PINNED_LATENCY_MIN_PROBES} each needed)",
+        )
+    elif pending:
+        detail += "; the evaluation before measured it too"
+    return replace(failed, detail=detail)
 
 
 def _probed_increase(probes: ProbeFigures) -> float | None:
