@@ -73,6 +73,9 @@ class LocalObjectStore:
     access_key: str = "testing"  # moto accepts any credentials
     secret_key: str = "testing"
     region: str = "us-east-1"
+    # moto's IAM authentication on from the first request: every key is unknown to it, so
+    # each request is refused (InvalidAccessKeyId), as a store refuses wrong credentials.
+    refuse_credentials: bool = False
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _client: Any = field(default=None, init=False, repr=False)
     # Where this run's lines start in a log file given (and perhaps written before).
@@ -107,6 +110,8 @@ class LocalObjectStore:
         self._log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
         command = [sys.executable, "-m", "moto.server", "-H", self.host, "-p", str(self.port)]
         env = {**_base_environment(), **self.environment()}
+        if self.refuse_credentials:
+            env["INITIAL_NO_AUTH_ACTION_COUNT"] = "0"
         with open(self.log_file, "ab") as log:
             self.process = subprocess.Popen(
                 command,

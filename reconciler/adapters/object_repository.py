@@ -148,7 +148,7 @@ class ObjectRepository:
                     with self._lock:
                         self.reads.bytes_read += len(chunk)
 
-        self._store(f"reading {found.path}", read)
+        self._store(f"reading {found.path}", read, object_read=True)
         with self._lock:
             self.reads.objects_read += 1
             self._forget_older(self._hashes, found)
@@ -156,7 +156,9 @@ class ObjectRepository:
         return digest.hexdigest()
 
     def _read(self, found: _Object) -> bytes:
-        data: bytes = self._store(f"reading {found.path}", lambda: self.fs.cat_file(found.path))
+        data: bytes = self._store(
+            f"reading {found.path}", lambda: self.fs.cat_file(found.path), object_read=True
+        )
         with self._lock:
             self.reads.objects_read += 1
             self.reads.bytes_read += len(data)
@@ -168,13 +170,19 @@ class ObjectRepository:
         for old in [o for o in cache if o.path == found.path]:
             del cache[old]
 
-    def _store(self, doing: str, call: Any) -> Any:
+    def _store(self, doing: str, call: Any, object_read: bool = False) -> Any:
         try:
             return call()
         except FileNotFoundError as exc:
-            raise RepositoryUnavailable(
-                self.location.text, f"{doing}: the bucket or container does not exist ({exc})"
-            ) from exc
+            # An object the listing just showed and that is gone now: the repository changed
+            # while it was read (an upload or a clean-up under way); the next pass lists again.
+            gone = (
+                "the object is gone since it was listed: the repository changed while it was "
+                "read; the next pass reads it again"
+                if object_read
+                else "the bucket or container does not exist"
+            )
+            raise RepositoryUnavailable(self.location.text, f"{doing}: {gone} ({exc})") from exc
         except PermissionError as exc:
             raise RepositoryUnavailable(
                 self.location.text, f"{doing}: the store refused the credentials ({exc})"

@@ -118,6 +118,29 @@ def test_a_store_that_fails_is_unavailable_naming_the_url_and_what_was_done() ->
     assert "listing echo" in message and "Connection refused" in message, message
 
 
+def test_an_object_gone_between_its_listing_and_its_read_is_a_reason_to_wait() -> None:
+    """A listing that changes during a pass (a version deleted while it is hashed): the
+    repository is unavailable for this pass, saying what happened; nothing is half-read."""
+    store, fs, root = repository({"echo/1/model.py": b"one", "echo/1/weights": b"w" * 100})
+    real_find = fs.find
+
+    def find_then_delete(path: str, **kwargs: Any) -> Any:
+        found = real_find(path, **kwargs)
+        fs.rm(f"/{root}/echo/1/weights")  # a clean-up running beside the pass
+        return found
+
+    fs.find = find_then_delete
+
+    with pytest.raises(RepositoryUnavailable) as raised:
+        store.version_digests("echo", [1])
+
+    message = str(raised.value)
+    assert "reading" in message and "echo/1/weights" in message, message
+    assert "the object is gone since it was listed" in message, message
+    fs.find = real_find
+    assert store.version_digests("echo", [1])[1] is not None  # the next pass reads it
+
+
 def test_a_missing_bucket_and_refused_credentials_say_so() -> None:
     class Store:
         def __init__(self, error: Exception) -> None:

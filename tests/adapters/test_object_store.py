@@ -21,6 +21,9 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from reconciler.adapters.object_repository import open_store
+from reconciler.model.errors import RepositoryUnavailable
+from reconciler.model.repository import parse_repository
 from testkit.local_triton import LocalTriton, LocalTritonError
 from testkit.manifests import MODELS
 from testkit.object_store import LocalObjectStore, ObjectStoreError
@@ -217,3 +220,41 @@ def test_a_missing_bucket_stops_tritonserver_and_the_error_says_why(
     assert "Unable to create S3 filesystem client" in message, message + logs(store)
     assert server.mount_directory is None
     assert server.process is not None and server.process.poll() == 1
+
+
+def _read_by_the_reconciler(
+    store: LocalObjectStore, url: str, monkeypatch: pytest.MonkeyPatch
+) -> RepositoryUnavailable:
+    """The reconciler's reader of ``url`` (s3fs, with the store's credentials in this
+    process's environment), listing echo: the error it raised."""
+    for name, value in store.environment().items():
+        monkeypatch.setenv(name, value)
+    location = parse_repository(url)
+    with pytest.raises(RepositoryUnavailable) as raised:
+        open_store(location, timeout=5.0).version_digests("echo", [1])
+    return raised.value
+
+
+def test_the_reconciler_told_of_a_missing_bucket_names_it_and_the_url(
+    store: LocalObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = store.triton_url("no-such-bucket", "models")
+
+    error = _read_by_the_reconciler(store, url, monkeypatch)
+
+    assert str(error).startswith(f"model repository {url}"), str(error)
+    assert "listing echo: the bucket or container does not exist" in str(error), str(error)
+
+
+def test_credentials_the_store_refuses_are_named_as_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with LocalObjectStore(log_file=tmp_path / "moto.log", refuse_credentials=True) as strict:
+        url = strict.triton_url("models-bucket", "models")
+
+        error = _read_by_the_reconciler(strict, url, monkeypatch)
+
+        refused = [r for r in strict.requests() if r.status == 403]
+    assert "listing echo: the store refused the credentials" in str(error), str(error)
+    assert "InvalidAccessKeyId" in str(error) or "does not exist in our records" in str(error)
+    assert refused, "the store answered no request with 403"
