@@ -837,6 +837,44 @@ def test_example_triton_server_manifest_matches_the_service_and_the_scrape() -> 
             assert instance_of(doc["spec"]["metrics"]) == labels["instance"]
 
 
+def test_the_object_storage_example_points_triton_and_the_reconciler_at_one_bucket() -> None:
+    """examples/deploy/object-storage: the Kubernetes example with the model repository in
+    a bucket. Triton's --model-repository is the manifest's spec.modelRepository, both
+    containers get the store's credentials from one Secret, and no model volume is left."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    example = DEPLOY / "object-storage"
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(example)], capture_output=True, text=True, timeout=60
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    objects = [d for d in YAML(typ="safe").load_all(rendered.stdout) if d is not None]
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+    desired = load_desired_state(manifest_files_in(example / "manifests"))  # raises if invalid
+    (server,) = desired.servers.values()
+    assert server.model_repository and server.model_repository.startswith("s3://")
+
+    triton = by_name[("Deployment", "tritonserver-edge-a")]["spec"]["template"]["spec"]
+    (container,) = triton["containers"]
+    assert container["args"][0] == f"--model-repository={server.model_repository}"
+    assert ("PersistentVolumeClaim", "triton-model-repository") not in by_name
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in triton["volumes"]}
+    assert "/models" not in mounts and set(mounts.values()) <= set(volumes)
+    copies = {e["name"]: e.get("value") for e in container["env"]}["TRITON_AWS_MOUNT_DIRECTORY"]
+    assert "emptyDir" in volumes[mounts[copies]], "Triton's copies of the models need a volume"
+
+    secret = by_name[("Secret", "model-store")]
+    assert {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"} <= set(
+        secret["stringData"]
+    )
+    reconciler = by_name[("Deployment", "triton-gitops")]["spec"]["template"]["spec"]
+    for spec in (triton, reconciler):
+        (only,) = spec["containers"]
+        assert only["envFrom"] == [{"secretRef": {"name": "model-store"}}], only["name"]
+
+
 # -- the Grafana dashboard --------------------------------------------------------------------
 
 
@@ -1070,7 +1108,11 @@ def test_dockerfile_installs_the_locked_dependencies_then_the_package_without_ex
 def test_lock_files_pin_the_project_requirements_with_hashes() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     for lock, requirements in (
-        ("requirements.lock", project["project"]["dependencies"]),
+        # The s3 extra too: the image reads model repositories in S3 (./dev lock).
+        (
+            "requirements.lock",
+            project["project"]["dependencies"] + project["project"]["optional-dependencies"]["s3"],
+        ),
         ("requirements-build.lock", project["build-system"]["requires"]),
     ):
         text = (ROOT / lock).read_text()
