@@ -3,12 +3,15 @@ fsspec's implementation for its store (s3fs, gcsfs, adlfs: the ``s3``, ``gcs`` a
 extras), with the same answers as a local folder (``model_repository.py``): a model's base
 config and version numbers, and the digests of its version folders.
 
-Cost, per model and read: **one listing** (a recursive list of the model's prefix: one
-request, more only past a page of objects); an object is read only when the listing shows it
-new or changed. The listing gives each object's identity in the store (ETag, or GCS's
-generation, with its size and modification time): ``config.pbtxt`` is parsed again, and a
-file hashed again, only when that identity changed, so a pass over an unchanged repository
-reads no object at all, and a version's digest is computed once per object version.
+Cost, per model and pass: **one listing** (a recursive list of the model's prefix: one
+request, more only past a page of objects): the observation reads a model's versions and
+config, then the digests of its pinned versions a moment later, from the same listing
+(``version_digests`` takes one up to ``LISTING_REUSE`` seconds old). An object is read only
+when the listing shows it new or changed. The listing gives each object's identity in the
+store (ETag, or GCS's generation, with its size and modification time): ``config.pbtxt`` is
+parsed again, and a file hashed again, only when that identity changed, so a pass over an
+unchanged repository reads no object at all, and a version's digest is computed once per
+object version.
 fsspec's own listing cache is off: a listing is the repository as it is now.
 
 The digest is ``artifacts.py``'s contract over the objects: a file's line is
@@ -28,7 +31,8 @@ from __future__ import annotations
 import hashlib
 import importlib
 import threading
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +44,9 @@ from reconciler.model.repository import RepositoryLocation
 # Seconds for one request to connect and to answer: a store that stalls longer is down for
 # this pass (the server is left unobserved), not a pass that hangs.
 STORE_TIMEOUT = 10.0
+# A pass lists a model to observe it and needs its pinned digests a moment later: a listing
+# this young is the repository as the pass found it. Observing lists afresh every time.
+LISTING_REUSE = 5.0
 _CHUNK = 1 << 20
 _EXTRA = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "as": ("adlfs", "azure")}
 
@@ -67,6 +74,8 @@ class ObjectRepository:
     location: RepositoryLocation
     fs: Any  # an fsspec AbstractFileSystem (untyped)
     reads: StoreReads = field(default_factory=StoreReads)
+    clock: Callable[[], float] = time.monotonic
+    _listed: dict[str, tuple[float, dict[str, _Object]]] = field(default_factory=dict)
     _configs: dict[_Object, dict[str, Any] | None] = field(default_factory=dict)
     _hashes: dict[_Object, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -85,8 +94,19 @@ class ObjectRepository:
         return (self._config(config) if config else None), versions
 
     def version_digests(self, model: str, versions: Iterable[int]) -> dict[int, str | None]:
-        """The digest of each of ``versions``' folders; None for a version with no object."""
-        objects = self._listing(model)
+        """The digest of each of ``versions``' folders; None for a version with no object.
+        From the model's last listing when it is under ``LISTING_REUSE`` seconds old."""
+        objects = self._listing(model, reuse=LISTING_REUSE)
+        try:
+            return self._digests(objects, versions)
+        except RepositoryUnavailable:
+            with self._lock:
+                self._listed.pop(model, None)  # an object gone: the next read lists again
+            raise
+
+    def _digests(
+        self, objects: Mapping[str, _Object], versions: Iterable[int]
+    ) -> dict[int, str | None]:
         digests: dict[int, str | None] = {}
         for version in versions:
             here = f"{version}/"
@@ -100,10 +120,16 @@ class ObjectRepository:
             digests[version] = digest_of(lines) if has_any else None
         return digests
 
-    def _listing(self, model: str) -> dict[str, _Object]:
-        """Every object under ``model``'s prefix, by its path relative to it; one request."""
+    def _listing(self, model: str, reuse: float = 0.0) -> dict[str, _Object]:
+        """Every object under ``model``'s prefix, by its path relative to it; one request,
+        or none when the last listing is under ``reuse`` seconds old."""
         if "/" in model or model in ("", ".", ".."):
             return {}
+        with self._lock:
+            last = self._listed.get(model)
+        if last is not None and self.clock() - last[0] < reuse:
+            return last[1]
+        listed_at = self.clock()
         base = f"{self.location.root}/{model}"
         found = self._store(
             f"listing {model}", lambda: self.fs.find(base, detail=True, withdirs=False)
@@ -117,6 +143,8 @@ class ObjectRepository:
             if not name.startswith(under) or name.endswith("/") or info.get("type") != "file":
                 continue  # another model's prefix (echo vs echo2), a folder marker
             objects[name[len(under) :]] = _Object(str(path), _identity(info))
+        with self._lock:
+            self._listed[model] = (listed_at, objects)
         return objects
 
     def _config(self, found: _Object) -> dict[str, Any] | None:

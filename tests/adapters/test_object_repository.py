@@ -16,7 +16,7 @@ import fsspec
 import pytest
 
 from reconciler.adapters.artifacts import tree_digest
-from reconciler.adapters.object_repository import ObjectRepository, open_store
+from reconciler.adapters.object_repository import LISTING_REUSE, ObjectRepository, open_store
 from reconciler.model.errors import RepositoryUnavailable
 from reconciler.model.repository import RepositoryLocation, parse_repository
 
@@ -70,11 +70,29 @@ def test_an_unchanged_repository_is_listed_again_but_never_read_again() -> None:
         store.version_digests("echo", [1])
 
     assert (store.reads.objects_read, store.reads.bytes_read) == read, store.reads
-    assert store.reads.listings == 8  # one per read: the repository as it is now
+    # One per pass: observing lists afresh (the repository as it is now), and the digests
+    # a moment later take that listing.
+    assert store.reads.listings == 4
     fs.pipe(f"/{root}/echo/config.pbtxt", CONFIG.replace("0", "8").encode())
     config, _ = store.read_model("echo")
     assert config is not None and config["max_batch_size"] == 8  # a rewrite is read again
     assert store.reads.objects_read == read[0] + 1
+
+
+def test_digests_take_a_listing_only_while_it_is_young() -> None:
+    store, fs, root = repository({"echo/config.pbtxt": CONFIG.encode(), "echo/1/model.py": b"1"})
+    now = [100.0]
+    store.clock = lambda: now[0]
+    store.read_model("echo")
+    first = store.version_digests("echo", [1])[1]
+    assert store.reads.listings == 1
+
+    fs.pipe(f"/{root}/echo/1/model.py", b"changed under a released version number")
+    now[0] += LISTING_REUSE  # a later pass: listed again, the change seen
+    assert store.version_digests("echo", [1])[1] != first
+    assert store.reads.listings == 2
+    store.read_model("echo")  # observing never takes an old listing
+    assert store.reads.listings == 3
 
 
 def test_a_version_digest_in_the_bucket_equals_the_folders(tmp_path: Path) -> None:
@@ -100,6 +118,7 @@ def test_a_version_digest_in_the_bucket_equals_the_folders(tmp_path: Path) -> No
 
     assert found == {1: tree_digest(folder), 7: None}, found
     fs.pipe(f"/{root}/echo/1/model.py", b"changed under a released version number")
+    store.read_model("echo")  # the next pass's observation lists it again
     assert store.version_digests("echo", [1])[1] != tree_digest(folder)
 
 
