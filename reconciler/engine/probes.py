@@ -7,8 +7,7 @@ probe slot never keeps the server busy more than ``max_share`` of the time (afte
 that took t, the lower median of the last PACE_ROUNDS rounds, the next waits t / max_share - t),
 so a slow server gets fewer probes, and one probe delayed by a busy machine does not stop
 them. One probe
-in ``OLD_EVERY`` goes to an old version instead, for a baseline (one in two until the old
-version has the probes a latency comparison needs). The first probes (the
+in ``OLD_EVERY`` goes to an old version instead, for a baseline. The first probes (the
 volley) are sent back to back as soon as the analysis starts, so a version that fails every
 request is caught within a few requests of becoming READY.
 """
@@ -21,7 +20,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from statistics import median_low
 
-from reconciler.core.analysis import PINNED_LATENCY_MIN_PROBES
 from reconciler.core.probes import ProbeRequest, declared, synthesized, wrong
 from reconciler.model.analysis import ProbeFigures, ProbeSpec
 from reconciler.model.errors import ProbeTimedOut, VerifyFailed
@@ -69,8 +67,6 @@ class Prober:
         self._next_at: float | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._recent: deque[float] = deque(maxlen=PACE_ROUNDS)  # the last rounds' seconds
-        checks = step.analysis.checks if step.analysis is not None else ()
-        self._compares_latency = any(c.kind == "latency" for c in checks)
         # Each probe after a wake-up probe to the same version (``_warm_send``): set by the
         # analysis when latency is judged by the probes alone.
         self.warm = False
@@ -253,13 +249,7 @@ class Prober:
 
     def _next_job(self) -> tuple[ProbeRequest, int, bool]:
         self._turn += 1
-        # With a latency check, every other round goes to the old version until it has the
-        # probes a comparison needs: the volley went to the new versions only, and at one in
-        # OLD_EVERY a busy canary's old version had 2 probes against 9 after a second, so the
-        # counters alone judged its latency (false_verdicts run 4). Then one in OLD_EVERY:
-        # the probes to the new versions are the evidence of a model no client reaches.
-        catching_up = self._compares_latency and self.figures.old_sent < PINNED_LATENCY_MIN_PROBES
-        if self.step.baseline and self._turn % (2 if catching_up else OLD_EVERY) == 0:
+        if self.step.baseline and self._turn % OLD_EVERY == 0:
             old = max(self.step.baseline)
             return self.requests[self._turn % len(self.requests)], old, True
         pairs = [(r, v) for v in self.step.versions for r in self.requests]

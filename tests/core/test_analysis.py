@@ -181,11 +181,18 @@ def test_a_latency_increase_against_before_the_swap_must_be_confirmed_by_the_pro
     # the probes on their way: both readings share the idle-versus-busy bias of a canary's
     # server at a small share (a good canary: +67%, then +53%; false_verdicts run 4).
     (still,) = evaluate(
-        spec(LATENCY), 1, 10.0, START, window(mean_us=300.0), BASELINE,
+        spec(LATENCY), 1, 10.0, START, window(mean_us=167.0), BASELINE,
         latency_probes=few, latency_pending=True,
     ).results  # fmt: skip
     assert still.verdict is Verdict.SKIPPED, still
     assert "to be confirmed by the probes" in still.detail
+    # Not for an increase far beyond what an idle server reads (+200% against +50%): clients
+    # wait on it meanwhile, and the second reading fails it.
+    (far,) = evaluate(
+        spec(LATENCY), 1, 10.0, START, window(mean_us=300.0), BASELINE,
+        latency_probes=few, latency_pending=True,
+    ).results  # fmt: skip
+    assert far.verdict is Verdict.FAIL and "the evaluation before measured it too" in far.detail
     # Past the duration, a second evaluation in a row measuring it confirms it by itself: a
     # model slow enough that its probes come seconds apart (100x slower: 1 probe in 8 s) is
     # still caught, one evaluation after the duration.

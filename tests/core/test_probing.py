@@ -405,12 +405,13 @@ def test_one_probe_delayed_by_a_busy_machine_does_not_stop_the_probes() -> None:
     ]
 
 
-def test_with_a_latency_check_the_old_version_gets_every_other_round_until_comparable() -> None:
-    # The volley goes to the new version only; at one round in five to the old one, a busy
-    # canary's old version had 2 probes against 9 after a second, and the counters alone
-    # judged its latency (false_verdicts run 4). With a latency check the old version takes
-    # every other round until it has the 5 a comparison needs; without one it takes one in
-    # five, the rest being the new version's evidence.
+def test_the_new_versions_keep_four_probe_rounds_in_five_with_a_latency_check_too() -> None:
+    # Tried and taken back (false_verdicts run 5): the old version taking every other round
+    # until it had the 5 probes a comparison needs. It halved the probes to a new version
+    # that answers every request with an error in its first second, so the early abort
+    # (3 failed probes in a row) came later and clients saw 79 failures (goal 50); and it
+    # compared a cold new version's first probes with a warm old one (a good staged version
+    # judged +275%). The counters wait for the probes instead (core.analysis._latency).
     latency = Check("latency", "latency", max_increase=0.5)
     old_in_first_rounds = {}
     for checks in ((SUCCESS, latency), (SUCCESS,)):
@@ -421,8 +422,7 @@ def test_with_a_latency_check_the_old_version_gets_every_other_round_until_compa
         versions = [v for v, _ in fake.probed]
         rounds = versions[versions.index(2) + 1 :][:10]  # after the volley's one probe
         old_in_first_rounds[len(checks)] = rounds.count(1)
-        assert versions.count(1) >= 5, versions  # over the whole analysis, either way
-    assert old_in_first_rounds == {2: 5, 1: 2}, old_in_first_rounds
+    assert old_in_first_rounds == {2: 2, 1: 2}, old_in_first_rounds
 
 
 def test_a_slow_model_without_clients_is_watched_on_until_its_evidence_is_in() -> None:
@@ -573,8 +573,20 @@ def test_one_stalled_probe_among_a_handful_is_not_a_slower_version() -> None:
     (confirmed,) = evaluate(
         watched, 1, 2.0, start, idle, busy, pinned=three_times, latency_pending=True
     ).results
-    assert confirmed.verdict is Verdict.FAIL, confirmed
+    assert confirmed.verdict is Verdict.FAIL, confirmed  # +221%: no idle instance reads that
     assert confirmed.detail.endswith("; the evaluation before measured it too")
+    # Within twice the bound (+51% against +50%: a good version woken per probe on a busy
+    # machine, false_verdicts run 5), a second reading waits for the end of the duration.
+    edge = timed_probes([t * 1.51 for t in new], new[:5])
+    (waits,) = evaluate(
+        watched, 1, 2.0, start, idle, busy, pinned=edge, latency_pending=True
+    ).results
+    assert waits.verdict is Verdict.SKIPPED and waits.value is not None, waits
+    assert waits.detail.endswith("to be confirmed at the end of the analysis's duration"), waits
+    (judged,) = evaluate(
+        watched, 5, 5.0, start, idle, busy, pinned=edge, latency_pending=True
+    ).results
+    assert judged.verdict is Verdict.FAIL, judged
 
 
 def test_a_handful_of_requests_on_an_idle_instance_is_judged_by_the_probes_or_waits() -> None:
