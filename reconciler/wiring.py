@@ -207,7 +207,7 @@ def base_configs(
     found: dict[str, BaseConfig] = {}
     if base_model_repository is not None:
         for model in models:
-            found[model] = BaseConfig(read_model(base_model_repository, model)[0])
+            found[model] = BaseConfig(read_model(base_model_repository, model).config)
         return found
     if parse_repository(model_repository).remote:
         return found  # a bucket has no history: --base-model-repository gives the base's

@@ -14,14 +14,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from reconciler.adapters.artifacts import tree_digest
 from reconciler.adapters.artifacts import version_digests as folder_digests
 from reconciler.adapters.object_repository import ObjectRepository, open_store
 from reconciler.core.triton_config import parse_pbtxt
 from reconciler.model.errors import ArtifactError
-from reconciler.model.repository import parse_repository
+from reconciler.model.repository import RepositoryModel, parse_repository
 
 _OPENED: dict[str, ObjectRepository] = {}
 _OPENING = threading.Lock()
@@ -39,27 +38,26 @@ def opened(repository: str) -> ObjectRepository | None:
         return _OPENED[repository]
 
 
-def read_model(repository: str, model: str) -> tuple[dict[str, Any] | None, frozenset[int] | None]:
-    """(config as JSON or None, version numbers present or None when the model is missing).
-    Raises RepositoryUnavailable for a store that cannot be read."""
+def read_model(repository: str, model: str) -> RepositoryModel:
+    """The model's config.pbtxt (or why it does not parse) and version numbers in the
+    repository. Raises RepositoryUnavailable for a store that cannot be read."""
     store = opened(repository)
     if store is not None:
         return store.read_model(model)
     folder = Path(repository) / model
     if "/" in model or model in (".", "..") or not folder.is_dir():
-        return None, None
+        return RepositoryModel(None, None)
     versions = frozenset(
         int(child.name) for child in folder.iterdir() if child.is_dir() and child.name.isdigit()
     )
     config_file = folder / "config.pbtxt"
     if not config_file.is_file():
-        return None, versions
+        return RepositoryModel(None, versions)
     try:
-        return parse_pbtxt(config_file.read_text()), versions
-    except ValueError:
-        # A broken config.pbtxt is Triton's to report on load; the plan falls back to
-        # the loaded config or spec.config.
-        return None, versions
+        return RepositoryModel(parse_pbtxt(config_file.read_text()), versions)
+    except ValueError as exc:
+        # The plan refuses to load new versions of it (core/plan/changes.py), naming the file.
+        return RepositoryModel(None, versions, f"{config_file} does not parse: {exc}")
 
 
 def version_digests(repository: str, model: str, versions: Iterable[int]) -> dict[int, str | None]:

@@ -39,7 +39,7 @@ from typing import Any
 from reconciler.adapters.artifacts import digest_of, encoded, file_line, skipped
 from reconciler.core.triton_config import parse_pbtxt
 from reconciler.model.errors import RepositoryUnavailable
-from reconciler.model.repository import RepositoryLocation
+from reconciler.model.repository import RepositoryLocation, RepositoryModel
 
 # Seconds for one request to connect and to answer: a store that stalls longer is down for
 # this pass (the server is left unobserved), not a pass that hangs.
@@ -76,22 +76,27 @@ class ObjectRepository:
     reads: StoreReads = field(default_factory=StoreReads)
     clock: Callable[[], float] = time.monotonic
     _listed: dict[str, tuple[float, dict[str, _Object]]] = field(default_factory=dict)
-    _configs: dict[_Object, dict[str, Any] | None] = field(default_factory=dict)
+    _configs: dict[_Object, tuple[dict[str, Any] | None, str | None]] = field(default_factory=dict)
     _hashes: dict[_Object, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def read_model(self, model: str) -> tuple[dict[str, Any] | None, frozenset[int] | None]:
-        """(config as JSON or None, version numbers present or None when the model has no
-        object under the repository)."""
+    def read_model(self, model: str) -> RepositoryModel:
+        """The model's config.pbtxt (or why it does not parse) and version numbers; versions
+        None when the model has no object under the repository."""
         objects = self._listing(model)
         if not objects:
-            return None, None
+            return RepositoryModel(None, None)
         versions = frozenset(
             int(first) for first in {r.split("/", 1)[0] for r in objects if "/" in r}
             if first.isdigit()
         )  # fmt: skip
-        config = objects.get("config.pbtxt")
-        return (self._config(config) if config else None), versions
+        found = objects.get("config.pbtxt")
+        if found is None:
+            return RepositoryModel(None, versions)
+        config, error = self._config(found)
+        if error is not None:
+            error = f"{self.location.model_url(model, 'config.pbtxt')} does not parse: {error}"
+        return RepositoryModel(config, versions, error)
 
     def version_digests(self, model: str, versions: Iterable[int]) -> dict[int, str | None]:
         """The digest of each of ``versions``' folders; None for a version with no object.
@@ -147,20 +152,22 @@ class ObjectRepository:
             self._listed[model] = (listed_at, objects)
         return objects
 
-    def _config(self, found: _Object) -> dict[str, Any] | None:
+    def _config(self, found: _Object) -> tuple[dict[str, Any] | None, str | None]:
+        """The object parsed as a config, or why it does not parse (kept per object version
+        like the config: a broken file is not read again either)."""
         with self._lock:
             if found in self._configs:
                 return self._configs[found]
         text = self._read(found).decode("utf-8", errors="replace")
+        parsed: tuple[dict[str, Any] | None, str | None]
         try:
-            config: dict[str, Any] | None = parse_pbtxt(text)
-        except ValueError:
-            # A broken config.pbtxt is Triton's to report on load, as for a local folder.
-            config = None
+            parsed = parse_pbtxt(text), None
+        except ValueError as exc:
+            parsed = None, str(exc)
         with self._lock:
             self._forget_older(self._configs, found)
-            self._configs[found] = config
-        return config
+            self._configs[found] = parsed
+        return parsed
 
     def _sha256(self, found: _Object) -> str:
         with self._lock:

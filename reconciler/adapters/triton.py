@@ -35,6 +35,7 @@ from reconciler.model.errors import (
     UnloadFailed,
     VerifyFailed,
 )
+from reconciler.model.repository import RepositoryModel
 from reconciler.model.servers import TritonServer
 from reconciler.model.serving import (
     READY,
@@ -276,15 +277,20 @@ class TritonServerClient:
                     token.append((model, versions, cached.generation))
                 else:
                     token.append((model, versions))
-                repository_config, repository_versions = (
+                found = (
                     read_model(self.model_repository, model)
                     if self.model_repository
-                    else (None, None)
+                    else RepositoryModel(None, None)
                 )
                 if self.model_repository:
-                    token.append((repr(repository_config), repository_versions))
+                    token.append((repr(found.config), found.versions, found.config_error))
                 states[model] = ModelState(
-                    model, versions, loaded, repository_config, repository_versions
+                    model,
+                    versions,
+                    loaded,
+                    found.config,
+                    found.versions,
+                    repository_config_error=found.config_error,
                 )
         except ServerUnavailable as exc:
             return ServerState(self.name, error=self._unobserved(exc))

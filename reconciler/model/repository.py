@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 SCHEMES = ("s3", "gs", "as")
 _HOST = re.compile(r"^(http://|https://)([0-9a-zA-Z.-]+):([0-9]+)/(.*)$")
@@ -107,3 +108,13 @@ def parse_repository(text: str) -> RepositoryLocation:
     return RepositoryLocation(
         text, scheme, bucket=bucket, prefix="/".join(segments), endpoint=endpoint, account=account
     )
+
+
+class RepositoryModel(NamedTuple):
+    """What a model repository holds of one model: its ``config.pbtxt`` as JSON (None: there
+    is none, or it does not parse), its version numbers (None: no such model), and why its
+    ``config.pbtxt`` does not parse, naming the file (None: it parses, or there is none)."""
+
+    config: dict[str, Any] | None
+    versions: frozenset[int] | None
+    config_error: str | None = None

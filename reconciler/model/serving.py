@@ -32,6 +32,8 @@ class ModelState:
     # read the server's model repository; None when it cannot.
     repository_config: Mapping[str, Any] | None = None
     repository_versions: frozenset[int] | None = None
+    # Why the repository's config.pbtxt does not parse (the file named), when it does not.
+    repository_config_error: str | None = None
     # Digests of the version folders whose digest a manifest pins (None: folder missing).
     repository_digests: Mapping[int, str | None] = field(default_factory=dict)
 

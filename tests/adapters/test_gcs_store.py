@@ -67,7 +67,7 @@ def test_the_reconciler_reads_a_gs_repository_as_a_folder(
     store.upload_folder(folder, "gs-models", "models")
     reader = open_store(parse_repository("gs://gs-models/models"), timeout=5.0)
 
-    config, versions = reader.read_model("echo")
+    config, versions, _ = reader.read_model("echo")
     digests = reader.version_digests("echo", [1, 2, 3])
 
     assert config is not None and config["name"] == "echo" and config["backend"] == "python"

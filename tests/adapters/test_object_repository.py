@@ -18,7 +18,7 @@ import pytest
 from reconciler.adapters.artifacts import tree_digest
 from reconciler.adapters.object_repository import LISTING_REUSE, ObjectRepository, open_store
 from reconciler.model.errors import RepositoryUnavailable
-from reconciler.model.repository import RepositoryLocation, parse_repository
+from reconciler.model.repository import RepositoryLocation, RepositoryModel, parse_repository
 
 MODELS = Path(__file__).resolve().parents[2] / "testkit" / "models"
 CONFIG = 'name: "echo"\nbackend: "python"\nmax_batch_size: 0\n'
@@ -48,13 +48,26 @@ def test_config_and_versions_come_from_one_listing_and_one_read() -> None:
         }
     )
 
-    config, versions = store.read_model("echo")
+    config, versions, error = store.read_model("echo")
 
     assert config is not None and config["backend"] == "python", config
+    assert error is None
     assert versions == frozenset({1, 2})
     assert (store.reads.listings, store.reads.objects_read) == (1, 1), store.reads
-    assert store.read_model("absent") == (None, None)
-    assert store.read_model("../echo") == (None, None)
+    assert store.read_model("absent") == RepositoryModel(None, None)
+    assert store.read_model("../echo") == RepositoryModel(None, None)
+
+
+def test_a_config_that_does_not_parse_is_said_with_its_url_and_read_once() -> None:
+    store, _, _ = repository({"echo/config.pbtxt": b'name: "echo"\ninput [ {', "echo/1/m": b"1"})
+
+    found = store.read_model("echo")
+    again = store.read_model("echo")  # the next pass: the same object, not read again
+
+    assert found.config is None and found.versions == frozenset({1})
+    assert found.config_error is not None
+    assert found.config_error.startswith(f"{store.location.text}/echo/config.pbtxt does not parse")
+    assert again == found and store.reads.objects_read == 1, store.reads
 
 
 def test_an_unchanged_repository_is_listed_again_but_never_read_again() -> None:
@@ -74,7 +87,7 @@ def test_an_unchanged_repository_is_listed_again_but_never_read_again() -> None:
     # a moment later take that listing.
     assert store.reads.listings == 4
     fs.pipe(f"/{root}/echo/config.pbtxt", CONFIG.replace("0", "8").encode())
-    config, _ = store.read_model("echo")
+    config = store.read_model("echo").config
     assert config is not None and config["max_batch_size"] == 8  # a rewrite is read again
     assert store.reads.objects_read == read[0] + 1
 

@@ -277,6 +277,37 @@ def test_missing_version_in_repository_stops_only_that_model() -> None:
     assert [c.model for c in p.changes] == ["other"]
 
 
+def test_a_config_pbtxt_that_does_not_parse_stops_new_versions_of_that_model_only() -> None:
+    fake = server(models=("m", "n", "other"))
+    fake.serve("n", [1])
+    desired = desired_state(deploy("m", [2]), deploy("n", [1]), deploy("other", [1]))
+    broken = "s3://bucket/models/{}/config.pbtxt does not parse: line 2: expected '}}'"
+    observed = observe(fake)
+    observed = replace(
+        observed,
+        models={
+            **observed.models,
+            **{
+                name: replace(observed.model(name), repository_config_error=broken.format(name))
+                for name in ("m", "n")
+            },
+        },
+    )
+
+    p = plan(desired, {"s1": observed}, History(), "rev-1")
+
+    # m: a new version to load, refused, naming the file; n serves what it should and is
+    # left alone; other is planned as ever.
+    assert [(q.model, q.message) for q in p.problems] == [
+        (
+            "m",
+            broken.format("m") + "; refused before anything is loaded: fix config.pbtxt in "
+            "the model repository",
+        )
+    ]
+    assert [c.model for c in p.changes] == ["other"]
+
+
 def test_model_missing_from_repository_index_is_a_problem() -> None:
     fake = FakeTriton("s1", {"other": [1]})
     complete = {"backend": "python"}

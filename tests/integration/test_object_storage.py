@@ -3,8 +3,9 @@ S3-protocol server on loopback, a real tritonserver loading the models from that
 the reconciler reading the same URL (``s3://http://127.0.0.1:PORT/BUCKET/models``, Triton's
 own spelling). Every model-aware check works as on a folder: a swap under client load drops
 no request, a version the bucket lacks is a plan problem, a changed object under a pinned
-digest and an interface change in the bucket's config.pbtxt are refused before any load, and
-a store that does not answer leaves the server serving what it served.
+digest, an interface change in the bucket's config.pbtxt and a config.pbtxt that does not
+parse are refused before any load, and a store that does not answer leaves the server serving
+what it served.
 
 Nothing leaves loopback: explicit dummy credentials, region us-east-1, no EC2 metadata."""
 
@@ -153,6 +154,24 @@ def test_an_interface_change_in_the_buckets_config_is_refused_before_any_load(
     assert planned.code == 1, planned.out + planned.err
     assert "version 2 changes the model's interface" in planned.out, planned.out
     assert "refused before anything is loaded" in planned.out
+    assert ready_versions(fleet.triton, "echo") == {1}
+
+
+def test_a_config_pbtxt_in_the_bucket_that_does_not_parse_is_refused_naming_it(
+    fleet: BucketFleet,
+) -> None:
+    fleet.deploy(1)
+    assert fleet.reconciler.apply().code == 0
+    fleet.put("echo/config.pbtxt", 'name: "echo"\nbackend: "python"\ninput [ {\n')
+    fleet.deploy(2)
+
+    applied = fleet.reconciler.apply()
+
+    assert applied.code == 1, applied.out + applied.err
+    assert (
+        f"server edge-a, model echo: {fleet.url}/echo/config.pbtxt does not parse" in applied.out
+    ), applied.out
+    assert "refused before anything is loaded" in applied.out
     assert ready_versions(fleet.triton, "echo") == {1}
 
 

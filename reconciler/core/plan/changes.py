@@ -93,8 +93,19 @@ def _refusal(
     server: str, deployment: ModelDeployment, observed: ServerState, model: ModelState
 ) -> PlanProblem | None:
     """Why the model cannot be planned here at all: versions the repository lacks, a model
-    the repository does not hold, an artifact changed under a released version."""
+    the repository does not hold, a config.pbtxt that does not parse while new versions are
+    to load, an artifact changed under a released version."""
     desired = frozenset(deployment.versions)
+    if model.repository_config_error is not None and desired - model.ready:
+        # Triton would refuse the file on any load that reads it (a restart's), and the new
+        # versions' interface cannot be checked against it: nothing is loaded until it is
+        # fixed. A model that serves what it should is left alone.
+        return PlanProblem(
+            server,
+            deployment.model,
+            f"{model.repository_config_error}; refused before anything is loaded: fix "
+            "config.pbtxt in the model repository",
+        )
     if model.repository_versions is not None:
         missing = desired - model.repository_versions
         if missing:
