@@ -9,8 +9,9 @@ need). ``./dev test`` starts that build in the background at its start and names
 own path) against a tritonserver started on the host, and checks what the Kubernetes example
 relies on: /healthz, a pass that loads the model, tini as PID 1 with the reconciler as uid
 10001 under it, the tools the reconciler runs (git, gpg, ps) and none it must not carry (a
-compiler, pip), the OCI labels, and a SIGTERM that ends it with exit 0 within its shutdown
-deadline. The container is removed; the images stay (CI machines are fresh).
+compiler, pip), a model repository in an S3 bucket read from inside it, the OCI labels,
+and a SIGTERM that ends it with exit 0 within its shutdown deadline. The container is
+removed; the images stay (CI machines are fresh).
 
 Without podman the test is skipped (outside CI) or fails (in CI, which installs it).
 """
@@ -29,8 +30,10 @@ from pathlib import Path
 
 import pytest
 
+from testkit.cli_run import cli
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.object_store import LocalObjectStore
 from testkit.service_process import wait_until
 from tests.integration.flows import ready_versions
 from tests.services import find_binary
@@ -199,6 +202,20 @@ def test_image_runs_the_reconciler_under_tini_and_stops_cleanly_on_sigterm(
     assert set(found) == {"git", "gpg", "ssh", "ps", "tini"}, found
     children = podman("exec", container_name, "ps", "-o", "pid=", "--ppid", "1")
     assert children.stdout.split() and children.returncode == 0, children.stderr
+
+    # A model repository in an S3 bucket (moto on the host's loopback): the image reads it
+    # (the s3 extra is in its lock), and a version's digest there is the folder's.
+    with LocalObjectStore(log_file=tmp_path / "moto.log") as store:
+        store.create_bucket("image-models")
+        store.upload_folder(readable / "echo", "image-models", "models/echo")
+        url = f"{store.triton_url('image-models', 'models')}/echo/1"
+        credentials = [f"--env={name}={value}" for name, value in store.environment().items()]
+        in_bucket = podman("exec", *credentials, container_name, "triton-gitops", "digest", url)
+        listed = [r.path for r in store.requests()]
+    in_folder = cli("digest", str(readable / "echo" / "1"))
+    assert in_bucket.returncode == 0, in_bucket.stderr + in_bucket.stdout
+    assert in_bucket.stdout.strip() == in_folder.out.strip(), (in_bucket.stdout, in_folder.out)
+    assert any("list-type=2" in path for path in listed), listed
 
     labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", image).stdout)
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
