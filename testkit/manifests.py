@@ -97,6 +97,19 @@ SCORER = "scorer"
 SCORER_VERSIONS = (1, 2, 3, 4, 5, 6)
 
 
+def echo_repository(root: Path, *versions: int) -> Path:
+    """A model repository of the test model echo alone (answers INPUT0 * version) in
+    ``versions``, its files not executable: as in a bucket, whose objects have no execute
+    bit, so that the folder's digest is the bucket's."""
+    (root / "echo").mkdir(parents=True)
+    shutil.copy(MODELS / "echo" / "config.pbtxt", root / "echo" / "config.pbtxt")
+    for version in versions:
+        (root / "echo" / str(version)).mkdir()
+        shutil.copy(MODELS / "echo" / "model.py", root / "echo" / str(version) / "model.py")
+        (root / "echo" / str(version) / "model.py").chmod(0o644)
+    return root
+
+
 def write_scorer_repository(root: Path, names: tuple[str, ...] = (SCORER,)) -> Path:
     """A model repository of the gate's test model, under each of ``names`` (one model per
     scenario, so one gate run can judge several), compiled ahead."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from reconciler.model.errors import RepositoryUnavailable
 from reconciler.model.repository import parse_repository
 from testkit.gcs_store import LocalGcsStore
 from testkit.local_triton import LocalTriton
-from testkit.manifests import MODELS
+from testkit.manifests import echo_repository
 
 # gcsfs reads this once, when it is imported: on (its default), it swaps in a file system
 # that first asks the service over gRPC and TLS about hierarchical namespaces, which the
@@ -46,16 +45,6 @@ def in_store_environment(store: LocalGcsStore, monkeypatch: pytest.MonkeyPatch) 
     """The reconciler runs in this process: the emulator's address, no metadata lookup."""
     for name, value in store.environment().items():
         monkeypatch.setenv(name, value)
-
-
-def echo_repository(root: Path, *versions: int) -> Path:
-    (root / "echo").mkdir(parents=True)
-    shutil.copy(MODELS / "echo" / "config.pbtxt", root / "echo" / "config.pbtxt")
-    for version in versions:
-        (root / "echo" / str(version)).mkdir()
-        shutil.copy(MODELS / "echo" / "model.py", root / "echo" / str(version) / "model.py")
-        (root / "echo" / str(version) / "model.py").chmod(0o644)  # objects: no execute bit
-    return root
 
 
 @pytest.mark.usefixtures("in_store_environment")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import urllib.error
 import urllib.request
@@ -25,7 +24,7 @@ from reconciler.adapters.object_repository import open_store
 from reconciler.model.errors import RepositoryUnavailable
 from reconciler.model.repository import parse_repository
 from testkit.local_triton import LocalTriton, LocalTritonError
-from testkit.manifests import MODELS
+from testkit.manifests import echo_repository
 from testkit.object_store import LocalObjectStore, ObjectStoreError
 
 ECHO_CONFIG = {
@@ -52,16 +51,6 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalObjectStore
     log = tmp_path_factory.mktemp("store") / "moto.log"
     with LocalObjectStore(log_file=log) as started:
         yield started
-
-
-def echo_repository(root: Path, *versions: int) -> Path:
-    """A model repository with the test model echo (answers INPUT0 * version)."""
-    (root / "echo").mkdir(parents=True)
-    shutil.copy(MODELS / "echo" / "config.pbtxt", root / "echo" / "config.pbtxt")
-    for version in versions:
-        (root / "echo" / str(version)).mkdir()
-        shutil.copy(MODELS / "echo" / "model.py", root / "echo" / str(version) / "model.py")
-    return root
 
 
 def files_under(folder: Path) -> list[str]:
