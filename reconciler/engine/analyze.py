@@ -14,8 +14,8 @@ from reconciler.core.analysis import (
     evaluate,
     latency_unconfirmed,
     probe_capacity,
-    same_time_latency,
 )
+from reconciler.core.latency import same_time_latency
 from reconciler.core.readings import baseline_from, routed_since, since_ready
 from reconciler.engine.context import ChangeContext, StepDone, Timing, aborted
 from reconciler.engine.probes import Prober

@@ -15,8 +15,8 @@ from reconciler.core.analysis import (
     judge,
     latency_unconfirmed,
     probe_capacity,
-    same_time_latency,
 )
+from reconciler.core.latency import same_time_latency
 from reconciler.core.readings import baseline_from, pooled
 from reconciler.model.analysis import (
     AnalysisSpec,

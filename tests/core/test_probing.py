@@ -411,7 +411,7 @@ def test_the_new_versions_keep_four_probe_rounds_in_five_with_a_latency_check_to
     # that answers every request with an error in its first second, so the early abort
     # (3 failed probes in a row) came later and clients saw 79 failures (goal 50); and it
     # compared a cold new version's first probes with a warm old one (a good staged version
-    # judged +275%). The counters wait for the probes instead (core.analysis._latency).
+    # judged +275%). The counters wait for the probes instead (core.latency.latency_check).
     latency = Check("latency", "latency", max_increase=0.5)
     old_in_first_rounds = {}
     for checks in ((SUCCESS, latency), (SUCCESS,)):
