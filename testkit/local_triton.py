@@ -101,7 +101,9 @@ def triton_aborts() -> list[str]:
     """The servers started since ``forget_started``, and the shared ones, whose log shows
     Triton's own abort written during this attempt: "<log file>: <the line>" for each."""
     found = []
-    for server in [*_started, *(s for s, _ in _shared if s not in _started)]:
+    # By identity: LocalTriton is a dataclass, and == compares its fields.
+    started = {id(s) for s in _started}
+    for server in [*_started, *(s for s, _ in _shared if id(s) not in started)]:
         line = _abort_line(server, _log_marks.get(id(server), 0))
         if line is not None:
             found.append(f"{server.log_file}: {line}")
