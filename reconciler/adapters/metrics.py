@@ -48,7 +48,8 @@ CPU_MEMORY = "nv_cpu_memory_used_bytes"
 GPU_MEMORY_TOTAL = "nv_gpu_memory_total_bytes"
 CPU_MEMORY_TOTAL = "nv_cpu_memory_total_bytes"
 _PER_MODEL = (SUCCESS, FAILURE, DURATION, PENDING, INFERENCES)
-_MEMORY = (GPU_MEMORY, CPU_MEMORY, GPU_MEMORY_TOTAL, CPU_MEMORY_TOTAL)
+# In the order ``_memory_figures`` takes them.
+_MEMORY = (GPU_MEMORY, GPU_MEMORY_TOTAL, CPU_MEMORY, CPU_MEMORY_TOTAL)
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -79,6 +80,21 @@ def _measured(memory: float | None) -> float | None:
     """Triton reports 0 bytes in use until its first memory poll (``--metrics-interval-ms``,
     2 s by default, after start); a baseline of 0 would make any server look like a leak."""
     return memory if memory else None
+
+
+def _memory_figures(
+    gpu_used: float | None,
+    gpu_total: float | None,
+    cpu_used: float | None,
+    cpu_total: float | None,
+) -> tuple[float | None, float | None, bool]:
+    """Memory in use and in all, and whether they are the host's: the GPU figures where the
+    server reports any, else the CPU ones, which are the whole host's (Triton reads them
+    from /proc/meminfo). Used and total always come from one source: a GPU total beside a
+    CPU figure in use would make a headroom of nothing real."""
+    if gpu_used is not None:
+        return gpu_used, gpu_total, False
+    return cpu_used, cpu_total, cpu_used is not None
 
 
 class TritonScrape:
@@ -130,12 +146,9 @@ class TritonScrape:
                     sums[family.name] = (sums[family.name] or 0.0) + float(sample.value)
         except ValueError as exc:  # not Prometheus text
             return Figures(queries=unsupported, error=self._error(f"unreadable metrics: {exc}"))
-        # Used and total from one source: a GPU total beside a CPU figure in use would make
-        # a headroom of nothing real.
-        if sums[GPU_MEMORY] is not None:
-            memory, total = sums[GPU_MEMORY], sums[GPU_MEMORY_TOTAL]
-        else:
-            memory, total = sums[CPU_MEMORY], sums[CPU_MEMORY_TOTAL]
+        memory, total, host_wide = _memory_figures(
+            sums[GPU_MEMORY], sums[GPU_MEMORY_TOTAL], sums[CPU_MEMORY], sums[CPU_MEMORY_TOTAL]
+        )
         return Figures(
             success=sums[SUCCESS],
             failure=sums[FAILURE],
@@ -145,6 +158,7 @@ class TritonScrape:
             pending=sums[PENDING],
             inferences=sums[INFERENCES],
             memory_total_bytes=_measured(total),
+            memory_host_wide=host_wide,
         )
 
     def _error(self, reason: str) -> str:
@@ -213,15 +227,9 @@ class PrometheusQuery:
     def standard_queries(self, model: str, versions: tuple[int, ...]) -> dict[str, str]:
         """The PromQL behind each of ``Figures``' figures (no counters without versions)."""
         server = f"instance={_quoted(self.instance)}"
-        # ``or`` keeps the GPU figure where there is one, else the CPU one. The total follows
-        # the same choice (GPU exactly when a GPU figure in use exists), so that used and
-        # total always come from one source.
-        gpu_used = f"sum({GPU_MEMORY}{{{server}}})"
-        queries = {
-            "memory": f"{gpu_used} or sum({CPU_MEMORY}{{{server}}})",
-            "memory_total": f"(sum({GPU_MEMORY_TOTAL}{{{server}}}) and on() {gpu_used})"
-            f" or (sum({CPU_MEMORY_TOTAL}{{{server}}}) unless on() {gpu_used})",
-        }
+        # Each memory figure on its own: ``figures`` takes the GPU ones where the server
+        # reports any, else the CPU ones (the host's), as the scrape does.
+        queries = {name: f"sum({name}{{{server}}})" for name in _MEMORY}
         if versions:
             matchers = (
                 f"model={_quoted(model)}",
@@ -264,15 +272,17 @@ class PrometheusQuery:
                 queries=dict.fromkeys(queries),
                 error=redact(f"cannot query Prometheus at {self.url}: {exc}"),
             )
+        memory, total, host_wide = _memory_figures(*(standard.get(name) for name in _MEMORY))
         return Figures(
             success=standard.get(SUCCESS),
             failure=standard.get(FAILURE),
             duration_us=standard.get(DURATION),
-            memory_bytes=_measured(standard.get("memory")),
+            memory_bytes=_measured(memory),
             queries=values,
             pending=standard.get(PENDING),
             inferences=standard.get(INFERENCES),
-            memory_total_bytes=_measured(standard.get("memory_total")),
+            memory_total_bytes=_measured(total),
+            memory_host_wide=host_wide,
             scrape_failed=(
                 f"Prometheus at {redact(self.url)} could not scrape {self.instance} last time"
                 " (up 0): every series of the server is hidden until a scrape succeeds"

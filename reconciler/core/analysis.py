@@ -51,6 +51,8 @@ EARLY_ABORT_MIN_REQUESTS = 10
 # An analysis whose evaluations all passed but whose evidence is short at the end of its
 # duration goes on for at most this share of its duration more, until minEvidence is reached.
 EVIDENCE_EXTENSION = 1.0
+# What a memory check's detail says when the figure is the host's (a CPU server's).
+HOST_WIDE = "the host's memory in use (nv_cpu_memory_used_bytes: every process on the host)"
 
 
 def _success_rate(
@@ -92,15 +94,34 @@ def _success_rate(
     return CheckResult(check.name, verdict, min(rates), threshold, "; ".join(details))
 
 
-def _memory(check: Check, now: float | None, baseline: Baseline) -> CheckResult:
+def _memory(check: Check, now: Figures, baseline: Baseline, pending: bool = False) -> CheckResult:
+    """The server's memory growth since the analysis began (old and new versions loaded).
+    A GPU figure is the server's devices'; a CPU figure is the host's
+    (``nv_cpu_memory_used_bytes`` counts every process on it, a neighbour's start
+    among them: 632-909 MB in 3 s when another test file started its servers), so a host
+    growth beyond the bound waits for the next evaluation (``pending`` there) and fails only
+    when that one measures it again: a verdict about the version, not the machine."""
     threshold = f"growth <= {check.max_increase_bytes:g} bytes"
-    now = finite(now)
-    if now is None or baseline.memory_bytes is None:
+    memory = finite(now.memory_bytes)
+    if memory is None or baseline.memory_bytes is None:
         return CheckResult(check.name, Verdict.NO_DATA, None, threshold, "no memory figures")
-    growth = now - baseline.memory_bytes
+    growth = memory - baseline.memory_bytes
     limit = check.max_increase_bytes if check.max_increase_bytes is not None else math.inf
-    verdict = Verdict.PASS if growth <= limit else Verdict.FAIL
-    return CheckResult(check.name, verdict, growth, threshold)
+    if growth <= limit:
+        return CheckResult(check.name, Verdict.PASS, growth, threshold)
+    if not now.memory_host_wide:
+        return CheckResult(check.name, Verdict.FAIL, growth, threshold, "the GPU memory in use")
+    if not pending:
+        return CheckResult(
+            check.name,
+            Verdict.SKIPPED,
+            growth,
+            threshold,
+            f"{HOST_WIDE}: the next evaluation confirms it or not",
+        )
+    return CheckResult(
+        check.name, Verdict.FAIL, growth, threshold, f"{HOST_WIDE}, measured twice in a row"
+    )
 
 
 def _query(check: Check, value: float | None) -> CheckResult:
@@ -135,6 +156,7 @@ def evaluate(
     pinned: ProbeFigures | None = None,
     latency_probes: ProbeFigures | None = None,
     latency_pending: bool = False,
+    memory_pending: bool = False,
 ) -> Evaluation:
     """Judge the new versions over the window between two figures (and the probes sent in
     it). ``counted``: False for an evaluation within ``initialDelay``. ``latency_from``: where
@@ -146,7 +168,9 @@ def evaluate(
     ``latency_probes``: the probes since the first volley, which must confirm a latency
     increase measured on the counters; ``latency_pending``:
     the evaluation before measured an increase the probes could not confirm yet (a second
-    one in a row fails the check; on the counters, only once ``at`` is past the duration)."""
+    one in a row fails the check; on the counters, only once ``at`` is past the duration);
+    ``memory_pending``: the evaluation before measured a growth of the host's memory beyond
+    the bound (a second one in a row fails the check)."""
     success = delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
@@ -198,7 +222,7 @@ def evaluate(
                 )
             )
         elif check.kind == "memory":
-            results.append(_memory(check, current.memory_bytes, baseline))
+            results.append(_memory(check, current, baseline, memory_pending))
         else:
             results.append(_query(check, current.queries.get(check.name)))
     verdicts = {r.verdict for r in results}
@@ -238,11 +262,10 @@ def judge(
         return RolloutVerdict.RUNNING
     if not any(e.verdict is Verdict.PASS for e in counted):
         return RolloutVerdict.INCONCLUSIVE
-    if latency_unconfirmed(spec, counted[-1]) and elapsed < spec.duration * (
-        1 + EVIDENCE_EXTENSION
-    ):
-        # The last evaluation measured a latency increase beyond the bound that waits for
-        # confirmation: the next one confirms it (a failure) or not, never the clock.
+    if unconfirmed(spec, counted[-1]) and elapsed < spec.duration * (1 + EVIDENCE_EXTENSION):
+        # The last evaluation measured a latency increase or a host memory growth beyond
+        # the bound that waits for confirmation: the next one confirms it (a failure) or
+        # not, never the clock.
         return RolloutVerdict.RUNNING
     if evidence is not None and evidence < spec.min_evidence:
         # Every evaluation passed but too few requests reached the new versions: a slow
@@ -270,13 +293,15 @@ def concluded(
     return verdict
 
 
-def latency_unconfirmed(spec: AnalysisSpec, evaluation: Evaluation) -> bool:
-    """Whether ``evaluation`` measured a latency increase beyond the bound that the probes
-    could not confirm or refute yet (``_latency`` waited: skipped, with the increase as its
-    value); the next evaluation is told so."""
-    latency = {c.name for c in spec.checks if c.kind == "latency"}
+def unconfirmed(
+    spec: AnalysisSpec, evaluation: Evaluation, kinds: tuple[str, ...] = ("latency", "memory")
+) -> bool:
+    """Whether ``evaluation`` measured a latency increase or a host memory growth (checks of
+    ``kinds``) beyond the bound that waits for confirmation (the check was skipped, with the
+    increase as its value); the next evaluation is told so."""
+    waiting = {c.name for c in spec.checks if c.kind in kinds}
     return any(
-        r.check in latency and r.verdict is Verdict.SKIPPED and r.value is not None
+        r.check in waiting and r.verdict is Verdict.SKIPPED and r.value is not None
         for r in evaluation.results
     )
 

@@ -51,6 +51,7 @@ def before_ready(figures: Figures) -> Figures:
         pending=figures.pending,
         inferences=zero(figures.inferences),
         memory_total_bytes=figures.memory_total_bytes,
+        memory_host_wide=figures.memory_host_wide,
     )
 
 

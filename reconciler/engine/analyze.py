@@ -12,8 +12,8 @@ from reconciler.core.analysis import (
     concluded,
     early_abort,
     evaluate,
-    latency_unconfirmed,
     probe_capacity,
+    unconfirmed,
 )
 from reconciler.core.latency import same_time_latency
 from reconciler.core.readings import baseline_from, routed_since, since_ready
@@ -280,7 +280,9 @@ class _Watch:
                         probes.since(self.probes_after_volley) if probes is not None else None
                     ),
                     latency_pending=bool(self.evaluations)
-                    and latency_unconfirmed(spec, self.evaluations[-1]),
+                    and unconfirmed(spec, self.evaluations[-1], ("latency",)),
+                    memory_pending=bool(self.evaluations)
+                    and unconfirmed(spec, self.evaluations[-1], ("memory",)),
                 )
             )
             if fresh:  # else the next window starts where this one did

@@ -140,6 +140,9 @@ class Figures:
     # In a traffic rollout: the router's statistics for the new versions' pool, what its
     # clients saw (a gRPC error response included, which Triton's counters miss).
     routed: PoolFigures | None = None
+    # True when the memory figures are the host's (``nv_cpu_memory_*``: a server with no GPU
+    # figure), which every process on the host moves, not the server's devices'.
+    memory_host_wide: bool = False
 
 
 @dataclass(frozen=True)

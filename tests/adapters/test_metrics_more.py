@@ -135,7 +135,9 @@ def test_prometheus_agrees_on_drain_and_headroom_figures(
     assert through.memory_total_bytes == direct.memory_total_bytes  # the host's: constant
     assert reader.figures("echo", (2,)).inferences is None
     queries = reader.standard_queries("echo", (1,))
-    assert {"memory", "memory_total", "nv_inference_pending_request_count"} <= queries.keys()
+    assert through.memory_host_wide and direct.memory_host_wide  # a CPU server: the host's
+    memory = {"nv_cpu_memory_used_bytes", "nv_gpu_memory_total_bytes"}
+    assert memory | {"nv_inference_pending_request_count"} <= queries.keys()
 
 
 # -- the GPU-else-CPU rule, on an endpoint that reports GPUs -------------------------------
@@ -165,13 +167,14 @@ nv_gpu_memory_total_bytes{gpu_uuid="GPU-a"} 8000
 nv_gpu_memory_total_bytes{gpu_uuid="GPU-b"} 8000
 """
 ENDPOINTS = {
-    # name: (metrics text, expected (memory_bytes, memory_total_bytes))
-    "gpu": (PER_MODEL + GPU_USED + GPU_TOTAL + CPU, (1500.0, 16000.0)),
-    "cpu": (PER_MODEL + CPU, (3000.0, 7000.0)),
+    # name: (metrics text, expected (memory_bytes, memory_total_bytes, memory_host_wide))
+    "gpu": (PER_MODEL + GPU_USED + GPU_TOTAL + CPU, (1500.0, 16000.0, False)),
+    # The CPU figures are the host's (Triton reads /proc/meminfo): said so.
+    "cpu": (PER_MODEL + CPU, (3000.0, 7000.0, True)),
     # A GPU total without a GPU figure in use: CPU for both, never a GPU total over CPU use.
-    "gpu-total-only": (PER_MODEL + GPU_TOTAL + CPU, (3000.0, 7000.0)),
+    "gpu-total-only": (PER_MODEL + GPU_TOTAL + CPU, (3000.0, 7000.0, True)),
     # A GPU figure in use without its total: no total, never the CPU's.
-    "gpu-used-only": (PER_MODEL + GPU_USED + CPU, (1500.0, None)),
+    "gpu-used-only": (PER_MODEL + GPU_USED + CPU, (1500.0, None, False)),
 }
 
 
@@ -211,7 +214,8 @@ def endpoints() -> Iterator[dict[str, str]]:
 def test_scrape_pairs_used_and_total_from_one_source(endpoints: dict[str, str], case: str) -> None:
     figures = TritonScrape(f"http://{endpoints[case]}/metrics").figures("echo", (1, 2))
     assert figures.error is None
-    assert (figures.memory_bytes, figures.memory_total_bytes) == ENDPOINTS[case][1]
+    memory = (figures.memory_bytes, figures.memory_total_bytes, figures.memory_host_wide)
+    assert memory == ENDPOINTS[case][1]
     assert (figures.pending, figures.inferences) == (5, 30)
 
 
@@ -225,7 +229,8 @@ def test_prometheus_pairs_used_and_total_from_one_source(
         assert figures.error is None and figures.inferences is not None, (
             f"{case}: {figures}\n{prometheus.log_tail()}"
         )
-        assert (figures.memory_bytes, figures.memory_total_bytes) == ENDPOINTS[case][1], case
+        memory = (figures.memory_bytes, figures.memory_total_bytes, figures.memory_host_wide)
+        assert memory == ENDPOINTS[case][1], case
         assert (figures.pending, figures.inferences) == (5, 30)
         assert reader.figures("echo", (1,)).inferences == 10
 

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from reconciler.core.analysis import (
     evaluate,
     judge,
-    latency_unconfirmed,
     probe_capacity,
+    unconfirmed,
 )
 from reconciler.core.latency import same_time_latency
 from reconciler.core.readings import baseline_from, pooled
@@ -201,8 +201,8 @@ def test_a_latency_increase_against_before_the_swap_must_be_confirmed_by_the_pro
         latency_probes=few, latency_pending=True,
     ).results  # fmt: skip
     assert again.verdict is Verdict.FAIL and "the evaluation before measured it too" in again.detail
-    assert latency_unconfirmed(spec(LATENCY), Evaluation(0, 5.0, (waiting,), Verdict.PASS))
-    assert not latency_unconfirmed(spec(LATENCY), Evaluation(1, 10.0, (again,), Verdict.FAIL))
+    assert unconfirmed(spec(LATENCY), Evaluation(0, 5.0, (waiting,), Verdict.PASS))
+    assert not unconfirmed(spec(LATENCY), Evaluation(1, 10.0, (again,), Verdict.FAIL))
     # No probe sent at all (probes on, none could be made): the counters alone decide.
     assert latency_with_probes(300.0, ProbeFigures()).verdict is Verdict.FAIL
     # Against the old pool meanwhile too: a canary's server at a small share answers a fast
@@ -664,3 +664,30 @@ def test_pooled_figures_sum_the_servers_that_answered() -> None:
     assert (together.success, together.failure, together.duration_us) == (3.0, 1.0, 30.0)
     assert together.memory_bytes is None and together.error is None  # memory is per server
     assert pooled([Figures(error="a"), Figures(error="b")]).error == "a"
+
+
+def test_a_host_memory_growth_beyond_the_bound_fails_only_when_measured_twice_in_a_row() -> None:
+    # A CPU server's memory figure is the host's: a neighbour that starts (another server, a
+    # test file loading models) moves it for a while. The version is failed on it only when
+    # the next evaluation measures the growth again.
+    host = replace(window(memory_growth=5000.0), memory_host_wide=True)
+    first = evaluate(spec(MEMORY), 0, 5.0, START, host, BASELINE)
+    (waiting,) = first.results
+    assert (waiting.verdict, waiting.value) == (Verdict.SKIPPED, 5000.0), waiting
+    assert "every process on the host" in waiting.detail and first.verdict is Verdict.PASS
+    assert unconfirmed(spec(MEMORY), first) and not unconfirmed(spec(MEMORY), first, ("latency",))
+    # The neighbour went: the next reading is back within the bound, and the check passes.
+    gone = replace(window(memory_growth=200.0), memory_host_wide=True)
+    (passed,) = evaluate(spec(MEMORY), 1, 10.0, START, gone, BASELINE, memory_pending=True).results
+    assert passed.verdict is Verdict.PASS
+    # Measured again: it fails, saying which figure decided.
+    (failed,) = evaluate(spec(MEMORY), 1, 10.0, START, host, BASELINE, memory_pending=True).results
+    assert failed.verdict is Verdict.FAIL and "measured twice in a row" in failed.detail
+    # A GPU figure is the server's devices': one reading beyond the bound fails.
+    (device,) = evaluate(
+        spec(MEMORY), 0, 5.0, START, window(memory_growth=5000.0), BASELINE
+    ).results
+    assert device.verdict is Verdict.FAIL and device.detail == "the GPU memory in use"
+    # At the end of the duration, a growth awaiting confirmation keeps the analysis running.
+    memory_spec = spec(MEMORY)
+    assert judge(memory_spec, (first,), memory_spec.duration) is RolloutVerdict.RUNNING
