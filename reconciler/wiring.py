@@ -33,6 +33,7 @@ from reconciler.adapters.local_triton import LocalTriton, is_remote_repository
 from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.model_repository import read_model, version_digests
 from reconciler.adapters.perf_analyzer import PerfAnalyzer
+from reconciler.adapters.pod_readiness import PodReadinessGate
 from reconciler.adapters.reconciler_lock import Locks, StateLockFile, lock_path
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
@@ -170,6 +171,12 @@ def reconciler_lock(settings: Settings, command: str) -> ReconcilerLock:
     return Locks(
         (file_lock, LeaderLease(namespace, name, me, lease_api(os.environ.get("KUBECONFIG"))))
     )
+
+
+def readiness_gate(settings: Settings, namespace: str) -> PodReadinessGate:
+    """The serving truth as each Triton pod's readiness-gate condition, in ``namespace``
+    (``run --readiness-gate``): through $KUBECONFIG, else the pod's service account."""
+    return PodReadinessGate(namespace, lease_api(os.environ.get("KUBECONFIG")), resolver(settings))
 
 
 def router_client(spec: RouterSpec) -> TrafficRouter:

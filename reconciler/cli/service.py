@@ -31,7 +31,8 @@ def _declare_run(commands: Commands) -> None:
         "X-Gitlab-Token, or POST /reconcile with a bearer token), and a cheap watch of every "
         "server between passes so a restarted server or a hand-unloaded model is restored "
         "within seconds. Serves /metrics, /healthz and /readyz on --listen. SIGTERM or SIGINT "
-        "finishes the change in progress and exits 0.",
+        "finishes the change in progress and exits 0. GET /serving (and --readiness-gate) "
+        "says whether each server serves what it should.",
     )
     source_options(run)
     service = run.add_argument_group("service")
@@ -67,6 +68,14 @@ def _declare_run(commands: Commands) -> None:
     )
     service.add_argument(
         "--dry-run", action="store_true", help="plan and report every pass; change nothing"
+    )
+    service.add_argument(
+        "--readiness-gate",
+        metavar="NAMESPACE",
+        help="set the condition triton-gitops.dev/serving on each Triton pod in NAMESPACE "
+        "(found by its address) from what it serves, for pods that list it in "
+        "spec.readinessGates; the role needs get, list on pods and patch on pods/status. "
+        "GET /serving says the same without it",
     )
     service.add_argument(
         "--operator-tokens-file",
@@ -138,6 +147,7 @@ def _run(args: argparse.Namespace) -> int:
             watch_interval=args.watch_interval,
             shutdown_deadline=args.shutdown_deadline,
             dry_run=args.dry_run,
+            readiness_gate=args.readiness_gate,
         ),
         lock=lock,
         secrets=secrets,

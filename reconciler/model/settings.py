@@ -34,6 +34,9 @@ class RunSettings:
     max_webhook_reads: int = 16  # webhook bodies read at once; more wait within their deadline
     replay_window: float = 3600.0  # seconds a delivery is remembered
     replay_memory: int = 10_000  # deliveries remembered at most (the oldest are forgotten)
+    # The namespace of the Triton pods whose readiness-gate condition the service sets from
+    # the serving truth (--readiness-gate); None: only GET /serving and /metrics say it.
+    readiness_gate: str | None = None
 
 
 class RevertMode(StrEnum):

@@ -12,6 +12,9 @@
     watch                     every few seconds, each server's repository index against what
                               the last pass left serving: a restarted server or a hand-unloaded
                               model triggers a pass without waiting for the interval
+    serving                   from the watch's readings: whether each server serves what the
+                              last pass left it (GET /serving, the readiness gate's condition
+                              with --readiness-gate; service/serving.py)
     backoff                   a failing server is skipped until its next try (exponential,
                               jittered), the others go on; a Git remote that is down keeps
                               everything serving and is retried the same way, as is a
@@ -76,11 +79,12 @@ from reconciler.ports import ReconcilerLock, RotatingSecrets
 from reconciler.service.backoff import ServerBackoff, backoff_delay
 from reconciler.service.http import Listener, handler_for
 from reconciler.service.operator import verb_detail, verb_takes_effect
+from reconciler.service.serving import ServingBoard
 from reconciler.service.telemetry import ReconcilerMetrics, fewer_malloc_arenas, log, log_event
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
 from reconciler.views.passes import pass_outcome
-from reconciler.wiring import ports, state_store
+from reconciler.wiring import ports, readiness_gate, state_store
 
 # The secret files that are RunSettings fields; "git_token" is the Git credentials' token.
 _RUN_SECRETS = ("github_secret", "gitlab_token", "reconcile_token", "operator_tokens")
@@ -133,6 +137,10 @@ class Daemon:
         self._started = 0
         self._outcome: dict[str, Any] = {"number": 0}
         self._watch = Watch(settings, self.backoff)
+        self.serving_board = ServingBoard(
+            self.metrics,
+            readiness_gate(settings, run.readiness_gate) if run.readiness_gate else None,
+        )
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: Listener | None = None
         self.webhooks = WebhookGate(run, settings.state_path, self.run_now)
@@ -191,6 +199,7 @@ class Daemon:
                 skip=self._skip_list(),
                 stopping=self.stop_requested.is_set,
                 memory=self.memory,
+                events=self.serving_board,  # a drain takes its model out of service meanwhile
             )
             self._fetched_once = True
             self._git_failures = 0
@@ -246,6 +255,10 @@ class Daemon:
                 failed=len(self._outcome["failed"]),
             )
             self._pass_lock.release()
+            self.serving_board.pass_ended()
+        if report is not None and not self.stop_requested.is_set():
+            # What serves now, without waiting for the watch's next round.
+            self.serving_board.read(report, self._watch.readings(report))
         # A pass asked for meanwhile runs once this job has returned (``_job_ended``): asked
         # from inside the job, the scheduler would find it still running and skip the run,
         # and the request would wait for the next interval.
@@ -330,7 +343,9 @@ class Daemon:
             return
         if report is None or self.stop_requested.is_set() or self._pass_lock.locked():
             return
-        why = self._watch.reason_for_a_pass(report)
+        readings = self._watch.readings(report)
+        self.serving_board.read(report, readings)
+        why = self._watch.reason_for_a_pass(report, readings)
         if why is not None:
             self.trigger(why)
 
@@ -389,6 +404,9 @@ class Daemon:
             "passed": self._passed_once,
             "revision": self._last.revision if self._last else None,
         }
+
+    def serving(self, server: str | None) -> tuple[int, dict[str, Any]]:
+        return self.serving_board.answer(server)
 
     def operator(
         self,

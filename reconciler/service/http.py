@@ -21,6 +21,7 @@ import logging
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar, Protocol
@@ -47,6 +48,9 @@ from reconciler.service.operator import (
 )
 from reconciler.service.telemetry import ReconcilerMetrics, log_event
 from reconciler.service.webhooks import WEBHOOK_ROUTES, WebhookGate
+
+# Whether the servers serve what they should (service/serving.py): /serving, /serving/<name>.
+SERVING = "/serving"
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -183,10 +187,13 @@ class ServiceFront(Protocol):
     def live_status(self) -> dict[str, Any]:
         """The rollouts of the pass in progress (``loop/live.py``) and the last pass."""
 
+    def serving(self, server: str | None) -> tuple[int, dict[str, Any]]:
+        """Whether every server (None) or one serves what it should (service/serving.py)."""
+
 
 class RequestHandler(BaseHTTPRequestHandler):
-    """One request: GET /metrics, /healthz, /readyz, /status; POST to a webhook route or an on-call
-    verb (/v1/...).
+    """One request: GET /metrics, /healthz, /readyz, /serving, /status; POST to a webhook
+    route or an on-call verb (/v1/...).
 
     Bound to a service by ``handler_for``; http.server makes one instance per connection.
     Everything from accepting the connection to the last body byte shares one deadline.
@@ -321,6 +328,10 @@ class RequestHandler(BaseHTTPRequestHandler):
             self._json(*self.service.health())
         elif self.path == "/readyz":
             self._json(*self.service.readiness())
+        elif self.path == SERVING or self.path.startswith(SERVING + "/"):
+            # For load balancers: no token (it says only what serves, as /readyz does).
+            server = urllib.parse.unquote(self.path[len(SERVING) + 1 :]) or None
+            self._json(*self.service.serving(server))
         else:
             self._json(404, {"error": "not found"})
 

@@ -139,6 +139,20 @@ class ReconcilerMetrics:
             registry=r,
         )
         self._model_states: set[tuple[str, str]] = set()
+        self.serving = Gauge(
+            "triton_gitops_server_serving",
+            "1 when the server serves every model placed on it as the last pass intended "
+            "(GET /serving says why not; the readiness gate's condition), 0 when not",
+            ["server"],
+            registry=r,
+        )
+        self.readiness_gate_errors = Counter(
+            "triton_gitops_readiness_gate_errors",
+            "Times the serving condition could not be set on a server's pod (no readiness "
+            "gate declared, pod gone, 403, API unreachable): the log says which",
+            ["server"],
+            registry=r,
+        )
         self.webhook_reads = Gauge(
             "triton_gitops_webhook_reads_in_progress",
             "Webhook bodies being read now (bounded by the webhook read cap)",

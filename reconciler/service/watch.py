@@ -8,18 +8,25 @@ Every few seconds ``Daemon.watch`` (service/daemon.py) hands ``Watch`` the last 
     drift       a server's repository index no longer shows what the pass left serving
                 (a restarted server, a model unloaded by hand)
 
-It only reads (DNS, each server's index); the daemon triggers the pass.
+It only reads (DNS, each server's index); the daemon triggers the pass, and hands the
+indexes it read (``readings``) to the serving board (service/serving.py), which says from
+them whether each server serves what it should.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 from reconciler.model.errors import ReconcileError, ServerUnavailable, StepFailed
 from reconciler.model.reports import PassReport
 from reconciler.model.settings import Settings
 from reconciler.service.backoff import ServerBackoff
 from reconciler.wiring import resolver, watch_client
+
+# One server's index as the watch read it: the versions READY per model, or why it could
+# not be read.
+Reading = Mapping[str, frozenset[int]] | str
 
 
 class Watch:
@@ -28,12 +35,29 @@ class Watch:
         self.backoff = backoff
         self._resolved_at: dict[str, float] = {}
 
-    def reason_for_a_pass(self, report: PassReport) -> str | None:
+    def reason_for_a_pass(
+        self, report: PassReport, readings: Mapping[str, Reading] | None = None
+    ) -> str | None:
         """Why a pass should run now, judged against ``report`` (the last pass); None if not.
+        ``readings``: each server's index as ``readings`` read it (read here when not given).
 
         The first reason found is enough: the pass it triggers looks at everything.
         """
-        return self._instances_changed(report) or self._serving_changed(report)
+        return self._instances_changed(report) or self._serving_changed(
+            report, self.readings(report) if readings is None else readings
+        )
+
+    def readings(self, report: PassReport) -> dict[str, Reading]:
+        """Each server of the last pass: its versions READY per model, or why it did not
+        answer."""
+        found: dict[str, Reading] = {}
+        for server, address in report.servers.items():
+            try:
+                with watch_client(server, address) as client:
+                    found[server] = client.ready_versions()
+            except (ServerUnavailable, StepFailed) as exc:
+                found[server] = str(exc)
+        return found
 
     def _instances_changed(self, report: PassReport) -> str | None:
         """Each discovered server's DNS name against the instances the last pass found, at
@@ -52,20 +76,15 @@ class Watch:
                 return f"instances of {server} changed: {len(found)} address(es)"
         return None
 
-    def _serving_changed(self, report: PassReport) -> str | None:
+    def _serving_changed(self, report: PassReport, readings: Mapping[str, Reading]) -> str | None:
         """Each server's index against what the last pass left serving; a server the backoff
         waits on is only asked whether it answers."""
-        for server, address in report.servers.items():
+        for server in report.servers:
             expected = report.expected.get(server, {})
-            retrying = self.backoff.retrying(server)
-            if not expected and not retrying:
-                continue
-            try:
-                with watch_client(server, address) as client:
-                    ready = client.ready_versions()
-            except (ServerUnavailable, StepFailed):
+            ready = readings.get(server)
+            if ready is None or isinstance(ready, str):
                 continue  # still down: the backoff handles it
-            if retrying:
+            if self.backoff.retrying(server):
                 self.backoff.stop_waiting(server)
                 return f"server {server} answers again"
             drifted = sorted(m for m, v in expected.items() if ready.get(m, set()) != set(v))

@@ -38,6 +38,7 @@ from ruamel.yaml import YAML
 from reconciler.adapters.files import manifest_files_in
 from reconciler.adapters.metrics import instance_of
 from reconciler.adapters.options import ConfigFile
+from reconciler.adapters.pod_readiness import CONDITION as READINESS_CONDITION
 from reconciler.cli import build_parser, parse_arguments
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.rules import analysis_source_problems
@@ -787,8 +788,10 @@ def test_triton_is_started_the_way_production_needs() -> None:
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002}
     for name, number in ports.items():
         assert container_port(container, name) == number
+    # Not /v2/health/ready (400 while a version loads beside the serving one, 200 on an
+    # empty restarted pod): the process answers; the readiness gate says what it serves.
     readiness = container["readinessProbe"]["httpGet"]
-    assert readiness["path"] == "/v2/health/ready"
+    assert readiness["path"] == "/v2/health/live"
     assert container_port(container, readiness["port"]) == ports["http"]
     mount, _, _ = mounted(deployment, container, args["--model-repository"])
     assert mount.get("readOnly") is True, "Triton only reads its model repository"
@@ -803,6 +806,33 @@ def test_triton_is_started_the_way_production_needs() -> None:
         8001: 8001,
         8002: 8002,
     }
+
+
+def test_the_readiness_gate_is_declared_set_and_allowed() -> None:
+    """Triton's pods declare the condition the reconciler sets; the reconciler is told their
+    namespace, may find and patch them, has a token, and may reach the API server."""
+    triton = triton_deployment()
+    gates = triton["spec"]["template"]["spec"]["readinessGates"]
+    assert gates == [{"conditionType": READINESS_CONDITION}]
+    _, config = reconciler_config()
+    namespace = triton["metadata"]["namespace"]
+    assert config["readiness-gate"] == namespace
+    reconciler = reconciler_deployment()
+    assert reconciler["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
+    account = reconciler["spec"]["template"]["spec"]["serviceAccountName"]
+    binding = one("RoleBinding", "triton-gitops-readiness-gate")
+    assert binding["metadata"]["namespace"] == namespace
+    assert {"kind": "ServiceAccount", "name": account,
+            "namespace": reconciler["metadata"]["namespace"]} in binding["subjects"]  # fmt: skip
+    role = one("Role", binding["roleRef"]["name"])
+    granted = {(r, v) for rule in role["rules"] for r in rule["resources"] for v in rule["verbs"]}
+    assert {("pods", "list"), ("pods/status", "patch")} <= granted
+    assert not any(v in ("update", "delete", "create") for _, v in granted), granted
+    api_rules = [
+        r for r in network_policy()["spec"]["egress"]
+        if any("ipBlock" in peer for peer in r["to"]) and 6443 in allowed_ports(r)
+    ]  # fmt: skip
+    assert api_rules, "no egress to the Kubernetes API server"
 
 
 def test_example_triton_server_manifest_matches_the_service_and_the_scrape() -> None:

@@ -1,0 +1,168 @@
+"""The serving board: whether each server serves what it should, for the load balancers in
+front of the fleet (issue 30). Triton's own ``/v2/health/ready`` answers 400 while a model
+loads beside a serving one and 200 on a restarted, empty server; the reconciler knows what
+each server must serve, and says so here.
+
+Fed by the watch between passes (service/watch.py: each server's index every few seconds),
+which hands over what it read; the truth itself is ``core.serving_truth``. A pass in
+progress tells the board, through apply's step events, when it takes a model out of service
+(a sequence model drained for its swap, a backend library replaced); the pass's end puts it
+back, and the next reading decides. Published three ways:
+
+    GET /serving, /serving/<server>   200 when serving, 503 with the reasons when not (a
+                                      load balancer's health check, any ecosystem)
+    triton_gitops_server_serving      1 or 0 per server (/metrics)
+    the readiness gate                with --readiness-gate NAMESPACE, the pod condition
+                                      triton-gitops.dev/serving (adapters/pod_readiness.py),
+                                      written when a server's truth changes
+
+A problem setting the condition (a pod without the gate, a 403) is logged and counted per
+server (``triton_gitops_readiness_gate_errors_total``, which the shipped rules alert on);
+the other servers are unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from reconciler.core.records import rfc3339
+from reconciler.core.serving_truth import ServingTruth, serving_truth, wanted_from
+from reconciler.model.analysis import Evaluation
+from reconciler.model.plan import Action, Step
+from reconciler.model.reports import PassReport
+from reconciler.service.telemetry import ReconcilerMetrics, log_event
+from reconciler.service.watch import Reading
+
+# Why a step takes its model out of service while it runs.
+OUT_OF_SERVICE = {
+    Action.DRAIN: "drained for its swap (a sequence model: Triton restarts its sequence batcher)",
+    Action.REPLACE_LIBRARY: "its backend library is being replaced",
+}
+
+
+class ReadinessPublisher(Protocol):
+    """Where a server's truth goes besides the board (``adapters.pod_readiness``)."""
+
+    def publish(self, truth: ServingTruth, address: str) -> str | None: ...
+
+
+class ServingBoard:
+    """Every server's serving truth as last read. Thread-safe: the watch writes, apply's
+    worker threads take models out, the HTTP threads read."""
+
+    def __init__(
+        self, metrics: ReconcilerMetrics, publisher: ReadinessPublisher | None = None
+    ) -> None:
+        self.metrics = metrics
+        self.publisher = publisher
+        self._lock = threading.Lock()
+        self._truths: dict[str, ServingTruth] = {}
+        self._since: dict[str, float] = {}
+        self._addresses: dict[str, str] = {}
+        self._out: dict[tuple[str, str], str] = {}
+        self._report: PassReport | None = None
+        self._ready: Mapping[str, Reading] = {}
+        self._published: dict[str, ServingTruth] = {}
+
+    # -- what feeds it -----------------------------------------------------------------
+
+    def read(self, report: PassReport, ready: Mapping[str, Reading]) -> None:
+        """The watch's reading of every server, against the last pass's intent."""
+        with self._lock:
+            self._report, self._ready = report, dict(ready)
+            self._addresses = dict(report.servers)
+        self._refresh()
+
+    def pass_ended(self) -> None:
+        """A pass has ended: what it took out of service is back; the next reading says
+        whether it serves."""
+        with self._lock:
+            self._out.clear()
+        self._refresh()
+
+    def started(self, step: Step, reverting: bool) -> None:
+        """Apply's step event: a drain or a library replacement takes its model out."""
+        why = OUT_OF_SERVICE.get(step.action)
+        if why is None:
+            return
+        with self._lock:
+            self._out[(step.server, step.model)] = why
+        self._refresh()
+
+    def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
+        pass  # an analysis changes nothing about what serves
+
+    # -- what it says ------------------------------------------------------------------
+
+    def truths(self) -> dict[str, ServingTruth]:
+        with self._lock:
+            return dict(self._truths)
+
+    def answer(self, server: str | None) -> tuple[int, dict[str, Any]]:
+        """``GET /serving`` (every server: 200 when all serve) or ``/serving/<server>``."""
+        with self._lock:
+            truths, since = dict(self._truths), dict(self._since)
+        if server is not None:
+            truth = truths.get(server)
+            if truth is None:
+                return 404, {"error": f"no server {server} in the last pass"}
+            return (200 if truth.serving else 503), _view(truth, since[server])
+        body = {"servers": {name: _view(t, since[name]) for name, t in sorted(truths.items())}}
+        serving = bool(truths) and all(t.serving for t in truths.values())
+        return (200 if serving else 503), body
+
+    # -- how it changes ----------------------------------------------------------------
+
+    def _refresh(self) -> None:
+        with self._lock:
+            if self._report is None:
+                return
+            truths = serving_truth(wanted_from(self._report), self._ready, self._out)
+            now = time.time()
+            for name, truth in truths.items():
+                before = self._truths.get(name)
+                if before is None or before.serving != truth.serving:
+                    self._since[name] = now
+                    if before is not None:
+                        log_event(
+                            "server serving" if truth.serving else "server not serving",
+                            logging.INFO if truth.serving else logging.WARNING,
+                            server=name,
+                            reasons=list(truth.reasons),
+                        )
+            for gone in set(self._truths) - set(truths):
+                self.metrics.serving.remove(gone)
+                self._since.pop(gone, None)
+                self._published.pop(gone, None)
+            self._truths = truths
+            changed = [t for n, t in truths.items() if self._published.get(n) != t]
+            addresses = dict(self._addresses)
+        for truth in truths.values():
+            self.metrics.serving.labels(truth.server).set(1 if truth.serving else 0)
+        for truth in changed:
+            self._publish(truth, addresses.get(truth.server))
+
+    def _publish(self, truth: ServingTruth, address: str | None) -> None:
+        if self.publisher is None or address is None:
+            return
+        problem = self.publisher.publish(truth, address)
+        if problem is None:
+            with self._lock:
+                self._published[truth.server] = truth
+            return
+        # Left unpublished: tried again at the next reading.
+        self.metrics.readiness_gate_errors.labels(truth.server).inc()
+        log_event("readiness gate not set", logging.WARNING, server=truth.server, error=problem)
+
+
+def _view(truth: ServingTruth, since: float) -> dict[str, Any]:
+    return {
+        "serving": truth.serving,
+        "reasons": list(truth.reasons),
+        "message": truth.message,
+        "since": rfc3339(since),
+    }

@@ -1,0 +1,138 @@
+"""The serving truth of ``triton-gitops run`` (service/serving.py) against a real
+tritonserver: ``GET /serving/<server>`` next to Triton's own ``/v2/health/ready``, which a
+Kubernetes readiness probe would read. Triton's answers are asserted too: they are the
+failure the truth is there for (issue 30, measured on 2.51).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from testkit.local_triton import LocalTriton
+from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.service_process import Service
+from tests.integration.flows import ready_versions
+from tests.integration.test_daemon import echo_service, service_process, wait_until
+from tests.integration.test_model_safety import SequenceClient
+
+pytestmark = pytest.mark.triton
+
+
+def triton_ready(triton: LocalTriton) -> int:
+    """What Triton's own readiness endpoint answers (a Kubernetes probe's view)."""
+    url = f"http://{triton.http_address}/v2/health/ready"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return 0  # not answering at all (killed, starting)
+
+
+def truth(service: Service, server: str = "edge-a") -> tuple[int, dict[str, Any]]:
+    status, body = service.get(f"/serving/{server}")
+    return status, json.loads(body)
+
+
+class Sampler:
+    """Reads the truth and Triton's readiness every 50 ms in a thread, until stopped."""
+
+    def __init__(self, service: Service, triton: LocalTriton) -> None:
+        self.service, self.triton = service, triton
+        self.samples: list[tuple[int, int, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            status, body = truth(self.service)
+            self.samples.append((status, triton_ready(self.triton), body["message"]))
+            time.sleep(0.05)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_load_beside_keeps_serving_and_a_restart_is_out_until_restored(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    # A fresh server in EXPLICIT mode has loaded nothing, and Triton calls it ready.
+    assert (triton_ready(triton), ready_versions(triton, "echo")) == (200, set())
+    with echo_service(manifests, triton, model_repository, tmp_path / "service") as service:
+        wait_until(lambda: truth(service)[0] == 200, 15, "edge-a serving echo 1")
+        status, body = service.get("/serving")
+        assert status == 200 and json.loads(body)["servers"]["edge-a"]["serving"] is True
+
+        # Echo 7 takes 3 s to load beside 1: Triton says not ready for the whole load,
+        # the truth says serving throughout (echo 1 answers all along).
+        manifests.write("echo.yaml", deployment_doc("echo", [7], ["edge-a"]))
+        manifests.commit("echo 7, slow to load")
+        with Sampler(service, triton) as sampler:
+            assert service.github_push() == 202
+            wait_until(lambda: ready_versions(triton, "echo") == {7}, 30, "echo 7 serves")
+            time.sleep(0.5)
+        statuses = {s[0] for s in sampler.samples}
+        assert statuses == {200}, sampler.samples
+        assert 400 in {s[1] for s in sampler.samples}, (
+            f"Triton's /v2/health/ready never said not ready during the load: {sampler.samples}"
+        )
+
+        # Restarted (EXPLICIT mode: empty, and ready by Triton's word, as above): the truth
+        # says not serving until the service has loaded echo 7 again.
+        with Sampler(service, triton) as sampler:
+            triton.kill()
+            triton.start()
+            wait_until(lambda: ready_versions(triton, "echo") == {7}, 60, "echo 7 restored")
+            wait_until(lambda: truth(service)[0] == 200, 15, "serving again")
+        empty = [s for s in sampler.samples if s[0] == 503 and "version(s) 7 not READY" in s[2]]
+        assert empty, f"never out of service for want of echo 7: {sampler.samples}"
+        assert sampler.samples[-1][0] == 200, sampler.samples
+        _, metrics = service.get("/metrics")
+        assert b'triton_gitops_server_serving{server="edge-a"} 1.0' in metrics
+        assert truth(service, "no-such-server")[0] == 404
+
+
+def test_a_sequence_model_drained_for_its_swap_is_out_of_service(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    drain = "  sequence: {idle: 1s, drainTimeout: 60s}\n"
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository,
+                                               metrics=triton.metrics_url))  # fmt: skip
+    manifests.write("counter.yaml", deployment_doc("counter", [1], ["edge-a"], extra=drain))
+    manifests.commit("counter 1")
+    service = service_process(manifests.url, tmp_path / "service").start()
+    try:
+        wait_until(lambda: truth(service)[0] == 200, 30, "edge-a serving counter 1")
+        manifests.write("counter.yaml", deployment_doc("counter", [2], ["edge-a"], extra=drain))
+        manifests.commit("counter 2")
+        with SequenceClient(triton.grpc_address) as client:
+            time.sleep(0.5)
+            assert service.github_push() == 202
+            # The drain waits for the sequences to end: out of service meanwhile.
+            wait_until(lambda: truth(service)[0] == 503, 20, "out of service while draining")
+            _, body = truth(service)
+            assert body["reasons"] == [
+                "model counter: drained for its swap (a sequence model: Triton restarts its "
+                "sequence batcher)"
+            ], body
+            assert ready_versions(triton, "counter") == {1}
+        # The client stopped: the model goes idle, the swap runs, and it serves again.
+        wait_until(lambda: ready_versions(triton, "counter") == {2}, 60, "counter 2 serves")
+        wait_until(lambda: truth(service)[0] == 200, 15, "serving again after the swap")
+        assert client.broken == [] and client.completed > 0
+    finally:
+        service.stop()

@@ -1,0 +1,85 @@
+"""The serving board (service/serving.py): what GET /serving answers, the metric, and when
+the readiness publisher is called, from readings and apply's step events. The readings are
+given as the watch hands them over; test_serving_truth.py (integration) reads a real Triton.
+"""
+
+from __future__ import annotations
+
+from reconciler.core.serving_truth import ServingTruth
+from reconciler.model.plan import Action, Plan, Step
+from reconciler.model.reports import PassReport
+from reconciler.service.serving import ServingBoard
+from reconciler.service.telemetry import ReconcilerMetrics
+
+REPORT = PassReport(
+    "abc",
+    Plan("abc", in_sync=(("edge-a", "counter"),)),
+    servers={"edge-a": "10.0.0.5:8001", "edge-b": "10.0.0.6:8001"},
+    expected={"edge-a": {"counter": (1,)}},
+)
+SERVING = {"edge-a": {"counter": frozenset({1})}, "edge-b": {}}
+
+
+class Publisher:
+    def __init__(self, problem: str | None = None) -> None:
+        self.problem = problem
+        self.calls: list[tuple[str, bool, str]] = []
+
+    def publish(self, truth: ServingTruth, address: str) -> str | None:
+        self.calls.append((truth.server, truth.serving, address))
+        return self.problem
+
+
+def gauge(metrics: ReconcilerMetrics, name: str, server: str) -> float | None:
+    return metrics.registry.get_sample_value(name, {"server": server})
+
+
+def test_nothing_read_yet_is_not_serving() -> None:
+    status, body = ServingBoard(ReconcilerMetrics()).answer(None)
+    assert (status, body) == (503, {"servers": {}})
+
+
+def test_a_drain_takes_its_model_out_until_the_pass_ends_and_publishes_each_change() -> None:
+    metrics, publisher = ReconcilerMetrics(), Publisher()
+    board = ServingBoard(metrics, publisher)
+    board.read(REPORT, SERVING)
+    assert board.answer("edge-a")[0] == 200 and board.answer(None)[0] == 200
+    assert gauge(metrics, "triton_gitops_server_serving", "edge-a") == 1
+    assert publisher.calls == [("edge-a", True, "10.0.0.5:8001"), ("edge-b", True, "10.0.0.6:8001")]
+
+    board.read(REPORT, SERVING)  # the same truth: nothing published again
+    assert len(publisher.calls) == 2
+
+    board.started(Step("edge-a", "counter", Action.DRAIN, (1,), "sequence model"), False)
+    status, body = board.answer("edge-a")
+    assert status == 503 and body["serving"] is False
+    assert body["reasons"] == [
+        "model counter: drained for its swap (a sequence model: Triton restarts its sequence "
+        "batcher)"
+    ]
+    assert board.answer(None)[0] == 503
+    assert gauge(metrics, "triton_gitops_server_serving", "edge-a") == 0
+    assert publisher.calls[-1] == ("edge-a", False, "10.0.0.5:8001")
+    # Other steps take nothing out.
+    board.started(Step("edge-b", "x", Action.LOAD, (1,), "load"), False)
+    assert board.answer("edge-b")[0] == 200
+
+    board.pass_ended()
+    assert board.answer("edge-a")[0] == 200
+    assert publisher.calls[-1] == ("edge-a", True, "10.0.0.5:8001")
+    assert board.answer("edge-c") == (404, {"error": "no server edge-c in the last pass"})
+
+
+def test_a_server_that_does_not_answer_is_out_and_a_failed_publish_is_tried_again() -> None:
+    metrics, publisher = ReconcilerMetrics(), Publisher("no readiness gate declared")
+    board = ServingBoard(metrics, publisher)
+    board.read(REPORT, {**SERVING, "edge-a": "server edge-a unreachable"})
+    status, body = board.answer("edge-a")
+    assert status == 503 and body["reasons"] == ["unreachable: server edge-a unreachable"]
+    errors = "triton_gitops_readiness_gate_errors_total"
+    assert gauge(metrics, errors, "edge-a") == 1
+    board.read(REPORT, {**SERVING, "edge-a": "server edge-a unreachable"})
+    assert gauge(metrics, errors, "edge-a") == 2  # unpublished: tried at every reading
+    # A server the next pass no longer has leaves the metric.
+    board.read(PassReport("d", Plan("d"), servers={"edge-b": "x"}), {"edge-b": {}})
+    assert gauge(metrics, "triton_gitops_server_serving", "edge-a") is None
