@@ -187,6 +187,8 @@ def holds_from(result: ApplyResult, desired: DesiredState, history: History) -> 
     reverted: dict[str, list[ChangeResult]] = {}
     for change in result.changes:
         if _is_rollout(change) and change.outcome in (Outcome.REVERTED, Outcome.FAILED):
+            if change.change.heals:
+                continue  # a reload in place: the spec is not at fault, the probes go on
             if change.failure is not None and change.failure.transient:
                 # The server went away or restarted, the metrics source was down, or only an
                 # unload is left: nothing known against the versions, the next pass tries again.
@@ -254,8 +256,28 @@ def alerts_from(result: ApplyResult, revert_action: str) -> tuple[AlertEvent, ..
             continue
         if change.outcome in (Outcome.SKIPPED, Outcome.INTERRUPTED):
             continue  # not attempted, or put back at shutdown: nothing failed
+        if change.change.heals:
+            events.append(_heal_alert(change, result.revision))
+            continue
         events.append(_alert_of(change, result.revision, revert_action))
     return tuple(events)
+
+
+def _heal_alert(change: ChangeResult, revision: str) -> AlertEvent:
+    """What a reload in place of versions that stopped answering did: a warning when they
+    serve again (Alertmanager ends it after its resolve_timeout, as nothing sends it again),
+    critical when the reload failed (the next pass tries again while the probes fail)."""
+    model, server = change.change.model, change.change.server
+    broken = ", ".join(map(str, change.change.heals))
+    load = change.change.steps[0]
+    details = {"revision": revision, "deployment": change.change.deployment, "why": load.reason}
+    if change.outcome is Outcome.CONVERGED:
+        summary = f"{model} {broken} on {server} stopped answering; reloaded in place, READY"
+        return AlertEvent("stopped-answering", "warning", summary, revision, model, server,
+                          details)  # fmt: skip
+    summary = f"{model} {broken} on {server} stopped answering and could not be reloaded"
+    details["error"] = change.error
+    return AlertEvent("stopped-answering", "critical", summary, revision, model, server, details)
 
 
 def _alert_of(change: ChangeResult, revision: str, revert_action: str) -> AlertEvent:

@@ -119,3 +119,37 @@ def config_drift(wanted: Mapping[str, Any], loaded: Mapping[str, Any]) -> list[s
 
 def is_complete(config: Mapping[str, Any]) -> bool:
     return "backend" in config or "platform" in config
+
+
+# A parameter of the reconciler's own in a loaded config: a reload in place of versions that
+# stopped answering (a Python stub that died) sends the config with this value one higher.
+# Triton reloads a model only when its config changed (the same config again returns at once
+# and heals nothing), loading the new instances beside the old and swapping them in when
+# READY. It is left out wherever a loaded config is compared or built on.
+HEAL_MARKER = "triton-gitops-reload"
+
+
+def heal_generation(config: Mapping[str, Any] | None) -> int:
+    """How many reloads in place the loaded ``config`` has been through (0: none)."""
+    value = ((config or {}).get("parameters") or {}).get(HEAL_MARKER, {})
+    try:
+        return int(value.get("string_value", 0)) if isinstance(value, Mapping) else 0
+    except ValueError:
+        return 0
+
+
+def without_heal_marker(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``config`` without the reload marker (itself when it has none)."""
+    parameters = config.get("parameters")
+    if not isinstance(parameters, Mapping) or HEAL_MARKER not in parameters:
+        return config
+    rest = {k: v for k, v in parameters.items() if k != HEAL_MARKER}
+    stripped = {k: v for k, v in config.items() if k != "parameters"}
+    return {**stripped, "parameters": rest} if rest else stripped
+
+
+def with_heal_marker(config: Mapping[str, Any], generation: int) -> dict[str, Any]:
+    """``config`` with the reload marker at ``generation``."""
+    parameters = dict(config.get("parameters") or {})
+    parameters[HEAL_MARKER] = {"string_value": str(generation)}
+    return {**config, "parameters": parameters}

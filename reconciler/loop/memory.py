@@ -34,6 +34,9 @@ class PassMemory:
         self._clients: dict[str, tuple[tuple[object, ...], TritonClient]] = {}
         self._settled: dict[str, tuple[object, ...]] = {}
         self._refusal: tuple[str, str] | None = None  # (alert kind, what was refused)
+        # Versions the service's probes found no longer answering, per (server, model):
+        # version -> the last error; the next pass reloads them in place (core/plan/heal.py).
+        self.stopped_answering: dict[tuple[str, str], dict[int, str]] = {}
 
     def desired(self, revision: str, path: str) -> DesiredState | None:
         if self._desired is not None and self._desired[:2] == (revision, path):

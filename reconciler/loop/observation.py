@@ -82,6 +82,23 @@ def observe_servers(
         return dict(zip(clients, pool.map(one, clients), strict=True))
 
 
+def with_stopped_answering(
+    serving: Mapping[str, ServerState], marks: Mapping[tuple[str, str], Mapping[int, str]]
+) -> dict[str, ServerState]:
+    """``serving`` with the versions the service's probes found no longer answering (per
+    server and model: version -> the last error), for the plan to reload in place. A server
+    with any is never settled (its token is dropped): Triton's index reads the same."""
+    marked: dict[str, ServerState] = dict(serving)
+    for (server, model), versions in marks.items():
+        state = marked.get(server)
+        if state is None or not state.reachable or not versions:
+            continue
+        found = state.model(model)
+        models = {**state.models, model: replace(found, stopped_answering=dict(versions))}
+        marked[server] = replace(state, models=models, token=None)
+    return marked
+
+
 def with_free_memory(
     serving: Mapping[str, ServerState],
     readers: Mapping[str, FiguresSource],

@@ -58,6 +58,7 @@ from reconciler.loop.observation import (
     observe_servers,
     refuse_emptying,
     with_free_memory,
+    with_stopped_answering,
 )
 from reconciler.loop.pass_log import log_manifest_warnings
 from reconciler.loop.records import (
@@ -288,6 +289,8 @@ def observe(run: PassRun, target: Target, clients: Mapping[str, TritonClient]) -
     desired, history, parallel = target.desired, target.history, run.settings.triton.max_parallel
     serving = observe_servers(clients, desired, history, parallel, run.ports.digests)
     memory = run.memory
+    if memory and memory.stopped_answering:
+        serving = with_stopped_answering(serving, memory.stopped_answering)
     settled, keys = memory.settled(desired, serving, history) if memory else (frozenset(), {})
     if memory:
         memory.drop_unreachable(serving)
@@ -412,6 +415,11 @@ def record(run: PassRun, target: Target, planned: Planned, applied: Applied) -> 
         expected=expected_serving(desired, planned.plan, result),
         discovered=target.discovered,
         held=held_placements(holds, desired),
+        placed={
+            (server, model): placement.deployment
+            for server, models in desired.placements.items()
+            for model, placement in models.items()
+        },
     )
     fault_point("loop.record")
     opened = [e for e in events if not e.resolved]

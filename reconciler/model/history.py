@@ -177,6 +177,7 @@ KINDS = (
     "drain-timeout",
     "dependency",
     "interface-change",
+    "stopped-answering",
 )
 
 

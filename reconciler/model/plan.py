@@ -89,6 +89,8 @@ class ModelChange:
     # after the stages) when the server is found to have lost every version of the model
     # after its stage passed (restarted: EXPLICIT mode starts empty). Empty: none planned.
     restarted_finish: tuple[Step, ...] = ()
+    # A reload in place (core/plan/heal.py): the versions that stopped answering.
+    heals: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

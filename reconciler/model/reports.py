@@ -11,6 +11,7 @@ from typing import Any
 from reconciler.model.history import Held, Rollout
 from reconciler.model.plan import Plan
 from reconciler.model.results import ApplyResult, FailureKind
+from reconciler.model.spec import ModelDeployment
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class PassReport:
     # The placements a hold this pass wrote keeps at their old versions (the plan, made
     # before, lists only earlier passes' holds in ``plan.held``).
     held: tuple[Held, ...] = ()
+    # (server, model) -> the ModelDeployment placing it there: what the service's probes
+    # between rollouts send (spec.servingProbes, the smoke cases).
+    placed: Mapping[tuple[str, str], ModelDeployment] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -36,6 +36,9 @@ class ModelState:
     repository_config_error: str | None = None
     # Digests of the version folders whose digest a manifest pins (None: folder missing).
     repository_digests: Mapping[int, str | None] = field(default_factory=dict)
+    # Versions READY in the index whose probes between rollouts failed in a row after they
+    # had answered (the service's probes), with the last error: reloaded in place.
+    stopped_answering: Mapping[int, str] = field(default_factory=dict)
 
     @property
     def ready(self) -> frozenset[int]:

@@ -102,6 +102,17 @@ class RolloutSpec:
 
 
 @dataclass(frozen=True)
+class ServingProbes:
+    """The service's probes of the versions a deployment serves, between rollouts
+    (``spec.servingProbes``; defaults are the schema's)."""
+
+    enabled: bool = True
+    interval: float = 10.0  # seconds between two probes of one version
+    failures: int = 3  # failed in a row after answering: out of service, reloaded in place
+    timeout: float = 2.0  # a probe not answered by then failed
+
+
+@dataclass(frozen=True)
 class ModelDeployment:
     name: str
     model: str
@@ -119,6 +130,7 @@ class ModelDeployment:
     backend: BackendSpec | None = None
     memory_per_version: int | None = None  # bytes one loaded version needs
     allow_interface_change: bool = False
+    serving_probes: ServingProbes = field(default_factory=lambda: ServingProbes())
     when_no_headroom: str = "refuse"  # refuse | replace
     rollout: RolloutSpec = field(default_factory=RolloutSpec)
     shadow: ShadowSpec | None = None

@@ -79,7 +79,7 @@ from reconciler.ports import ReconcilerLock, RotatingSecrets
 from reconciler.service.backoff import ServerBackoff, backoff_delay
 from reconciler.service.http import Listener, handler_for
 from reconciler.service.operator import verb_detail, verb_takes_effect
-from reconciler.service.serving import ServingBoard
+from reconciler.service.serving import ServingBoard, ServingWatch
 from reconciler.service.telemetry import ReconcilerMetrics, fewer_malloc_arenas, log, log_event
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
@@ -141,6 +141,7 @@ class Daemon:
             self.metrics,
             readiness_gate(settings, run.readiness_gate) if run.readiness_gate else None,
         )
+        self.serving_watch = ServingWatch(self.serving_board, self.memory)
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: Listener | None = None
         self.webhooks = WebhookGate(run, settings.state_path, self.run_now)
@@ -258,7 +259,7 @@ class Daemon:
             self.serving_board.pass_ended()
         if report is not None and not self.stop_requested.is_set():
             # What serves now, without waiting for the watch's next round.
-            self.serving_board.read(report, self._watch.readings(report))
+            self.serving_watch.after_pass(report, self._watch.readings(report))
         # A pass asked for meanwhile runs once this job has returned (``_job_ended``): asked
         # from inside the job, the scheduler would find it still running and skip the run,
         # and the request would wait for the next interval.
@@ -344,8 +345,8 @@ class Daemon:
         if report is None or self.stop_requested.is_set() or self._pass_lock.locked():
             return
         readings = self._watch.readings(report)
-        self.serving_board.read(report, readings)
-        why = self._watch.reason_for_a_pass(report, readings)
+        stopped = self.serving_watch.round(report, readings)  # the probes between rollouts
+        why = self._watch.reason_for_a_pass(report, readings) or stopped
         if why is not None:
             self.trigger(why)
 

@@ -4,7 +4,9 @@ loads beside a serving one and 200 on a restarted, empty server; the reconciler 
 each server must serve, and says so here.
 
 Fed by the watch between passes (service/watch.py: each server's index every few seconds),
-which hands over what it read; the truth itself is ``core.serving_truth``. A pass in
+which hands over what it read and what its probes found (service/serving_probes.py: a
+version that stopped answering is out until it answers again); the truth itself is
+``core.serving_truth``. A pass in
 progress tells the board, through apply's step events, when it takes a model out of service
 (a sequence model drained for its swap, a backend library replaced); the pass's end puts it
 back, and the next reading decides. Published three ways:
@@ -31,9 +33,11 @@ from typing import Any, Protocol
 
 from reconciler.core.records import rfc3339
 from reconciler.core.serving_truth import ServingTruth, serving_truth, wanted_from
+from reconciler.loop.memory import PassMemory
 from reconciler.model.analysis import Evaluation
 from reconciler.model.plan import Action, Step
 from reconciler.model.reports import PassReport
+from reconciler.service.serving_probes import ServingProbes
 from reconciler.service.telemetry import ReconcilerMetrics, log_event
 from reconciler.service.watch import Reading
 
@@ -63,18 +67,28 @@ class ServingBoard:
         self._truths: dict[str, ServingTruth] = {}
         self._since: dict[str, float] = {}
         self._addresses: dict[str, str] = {}
-        self._out: dict[tuple[str, str], str] = {}
+        self._out: dict[tuple[str, str], str] = {}  # a pass's drains
+        self._stopped: dict[tuple[str, str], str] = {}  # versions that stopped answering
         self._report: PassReport | None = None
         self._ready: Mapping[str, Reading] = {}
         self._published: dict[str, ServingTruth] = {}
 
     # -- what feeds it -----------------------------------------------------------------
 
-    def read(self, report: PassReport, ready: Mapping[str, Reading]) -> None:
-        """The watch's reading of every server, against the last pass's intent."""
+    def read(
+        self,
+        report: PassReport,
+        ready: Mapping[str, Reading],
+        stopped: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
+        """The watch's reading of every server, against the last pass's intent; ``stopped``:
+        the models with versions that stopped answering (service/serving_probes.py), when
+        the probes ran."""
         with self._lock:
             self._report, self._ready = report, dict(ready)
             self._addresses = dict(report.servers)
+            if stopped is not None:
+                self._stopped = dict(stopped)
         self._refresh()
 
     def pass_ended(self) -> None:
@@ -121,7 +135,8 @@ class ServingBoard:
         with self._lock:
             if self._report is None:
                 return
-            truths = serving_truth(wanted_from(self._report), self._ready, self._out)
+            out = {**self._stopped, **self._out}
+            truths = serving_truth(wanted_from(self._report), self._ready, out)
             now = time.time()
             for name, truth in truths.items():
                 before = self._truths.get(name)
@@ -157,6 +172,42 @@ class ServingBoard:
         # Left unpublished: tried again at the next reading.
         self.metrics.readiness_gate_errors.labels(truth.server).inc()
         log_event("readiness gate not set", logging.WARNING, server=truth.server, error=problem)
+
+
+class ServingWatch:
+    """The board and the probes between rollouts, as the daemon drives them: a round of the
+    watch, and the end of a pass. Tells the next pass (``PassMemory.stopped_answering``)
+    which versions to reload in place."""
+
+    def __init__(
+        self, board: ServingBoard, memory: PassMemory, probes: ServingProbes | None = None
+    ) -> None:
+        self.board, self.memory = board, memory
+        self.probes = probes or ServingProbes()
+
+    def round(self, report: PassReport, ready: Mapping[str, Reading]) -> str | None:
+        """Probe what is due and read the truth; why a pass should run now (versions found
+        no longer answering since the last pass was told), or None."""
+        self.probes.round(report, ready)
+        self.board.read(report, ready, self.probes.out_of_service(report))
+        wanted = self.probes.reloads_wanted(report)
+        new = {key: found for key, found in wanted.items()
+               if self.memory.stopped_answering.get(key) != found}  # fmt: skip
+        self.memory.stopped_answering = wanted
+        if not new:
+            return None
+        (server, model), versions = next(iter(sorted(new.items())))
+        listed = ", ".join(map(str, sorted(versions)))
+        log_event("version stopped answering", logging.WARNING, server=server, model=model,
+                  versions=sorted(versions), error=next(iter(versions.values())))  # fmt: skip
+        return f"{model} {listed} on {server} stopped answering: reload in place"
+
+    def after_pass(self, report: PassReport, ready: Mapping[str, Reading]) -> None:
+        """A pass ended: versions it reloaded in place are judged afresh; what serves now
+        is read."""
+        self.probes.reloaded(report)
+        self.memory.stopped_answering = self.probes.reloads_wanted(report)
+        self.board.read(report, ready, self.probes.out_of_service(report))
 
 
 def _view(truth: ServingTruth, since: float) -> dict[str, Any]:

@@ -7,6 +7,9 @@ failure the truth is there for (issue 30, measured on 2.51).
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import threading
 import time
 import urllib.error
@@ -16,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.service_process import Service
@@ -100,7 +104,6 @@ def test_a_load_beside_keeps_serving_and_a_restart_is_out_until_restored(
             wait_until(lambda: truth(service)[0] == 200, 15, "serving again")
         empty = [s for s in sampler.samples if s[0] == 503 and "version(s) 7 not READY" in s[2]]
         assert empty, f"never out of service for want of echo 7: {sampler.samples}"
-        assert sampler.samples[-1][0] == 200, sampler.samples
         _, metrics = service.get("/metrics")
         assert b'triton_gitops_server_serving{server="edge-a"} 1.0' in metrics
         assert truth(service, "no-such-server")[0] == 404
@@ -134,5 +137,74 @@ def test_a_sequence_model_drained_for_its_swap_is_out_of_service(
         wait_until(lambda: ready_versions(triton, "counter") == {2}, 60, "counter 2 serves")
         wait_until(lambda: truth(service)[0] == 200, 15, "serving again after the swap")
         assert client.broken == [] and client.completed > 0
+    finally:
+        service.stop()
+
+
+def stub_pids(triton: LocalTriton, instance: str) -> list[int]:
+    """The Python backend stubs of ``triton`` running model instance ``instance`` (echo_0_0)."""
+    found = subprocess.run(
+        ["pgrep", "-f", f"{triton.shm_prefix}.* {instance} "], capture_output=True, text=True
+    )
+    return [int(pid) for pid in found.stdout.split()]
+
+
+def test_a_version_whose_stub_died_is_taken_out_and_reloaded_in_place_under_load(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    probes = "  servingProbes: {interval: 1s, failures: 3}\n"
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=probes))
+    manifests.commit("deploy echo 1, probed every second")
+    service = service_process(manifests.url, tmp_path / "service", ("--watch-interval", "1"))
+    service.start()
+    try:
+        wait_until(lambda: truth(service)[0] == 200, 30, "edge-a serving echo 1")
+        (stub,) = stub_pids(triton, "echo_0_0")
+        with (
+            LoadGenerator(triton.grpc_address, "echo", threads=2) as load,
+            Sampler(service, triton) as sampler,
+        ):
+            load.wait_for_samples(50)
+            # The synthesized probe judges a version only once it has answered one (sent
+            # every second here): let it.
+            time.sleep(2.5)
+            killed = time.monotonic()
+            os.kill(stub, signal.SIGKILL)
+            # Triton keeps calling the version READY; every request fails until reloaded.
+            wait_until(lambda: load.failures, 10, "requests fail once the stub is dead")
+            assert ready_versions(triton, "echo") == {1} and triton_ready(triton) == 200
+
+            def healed() -> bool:
+                recent = [s for s in load.samples[-20:] if s.started > killed]
+                return len(recent) == 20 and all(s.error is None for s in recent)
+
+            try:
+                took = wait_until(healed, 60, "requests answered again after the reload")
+            except AssertionError as exc:
+                said = [
+                    {k: e.get(k) for k in ("message", "reason", "error", "kind", "summary")}
+                    for e in service.events()
+                    if "skipped: maximum number" not in str(e.get("message"))
+                ][-25:]
+                raise AssertionError(f"{exc}; the service said: {said}") from None
+            wait_until(lambda: truth(service)[0] == 200, 15, "serving again")
+        failed = [s for s in load.samples if s.error is not None]
+        # Only requests answered after the kill failed (some were in flight at the kill).
+        assert failed and all(s.started + s.seconds >= killed for s in failed), failed[:3]
+        assert all("is not healthy" in (s.error or "") for s in failed), failed[:3]
+        new = stub_pids(triton, "echo_0_0")
+        assert new and stub not in new, f"the stub was not started again: {new}"
+        out = [s for s in sampler.samples if s[0] == 503]
+        assert any("version 1 stopped answering (3 probes in a row" in s[2] for s in out), (
+            sampler.samples
+        )
+        events = service.events()
+        alerts = [e for e in events if e.get("kind") == "stopped-answering"]
+        assert alerts, [e.get("message") for e in events][-30:]
+        print(
+            f"kill to healed: {took:.1f} s, {len(failed)} failed requests "
+            f"of {len(load.samples)} (2 client threads)"
+        )
     finally:
         service.stop()

@@ -5,10 +5,21 @@ given as the watch hands them over; test_serving_truth.py (integration) reads a 
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import ClassVar
+
+import pytest
+
 from reconciler.core.serving_truth import ServingTruth
+from reconciler.model.errors import VerifyFailed
 from reconciler.model.plan import Action, Plan, Step
 from reconciler.model.reports import PassReport
+from reconciler.model.serving import ModelInterface, TensorSignature
+from reconciler.model.spec import ModelDeployment, SmokeCase, Tensor
+from reconciler.model.spec import ServingProbes as Spec
+from reconciler.service import serving_probes
 from reconciler.service.serving import ServingBoard
+from reconciler.service.serving_probes import ServingProbes
 from reconciler.service.telemetry import ReconcilerMetrics
 
 REPORT = PassReport(
@@ -18,6 +29,8 @@ REPORT = PassReport(
     expected={"edge-a": {"counter": (1,)}},
 )
 SERVING = {"edge-a": {"counter": frozenset({1})}, "edge-b": {}}
+CASE = SmokeCase("one", (Tensor("INPUT0", "FP32", (1, 4), (1.0, 1.0, 1.0, 1.0)),), ())
+ANY_ERROR = "inference on counter version 1: Stub process is not healthy"
 
 
 class Publisher:
@@ -83,3 +96,50 @@ def test_a_server_that_does_not_answer_is_out_and_a_failed_publish_is_tried_agai
     # A server the next pass no longer has leaves the metric.
     board.read(PassReport("d", Plan("d"), servers={"edge-b": "x"}), {"edge-b": {}})
     assert gauge(metrics, "triton_gitops_server_serving", "edge-a") is None
+
+
+class DeadStub:
+    """A Triton client whose every inference fails as a dead Python stub's does; it
+    records what it was asked."""
+
+    calls: ClassVar[list[str]] = []
+
+    def __init__(self, server: str, address: str) -> None:
+        pass
+
+    def __enter__(self) -> DeadStub:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def interface(self, model: str, version: int) -> ModelInterface:
+        return ModelInterface((TensorSignature("INPUT0", "FP32", (-1, 4)),),
+                              (TensorSignature("OUTPUT0", "FP32", (-1, 4)),))  # fmt: skip
+
+    def infer(self, model: str, version: int, *args: object) -> dict[str, object]:
+        DeadStub.calls.append(f"{model} {version}")
+        raise VerifyFailed(f"inference on {model} version {version}: Stub process is not healthy")
+
+
+def test_probes_take_a_stopped_version_out_unless_its_deployment_opts_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(serving_probes, "watch_client", DeadStub)
+    on = ModelDeployment("counter", "counter", (1,), smoke=(CASE,))
+    off = replace(on, serving_probes=Spec(enabled=False))
+    now = [1000.0]
+    for deployment, calls in ((on, 3), (off, 0)):
+        DeadStub.calls = []
+        report = replace(REPORT, placed={("edge-a", "counter"): deployment})
+        probes = ServingProbes(clock=lambda: now[0])
+        for _ in range(3):
+            probes.round(report, SERVING)
+            now[0] += 10.0
+        assert len(DeadStub.calls) == calls, deployment.serving_probes
+        if calls:
+            (reason,) = probes.out_of_service(report).values()
+            assert reason.startswith("version 1 stopped answering (3 probes in a row: ")
+            assert probes.reloads_wanted(report) == {("edge-a", "counter"): {1: ANY_ERROR}}
+        else:
+            assert probes.out_of_service(report) == {} and probes.reloads_wanted(report) == {}

@@ -13,15 +13,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reconciler.core.interface import config_interface, interface_part
-from reconciler.core.triton_config import config_drift, is_complete, merge, with_versions
+from reconciler.core.plan.heal import heal_change
+from reconciler.core.plan.revert import put_back_unloaded, revert_steps, sorted_versions
+from reconciler.core.triton_config import (
+    config_drift,
+    is_complete,
+    merge,
+    with_versions,
+    without_heal_marker,
+)
 from reconciler.model.history import History
 from reconciler.model.plan import Action, ModelChange, OnFailure, PlanProblem, Step
 from reconciler.model.serving import ModelState, ServerState, interface_difference
 from reconciler.model.spec import BackendSpec, ModelDeployment, SequencePolicy
-
-
-def sorted_versions(values: frozenset[int] | set[int]) -> tuple[int, ...]:
-    return tuple(sorted(values))
 
 
 def _base_config(
@@ -29,7 +33,7 @@ def _base_config(
 ) -> tuple[Mapping[str, Any] | None, str | None]:
     """The config to merge spec.config over, or why there is none."""
     if model.loaded_config is not None:
-        return model.loaded_config, None
+        return without_heal_marker(model.loaded_config), None
     if model.repository_config is not None:
         return model.repository_config, None
     if is_complete(deployment.config):
@@ -226,7 +230,7 @@ def plan_model(
     ready = model.ready
     desired = frozenset(deployment.versions)
     drift = (
-        config_drift(deployment.config, model.loaded_config)
+        config_drift(deployment.config, without_heal_marker(model.loaded_config))
         if ready and model.loaded_config is not None
         else []
     )
@@ -238,7 +242,8 @@ def plan_model(
         and bool(ready)
     )
     if desired == ready and not drift and not backend_change:
-        return None
+        # Serving as declared; versions whose probes stopped being answered are reloaded.
+        return heal_change(server, deployment, model, merge(base, deployment.config))
     target = merge(base, deployment.config)
     gate = _interface_refusal(server, deployment, model, target, desired)
     if gate is not None:
@@ -254,9 +259,9 @@ def plan_model(
         tuple(drift),
         target,
         _sequence_policy(deployment, target),
-        _put_back_unloaded(server, deployment.model, target, frozenset(before))
+        put_back_unloaded(server, deployment.model, target, frozenset(before))
         if not ready and before
-        else _revert_steps(server, deployment.model, model, ready),
+        else revert_steps(server, deployment.model, model, ready),
     )
     if backend_change:
         assert deployment.backend is not None
@@ -552,44 +557,4 @@ def _swap_in_place(
         tuple(steps),
         revert=revert,
         exclusive=deployment.name,
-    )
-
-
-def _put_back_unloaded(
-    server: str, model_name: str, target: Mapping[str, Any], before: frozenset[int]
-) -> tuple[Step, ...]:
-    """The revert of a change that starts from nothing because an in-place swap, stopped
-    after its unload, took away what served (``before``): those versions back, with the
-    declared config (the one they were unloaded with is not known any more)."""
-    return _load_back(server, model_name, with_versions(target, model_name, before), before)
-
-
-def _revert_steps(
-    server: str, model_name: str, model: ModelState, ready: frozenset[int]
-) -> tuple[Step, ...]:
-    if not ready:
-        return (Step(server, model_name, Action.UNLOAD, (), "revert: it served nothing before"),)
-    previous = model.loaded_config or {}
-    return _load_back(server, model_name, with_versions(previous, model_name, ready), ready)
-
-
-def _load_back(
-    server: str, model_name: str, config: Mapping[str, Any], ready: frozenset[int]
-) -> tuple[Step, ...]:
-    return (
-        Step(
-            server,
-            model_name,
-            Action.LOAD,
-            sorted_versions(ready),
-            f"revert: serve only {', '.join(map(str, sorted(ready)))} as before",
-            config=config,
-        ),
-        Step(
-            server,
-            model_name,
-            Action.VERIFY,
-            sorted_versions(ready),
-            f"revert: {', '.join(map(str, sorted(ready)))} READY",
-        ),
     )

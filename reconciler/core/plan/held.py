@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from reconciler.core.plan.changes import plan_model, sorted_versions
+from reconciler.core.plan.changes import plan_model
+from reconciler.core.plan.revert import sorted_versions
 from reconciler.model.history import Hold
 from reconciler.model.plan import Action, ModelChange, OnFailure, PlanProblem, Step
 from reconciler.model.serving import ServerState

@@ -30,6 +30,7 @@ from reconciler.model.spec import (
     ModelDeployment,
     RolloutSpec,
     SequencePolicy,
+    ServingProbes,
     ShadowSpec,
     SmokeCase,
     Tensor,
@@ -81,6 +82,16 @@ def _or_default(values: Mapping[str, Any], kind: str, *path: str) -> Any:
     it; the schema's default when it is left out (a KeyError if the schema has none, even
     when it is given: every default is the schema's)."""
     return values.get(path[-1], default(kind, *path))
+
+
+def _serving_probes(probes: Mapping[str, Any]) -> ServingProbes:
+    path = ("spec", "servingProbes")
+    return ServingProbes(
+        enabled=bool(_or_default(probes, _DEPLOYMENT, *path, "enabled")),
+        interval=_seconds(_or_default(probes, _DEPLOYMENT, *path, "interval")),
+        failures=int(_or_default(probes, _DEPLOYMENT, *path, "failures")),
+        timeout=_seconds(_or_default(probes, _DEPLOYMENT, *path, "timeout")),
+    )
 
 
 def flat(data: list[Any]) -> list[Any]:
@@ -158,6 +169,7 @@ def build_deployment(
             _bytes(body["resources"]["memory"]) if "memory" in body.get("resources", {}) else None
         ),
         allow_interface_change=bool(_or_default(body, _DEPLOYMENT, "spec", "allowInterfaceChange")),
+        serving_probes=_serving_probes(body.get("servingProbes", {})),
         when_no_headroom=_or_default(
             body.get("rollout", {}), _DEPLOYMENT, "spec", "rollout", "whenNoHeadroom"
         ),

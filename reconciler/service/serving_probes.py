@@ -1,0 +1,147 @@
+"""The probes between rollouts (issue 30): one request at a time to each version the last
+pass left serving, at each deployment's ``spec.servingProbes`` interval, so that a version
+Triton still calls READY but that no longer answers (a Python stub that died or hangs) is
+found, taken out of service (service/serving.py) and reloaded in place by the next pass
+(core/plan/heal.py). The record of each version is ``core.answering``.
+
+A probe is the deployment's first smoke case (judged by its expectations, from the first
+probe on), else a request synthesized from the version's inputs (any answer passes; judged
+only once the version has answered one, as a model may reject zeros); it is pinned to the
+version, with the deployment's timeout. A server that does not answer at all is the
+backoff's business, not the version's: its probes are not counted. Run from the watch
+(``Daemon.watch``), never during a pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from reconciler.core.answering import Answering, after_probe, after_reload
+from reconciler.core.probes import ProbeRequest, declared, synthesized, wrong
+from reconciler.model.errors import ServerUnavailable, StepFailed
+from reconciler.model.reports import PassReport
+from reconciler.model.results import Outcome
+from reconciler.model.spec import ModelDeployment
+from reconciler.ports import ModelControl
+from reconciler.service.watch import Reading
+from reconciler.wiring import watch_client
+
+Key = tuple[str, str, int]  # server, model, version
+
+
+class ServingProbes:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._records: dict[Key, Answering] = {}
+        self._requests: dict[Key, ProbeRequest | None] = {}
+
+    def round(self, report: PassReport, readings: Mapping[str, Reading]) -> None:
+        """Probe every version READY now whose probe is due; forget versions gone."""
+        now = self.clock()
+        seen: set[Key] = set()
+        due: dict[str, list[tuple[Key, ModelDeployment]]] = {}
+        for (server, model), deployment in sorted(report.placed.items()):
+            reading = readings.get(server)
+            probes = deployment.serving_probes
+            if not probes.enabled or reading is None or isinstance(reading, str):
+                continue
+            for version in sorted(reading.get(model, ())):
+                key = (server, model, version)
+                seen.add(key)
+                if self._records.get(key, Answering()).due(now, probes.interval):
+                    due.setdefault(server, []).append((key, deployment))
+        for gone in set(self._records) - seen:
+            self._records.pop(gone)
+            self._requests.pop(gone, None)
+        for server, keys in due.items():
+            address = report.servers.get(server)
+            if address is not None:
+                self._probe_server(server, address, keys)
+
+    def _probe_server(
+        self, server: str, address: str, keys: list[tuple[Key, ModelDeployment]]
+    ) -> None:
+        try:
+            with watch_client(server, address) as client:
+                for key, deployment in keys:
+                    _, model, version = key
+                    if key not in self._requests:
+                        self._requests[key] = _request(client, model, version, deployment)
+                    request = self._requests[key]
+                    if request is None:
+                        continue  # nothing to ask it: not judged
+                    if request.case is not None and key not in self._records:
+                        # A smoke case is a request the version must answer: judged from
+                        # the first probe, not only once it has answered one.
+                        self._records[key] = Answering(answered=True)
+                    sent = self.clock()
+                    try:
+                        answer = client.infer(
+                            model,
+                            version,
+                            request.inputs,
+                            request.outputs,
+                            deployment.serving_probes.timeout,
+                        )
+                        error = wrong(request, answer)
+                    except StepFailed as exc:
+                        error = str(exc)
+                    record = self._records.get(key, Answering())
+                    self._records[key] = after_probe(record, sent, error)
+        except ServerUnavailable:
+            return  # the server, not the version: the backoff and the watch handle it
+
+    def reloads_wanted(self, report: PassReport) -> dict[tuple[str, str], dict[int, str]]:
+        """Per (server, model), the versions the next pass should reload in place, with
+        the last error."""
+        wanted: dict[tuple[str, str], dict[int, str]] = {}
+        for (server, model, version), record in sorted(self._records.items()):
+            deployment = report.placed.get((server, model))
+            if deployment and record.reload_wanted(deployment.serving_probes.failures):
+                wanted.setdefault((server, model), {})[version] = record.last_error
+        return wanted
+
+    def out_of_service(self, report: PassReport) -> dict[tuple[str, str], str]:
+        """Per (server, model), why it is out of service: versions that stopped answering
+        (being reloaded, or reloaded in vain too often)."""
+        out: dict[tuple[str, str], list[str]] = {}
+        for (server, model, version), record in sorted(self._records.items()):
+            deployment = report.placed.get((server, model))
+            probes = deployment.serving_probes if deployment else None
+            if probes is None or not record.stopped(probes.failures):
+                continue
+            state = (
+                "reloading in place"
+                if record.reload_wanted(probes.failures)
+                else f"reloaded {record.reloads} times in vain, left out"
+            )
+            out.setdefault((server, model), []).append(
+                f"version {version} stopped answering ({record.failures} probes in a row: "
+                f"{record.last_error}); {state}"
+            )
+        return {key: "; ".join(reasons) for key, reasons in out.items()}
+
+    def reloaded(self, report: PassReport) -> None:
+        """A pass ended: the versions it reloaded in place are judged afresh."""
+        for change in report.result.changes if report.result else ():
+            if change.change.heals and change.outcome is Outcome.CONVERGED:
+                for version in change.change.heals:
+                    key = (change.change.server, change.change.model, version)
+                    if key in self._records:
+                        self._records[key] = after_reload(self._records[key])
+
+
+def _request(
+    client: ModelControl, model: str, version: int, deployment: ModelDeployment
+) -> ProbeRequest | None:
+    """The probe of a version: its deployment's first smoke case, else one synthesized from
+    its inputs; None when neither can be made."""
+    smoke = declared(deployment.smoke[:1], None, ())
+    if smoke:
+        return smoke[0]
+    try:
+        interface = client.interface(model, version)
+    except StepFailed:
+        return None
+    return synthesized(interface)
