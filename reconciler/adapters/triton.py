@@ -187,11 +187,20 @@ class TritonServerClient:
     def ready_versions(self) -> dict[str, frozenset[int]]:
         """Per model in the repository index, the versions READY now (the service's watch
         compares them with what the last pass left serving)."""
-        ready: dict[str, set[int]] = {}
+        return {
+            model: frozenset(v for v, state in versions.items() if state == READY)
+            for model, versions in self.version_states().items()
+            if READY in versions.values()
+        }
+
+    def version_states(self) -> dict[str, dict[int, str]]:
+        """Per model in the repository index, each version's state (READY, LOADING,
+        UNLOADING, UNAVAILABLE), from one index call."""
+        states: dict[str, dict[int, str]] = {}
         for entry in self._index():
-            if entry.state == READY and entry.version:
-                ready.setdefault(str(entry.name), set()).add(int(entry.version))
-        return {model: frozenset(versions) for model, versions in ready.items()}
+            if entry.version:
+                states.setdefault(str(entry.name), {})[int(entry.version)] = str(entry.state)
+        return states
 
     def _loaded_config(self, model: str) -> dict[str, Any] | None:
         try:

@@ -62,6 +62,12 @@ def _declare_run(commands: Commands) -> None:
     )
     seconds_option(
         service,
+        "--unload-deadline",
+        _RUN.unload_deadline,
+        "a version UNLOADING longer than this is alerted, naming it (%(default)g)",
+    )
+    seconds_option(
+        service,
         "--shutdown-deadline",
         _RUN.shutdown_deadline,
         "longest wait at shutdown for the change in progress (%(default)g)",
@@ -148,6 +154,7 @@ def _run(args: argparse.Namespace) -> int:
             shutdown_deadline=args.shutdown_deadline,
             dry_run=args.dry_run,
             readiness_gate=args.readiness_gate,
+            unload_deadline=args.unload_deadline,
         ),
         lock=lock,
         secrets=secrets,

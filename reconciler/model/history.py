@@ -178,6 +178,7 @@ KINDS = (
     "dependency",
     "interface-change",
     "stopped-answering",
+    "unload-stuck",
 )
 
 

@@ -37,6 +37,8 @@ class RunSettings:
     # The namespace of the Triton pods whose readiness-gate condition the service sets from
     # the serving truth (--readiness-gate); None: only GET /serving and /metrics say it.
     readiness_gate: str | None = None
+    # Seconds a version may stay UNLOADING before an alert names it (--unload-deadline).
+    unload_deadline: float = 300.0
 
 
 class RevertMode(StrEnum):

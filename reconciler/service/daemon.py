@@ -79,12 +79,12 @@ from reconciler.ports import ReconcilerLock, RotatingSecrets
 from reconciler.service.backoff import ServerBackoff, backoff_delay
 from reconciler.service.http import Listener, handler_for
 from reconciler.service.operator import verb_detail, verb_takes_effect
-from reconciler.service.serving import ServingBoard, ServingWatch
+from reconciler.service.serving import ServingWatch
 from reconciler.service.telemetry import ReconcilerMetrics, fewer_malloc_arenas, log, log_event
 from reconciler.service.watch import Watch
 from reconciler.service.webhooks import WebhookGate
 from reconciler.views.passes import pass_outcome
-from reconciler.wiring import ports, readiness_gate, state_store
+from reconciler.wiring import ports, state_store
 
 # The secret files that are RunSettings fields; "git_token" is the Git credentials' token.
 _RUN_SECRETS = ("github_secret", "gitlab_token", "reconcile_token", "operator_tokens")
@@ -137,11 +137,8 @@ class Daemon:
         self._started = 0
         self._outcome: dict[str, Any] = {"number": 0}
         self._watch = Watch(settings, self.backoff)
-        self.serving_board = ServingBoard(
-            self.metrics,
-            readiness_gate(settings, run.readiness_gate) if run.readiness_gate else None,
-        )
-        self.serving_watch = ServingWatch(self.serving_board, self.memory)
+        self.serving_watch = ServingWatch.of_service(settings, run, self.metrics, self.memory)
+        self.serving_board = self.serving_watch.board
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: Listener | None = None
         self.webhooks = WebhookGate(run, settings.state_path, self.run_now)
@@ -345,7 +342,7 @@ class Daemon:
         if report is None or self.stop_requested.is_set() or self._pass_lock.locked():
             return
         readings = self._watch.readings(report)
-        stopped = self.serving_watch.round(report, readings)  # the probes between rollouts
+        stopped = self.serving_watch.round(report, readings, self._watch.unloading)
         why = self._watch.reason_for_a_pass(report, readings) or stopped
         if why is not None:
             self.trigger(why)

@@ -28,18 +28,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from reconciler.core.records import rfc3339
 from reconciler.core.serving_truth import ServingTruth, serving_truth, wanted_from
+from reconciler.core.unloading import Key
 from reconciler.loop.memory import PassMemory
 from reconciler.model.analysis import Evaluation
 from reconciler.model.plan import Action, Step
 from reconciler.model.reports import PassReport
+from reconciler.model.settings import RunSettings, Settings
 from reconciler.service.serving_probes import ServingProbes
 from reconciler.service.telemetry import ReconcilerMetrics, log_event
+from reconciler.service.unloading import StuckUnloads
 from reconciler.service.watch import Reading
+from reconciler.wiring import alerter, readiness_gate
 
 # Why a step takes its model out of service while it runs.
 OUT_OF_SERVICE = {
@@ -180,14 +184,31 @@ class ServingWatch:
     which versions to reload in place."""
 
     def __init__(
-        self, board: ServingBoard, memory: PassMemory, probes: ServingProbes | None = None
+        self,
+        board: ServingBoard,
+        memory: PassMemory,
+        unloads: StuckUnloads,
+        probes: ServingProbes | None = None,
     ) -> None:
-        self.board, self.memory = board, memory
+        self.board, self.memory, self.unloads = board, memory, unloads
         self.probes = probes or ServingProbes()
 
-    def round(self, report: PassReport, ready: Mapping[str, Reading]) -> str | None:
-        """Probe what is due and read the truth; why a pass should run now (versions found
-        no longer answering since the last pass was told), or None."""
+    @classmethod
+    def of_service(
+        cls, settings: Settings, run: RunSettings, metrics: ReconcilerMetrics, memory: PassMemory
+    ) -> ServingWatch:
+        """The service's: the readiness gate with ``--readiness-gate``, alerts where the
+        passes send theirs."""
+        gate = readiness_gate(settings, run.readiness_gate) if run.readiness_gate else None
+        unloads = StuckUnloads(run.unload_deadline, alerter(settings), metrics)
+        return cls(ServingBoard(metrics, gate), memory, unloads)
+
+    def round(
+        self, report: PassReport, ready: Mapping[str, Reading], unloading: Iterable[Key]
+    ) -> str | None:
+        """Probe what is due, read the truth and the versions UNLOADING; why a pass should
+        run now (versions found no longer answering since the last pass was told), or None."""
+        self.unloads.read(unloading, report.revision)
         self.probes.round(report, ready)
         self.board.read(report, ready, self.probes.out_of_service(report))
         wanted = self.probes.reloads_wanted(report)

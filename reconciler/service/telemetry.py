@@ -153,6 +153,14 @@ class ReconcilerMetrics:
             ["server"],
             registry=r,
         )
+        self.stuck_unloads = Gauge(
+            "triton_gitops_versions_stuck_unloading",
+            "Versions of the model on the server UNLOADING longer than --unload-deadline "
+            "(their memory is not given back)",
+            ["server", "model"],
+            registry=r,
+        )
+        self._stuck: set[tuple[str, str]] = set()
         self.webhook_reads = Gauge(
             "triton_gitops_webhook_reads_in_progress",
             "Webhook bodies being read now (bounded by the webhook read cap)",
@@ -169,3 +177,11 @@ class ReconcilerMetrics:
             for state in MODEL_STATES:
                 self.model_state.labels(server, model, state).set(1 if state == current else 0)
         self._model_states = set(states)
+
+    def set_stuck_unloads(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """Versions stuck UNLOADING per (server, model); pairs with none leave the metric."""
+        for key in self._stuck - set(counts):
+            self.stuck_unloads.remove(*key)
+        for (server, model), count in counts.items():
+            self.stuck_unloads.labels(server, model).set(count)
+        self._stuck = set(counts)

@@ -34,6 +34,8 @@ class Watch:
         self.settings = settings
         self.backoff = backoff
         self._resolved_at: dict[str, float] = {}
+        # (server, model, version) UNLOADING at the last reading (service/unloading.py).
+        self.unloading: frozenset[tuple[str, str, int]] = frozenset()
 
     def reason_for_a_pass(
         self, report: PassReport, readings: Mapping[str, Reading] | None = None
@@ -49,14 +51,28 @@ class Watch:
 
     def readings(self, report: PassReport) -> dict[str, Reading]:
         """Each server of the last pass: its versions READY per model, or why it did not
-        answer."""
+        answer. The versions UNLOADING in the same index calls are kept in ``unloading``."""
         found: dict[str, Reading] = {}
+        unloading: set[tuple[str, str, int]] = set()
         for server, address in report.servers.items():
             try:
                 with watch_client(server, address) as client:
-                    found[server] = client.ready_versions()
+                    states = client.version_states()
             except (ServerUnavailable, StepFailed) as exc:
                 found[server] = str(exc)
+                continue
+            found[server] = {
+                model: frozenset(v for v, state in versions.items() if state == "READY")
+                for model, versions in states.items()
+                if "READY" in versions.values()
+            }
+            unloading |= {
+                (server, model, version)
+                for model, versions in states.items()
+                for version, state in versions.items()
+                if state == "UNLOADING"
+            }
+        self.unloading = frozenset(unloading)
         return found
 
     def _instances_changed(self, report: PassReport) -> str | None:

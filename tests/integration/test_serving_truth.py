@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tritonclient.grpc as triton_grpc
 
 from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton
@@ -141,6 +142,20 @@ def test_a_sequence_model_drained_for_its_swap_is_out_of_service(
         service.stop()
 
 
+def echo_on_edge_a(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    model_repository: Path,
+    version: int,
+    extra: str,
+    message: str,
+) -> None:
+    """Commit server edge-a (``triton``) serving echo ``version``, with ``extra`` spec lines."""
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [version], ["edge-a"], extra=extra))
+    manifests.commit(message)
+
+
 def stub_pids(triton: LocalTriton, instance: str) -> list[int]:
     """The Python backend stubs of ``triton`` running model instance ``instance`` (echo_0_0)."""
     found = subprocess.run(
@@ -153,9 +168,7 @@ def test_a_version_whose_stub_died_is_taken_out_and_reloaded_in_place_under_load
     manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
 ) -> None:
     probes = "  servingProbes: {interval: 1s, failures: 3}\n"
-    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
-    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=probes))
-    manifests.commit("deploy echo 1, probed every second")
+    echo_on_edge_a(manifests, triton, model_repository, 1, probes, "echo 1, probed every second")
     service = service_process(manifests.url, tmp_path / "service", ("--watch-interval", "1"))
     service.start()
     try:
@@ -208,3 +221,51 @@ def test_a_version_whose_stub_died_is_taken_out_and_reloaded_in_place_under_load
         )
     finally:
         service.stop()
+
+
+def test_a_version_unloading_past_the_deadline_is_alerted_naming_it_and_resolved_when_gone(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    # Echo 5 answers as many milliseconds late as slow_ms says: one request in flight keeps
+    # it UNLOADING that long after the pass drops it (Triton waits for it), past a 2 s
+    # deadline.
+    slow = "  config: {parameters: {slow_ms: {string_value: '6000'}}}\n"
+    echo_on_edge_a(manifests, triton, model_repository, 5, slow, "echo 5, 6 s a request")
+    extra = ("--watch-interval", "1", "--unload-deadline", "2")
+    service = service_process(manifests.url, tmp_path / "service", extra).start()
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == {5}, 30, "echo 5 serves")
+        in_flight = LoadGenerator(triton.grpc_address, "echo", threads=1, version=5).start()
+        time.sleep(0.5)
+        manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=slow))
+        manifests.commit("echo 1")
+        assert service.github_push() == 202
+
+        def alerts(resolved: bool) -> list[dict[str, Any]]:
+            return [
+                e for e in service.events()
+                if e.get("kind") == "unload-stuck" and e.get("resolved") is resolved
+            ]  # fmt: skip
+
+        wait_until(lambda: alerts(False), 30, "the unload-stuck alert")
+        (alert,) = alerts(False)[:1]
+        assert (alert["server"], alert["model"], alert["details"]["version"]) == (
+            "edge-a", "echo", 5
+        ), alert  # fmt: skip
+        assert index_state(triton, 5) == "UNLOADING"
+        _, metrics = service.get("/metrics")
+        assert (
+            b'triton_gitops_versions_stuck_unloading{model="echo",server="edge-a"} 1.0' in metrics
+        )
+        in_flight.stop()  # its last request ends: Triton finishes the unload
+        wait_until(lambda: alerts(True), 30, "the alert resolved once the version is gone")
+        assert index_state(triton, 5) == "UNAVAILABLE"
+    finally:
+        service.stop()
+
+
+def index_state(triton: LocalTriton, version: int) -> str | None:
+    with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+        index = client.get_model_repository_index(as_json=True)["models"]
+    found = [m.get("state") for m in index if m.get("version") == str(version)]
+    return found[0] if found else None

@@ -12,6 +12,7 @@ import pytest
 
 from reconciler.core.serving_truth import ServingTruth
 from reconciler.model.errors import VerifyFailed
+from reconciler.model.history import AlertEvent
 from reconciler.model.plan import Action, Plan, Step
 from reconciler.model.reports import PassReport
 from reconciler.model.serving import ModelInterface, TensorSignature
@@ -21,6 +22,7 @@ from reconciler.service import serving_probes
 from reconciler.service.serving import ServingBoard
 from reconciler.service.serving_probes import ServingProbes
 from reconciler.service.telemetry import ReconcilerMetrics
+from reconciler.service.unloading import RESEND, StuckUnloads
 
 REPORT = PassReport(
     "abc",
@@ -143,3 +145,52 @@ def test_probes_take_a_stopped_version_out_unless_its_deployment_opts_out(
             assert probes.reloads_wanted(report) == {("edge-a", "counter"): {1: ANY_ERROR}}
         else:
             assert probes.out_of_service(report) == {} and probes.reloads_wanted(report) == {}
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.events: list[AlertEvent] = []
+        self.flushes = 0
+
+    def send(self, event: AlertEvent) -> None:
+        self.events.append(event)
+
+    def flush(self) -> bool:
+        self.flushes += 1
+        return True
+
+
+def test_a_version_stuck_unloading_is_alerted_again_while_it_lasts_and_resolved_when_gone() -> None:
+    metrics, sent, now = ReconcilerMetrics(), Sent(), [0.0]
+    stuck = StuckUnloads(60.0, sent, metrics, clock=lambda: now[0])
+    key = ("edge-a", "echo", 4)
+    for at in (0.0, 30.0):
+        now[0] = at
+        stuck.read([key], "abc")
+    assert sent.events == []
+    now[0] = 61.0
+    stuck.read([key], "abc")
+    (event,) = sent.events
+    assert (event.kind, event.severity, event.model, event.server) == (
+        "unload-stuck",
+        "warning",
+        "echo",
+        "edge-a",
+    )
+    assert event.summary.startswith("echo version 4 on edge-a has been UNLOADING for 1 min")
+    stuck_gauge = "triton_gitops_versions_stuck_unloading"
+    labels = {"server": "edge-a", "model": "echo"}
+    assert metrics.registry.get_sample_value(stuck_gauge, labels) == 1
+    now[0] = 120.0
+    stuck.read([key], "abc")
+    assert len(sent.events) == 1  # sent again only after RESEND
+    now[0] = 61.0 + RESEND
+    stuck.read([key], "abc")
+    assert len(sent.events) == 2
+    now[0] += 1
+    stuck.read([], "abc")
+    assert (
+        sent.events[-1].resolved
+        and sent.events[-1].summary == "echo version 4 on edge-a is unloaded"
+    )
+    assert metrics.registry.get_sample_value(stuck_gauge, labels) is None
