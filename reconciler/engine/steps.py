@@ -25,7 +25,7 @@ from reconciler.model.errors import (
 from reconciler.model.plan import Action, Step
 from reconciler.model.results import FailureKind
 from reconciler.model.serving import ModelState, interface_difference
-from reconciler.ports import ModelControl
+from reconciler.ports import FiguresSource, ModelControl
 
 
 def _wait_for(
@@ -144,6 +144,8 @@ def _unload(control: ModelControl, step: Step, timing: Timing, context: ChangeCo
     fault_point("apply.unload")
     try:
         _drop(control, step, timing)
+        if step.needs_free is not None and context.source is not None:
+            _wait_for_room(context.source, step, timing)
     except ReconcileError as exc:
         if exc.failure is FailureKind.AGAINST_VERSIONS:
             # A refused unload, or versions that did not go in time, say nothing against the
@@ -151,6 +153,29 @@ def _unload(control: ModelControl, step: Step, timing: Timing, context: ChangeCo
             raise UnloadFailed(str(exc)) from exc
         raise
     return NOTHING
+
+
+def _wait_for_room(source: FiguresSource, step: Step, timing: Timing) -> None:
+    """Gone from the index is not memory given back: a stub may take longer to exit, and
+    Triton samples its memory figure every couple of seconds. Wait until the figure shows
+    ``step.needs_free`` free; a server that reports no figure is taken at the index's word.
+    Not in time: the unload failed (the revert loads the old versions back; no hold)."""
+    deadline = timing.clock() + timing.unload_wait
+    while True:
+        figures = source.figures(step.model, ())
+        if figures.memory_total_bytes is None or figures.memory_bytes is None:
+            return
+        free = figures.memory_total_bytes - figures.memory_bytes
+        assert step.needs_free is not None
+        if free >= step.needs_free:
+            return
+        if timing.clock() >= deadline:
+            raise UnloadFailed(
+                f"server {step.server}: {step.model} is gone from the index, but the memory "
+                f"figure shows {free / 2**20:.0f} MiB free after {timing.unload_wait:g}s, "
+                f"{step.needs_free / 2**20:.0f} MiB needed: not loading into memory still held"
+            )
+        timing.sleep(timing.poll_interval)
 
 
 def _drop(control: ModelControl, step: Step, timing: Timing) -> None:

@@ -66,6 +66,9 @@ class Step:
     # new versions must answer it if it does
     probe_against: int | None = None
     until_unavailable: bool = False  # unload: wait until the model is fully gone
+    # unload before a load for want of room: bytes the server's memory figure must show free
+    # (the old versions' memory given back) before the step is done; None: the index alone.
+    needs_free: float | None = None
     dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
     on_failure: OnFailure = OnFailure.REVERT
 

@@ -269,9 +269,10 @@ def plan_model(
         why = f"backend {backend.name} {applied_backend} -> {backend.revision}"
         drain = delta.sequence or SequencePolicy(idle=2.0)
         return _swap_in_place(server, deployment, target, ready, drain, why, backend, delta.revert)
-    room = _no_room_beside(delta, observed, history)
-    if room is None:
+    no_room = _no_room_beside(delta, observed, history)
+    if no_room is None:
         return _change_beside(delta)
+    room, needed_each = no_room
     if deployment.when_no_headroom != "replace":
         return PlanProblem(
             server,
@@ -281,14 +282,17 @@ def plan_model(
             "no-headroom",
         )
     why = f"no room beside the old ({room})"
+    needs = needed_each * len(deployment.versions)
     return _swap_in_place(
-        server, deployment, target, ready, delta.sequence, why, None, delta.revert
+        server, deployment, target, ready, delta.sequence, why, None, delta.revert, needs
     )
 
 
-def _no_room_beside(delta: _Delta, observed: ServerState, history: History) -> str | None:
-    """Why the new versions cannot load beside the old (memory), or None when they can or
-    nothing tells (no footprint known, no free memory reported)."""
+def _no_room_beside(
+    delta: _Delta, observed: ServerState, history: History
+) -> tuple[str, float] | None:
+    """Why the new versions cannot load beside the old (memory), with the bytes one version
+    needs; None when they can or nothing tells (no footprint known, no free memory)."""
     if not (delta.new and delta.ready):
         return None
     deployment = delta.deployment
@@ -302,7 +306,8 @@ def _no_room_beside(delta: _Delta, observed: ServerState, history: History) -> s
         return None
     return (
         f"{len(delta.new)} new version(s) need {needed / 2**20:.0f} MiB beside the old, "
-        f"{observed.memory_free / 2**20:.0f} MiB free"
+        f"{observed.memory_free / 2**20:.0f} MiB free",
+        needed_each,
     )
 
 
@@ -508,9 +513,12 @@ def _swap_in_place(
     why: str,
     backend: BackendSpec | None,
     revert: tuple[Step, ...],
+    needs_free: float | None = None,
 ) -> ModelChange:
     """Swap in place on this server (old out, then new in): a backend library change, or no
-    memory for both. The model does not serve here in between: one server at a time."""
+    memory for both (``needs_free``: what the new versions need, which the memory figure
+    must show free once the old are gone). The model does not serve here in between: one
+    server at a time."""
     model = deployment.model
     desired = frozenset(deployment.versions)
     steps = []
@@ -522,8 +530,10 @@ def _swap_in_place(
             model,
             Action.UNLOAD,
             (),
-            f"{why}: unload here and wait until it is gone",
+            f"{why}: unload here and wait until it is gone"
+            + (f" and {needs_free / 2**20:.0f} MiB show free" if needs_free is not None else ""),
             until_unavailable=True,
+            needs_free=needs_free,
         )
     )
     if backend is not None:
