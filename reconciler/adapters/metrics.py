@@ -128,6 +128,7 @@ class TritonScrape:
             return Figures(queries=unsupported, error=self._error(str(reason)))
         wanted = {str(v) for v in versions}
         sums: dict[str, float | None] = dict.fromkeys((*_PER_MODEL, *_MEMORY))
+        devices: dict[str, dict[str, float]] = {GPU_MEMORY: {}, GPU_MEMORY_TOTAL: {}}
         try:
             for family in text_string_to_metric_families(text):
                 if family.name not in sums:
@@ -144,6 +145,8 @@ class TritonScrape:
                     ):
                         continue
                     sums[family.name] = (sums[family.name] or 0.0) + float(sample.value)
+                    if family.name in devices and "gpu_uuid" in sample.labels:
+                        devices[family.name][sample.labels["gpu_uuid"]] = float(sample.value)
         except ValueError as exc:  # not Prometheus text
             return Figures(queries=unsupported, error=self._error(f"unreadable metrics: {exc}"))
         memory, total, host_wide = _memory_figures(
@@ -159,6 +162,8 @@ class TritonScrape:
             inferences=sums[INFERENCES],
             memory_total_bytes=_measured(total),
             memory_host_wide=host_wide,
+            gpu_used=devices[GPU_MEMORY],
+            gpu_total=devices[GPU_MEMORY_TOTAL],
         )
 
     def _error(self, reason: str) -> str:
@@ -266,6 +271,10 @@ class PrometheusQuery:
             for name, query in self.standard_queries(model, versions).items():
                 standard[name] = self._value(query, at)
             values = {name: self._query(name, query, at) for name, query in queries.items()}
+            devices = {
+                name: self._by_device(f"{name}{{instance={_quoted(self.instance)}}}", at)
+                for name in (GPU_MEMORY, GPU_MEMORY_TOTAL)
+            }
             up_after = self._value(up, at)
         except (_unanswered(), _refused(), LookupError, TypeError) as exc:
             return Figures(
@@ -283,6 +292,8 @@ class PrometheusQuery:
             inferences=standard.get(INFERENCES),
             memory_total_bytes=_measured(total),
             memory_host_wide=host_wide,
+            gpu_used=devices[GPU_MEMORY],
+            gpu_total=devices[GPU_MEMORY_TOTAL],
             scrape_failed=(
                 f"Prometheus at {redact(self.url)} could not scrape {self.instance} last time"
                 " (up 0): every series of the server is hidden until a scrape succeeds"
@@ -290,6 +301,16 @@ class PrometheusQuery:
                 else None
             ),
         )
+
+    def _by_device(self, query: str, at: float) -> dict[str, float]:
+        """Each sample of an instant vector by its ``gpu_uuid`` label (a device each)."""
+        found: dict[str, float] = {}
+        for sample in self._client.custom_query(query, params={"time": f"{at:.3f}"}) or []:
+            uuid = sample.get("metric", {}).get("gpu_uuid") if isinstance(sample, dict) else None
+            value = _number(sample.get("value", (None, None))[1]) if uuid else None
+            if uuid and value is not None:
+                found[str(uuid)] = value
+        return found
 
     def _query(self, name: str, query: str, at: float) -> float | None:
         """One of the deployment's own queries; a query Prometheus refuses reads as None."""

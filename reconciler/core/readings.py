@@ -52,6 +52,8 @@ def before_ready(figures: Figures) -> Figures:
         inferences=zero(figures.inferences),
         memory_total_bytes=figures.memory_total_bytes,
         memory_host_wide=figures.memory_host_wide,
+        gpu_used=figures.gpu_used,
+        gpu_total=figures.gpu_total,
     )
 
 
@@ -114,3 +116,27 @@ def delta(before: float | None, after: float | None) -> float | None:
     if before is None or after is None or after < before:  # absent, or counters were reset
         return None
     return after - before
+
+
+def free_memory(figures: Figures) -> float | None:
+    """The room a version has on the server: the fullest GPU device's free memory where the
+    server reports devices, else its memory in all less in use (the host's on a CPU server);
+    None without figures."""
+    fullest = figures.fullest_device()
+    if fullest is not None:
+        return fullest[1]
+    if figures.memory_total_bytes is None or figures.memory_bytes is None:
+        return None
+    return figures.memory_total_bytes - figures.memory_bytes
+
+
+def footprint(before: Figures, after: Figures) -> float | None:
+    """What a load cost the server between two readings: the most any one GPU device grew
+    (a version needs that much on each device it runs on), else the growth of the memory in
+    use; None without figures on both sides."""
+    devices = set(before.gpu_used) & set(after.gpu_used)
+    if devices:
+        return max(0.0, max(after.gpu_used[d] - before.gpu_used[d] for d in devices))
+    if before.memory_bytes is None or after.memory_bytes is None:
+        return None
+    return max(0.0, after.memory_bytes - before.memory_bytes)

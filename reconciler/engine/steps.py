@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from reconciler.core.probes import synthesized, wrong
+from reconciler.core.readings import footprint, free_memory
 from reconciler.core.smoke import mismatches
 from reconciler.engine.analyze import analyze_step
 from reconciler.engine.context import NOTHING, ChangeContext, StepDone, Timing, obey_abort
@@ -158,14 +159,14 @@ def _unload(control: ModelControl, step: Step, timing: Timing, context: ChangeCo
 def _wait_for_room(source: FiguresSource, step: Step, timing: Timing) -> None:
     """Gone from the index is not memory given back: a stub may take longer to exit, and
     Triton samples its memory figure every couple of seconds. Wait until the figure shows
-    ``step.needs_free`` free; a server that reports no figure is taken at the index's word.
+    ``step.needs_free`` free (on the fullest GPU, where the server reports devices); a
+    server that reports no figure is taken at the index's word.
     Not in time: the unload failed (the revert loads the old versions back; no hold)."""
     deadline = timing.clock() + timing.unload_wait
     while True:
-        figures = source.figures(step.model, ())
-        if figures.memory_total_bytes is None or figures.memory_bytes is None:
+        free = free_memory(source.figures(step.model, ()))
+        if free is None:
             return
-        free = figures.memory_total_bytes - figures.memory_bytes
         assert step.needs_free is not None
         if free >= step.needs_free:
             return
@@ -287,11 +288,11 @@ def _load(control: ModelControl, step: Step, timing: Timing, context: ChangeCont
     control.load(step.model, step.config)
     fault_point("apply.load.accepted")
     if source is not None and before is not None and before.memory_bytes is not None:
-        # What loading beside the old cost the server, per new version: the footprint the
-        # next headroom check uses when the manifest declares none.
-        after = source.figures(step.model, ())
-        if after.memory_bytes is not None and len(step.versions) > 0:
-            context.footprint = max(0.0, after.memory_bytes - before.memory_bytes)
+        # What loading beside the old cost the server (the most on any one GPU): the
+        # footprint the next headroom check uses when the manifest declares none.
+        cost = footprint(before, source.figures(step.model, ()))
+        if cost is not None and len(step.versions) > 0:
+            context.footprint = cost
     return NOTHING
 
 

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from reconciler.core.plan.settle import emptied_servers
+from reconciler.core.readings import free_memory
 from reconciler.model.errors import RepositoryUnavailable, UnsafeRevision
 from reconciler.model.history import History
 from reconciler.model.serving import ServerState
@@ -113,9 +114,18 @@ def with_free_memory(
         if reader is None or not state.reachable:
             return state
         figures = reader.figures("", ())
-        if figures.memory_total_bytes is None or figures.memory_bytes is None:
+        free = free_memory(figures)  # per device, not the sum: a version needs it on each
+        if free is None:
             return state
-        return replace(state, memory_free=figures.memory_total_bytes - figures.memory_bytes)
+        fullest = figures.fullest_device()
+        where = (
+            f"on {fullest[0]}, the fullest of {len(figures.gpu_used)} GPU(s)"
+            if fullest is not None
+            else "host"
+            if figures.memory_host_wide
+            else "GPU"
+        )
+        return replace(state, memory_free=free, memory_free_on=where)
 
     with ThreadPoolExecutor(max_workers=max(1, max_parallel)) as pool:
         return dict(zip(serving, pool.map(one, serving), strict=True))

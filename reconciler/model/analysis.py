@@ -143,6 +143,24 @@ class Figures:
     # True when the memory figures are the host's (``nv_cpu_memory_*``: a server with no GPU
     # figure), which every process on the host moves, not the server's devices'.
     memory_host_wide: bool = False
+    # Per GPU device (Triton's label gpu_uuid; a MIG instance is a device of its own): the
+    # memory in use and in all. Empty where the server reports no GPU.
+    gpu_used: Mapping[str, float] = field(default_factory=dict)
+    gpu_total: Mapping[str, float] = field(default_factory=dict)
+
+    def fullest_device(self) -> tuple[str, float] | None:
+        """The GPU device with the least memory free, and how much (bytes); None without
+        per-device figures. A model whose instances run on every GPU (Triton's default for
+        KIND_GPU) needs its room on each: the fullest decides."""
+        free = {
+            uuid: self.gpu_total[uuid] - used
+            for uuid, used in self.gpu_used.items()
+            if uuid in self.gpu_total
+        }
+        if not free:
+            return None
+        uuid = min(sorted(free), key=lambda u: free[u])
+        return uuid, free[uuid]
 
 
 @dataclass(frozen=True)

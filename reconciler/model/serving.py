@@ -60,6 +60,9 @@ class ServerState:
     in_repository: frozenset[str] = frozenset()  # model names Triton's repository index lists
     error: str | None = None  # why the server could not be observed (without its name)
     memory_free: float | None = None  # bytes, from the server's metrics when it has them
+    # Which figure ``memory_free`` is: "on GPU-..., the fullest of N GPU(s)", "host" (a CPU
+    # server: the whole host's), or "GPU" (a sum without per-device figures).
+    memory_free_on: str | None = None
     # Equal for two observations exactly when the server reads the same in both (see
     # TritonServerClient.observe); None when the observer cannot tell. Free memory is left
     # out: it only matters to loads, and a server with nothing to load plans the same.

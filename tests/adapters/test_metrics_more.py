@@ -18,6 +18,7 @@ import pytest
 
 from reconciler.adapters.metrics import PrometheusQuery, TritonScrape
 from reconciler.adapters.triton import TritonServerClient
+from reconciler.core.readings import free_memory
 from reconciler.core.triton_config import parse_pbtxt, with_versions
 from reconciler.model.analysis import Figures
 from reconciler.model.spec import Tensor
@@ -231,6 +232,9 @@ def test_prometheus_pairs_used_and_total_from_one_source(
         )
         memory = (figures.memory_bytes, figures.memory_total_bytes, figures.memory_host_wide)
         assert memory == ENDPOINTS[case][1], case
+        # Each device as the server reports it (a vector by gpu_uuid, not the sum).
+        devices = {"GPU-a": 1000.0, "GPU-b": 500.0} if "gpu-used" in case or case == "gpu" else {}
+        assert figures.gpu_used == devices, case
         assert (figures.pending, figures.inferences) == (5, 30)
         assert reader.figures("echo", (1,)).inferences == 10
 
@@ -310,3 +314,47 @@ def test_prometheus_says_when_its_last_scrape_of_the_server_failed(
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- per GPU device ----------------------------------------------------------------------------
+
+# Triton's own exposition of its GPU gauges (as a 2.x server on one T4-class GPU printed them:
+# the first device's uuid and figures are from such a capture), here with a second device
+# that is fuller. Per-model counters carry the gpu_uuid label too on a GPU server.
+TWO_GPUS = """\
+# HELP nv_inference_count Number of inferences performed (does not include cached requests)
+# TYPE nv_inference_count counter
+nv_inference_count{gpu_uuid="@A@",model="echo",version="1"} 4.000000
+nv_inference_count{gpu_uuid="@B@",model="echo",version="1"} 6.000000
+# HELP nv_gpu_memory_total_bytes GPU total memory, in bytes
+# TYPE nv_gpu_memory_total_bytes gauge
+nv_gpu_memory_total_bytes{gpu_uuid="@A@"} 16945512448.000000
+nv_gpu_memory_total_bytes{gpu_uuid="@B@"} 16945512448.000000
+# HELP nv_gpu_memory_used_bytes GPU used memory, in bytes
+# TYPE nv_gpu_memory_used_bytes gauge
+nv_gpu_memory_used_bytes{gpu_uuid="@A@"} 974913536.000000
+nv_gpu_memory_used_bytes{gpu_uuid="@B@"} 15032385536.000000
+"""
+FIRST = "GPU-0e9fdafb-5adb-91cd-26a8-308d34357efc"
+SECOND = "GPU-7f3d2c1b-0a9e-4d8c-b7a6-5e4f3d2c1b0a"
+TWO_GPUS = TWO_GPUS.replace("@A@", FIRST).replace("@B@", SECOND)
+
+
+def test_each_gpu_device_is_read_and_the_fullest_decides_the_room() -> None:
+    handler = type("Endpoint_two_gpus", (_Endpoint,), {"text": TWO_GPUS})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        address = f"127.0.0.1:{server.server_port}"
+        figures = TritonScrape(f"http://{address}/metrics").figures("echo", (1,))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert figures.inferences == 10  # summed over the devices
+    assert figures.gpu_used == {FIRST: 974913536.0, SECOND: 15032385536.0}
+    assert figures.gpu_total == {FIRST: 16945512448.0, SECOND: 16945512448.0}
+    # The sum says 17.8 GB free; the second device has 1.9 GB: a version needs its room there.
+    assert figures.memory_total_bytes - figures.memory_bytes == 17883725824.0  # type: ignore[operator]
+    assert figures.fullest_device() == (SECOND, 1913126912.0)
+    assert free_memory(figures) == 1913126912.0
+    assert not figures.memory_host_wide

@@ -8,9 +8,11 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.core.plan.planner import plan
+from reconciler.core.readings import footprint
 from reconciler.core.records import holds_from
 from reconciler.engine.apply import apply
 from reconciler.engine.context import Timing
+from reconciler.loop.observation import with_free_memory
 from reconciler.model.analysis import Figures
 from reconciler.model.history import History
 from reconciler.model.plan import Action, Plan
@@ -67,3 +69,40 @@ def test_memory_never_given_back_fails_the_unload_and_puts_the_old_version_back(
     assert "1024 MiB free after 30s, 3072 MiB needed" in (change.error or "")
     assert fake.ready("m") == {1}  # put back
     assert not holds_from(result, desired, History())
+
+
+class TwoGpus:
+    """A GPU server's figures: GPU-a with 6 GiB free, GPU-b with 1 GiB (of 8 each)."""
+
+    def __init__(self, b_used: float = 7) -> None:
+        self.b_used = b_used
+
+    def figures(self, model: str, versions: tuple[int, ...], queries: object = {}) -> Figures:
+        used = {"GPU-a": 2 * GIB, "GPU-b": self.b_used * GIB}
+        total = {"GPU-a": 8 * GIB, "GPU-b": 8 * GIB}
+        return Figures(memory_bytes=sum(used.values()), memory_total_bytes=16 * GIB,
+                       gpu_used=used, gpu_total=total)  # fmt: skip
+
+
+def test_room_is_judged_on_the_fullest_gpu_not_the_sum_and_the_message_names_it() -> None:
+    fake = FakeTriton("s1", {"m": range(1, 4)})
+    fake.serve("m", [1])
+    (state,) = with_free_memory({"s1": observe(fake)}, {"s1": TwoGpus()}, 1).values()
+    # The sum says 7 GiB free; GPU-b, where the version's instance runs too, has 1 GiB.
+    assert state.memory_free == 1 * GIB
+    assert state.memory_free_on == "on GPU-b, the fullest of 2 GPU(s)"
+    wanted = replace(deploy("m", [2]), memory_per_version=3 * GIB)
+    p = plan(desired_state(wanted), {"s1": state}, History(), "rev-1")
+    (problem,) = p.problems
+    assert problem.kind == "no-headroom"
+    assert "3072 MiB beside the old, 1024 MiB free (on GPU-b, the fullest of 2 GPU(s))" in (
+        problem.message
+    )
+
+
+def test_a_load_costs_what_its_fullest_device_grew() -> None:
+    before, after = TwoGpus(b_used=5).figures("m", ()), TwoGpus(b_used=7).figures("m", ())
+    assert footprint(before, after) == 2 * GIB  # GPU-b grew 2 GiB, GPU-a not at all
+    host = Figures(memory_bytes=1 * GIB, memory_total_bytes=8 * GIB)
+    assert footprint(host, replace(host, memory_bytes=3 * GIB)) == 2 * GIB
+    assert footprint(Figures(), host) is None

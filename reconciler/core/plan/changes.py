@@ -306,7 +306,8 @@ def _no_room_beside(
         return None
     return (
         f"{len(delta.new)} new version(s) need {needed / 2**20:.0f} MiB beside the old, "
-        f"{observed.memory_free / 2**20:.0f} MiB free",
+        f"{observed.memory_free / 2**20:.0f} MiB free"
+        + (f" ({observed.memory_free_on})" if observed.memory_free_on else ""),
         needed_each,
     )
 
