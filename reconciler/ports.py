@@ -29,7 +29,7 @@ from reconciler.model.history import (
 )
 from reconciler.model.plan import Step
 from reconciler.model.servers import TritonServer
-from reconciler.model.serving import ModelInterface, ModelState, ServerState
+from reconciler.model.serving import DeviceMemory, ModelInterface, ModelState, ServerState
 from reconciler.model.source import (
     CommitVerdict,
     PushedRevert,
@@ -63,6 +63,11 @@ class ModelControl(Protocol):
         ...
 
     def interface(self, model: str, version: int) -> ModelInterface: ...
+
+    def memory_usage(self, model: str) -> dict[int, tuple[DeviceMemory, ...]]:
+        """What each loaded version of ``model`` holds per device as Triton's statistics
+        report it (a version whose backend reports nothing holds an empty tuple)."""
+        ...
 
 
 # -- the pass's ports (``loop``): what one reconcile pass is given -----------------------------

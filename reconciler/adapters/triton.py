@@ -39,6 +39,7 @@ from reconciler.model.repository import RepositoryModel
 from reconciler.model.servers import TritonServer
 from reconciler.model.serving import (
     READY,
+    DeviceMemory,
     ModelInterface,
     ModelState,
     ServerState,
@@ -312,6 +313,21 @@ class TritonServerClient:
         state = ServerState(self.name, states, listed, token=tuple(token))
         self._last = _LastObservation(raw, models, state, due)
         return state
+
+    def memory_usage(self, model: str) -> dict[int, tuple[DeviceMemory, ...]]:
+        try:
+            answer = self._client.get_inference_statistics(model, client_timeout=self.call_timeout)
+        except InferenceServerException as exc:
+            if _unreachable(exc):
+                raise self._error(exc, f"reading the statistics of {model}") from exc
+            return {}  # not loaded (any more): nothing held
+        return {
+            int(stats.version): tuple(
+                DeviceMemory(str(u.type), int(u.id), int(u.byte_size)) for u in stats.memory_usage
+            )
+            for stats in answer.model_stats
+            if stats.version.isdigit()
+        }
 
     def interface(self, model: str, version: int) -> ModelInterface:
         """The inputs and outputs ``version`` of ``model`` serves; the version must be loaded.

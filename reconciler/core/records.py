@@ -448,7 +448,13 @@ def footprints_from(result: ApplyResult) -> dict[tuple[str, str], float]:
     found: dict[tuple[str, str], float] = {}
     for change in result.changes:
         new = set(change.change.desired) - set(change.change.serving)
+        key = (change.change.server, change.change.model)
         for step in change.steps:
-            if step.ok and step.footprint is not None and new:
-                found[(change.change.server, change.change.model)] = step.footprint / len(new)
+            if not (step.ok and new):
+                continue
+            if new <= set(step.version_costs):
+                # Triton's statistics, per version and device: the backend's own measure.
+                found[key] = sum(step.version_costs[v] for v in new) / len(new)
+            elif step.footprint is not None:
+                found[key] = step.footprint / len(new)
     return found

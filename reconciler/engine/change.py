@@ -78,6 +78,7 @@ def run_steps(
                 evaluations=evaluations,
                 verdict=verdict,
                 footprint=context.footprint if step.action is Action.LOAD else None,
+                version_costs=context.version_costs if step.action is Action.LOAD else {},
             )
         )
         progress(results[-1])

@@ -103,6 +103,8 @@ class ChangeContext:
     source: FiguresSource | None = None
     interface: ModelInterface | None = None  # the old versions' inputs and outputs
     footprint: float | None = None
+    # version -> what it holds as Triton's statistics report it (backends that report it)
+    version_costs: Mapping[int, float] = field(default_factory=dict)
     # Where the analysis reads the old versions' figures: the servers the plan names as the
     # stage's baseline (RolloutPlan.baselines), when there are some; else (None) this
     # server's own old versions.

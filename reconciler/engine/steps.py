@@ -25,7 +25,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.plan import Action, Step
 from reconciler.model.results import FailureKind
-from reconciler.model.serving import ModelState, interface_difference
+from reconciler.model.serving import ModelState, interface_difference, version_cost
 from reconciler.ports import FiguresSource, ModelControl
 
 
@@ -287,6 +287,14 @@ def _load(control: ModelControl, step: Step, timing: Timing, context: ChangeCont
     fault_point("apply.load.requested")
     control.load(step.model, step.config)
     fault_point("apply.load.accepted")
+    # What each version holds as Triton's statistics say, where its backend reports it (per
+    # device: ONNX Runtime, TensorRT); preferred to the memory figures' growth, which
+    # another process moves too (footprints_from chooses).
+    context.version_costs = {
+        version: float(held)
+        for version, usage in control.memory_usage(step.model).items()
+        if version in step.versions and (held := version_cost(usage)) is not None
+    }
     if source is not None and before is not None and before.memory_bytes is not None:
         # What loading beside the old cost the server (the most on any one GPU): the
         # footprint the next headroom check uses when the manifest declares none.

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from reconciler.model.analysis import Evaluation, RolloutVerdict
@@ -61,6 +61,8 @@ class StepResult:
     evaluations: tuple[Evaluation, ...] = ()  # analyze: every evaluation made
     verdict: RolloutVerdict | None = None  # analyze: how it ended
     footprint: float | None = None  # load beside old: server memory added per new version
+    # load: what each version holds as Triton's statistics report it (where the backend does)
+    version_costs: Mapping[int, float] = field(default_factory=dict)
 
     @property
     def unreachable(self) -> bool:

@@ -80,6 +80,27 @@ ServingState = Mapping[str, ServerState]
 
 
 @dataclass(frozen=True)
+class DeviceMemory:
+    """Memory a loaded version holds as Triton's statistics report it (``memory_usage``:
+    what the backend measured while loading; ONNX Runtime and TensorRT report GPU memory,
+    the Python backend nothing)."""
+
+    kind: str  # CPU, CPU_PINNED or GPU
+    device: int  # the device's id for its kind
+    bytes: int
+
+
+def version_cost(usage: tuple[DeviceMemory, ...]) -> int | None:
+    """What one version needs on each device it runs on: the most it holds on any one GPU,
+    else its CPU memory (pinned included); None when nothing is reported."""
+    gpu = [u.bytes for u in usage if u.kind == "GPU"]
+    if gpu:
+        return max(gpu)
+    cpu = [u.bytes for u in usage if u.kind in ("CPU", "CPU_PINNED")]
+    return sum(cpu) if cpu else None
+
+
+@dataclass(frozen=True)
 class TensorSignature:
     """One input or output of a model version, as Triton's model metadata gives it."""
 

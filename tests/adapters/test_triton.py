@@ -7,10 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tritonclient.grpc import service_pb2
 
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.core.triton_config import parse_pbtxt, with_versions
 from reconciler.model.errors import LoadFailed, ServerUnavailable, VerifyFailed
+from reconciler.model.serving import DeviceMemory, version_cost
 from reconciler.model.spec import Tensor
 from testkit.local_triton import LocalTriton, free_port
 
@@ -137,3 +139,39 @@ def test_a_kept_client_reads_configs_again_only_when_they_may_have_changed(
     finally:
         ours.close()
         by_hand.close()
+
+
+def test_memory_usage_is_each_versions_statistics_and_nothing_for_the_python_backend(
+    client: TritonServerClient, model_repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.load("echo", _config(model_repository, [1, 2]))
+    # Triton 2.51's Python backend reports no memory_usage: every version holds nothing known.
+    assert client.memory_usage("echo") == {1: (), 2: ()}
+    assert client.memory_usage("not-loaded") == {}
+    # What a backend that measures its load (ONNX Runtime, TensorRT) reports, in Triton's own
+    # statistics message (extension_statistics.md: type CPU, CPU_PINNED or GPU, id, bytes).
+    answer = service_pb2.ModelStatisticsResponse(
+        model_stats=[
+            service_pb2.ModelStatistics(
+                name="resnet", version="3",
+                memory_usage=[
+                    service_pb2.MemoryUsage(type="GPU", id=0, byte_size=2_147_483_648),
+                    service_pb2.MemoryUsage(type="GPU", id=1, byte_size=2_147_483_648),
+                    service_pb2.MemoryUsage(type="CPU", id=0, byte_size=104_857_600),
+                ],
+            )
+        ]
+    )  # fmt: skip
+    monkeypatch.setattr(client._client, "get_inference_statistics", lambda *a, **k: answer)
+    usage = client.memory_usage("resnet")
+    assert usage == {
+        3: (
+            DeviceMemory("GPU", 0, 2_147_483_648),
+            DeviceMemory("GPU", 1, 2_147_483_648),
+            DeviceMemory("CPU", 0, 104_857_600),
+        )
+    }
+    # One version needs 2 GiB on each GPU it runs on: the most on any one device.
+    assert version_cost(usage[3]) == 2_147_483_648
+    assert version_cost((DeviceMemory("CPU", 0, 100), DeviceMemory("CPU_PINNED", 0, 28))) == 128
+    assert version_cost(()) is None

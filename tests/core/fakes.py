@@ -37,6 +37,7 @@ from reconciler.model.errors import LoadFailed, ServerUnavailable, VerifyFailed
 from reconciler.model.servers import TritonServer
 from reconciler.model.serving import (
     READY,
+    DeviceMemory,
     ModelInterface,
     ModelState,
     ServerState,
@@ -116,6 +117,8 @@ class FakeTriton:
         self.wrong_answers = set(wrong_answers)
         self.changed_interfaces = set(changed_interfaces)
         self.unreachable = False
+        # (model, version) -> the memory Triton's statistics report for it
+        self.reported_memory: dict[tuple[str, int], tuple[DeviceMemory, ...]] = {}
         self.calls: list[str] = []
         self.timeline: list[Snapshot] = []
         self._models: dict[str, _Model] = {}
@@ -241,6 +244,13 @@ class FakeTriton:
             result = result + np.float32(1)
         answer = {OUTPUT: result.astype(np.float32)}
         return {name: answer[name] for name in outputs if name in answer}
+
+    def memory_usage(self, model: str) -> dict[int, tuple[DeviceMemory, ...]]:
+        """What Triton's statistics report for each loaded version: ``reported_memory``
+        (nothing by default, as the Python backend)."""
+        state = self._models.get(model)
+        loaded = state.live if state is not None else frozenset()
+        return {v: self.reported_memory.get((model, v), ()) for v in sorted(loaded)}
 
     def interface(self, model: str, version: int) -> ModelInterface:
         """Every version of the fake takes INPUT0 and gives OUTPUT0, except those listed in

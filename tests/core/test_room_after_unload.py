@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from reconciler.core.plan.planner import plan
 from reconciler.core.readings import footprint
-from reconciler.core.records import holds_from
+from reconciler.core.records import footprints_from, holds_from
 from reconciler.engine.apply import apply
 from reconciler.engine.context import Timing
 from reconciler.loop.observation import with_free_memory
@@ -17,6 +17,7 @@ from reconciler.model.analysis import Figures
 from reconciler.model.history import History
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, Outcome
+from reconciler.model.serving import DeviceMemory
 from reconciler.model.spec import DesiredState
 from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
 
@@ -106,3 +107,31 @@ def test_a_load_costs_what_its_fullest_device_grew() -> None:
     host = Figures(memory_bytes=1 * GIB, memory_total_bytes=8 * GIB)
     assert footprint(host, replace(host, memory_bytes=3 * GIB)) == 2 * GIB
     assert footprint(Figures(), host) is None
+
+
+def test_a_footprint_is_tritons_statistics_where_the_backend_reports_them() -> None:
+    fake = FakeTriton("s1", {"m": range(1, 4)})
+    fake.serve("m", [1])
+    fake.reported_memory[("m", 2)] = (
+        DeviceMemory("GPU", 0, 3 * GIB), DeviceMemory("GPU", 1, 3 * GIB),
+    )  # fmt: skip
+    fake.reported_memory[("m", 1)] = (DeviceMemory("GPU", 0, 5 * GIB),)  # the old: not counted
+    p = plan(desired_state(deploy("m", [2])), {"s1": observe(fake)}, History(), "rev-1")
+    clock = FakeClock()
+    timing = Timing(clock=clock.clock, sleep=clock.sleep)
+    # The figures grew 1 GiB per device meanwhile (another process): not what decides.
+    result = apply(p, {"s1": fake}, timing=timing, metrics={"s1": TwoGpus(b_used=7)})
+    assert result.ok
+    assert footprints_from(result) == {("s1", "m"): 3 * GIB}
+    # A backend that reports nothing: the figures' growth, as before.
+    fake.reported_memory.clear()
+    p = plan(desired_state(deploy("m", [3])), {"s1": observe(fake)}, History(), "rev-1")
+    growing = iter((5, 7, 7, 7, 7, 7, 7, 7))
+
+    class Growing(TwoGpus):
+        def figures(self, model: str, versions: tuple[int, ...], queries: object = {}) -> Figures:
+            self.b_used = next(growing)
+            return super().figures(model, versions, queries)
+
+    result = apply(p, {"s1": fake}, timing=timing, metrics={"s1": Growing()})
+    assert result.ok and footprints_from(result) == {("s1", "m"): 2 * GIB}
