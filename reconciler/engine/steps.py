@@ -7,10 +7,10 @@ the function that carries it out; ``execute_step`` dispatches through it. Called
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping
 
-import numpy as np
-
+from reconciler.core.comparison import Comparison, Tolerance, disagreement, judged
 from reconciler.core.probes import synthesized, wrong
 from reconciler.core.readings import footprint, free_memory
 from reconciler.core.smoke import mismatches
@@ -198,50 +198,44 @@ def _drop(control: ModelControl, step: Step, timing: Timing) -> None:
 
 
 def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
-    """Replay the recorded requests, version-pinned, on the old version and each new one;
-    compare outputs (within the tolerance) and mean latencies."""
+    """Replay the recorded requests, version-pinned: per request the old version twice
+    (primary and secondary: the noise it makes by itself) and each new one, in an order
+    shuffled per request; judged by ``core.comparison`` (the new version's disagreement
+    beyond the noise, p95 latency of the interleaved calls)."""
     shadow, old = step.shadow, step.shadow_against
     assert shadow is not None and old is not None
     if not shadow.requests:
         return
     outputs = tuple(t.name for t in control.interface(step.model, old).outputs)
+    tolerance = Tolerance(shadow.tolerance, shadow.relative_tolerance, shadow.top_k)
     for version in step.smoke_versions:
-        agree, old_seconds, new_seconds = 0, 0.0, 0.0
+        # Seeded by what is compared: a replay of the same versions asks in the same order.
+        order = random.Random(f"{step.server}/{step.model}/{old}/{version}")
+        candidate, noise, primary_s, candidate_s = [], [], [], []
         for inputs in shadow.requests:
-            started = timing.clock()
-            want = control.infer(step.model, old, inputs, outputs)
-            middle = timing.clock()
-            got = control.infer(step.model, version, inputs, outputs)
-            ended = timing.clock()
-            old_seconds += middle - started
-            new_seconds += ended - middle
-            if set(got) == set(want) and all(
-                got[name].shape == want[name].shape
-                and bool(
-                    np.all(
-                        np.abs(got[name].astype(np.float64) - want[name].astype(np.float64))
-                        <= shadow.tolerance
-                    )
-                )
-                if want[name].dtype != np.object_
-                else got[name].tolist() == want[name].tolist()
-                for name in want
-            ):
-                agree += 1
-        share = agree / len(shadow.requests)
-        if share < shadow.min_agreement:
+            calls = [("primary", old), ("secondary", old), ("candidate", version)]
+            order.shuffle(calls)
+            answers, seconds = {}, {}
+            for role, pinned in calls:
+                started = timing.clock()
+                answers[role] = control.infer(step.model, pinned, inputs, outputs)
+                seconds[role] = timing.clock() - started
+            primary_s.append(seconds["primary"])
+            candidate_s.append(seconds["candidate"])
+            if why := disagreement(answers["primary"], answers["candidate"], tolerance):
+                candidate.append(why)
+            if why := disagreement(answers["primary"], answers["secondary"], tolerance):
+                noise.append(why)
+        comparison = Comparison(
+            len(shadow.requests), tuple(candidate), tuple(noise),
+            tuple(primary_s), tuple(candidate_s),
+        )  # fmt: skip
+        failed = judged(comparison, shadow.min_agreement, shadow.max_latency_increase)
+        if failed is not None:
             raise VerifyFailed(
-                f"shadow replay of {len(shadow.requests)} request(s): version {version} agrees "
-                f"with version {old} on {share:.1%} (at least {shadow.min_agreement:.1%} "
-                f"required, tolerance {shadow.tolerance:g})"
+                f"shadow replay of {len(shadow.requests)} request(s): version {version} "
+                f"against version {old}: {failed}"
             )
-        if shadow.max_latency_increase is not None and old_seconds > 0:
-            increase = new_seconds / old_seconds - 1
-            if increase > shadow.max_latency_increase:
-                raise VerifyFailed(
-                    f"shadow replay: version {version} is {increase:.0%} slower than version "
-                    f"{old} (at most {shadow.max_latency_increase:.0%})"
-                )
 
 
 def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeContext) -> StepDone:

@@ -41,11 +41,13 @@ class ShadowSpec:
     """Recorded requests replayed against old and new versions, and how close they must be."""
 
     requests_file: str  # in the manifest repository, relative to the manifests' folder
-    tolerance: float = 0.0
-    min_agreement: float = 1.0
-    max_latency_increase: float | None = None
+    tolerance: float = 0.0  # absolute, per floating-point output element
+    min_agreement: float = 1.0  # beyond the serving version's disagreement with itself
+    max_latency_increase: float | None = None  # p95 of the interleaved calls
     requests: tuple[tuple[Tensor, ...], ...] = ()  # read from the file at the revision
     location: Location = Location("<memory>", 0)
+    relative_tolerance: float = 0.0
+    top_k: Mapping[str, int] = field(default_factory=dict)  # classification outputs
 
 
 @dataclass(frozen=True)

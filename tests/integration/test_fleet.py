@@ -345,7 +345,8 @@ def test_a_preview_pool_catches_differing_outputs_before_production(
     changes = {c["server"]: c for c in result.json()["result"]["changes"]}
     assert changes["preview-a"]["outcome"] == "reverted"
     assert (
-        "shadow replay of 3 request(s): version 3 agrees with version 1 on 0.0%"
+        "shadow replay of 3 request(s): version 3 against version 1: disagrees on 100.0% of 3 "
+        "request(s), the serving version with itself on 0.0%"
         in (changes["preview-a"]["error"])
     )
     assert changes["prod-a"]["outcome"] == "skipped"  # never touched

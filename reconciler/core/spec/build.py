@@ -366,6 +366,10 @@ def _shadow(doc: Document, verify: dict[str, Any]) -> ShadowSpec | None:
         float(_or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "minAgreement")),
         compare.get("maxLatencyIncrease"),
         location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
+        relative_tolerance=float(
+            _or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "relativeTolerance")
+        ),
+        top_k={str(k): int(v) for k, v in compare.get("topK", {}).items()},
     )
 
 
