@@ -14,6 +14,7 @@ import itertools
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -247,6 +248,29 @@ class TritonServerClient:
         entry = _CachedConfig(versions, config, generation, due)
         self._configs[model] = entry
         return entry
+
+    def server_version(self) -> str:
+        """Triton's version, from its server metadata (``triton-gitops check``)."""
+        try:
+            metadata = self._client.get_server_metadata(client_timeout=self.call_timeout)
+        except InferenceServerException as exc:
+            raise self._error(exc, "reading the server metadata") from exc
+        return str(metadata.version)
+
+    def explicit_model_control(self) -> bool:
+        """Whether the server runs in EXPLICIT model-control mode, asked without changing
+        anything: an unload of a model name no repository holds is a no-op in EXPLICIT mode,
+        and refused in POLL and NONE modes ("explicit model load / unload is not allowed if
+        polling is enabled", measured on 2.51). Triton reports the mode nowhere else."""
+        try:
+            self._client.unload_model(
+                f"triton-gitops-check-{uuid.uuid4().hex}", client_timeout=self.call_timeout
+            )
+        except InferenceServerException as exc:
+            if "not allowed if polling is enabled" in str(exc.message()):
+                return False
+            raise self._error(exc, "asking for its model-control mode") from exc
+        return True
 
     def observe(self, models: Iterable[str]) -> ServerState:
         """What the server serves of ``models``, and what its model repository holds.

@@ -32,7 +32,7 @@ from reconciler.adapters.options import (
     refuse_unknown_keys,
     take_defaults,
 )
-from reconciler.cli import gate, manifests, on_call, passes, service, status
+from reconciler.cli import check, gate, manifests, on_call, passes, service, status
 from reconciler.cli.options import log_options
 from reconciler.cli.shell import CONFIG_HELP, EXIT_ERROR, Command, Parser, failed
 from reconciler.model.errors import ReconcileError
@@ -45,10 +45,11 @@ COMMANDS: dict[str, Command] = {
     **passes.COMMANDS,
     **gate.COMMANDS,
     **service.COMMANDS,
+    **check.COMMANDS,
 }
 _HELP_ORDER = (
     "validate", "history", "reconcile", "suspend", "resume", "retry", "abort", "promote",
-    "undo", "plan", "apply", "diff", "gate", "digest", "status", "run",
+    "undo", "plan", "apply", "diff", "gate", "digest", "status", "run", "check",
 )  # fmt: skip
 
 

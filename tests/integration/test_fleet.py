@@ -346,8 +346,7 @@ def test_a_preview_pool_catches_differing_outputs_before_production(
     assert changes["preview-a"]["outcome"] == "reverted"
     assert (
         "shadow replay of 3 request(s): version 3 against version 1: disagrees on 100.0% of 3 "
-        "request(s), the serving version with itself on 0.0%"
-        in (changes["preview-a"]["error"])
+        "request(s), the serving version with itself on 0.0%" in (changes["preview-a"]["error"])
     )
     assert changes["prod-a"]["outcome"] == "skipped"  # never touched
     assert production.versions_seen() == {1} and production.failures == []
