@@ -140,3 +140,14 @@ def footprint(before: Figures, after: Figures) -> float | None:
     if before.memory_bytes is None or after.memory_bytes is None:
         return None
     return max(0.0, after.memory_bytes - before.memory_bytes)
+
+
+def room_in_all(figures: Figures) -> float:
+    """The most a version could ever have on the server: the fullest GPU device's memory in
+    all where the server reports devices, else its memory in all; infinity when unknown."""
+    fullest = figures.fullest_device()
+    if fullest is not None:
+        return figures.gpu_total[fullest[0]]
+    if figures.memory_total_bytes is None:
+        return math.inf
+    return figures.memory_total_bytes

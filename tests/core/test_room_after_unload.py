@@ -135,3 +135,19 @@ def test_a_footprint_is_tritons_statistics_where_the_backend_reports_them() -> N
 
     result = apply(p, {"s1": fake}, timing=timing, metrics={"s1": Growing()})
     assert result.ok and footprints_from(result) == {("s1", "m"): 2 * GIB}
+
+
+def test_a_need_beyond_the_servers_memory_in_all_is_not_waited_for() -> None:
+    # resources.memory larger than the server has in all (8 GiB): no unload makes that room,
+    # so the swap loads at once rather than failing after the unload wait.
+    fake = FakeTriton("s1", {"m": range(1, 4)})
+    fake.serve("m", [1])
+    huge = replace(deploy("m", [2]), memory_per_version=64 * GIB, when_no_headroom="replace")
+    observed = replace(observe(fake), memory_free=1 * GIB)
+    p = plan(desired_state(huge), {"s1": observed}, History(), "rev-1")
+    clock = FakeClock()
+    figure = MemoryFigure(free=1)
+    result = apply(p, {"s1": fake}, timing=Timing(clock=clock.clock, sleep=clock.sleep),
+                   metrics={"s1": figure})  # fmt: skip
+    assert result.ok and fake.ready("m") == {2}
+    assert clock.clock() - 1000.0 < 5.0, "waited for room that cannot come"
