@@ -60,8 +60,12 @@ class PodReadinessGate:
         api_client: kube.ApiClient,
         resolver: Resolver | None = None,
         clock: Any = None,
+        timeout: float = 5.0,
     ) -> None:
         self.namespace = namespace
+        # Each API call's own limit: the board publishes from the watch and from apply's
+        # worker threads (a drain), which a hung API server must not hold.
+        self.timeout = timeout
         self._core = kube.CoreV1Api(api_client)
         self._resolver = resolver or SystemResolver()
         self._clock = clock or (lambda: datetime.datetime.now(datetime.UTC))
@@ -89,6 +93,7 @@ class PodReadinessGate:
                 self.namespace,
                 {"status": {"conditions": [condition]}},
                 _content_type=STRATEGIC_MERGE,
+                _request_timeout=self.timeout,
             )
             return None
         except DiscoveryFailed as exc:
@@ -109,7 +114,7 @@ class PodReadinessGate:
 
     def _pod(self, ip: str) -> Any:
         pods = self._core.list_namespaced_pod(
-            self.namespace, field_selector=f"status.podIP={ip}"
+            self.namespace, field_selector=f"status.podIP={ip}", _request_timeout=self.timeout
         ).items
         # A finished pod may keep its IP on record beside the one now running there.
         live = [p for p in pods if p.status is None or p.status.phase not in _ENDED]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import datetime
 import json
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -148,3 +149,17 @@ def test_an_unreachable_api_server_is_reported_not_raised() -> None:
     assert problem is not None and problem.startswith(
         "server fleet/10.244.1.23: Kubernetes API unreachable"
     ), problem
+
+
+def test_an_api_server_that_hangs_is_given_up_on_within_the_timeout(api: ApiServer) -> None:
+    def hang(request: Request) -> tuple[int, dict[str, Any]]:
+        time.sleep(1.5)
+        return 200, pod_list(recorded("pod.json"))
+
+    api.answer = hang
+    slow = PodReadinessGate("triton", client_for(api.url), Names({}), timeout=0.2)
+    started = time.monotonic()
+    problem = slow.publish(SERVING, "10.244.1.23:8001")
+    took = time.monotonic() - started
+    assert problem is not None and "Kubernetes API unreachable" in problem, problem
+    assert took < 1.4, f"held {took:.1f}s by a hung API server"
