@@ -14,6 +14,7 @@ backoff's business, not the version's: its probes are not counted. Run from the 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 
@@ -35,6 +36,9 @@ class ServingProbes:
         self.clock = clock
         self._records: dict[Key, Answering] = {}
         self._requests: dict[Key, ProbeRequest | None] = {}
+        # A watch round that began before a pass may still run when the pass's end judges
+        # its reloads (another thread): the records are read and written under this.
+        self._lock = threading.Lock()
 
     def round(self, report: PassReport, readings: Mapping[str, Reading]) -> None:
         """Probe every version READY now whose probe is due; forget versions gone."""
@@ -49,11 +53,14 @@ class ServingProbes:
             for version in sorted(reading.get(model, ())):
                 key = (server, model, version)
                 seen.add(key)
-                if self._records.get(key, Answering()).due(now, probes.interval):
+                with self._lock:
+                    record = self._records.get(key, Answering())
+                if record.due(now, probes.interval):
                     due.setdefault(server, []).append((key, deployment))
-        for gone in set(self._records) - seen:
-            self._records.pop(gone)
-            self._requests.pop(gone, None)
+        with self._lock:
+            for gone in set(self._records) - seen:
+                self._records.pop(gone)
+                self._requests.pop(gone, None)
         for server, keys in due.items():
             address = report.servers.get(server)
             if address is not None:
@@ -71,10 +78,11 @@ class ServingProbes:
                     request = self._requests[key]
                     if request is None:
                         continue  # nothing to ask it: not judged
-                    if request.case is not None and key not in self._records:
+                    if request.case is not None:
                         # A smoke case is a request the version must answer: judged from
                         # the first probe, not only once it has answered one.
-                        self._records[key] = Answering(answered=True)
+                        with self._lock:
+                            self._records.setdefault(key, Answering(answered=True))
                     sent = self.clock()
                     try:
                         answer = client.infer(
@@ -87,8 +95,9 @@ class ServingProbes:
                         error = wrong(request, answer)
                     except StepFailed as exc:
                         error = str(exc)
-                    record = self._records.get(key, Answering())
-                    self._records[key] = after_probe(record, sent, error)
+                    with self._lock:
+                        record = self._records.get(key, Answering())
+                        self._records[key] = after_probe(record, sent, error)
         except ServerUnavailable:
             return  # the server, not the version: the backoff and the watch handle it
 
@@ -96,7 +105,9 @@ class ServingProbes:
         """Per (server, model), the versions the next pass should reload in place, with
         the last error."""
         wanted: dict[tuple[str, str], dict[int, str]] = {}
-        for (server, model, version), record in sorted(self._records.items()):
+        with self._lock:
+            records = sorted(self._records.items())
+        for (server, model, version), record in records:
             deployment = report.placed.get((server, model))
             if deployment and record.reload_wanted(deployment.serving_probes.failures):
                 wanted.setdefault((server, model), {})[version] = record.last_error
@@ -106,7 +117,9 @@ class ServingProbes:
         """Per (server, model), why it is out of service: versions that stopped answering
         (being reloaded, or reloaded in vain too often)."""
         out: dict[tuple[str, str], list[str]] = {}
-        for (server, model, version), record in sorted(self._records.items()):
+        with self._lock:
+            records = sorted(self._records.items())
+        for (server, model, version), record in records:
             deployment = report.placed.get((server, model))
             probes = deployment.serving_probes if deployment else None
             if probes is None or not record.stopped(probes.failures):
@@ -128,8 +141,9 @@ class ServingProbes:
             if change.change.heals and change.outcome is Outcome.CONVERGED:
                 for version in change.change.heals:
                     key = (change.change.server, change.change.model, version)
-                    if key in self._records:
-                        self._records[key] = after_reload(self._records[key])
+                    with self._lock:
+                        if key in self._records:
+                            self._records[key] = after_reload(self._records[key])
 
 
 def _request(
