@@ -35,13 +35,14 @@ from packaging.utils import canonicalize_name
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
-from reconciler.adapters.files import manifest_files_in
+from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.metrics import instance_of
 from reconciler.adapters.options import ConfigFile
 from reconciler.adapters.pod_readiness import CONDITION as READINESS_CONDITION
 from reconciler.cli import build_parser, parse_arguments
-from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.core.spec.rules import analysis_source_problems
+from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.service.telemetry import ReconcilerMetrics
 from tests.services import find_binary
 
@@ -1227,3 +1228,56 @@ def test_healthcheck_fails_when_nothing_listens() -> None:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     assert healthcheck(port) != 0
+
+
+# -- every example validates as written ------------------------------------------------------
+
+
+# Each example's manifest repository (or folder of it): validated as a whole, as
+# `triton-gitops validate DIR` would.
+MANIFEST_ROOTS = (
+    "examples/repo",
+    "examples/envoy/manifests",
+    "examples/deploy/manifests",
+    "examples/deploy/gateway-api",
+    "examples/deploy/object-storage",
+)
+
+
+def test_every_example_manifest_folder_validates_as_written() -> None:
+    roots = [ROOT / root for root in MANIFEST_ROOTS]
+    # Every manifest of ours under examples/ belongs to one of them: a new example is listed.
+    ours = [
+        path for path in sorted((ROOT / "examples").rglob("*.y*ml"))
+        if "apiVersion: triton-gitops" in path.read_text()
+    ]  # fmt: skip
+    strays = [str(p.relative_to(ROOT)) for p in ours if not any(r in p.parents for r in roots)]
+    assert not strays, f"manifests outside MANIFEST_ROOTS (add their folder): {strays}"
+    for folder in roots:
+        reading = read_manifests(
+            manifest_files_in(folder),
+            lambda name, folder=folder: read_in_directory(folder, name, MAX_SHADOW_FILE_BYTES),
+            prometheus=True,
+        )
+        where = folder.relative_to(ROOT)
+        assert not reading.problems, f"{where}: " + "; ".join(str(p) for p in reading.problems)
+        assert reading.desired.servers, f"{where}: no TritonServer"
+
+
+def test_every_command_an_alert_tells_on_call_to_run_parses_in_the_reconciler_pod() -> None:
+    """The commands in the shipped alerts' annotations, run with `kubectl exec` in the
+    reconciler's pod (its environment and config file give --repo and --state), with each
+    label template filled in as Alertmanager would."""
+    key, config = reconciler_config()
+    commands = []
+    for rule in alert_rules():
+        for text in rule.get("annotations", {}).values():
+            commands += re.findall(r"`(triton-gitops [^`]+)`", text)
+    assert len(commands) >= 5, commands
+    for command in commands:
+        filled = re.sub(r"\{\{\s*\$labels\.(\w+)\s*\}\}", lambda m: f"sample-{m[1]}", command)
+        argv = shlex.split(filled)[1:]
+        try:
+            parse_arguments(argv, startup_environment(), ConfigFile(Path(key), config))
+        except SystemExit as exc:
+            raise AssertionError(f"an alert tells on-call to run {command!r}: {exc}") from None
