@@ -116,6 +116,10 @@ class Prometheus(_Service):
     scrape_interval: str = "1s"  # also how often the rules are evaluated
     job: str = "triton"
     rule_files: list[Path] = field(default_factory=list)
+    # A scrape config's own targets (each with labels, e.g. the __meta_kubernetes_* labels
+    # service discovery would set) and relabelings, instead of ``targets``.
+    static_configs: list[dict[str, Any]] | None = None
+    relabel_configs: list[dict[str, Any]] = field(default_factory=list)
 
     name = "prometheus"
 
@@ -127,7 +131,11 @@ class Prometheus(_Service):
             },
             "rule_files": [str(path) for path in self.rule_files],
             "scrape_configs": [
-                {"job_name": self.job, "static_configs": [{"targets": list(self.targets)}]}
+                {
+                    "job_name": self.job,
+                    "static_configs": self.static_configs or [{"targets": list(self.targets)}],
+                    "relabel_configs": self.relabel_configs,
+                }
             ],
         }
 

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,13 +31,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+import tritonclient.grpc as triton_grpc
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
 from reconciler.adapters.files import manifest_files_in, read_in_directory
-from reconciler.adapters.metrics import instance_of
+from reconciler.adapters.metrics import PrometheusQuery, instance_of
 from reconciler.adapters.options import ConfigFile
 from reconciler.adapters.pod_readiness import CONDITION as READINESS_CONDITION
 from reconciler.cli import build_parser, parse_arguments
@@ -44,7 +46,9 @@ from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
 from reconciler.service.telemetry import ReconcilerMetrics
-from tests.services import find_binary
+from testkit.local_triton import LocalTriton
+from tests.integration.flows import ready_versions
+from tests.services import StartPrometheus, find_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -855,6 +859,7 @@ def test_example_triton_server_manifest_matches_the_service_and_the_scrape() -> 
         "__address__": f"10.1.2.3:{ports[endpoint['port']]}",
         "__meta_kubernetes_service_name": service["metadata"]["name"],
         "__meta_kubernetes_namespace": namespace,
+        **service_label_meta(service),
     }
     labels["instance"] = labels["__address__"]
     for rule in endpoint.get("relabelings", []):
@@ -866,6 +871,79 @@ def test_example_triton_server_manifest_matches_the_service_and_the_scrape() -> 
             assert doc["spec"]["metrics"] == f"http://{host}:{ports['metrics']}/metrics"
             # With prometheus-url, the analysis queries instance=<this>: it must be the label.
             assert instance_of(doc["spec"]["metrics"]) == labels["instance"]
+
+
+def service_label_meta(service: dict[str, Any]) -> dict[str, str]:
+    """The __meta_kubernetes_service_label_* labels Kubernetes service discovery gives a
+    target of ``service`` (each label name with its non-alphanumerics made _)."""
+    return {
+        "__meta_kubernetes_service_label_" + re.sub(r"[^A-Za-z0-9_]", "_", name): value
+        for name, value in service["metadata"].get("labels", {}).items()
+    }
+
+
+def tritonserver_monitor_endpoint() -> dict[str, Any]:
+    (monitor,) = [m for m in find("ServiceMonitor") if m["metadata"]["name"] == "tritonserver"]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    return dict(endpoint)
+
+
+def as_relabel_config(rule: dict[str, Any]) -> dict[str, Any]:
+    """A ServiceMonitor relabeling in Prometheus's own spelling (what the operator writes)."""
+    names = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return {names.get(key, key): value for key, value in rule.items()}
+
+
+@pytest.mark.triton
+def test_the_reconciler_finds_each_servers_series_through_the_servicemonitors_relabeling(
+    triton: LocalTriton, model_repository: Path, start_prometheus: StartPrometheus
+) -> None:
+    """A real Prometheus scrapes two real tritonservers with the ServiceMonitor's relabelings:
+    one as a TritonServer with its own headless Service (spec.metrics names the Service),
+    one as a discovered instance (its pod address). The reconciler's own query finds each."""
+    fleet = LocalTriton(model_repository).start()
+    try:
+        for server in (triton, fleet):
+            with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+                client.load_model("echo")
+        service = one("Service", triton_service_name())
+        fixed_meta = {
+            "__meta_kubernetes_service_name": service["metadata"]["name"],
+            "__meta_kubernetes_namespace": service["metadata"]["namespace"],
+            **service_label_meta(service),
+        }
+        # A discovery fleet's headless Service: one Service, many pods, no instance label.
+        fleet_meta = {"__meta_kubernetes_service_name": "triton-fleet",
+                      "__meta_kubernetes_namespace": "triton"}  # fmt: skip
+        endpoint = tritonserver_monitor_endpoint()
+        prometheus = start_prometheus(
+            [],
+            static_configs=[
+                {"targets": [f"127.0.0.1:{triton.metrics_port}"], "labels": fixed_meta},
+                {"targets": [f"127.0.0.1:{fleet.metrics_port}"], "labels": fleet_meta},
+            ],
+            relabel_configs=[as_relabel_config(r) for r in endpoint["relabelings"]],
+        )
+        host = f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc.cluster.local"
+        fixed = PrometheusQuery.for_metrics_url(
+            prometheus.url, f"http://{host}:{triton.metrics_port}/metrics"
+        )
+        # What DesiredState.with_instances makes a discovered instance's metrics URL.
+        discovered = PrometheusQuery.for_metrics_url(
+            prometheus.url, f"http://127.0.0.1:{fleet.metrics_port}/metrics"
+        )
+        versions = tuple(sorted(ready_versions(triton, "echo")))
+        for name, reader in (("fixed server", fixed), ("discovered instance", discovered)):
+            deadline = time.monotonic() + 30
+            figures = reader.figures("echo", versions)
+            while figures.success is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                figures = reader.figures("echo", versions)
+            assert figures.error is None and figures.success is not None, (
+                f"{name}: no series for instance={reader.instance}\n{prometheus.log_tail()}"
+            )
+    finally:
+        fleet.stop()
 
 
 def test_the_object_storage_example_points_triton_and_the_reconciler_at_one_bucket() -> None:
