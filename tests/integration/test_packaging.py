@@ -45,6 +45,7 @@ from reconciler.cli import build_parser, parse_arguments
 from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
+from reconciler.model.history import KINDS
 from reconciler.service.telemetry import ReconcilerMetrics
 from testkit.local_triton import LocalTriton
 from tests.integration.flows import ready_versions
@@ -1359,3 +1360,21 @@ def test_every_command_an_alert_tells_on_call_to_run_parses_in_the_reconciler_po
             parse_arguments(argv, startup_environment(), ConfigFile(Path(key), config))
         except SystemExit as exc:
             raise AssertionError(f"an alert tells on-call to run {command!r}: {exc}") from None
+
+
+def github_anchor(heading: str) -> str:
+    """The fragment GitHub gives a Markdown heading."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_alert_links_its_section_of_the_troubleshooting_page() -> None:
+    page = (ROOT / "docs" / "troubleshooting.md").read_text()
+    anchors = {github_anchor(h) for h in re.findall(r"^#+ (.+)$", page, re.M)}
+    base = "https://github.com/example-org/triton-gitops/blob/main/docs/troubleshooting.md#"
+    for rule in alert_rules():
+        url = rule["annotations"].get("runbook_url", "")
+        assert url.startswith(base), f"{rule['alert']}: runbook_url {url!r}"
+        assert url.removeprefix(base) in anchors, f"{rule['alert']}: no section {url}"
+    # Every kind of the reconciler's own alerts is explained there too.
+    for kind in KINDS:
+        assert f"| `{kind}` |" in page, f"alert kind {kind} missing from the troubleshooting page"
