@@ -197,7 +197,7 @@ class Daemon:
                 skip=self._skip_list(),
                 stopping=self.stop_requested.is_set,
                 memory=self.memory,
-                events=self.serving_board,  # a drain takes its model out of service meanwhile
+                events=self.serving_watch.events,  # /serving and the rollout metrics
             )
             self._fetched_once = True
             self._git_failures = 0
@@ -253,7 +253,7 @@ class Daemon:
                 failed=len(self._outcome["failed"]),
             )
             self._pass_lock.release()
-            self.serving_board.pass_ended()
+            self.serving_watch.pass_ended()
         if report is not None and not self.stop_requested.is_set():
             # What serves now, without waiting for the watch's next round.
             self.serving_watch.after_pass(report, self._watch.readings(report))

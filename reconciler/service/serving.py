@@ -34,11 +34,13 @@ from typing import Any, Protocol
 from reconciler.core.records import rfc3339
 from reconciler.core.serving_truth import ServingTruth, serving_truth, wanted_from
 from reconciler.core.unloading import Key
+from reconciler.loop.live import FanOut
 from reconciler.loop.memory import PassMemory
 from reconciler.model.analysis import Evaluation
 from reconciler.model.plan import Action, Step
 from reconciler.model.reports import PassReport
 from reconciler.model.settings import RunSettings, Settings
+from reconciler.service.rollout_metrics import RolloutGauges
 from reconciler.service.serving_probes import ServingProbes
 from reconciler.service.telemetry import ReconcilerMetrics, log_event
 from reconciler.service.unloading import StuckUnloads
@@ -192,6 +194,15 @@ class ServingWatch:
     ) -> None:
         self.board, self.memory, self.unloads = board, memory, unloads
         self.probes = probes or ServingProbes()
+        self.rollouts = RolloutGauges(board.metrics)
+        # What apply's step events go to: the board (a drain takes a model out) and the
+        # rollout metrics.
+        self.events = FanOut(board, self.rollouts)
+
+    def pass_ended(self) -> None:
+        """A pass has ended: its drains are over, and nothing is in progress any more."""
+        self.board.pass_ended()
+        self.rollouts.pass_ended()
 
     @classmethod
     def of_service(

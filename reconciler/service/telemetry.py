@@ -153,6 +153,34 @@ class ReconcilerMetrics:
             ["server"],
             registry=r,
         )
+        self.rollout_step = Gauge(
+            "triton_gitops_rollout_step",
+            "1 for the step of the change in progress on the server for the model (load, "
+            "verify, analyze, route, unload, drain, replace-library, reverting), 0 for the "
+            "others; no series when none is in progress",
+            ["server", "model", "step"],
+            registry=r,
+        )
+        self.analysis_seconds_left = Gauge(
+            "triton_gitops_analysis_seconds_left",
+            "Seconds left of the analysis in progress on the server for the model",
+            ["server", "model"],
+            registry=r,
+        )
+        self.check_value = Gauge(
+            "triton_gitops_analysis_check_value",
+            "The last value of each check of the analysis in progress (success rate, latency "
+            "increase, memory growth in bytes, a promql check's value)",
+            ["server", "model", "check"],
+            registry=r,
+        )
+        self.check_bound = Gauge(
+            "triton_gitops_analysis_check_bound",
+            "Each bound of each check of the analysis in progress (bound: min, max, "
+            "max_increase, max_increase_bytes)",
+            ["server", "model", "check", "bound"],
+            registry=r,
+        )
         self.stuck_unloads = Gauge(
             "triton_gitops_versions_stuck_unloading",
             "Versions of the model on the server UNLOADING longer than --unload-deadline "

@@ -269,3 +269,36 @@ def index_state(triton: LocalTriton, version: int) -> str | None:
         index = client.get_model_repository_index(as_json=True)["models"]
     found = [m.get("state") for m in index if m.get("version") == str(version)]
     return found[0] if found else None
+
+
+def test_the_rollout_in_progress_is_on_metrics_while_it_runs_and_gone_after(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    analysis = (
+        "  verify:\n    analysis:\n      interval: 1s\n      duration: 6s\n"
+        "      noTraffic: pass\n      checks:\n"
+        "        - {name: success-rate, successRate: {min: 0.99}}\n"
+    )
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository,
+                                               metrics=triton.metrics_url))  # fmt: skip
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=analysis))
+    manifests.commit("echo 1")
+    service = service_process(manifests.url, tmp_path / "service").start()
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == {1}, 60, "echo 1 serves")
+        wait_until(lambda: service.passes() >= 1, 30, "the first pass ended")
+        manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], extra=analysis))
+        manifests.commit("echo 2, analysed")
+        assert service.github_push() == 202
+        step = b'triton_gitops_rollout_step{model="echo",server="edge-a",step="analyze"} 1.0'
+        bound = (b'triton_gitops_analysis_check_bound{bound="min",check="success-rate",'
+                 b'model="echo",server="edge-a"} 0.99')  # fmt: skip
+        wait_until(lambda: step in service.get("/metrics")[1], 30, "the analysis on /metrics")
+        metrics = service.get("/metrics")[1]
+        assert bound in metrics, metrics.decode()[-2000:]
+        assert b'triton_gitops_analysis_seconds_left{model="echo",server="edge-a"}' in metrics
+        wait_until(lambda: ready_versions(triton, "echo") == {2}, 60, "echo 2 serves")
+        wait_until(lambda: b"triton_gitops_rollout_step{" not in service.get("/metrics")[1],
+                   15, "no rollout in progress on /metrics after the pass")  # fmt: skip
+    finally:
+        service.stop()
