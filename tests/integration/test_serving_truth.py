@@ -114,10 +114,7 @@ def test_a_sequence_model_drained_for_its_swap_is_out_of_service(
     manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
 ) -> None:
     drain = "  sequence: {idle: 1s, drainTimeout: 60s}\n"
-    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository,
-                                               metrics=triton.metrics_url))  # fmt: skip
-    manifests.write("counter.yaml", deployment_doc("counter", [1], ["edge-a"], extra=drain))
-    manifests.commit("counter 1")
+    on_edge_a(manifests, triton, model_repository, 1, drain, "counter 1", model="counter")
     service = service_process(manifests.url, tmp_path / "service").start()
     try:
         wait_until(lambda: truth(service)[0] == 200, 30, "edge-a serving counter 1")
@@ -142,17 +139,20 @@ def test_a_sequence_model_drained_for_its_swap_is_out_of_service(
         service.stop()
 
 
-def echo_on_edge_a(
+def on_edge_a(
     manifests: ManifestRepo,
     triton: LocalTriton,
     model_repository: Path,
     version: int,
     extra: str,
     message: str,
+    model: str = "echo",
 ) -> None:
-    """Commit server edge-a (``triton``) serving echo ``version``, with ``extra`` spec lines."""
-    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
-    manifests.write("echo.yaml", deployment_doc("echo", [version], ["edge-a"], extra=extra))
+    """Commit server edge-a (``triton``, its metrics URL declared) serving ``model``
+    ``version``, with ``extra`` spec lines."""
+    server = server_doc("edge-a", triton.grpc_address, model_repository, metrics=triton.metrics_url)
+    manifests.write("servers.yaml", server)
+    manifests.write(f"{model}.yaml", deployment_doc(model, [version], ["edge-a"], extra=extra))
     manifests.commit(message)
 
 
@@ -168,7 +168,7 @@ def test_a_version_whose_stub_died_is_taken_out_and_reloaded_in_place_under_load
     manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
 ) -> None:
     probes = "  servingProbes: {interval: 1s, failures: 3}\n"
-    echo_on_edge_a(manifests, triton, model_repository, 1, probes, "echo 1, probed every second")
+    on_edge_a(manifests, triton, model_repository, 1, probes, "echo 1, probed every second")
     service = service_process(manifests.url, tmp_path / "service", ("--watch-interval", "1"))
     service.start()
     try:
@@ -230,7 +230,7 @@ def test_a_version_unloading_past_the_deadline_is_alerted_naming_it_and_resolved
     # it UNLOADING that long after the pass drops it (Triton waits for it), past a 2 s
     # deadline.
     slow = "  config: {parameters: {slow_ms: {string_value: '6000'}}}\n"
-    echo_on_edge_a(manifests, triton, model_repository, 5, slow, "echo 5, 6 s a request")
+    on_edge_a(manifests, triton, model_repository, 5, slow, "echo 5, 6 s a request")
     extra = ("--watch-interval", "1", "--unload-deadline", "2")
     service = service_process(manifests.url, tmp_path / "service", extra).start()
     try:
@@ -279,10 +279,7 @@ def test_the_rollout_in_progress_is_on_metrics_while_it_runs_and_gone_after(
         "      noTraffic: pass\n      checks:\n"
         "        - {name: success-rate, successRate: {min: 0.99}}\n"
     )
-    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository,
-                                               metrics=triton.metrics_url))  # fmt: skip
-    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=analysis))
-    manifests.commit("echo 1")
+    on_edge_a(manifests, triton, model_repository, 1, analysis, "echo 1")
     service = service_process(manifests.url, tmp_path / "service").start()
     try:
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 60, "echo 1 serves")
