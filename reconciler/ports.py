@@ -225,6 +225,10 @@ class StepEvents(Protocol):
 
     def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None: ...
 
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        """A router now routes by ``weights`` and mirrors ``mirror`` (shares out of
+        ``model.traffic.WEIGHT_SCALE``)."""
+
 
 class OperatorOrders(Protocol):
     """The orders operators gave rollouts in progress (``abort``, ``promote``), read while

@@ -8,7 +8,7 @@ import argparse
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -108,6 +108,9 @@ class ApplyLines:
 
     def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
         self._say(evaluation_line(step, evaluation, seconds_left), step)
+
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        pass  # the route step's own line says it
 
     def ended(self, result: StepResult) -> None:
         with self._lock:

@@ -135,5 +135,7 @@ def _steady(
     routers: Mapping[str, TrafficRouter], update: RouteUpdate, timing: Timing
 ) -> StepResult:
     """A router put back to its steady route (``Plan.routes``)."""
-    step = Step("", "", Action.ROUTE, (), f"router {update.router}: {update.reason}")
+    step = Step(
+        "", "", Action.ROUTE, (), f"router {update.router}: {update.reason}", router=update.router
+    )
     return set_route(routers[update.router], update.weights, update.mirror, step, timing)

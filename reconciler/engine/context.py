@@ -39,6 +39,9 @@ class NoEvents:
     def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
         pass
 
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        pass
+
 
 def _never() -> bool:
     return False

@@ -56,7 +56,9 @@ class RoutedFigures:
 
 
 def _route_step(plan: TrafficPlan, server: str, model: str, what: str) -> Step:
-    return Step(server, model, Action.ROUTE, (), f"router {plan.router}: {what}")
+    return Step(
+        server, model, Action.ROUTE, (), f"router {plan.router}: {what}", router=plan.router
+    )
 
 
 def set_route(
@@ -76,6 +78,8 @@ def set_route(
             step, False, ended - started, str(exc), exc.failure, reverting, ended_at=ended
         )
     ended = timing.clock()
+    if step.router is not None:
+        timing.events.routed(step.router, weights, mirror)
     return StepResult(step, True, ended - started, reverting=reverting, ended_at=ended)
 
 

@@ -70,6 +70,9 @@ class LiveStatus:
             },
         )
 
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        pass  # the route step's result says it
+
     def ended(self, result: StepResult) -> None:
         step = result.step
         entry: dict[str, Any] = {"state": f"{step.action} {'ok' if result.ok else 'failed'}"}
@@ -121,3 +124,7 @@ class FanOut:
     def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
         for watcher in self._watchers:
             watcher.evaluated(step, evaluation, seconds_left)
+
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        for watcher in self._watchers:
+            watcher.routed(router, weights, mirror)

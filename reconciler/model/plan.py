@@ -71,6 +71,7 @@ class Step:
     needs_free: float | None = None
     dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
     on_failure: OnFailure = OnFailure.REVERT
+    router: str | None = None  # route: the Router manifest whose route the step sets
 
 
 @dataclass(frozen=True)

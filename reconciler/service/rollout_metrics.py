@@ -1,16 +1,20 @@
 """The rollouts in progress as metrics, for the dashboard and for alerting on a rollout as it
 runs (issue 32; cf. Flagger's flagger_canary_weight): per server and model, the step running
 (``triton_gitops_rollout_step``), the analysis's time left, and each check's last value and
-bound. Fed by apply's step events in the service (as ``GET /status`` is); every series of a
-pass is removed when the pass ends, so the label sets stay bounded by the changes in flight.
+bound; per router and pool, the share of the traffic and of the mirror the reconciler last
+set (``triton_gitops_route_weight``, ``..._route_mirror``). Fed by apply's step events in
+the service (as ``GET /status`` is); every series of a pass but the routes is removed when
+the pass ends, so the label sets stay bounded by the changes in flight.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 
 from reconciler.model.analysis import Evaluation
 from reconciler.model.plan import Action, Step
+from reconciler.model.traffic import WEIGHT_SCALE
 from reconciler.service.telemetry import ReconcilerMetrics
 
 # The step label's values: the planned actions, and the revert of a failed change.
@@ -58,6 +62,14 @@ class RolloutGauges:
                 key = (step.server, step.model, result.check)
                 self.metrics.check_value.labels(*key).set(result.value)
                 self._checks.add(key)
+
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        """A router's route now: each pool's share of the traffic and of the mirror (0 to 1).
+        Kept after the pass: it is the route the clients meet."""
+        for pool, weight in weights.items():
+            self.metrics.route_weight.labels(router, pool).set(weight / WEIGHT_SCALE)
+        for pool in weights:
+            self.metrics.route_mirror.labels(router, pool).set(mirror.get(pool, 0) / WEIGHT_SCALE)
 
     def pass_ended(self) -> None:
         """The pass is over: nothing is in progress any more."""

@@ -116,6 +116,9 @@ class ServingBoard:
     def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
         pass  # an analysis changes nothing about what serves
 
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        pass  # a route changes where clients go, not what a server serves
+
     # -- what it says ------------------------------------------------------------------
 
     def truths(self) -> dict[str, ServingTruth]:

@@ -181,6 +181,18 @@ class ReconcilerMetrics:
             ["server", "model", "check", "bound"],
             registry=r,
         )
+        self.route_weight = Gauge(
+            "triton_gitops_route_weight",
+            "The share of the router's traffic (0 to 1) the reconciler last gave the pool",
+            ["router", "pool"],
+            registry=r,
+        )
+        self.route_mirror = Gauge(
+            "triton_gitops_route_mirror",
+            "The share of the router's traffic (0 to 1) the reconciler last mirrored to the pool",
+            ["router", "pool"],
+            registry=r,
+        )
         self.stuck_unloads = Gauge(
             "triton_gitops_versions_stuck_unloading",
             "Versions of the model on the server UNLOADING longer than --unload-deadline "

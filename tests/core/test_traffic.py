@@ -26,7 +26,7 @@ from reconciler.model.analysis import (
 )
 from reconciler.model.errors import RouterUnavailable, ValidationError
 from reconciler.model.history import History
-from reconciler.model.plan import Action, Plan
+from reconciler.model.plan import Action, Plan, Step
 from reconciler.model.results import ApplyResult, FailureKind, Outcome
 from reconciler.model.servers import TritonServer
 from reconciler.model.spec import DesiredState, RolloutSpec
@@ -301,6 +301,37 @@ def test_a_good_canary_sets_each_phase_then_the_final_route() -> None:
     assert run.router.reads > 0
     last = c.analysis
     assert last is not None and "router: 0 of" in str(last.evaluations[-1].results[0])
+
+
+class Routes:
+    """Apply's step events, keeping only the routes it says it set."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, int], dict[str, int]]] = []
+
+    def started(self, step: Step, reverting: bool) -> None:
+        pass
+
+    def evaluated(self, step: Step, evaluation: object, seconds_left: float) -> None:
+        pass
+
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        self.seen.append((router, dict(weights), dict(mirror)))
+
+
+def test_every_route_set_is_told_to_the_events_with_its_router() -> None:
+    run = Pass(desired(), fakes(), at_rest())
+    events = Routes()
+    timing = Timing(clock=run.clock.clock, sleep=run.clock.sleep, events=events)
+    metrics = {name: Counters() for name in run.fakes}
+    result = apply(run.plan(), run.fakes, timing=timing, metrics=metrics,
+                   routers={"edge": run.router})  # fmt: skip
+    assert result.ok
+    # What the router was sent, in order, is what the events heard (for the metrics).
+    assert [(w, m) for _, w, m in events.seen] == [
+        (dict(w), dict(m)) for w, m in run.router.updates
+    ]
+    assert {router for router, _, _ in events.seen} == {"edge"}
 
 
 def test_a_failing_canary_is_switched_back_before_anything_is_put_back() -> None:

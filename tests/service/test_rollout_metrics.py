@@ -63,3 +63,15 @@ def test_a_rollout_in_progress_shows_its_step_its_checks_and_goes_when_the_pass_
     assert sample(metrics, value, **where, check="success-rate") is None
     assert sample(metrics, bound, **where, check="latency", bound="max_increase") is None
     assert sample(metrics, "triton_gitops_analysis_seconds_left", **where) is None
+
+
+def test_a_route_set_is_each_pools_share_and_stays_after_the_pass() -> None:
+    metrics = ReconcilerMetrics()
+    gauges = RolloutGauges(metrics)
+    gauges.routed("edge", {"stable": 9_900, "canary": 100}, {"canary": 1_000})
+    assert sample(metrics, "triton_gitops_route_weight", router="edge", pool="canary") == 0.01
+    assert sample(metrics, "triton_gitops_route_weight", router="edge", pool="stable") == 0.99
+    assert sample(metrics, "triton_gitops_route_mirror", router="edge", pool="canary") == 0.1
+    assert sample(metrics, "triton_gitops_route_mirror", router="edge", pool="stable") == 0.0
+    gauges.pass_ended()  # the route is where clients go now: kept
+    assert sample(metrics, "triton_gitops_route_weight", router="edge", pool="canary") == 0.01
