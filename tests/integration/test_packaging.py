@@ -76,6 +76,22 @@ TRITON_METRICS = frozenset(
         "nv_cpu_utilization",
     }
 )
+# What Triton exports on a GPU server (its metrics documentation; a 2.x server's output for
+# one GPU: nv_gpu_utilization, ..._memory_total_bytes, ..._memory_used_bytes, ..._power_usage,
+# ..._power_limit, nv_energy_consumption), and with --metrics-config summary_latencies=true
+# (checked on 2.51 here: quantiles 0.5, 0.9, 0.95, 0.99, 0.999).
+TRITON_GPU_AND_SUMMARY_METRICS = frozenset(
+    {
+        "nv_gpu_utilization",
+        "nv_gpu_memory_total_bytes",
+        "nv_gpu_memory_used_bytes",
+        "nv_gpu_power_usage",
+        "nv_gpu_power_limit",
+        "nv_energy_consumption",
+        "nv_inference_request_summary_us",
+        "nv_inference_queue_summary_us",
+    }
+)
 # Series Prometheus writes itself for every target it scrapes.
 PROMETHEUS_OWN_SERIES = frozenset({"up"})
 # The alerts the PrometheusRule must have (issue 15), and the labels each one's annotations
@@ -1020,7 +1036,7 @@ def test_dashboard_uses_only_metrics_that_exist() -> None:
         )
         match = re.fullmatch(r"label_values\(\s*([A-Za-z_:][\w:]*).*,\s*\w+\s*\)", query)
         used |= {match.group(1)} if match else promql_metric_names(query)
-    known = exported_metric_names() | TRITON_METRICS
+    known = exported_metric_names() | TRITON_METRICS | TRITON_GPU_AND_SUMMARY_METRICS
     assert "triton_gitops_passes_total" in known and "triton_gitops_webhooks_total" in known
     assert used <= known, f"metrics nobody exports: {sorted(used - known)}"
     assert used >= DASHBOARD_MUST_SHOW, (
