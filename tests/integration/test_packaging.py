@@ -1394,3 +1394,54 @@ def test_every_alert_links_its_section_of_the_troubleshooting_page() -> None:
     # Every kind of the reconciler's own alerts is explained there too.
     for kind in KINDS:
         assert f"| `{kind}` |" in page, f"alert kind {kind} missing from the troubleshooting page"
+
+
+# Custom resources the examples use, whose schemas are not Kubernetes' own (their CRDs).
+CUSTOM_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("gateway.networking.k8s.io/v1", "Gateway"),
+    ("gateway.networking.k8s.io/v1", "GRPCRoute"),
+}
+
+
+def kube_documents_of(folder: Path) -> list[dict[str, Any]]:
+    """The objects a folder gives Kubernetes: its kustomize rendering when it has a
+    kustomization, else its YAML files (those of other tools: triton-gitops manifests left
+    out)."""
+    if (folder / "kustomization.yaml").exists():
+        kubectl = shutil.which("kubectl")
+        if kubectl is None:
+            pytest.skip("kubectl is not installed")
+        rendered = subprocess.run(
+            [kubectl, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
+        )
+        assert rendered.returncode == 0, f"{folder}: {rendered.stderr}"
+        documents = list(YAML(typ="safe").load_all(rendered.stdout))
+    else:
+        documents = [d for p in sorted(folder.glob("*.yaml")) for d in yaml_documents(p)]
+    return [
+        d for d in documents
+        if d and not str(d.get("apiVersion", "")).startswith("triton-gitops")
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("example", ["kubernetes", "object-storage", "gateway-api"])
+def test_the_kubernetes_objects_validate_against_the_apis_own_schemas(example: str) -> None:
+    """Strictly (no unknown field), offline, with kubernetes-validate's bundled schemas; the
+    custom resources (Prometheus Operator, Gateway API) have no schema there."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    unchecked = set()
+    documents = kube_documents_of(DEPLOY / example)
+    assert documents, example
+    for document in documents:
+        where = f"{example}: {document['kind']} {document['metadata']['name']}"
+        try:
+            kubernetes_validate.validate(document, version, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            unchecked.add((document["apiVersion"], document["kind"]))
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{where}: {exc.message} at {list(exc.path)}") from None
+    assert unchecked <= CUSTOM_KINDS, f"no schema for {sorted(unchecked - CUSTOM_KINDS)}"
