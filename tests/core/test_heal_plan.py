@@ -15,7 +15,7 @@ from reconciler.model.history import History
 from reconciler.model.plan import Action, OnFailure
 from reconciler.model.results import Outcome
 from reconciler.model.serving import ServerState
-from reconciler.model.spec import DesiredState
+from reconciler.model.spec import DesiredState, RolloutSpec
 from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
 
 DEAD = "Stub process 'm_0_0' is not healthy."
@@ -100,3 +100,21 @@ def test_the_marker_is_left_out_of_a_config_built_on() -> None:
     assert without_heal_marker(both) == {"parameters": {"k": {"string_value": "v"}}}
     assert heal_generation(marked) == 4 and heal_generation({}) == 0
     assert heal_generation({"parameters": {HEAL_MARKER: {"string_value": "x"}}}) == 0
+
+
+def test_a_reload_in_place_is_no_staged_rollout() -> None:
+    # A deployment rolled out in stages (one server, then the rest): a version that stopped
+    # answering on one server is reloaded there alone, with no stage and no webhook.
+    fake_a, fake_b = FakeTriton("s1", {"m": range(1, 4)}), FakeTriton("s2", {"m": range(1, 4)})
+    for fake in (fake_a, fake_b):
+        fake.serve("m", [1])
+    staged = replace(
+        deploy("m", [1], servers=("s1", "s2")),
+        rollout=RolloutSpec(steps=(1, "100%"), pre_step="http://127.0.0.1:9/before"),
+    )
+    desired = desired_state(staged, servers=("s1", "s2"))
+    observed = {"s1": stopped(observe(fake_a), {1: DEAD}), "s2": observe(fake_b)}
+    p = plan(desired, observed, History(), "rev-1")
+    assert p.rollouts == ()
+    (change,) = p.changes
+    assert (change.server, change.heals) == ("s1", (1,))

@@ -76,7 +76,9 @@ def _staged_changes(
     by_deployment: dict[str, list[ModelChange]] = {}
     resumed: dict[str, list[str]] = {}
     for change in changes:
-        if change.deployment is None:
+        if change.deployment is None or change.heals:
+            # A reload in place of versions that stopped answering is no rollout: no stage,
+            # no route change, one server as its probes found it.
             continue
         loads = any(s.action is Action.LOAD for s in change.steps)
         record = history.staged.get(change.deployment)
