@@ -42,6 +42,7 @@ MESSAGE_LIMIT = 4096
 
 
 _ENDED = ("Succeeded", "Failed")
+_TIME = "%Y-%m-%dT%H:%M:%SZ"  # a condition's time, as the API server writes it (seconds, UTC)
 
 
 def host_of(address: str) -> str:
@@ -126,9 +127,8 @@ class PodReadinessGate:
         current = next((c for c in (pod.status.conditions or []) if c.type == CONDITION), None)
         if current is not None and current.status == status and current.message == message:
             return None
-        now = self._clock().strftime("%Y-%m-%dT%H:%M:%SZ")
         if current is None or current.status != status or current.last_transition_time is None:
-            since = now
+            since = self._clock().strftime(_TIME)
         else:
             since = _time(current)
         return {
@@ -154,5 +154,5 @@ class PodReadinessGate:
 def _time(condition: Any) -> str:
     moment = condition.last_transition_time
     if isinstance(moment, datetime.datetime):
-        return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+        return moment.strftime(_TIME)
     return str(moment)

@@ -186,18 +186,10 @@ class TritonServerClient:
     def _index(self) -> list[Any]:
         return list(self._index_answer().models)
 
-    def ready_versions(self) -> dict[str, frozenset[int]]:
-        """Per model in the repository index, the versions READY now (the service's watch
-        compares them with what the last pass left serving)."""
-        return {
-            model: frozenset(v for v, state in versions.items() if state == READY)
-            for model, versions in self.version_states().items()
-            if READY in versions.values()
-        }
-
     def version_states(self) -> dict[str, dict[int, str]]:
         """Per model in the repository index, each version's state (READY, LOADING,
-        UNLOADING, UNAVAILABLE), from one index call."""
+        UNLOADING, UNAVAILABLE), from one index call: the service's watch reads it between
+        passes (``model.serving.ready_in`` gives the versions READY)."""
         states: dict[str, dict[int, str]] = {}
         for entry in self._index():
             if entry.version:

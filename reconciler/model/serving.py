@@ -79,6 +79,16 @@ class ServerState:
 ServingState = Mapping[str, ServerState]
 
 
+def ready_in(states: Mapping[str, Mapping[int, str]]) -> dict[str, frozenset[int]]:
+    """Per model of a repository index's version states, the versions READY (models with
+    none left out)."""
+    return {
+        model: frozenset(v for v, state in versions.items() if state == READY)
+        for model, versions in states.items()
+        if READY in versions.values()
+    }
+
+
 @dataclass(frozen=True)
 class DeviceMemory:
     """Memory a loaded version holds as Triton's statistics report it (``memory_usage``:

@@ -121,10 +121,6 @@ class ServingBoard:
 
     # -- what it says ------------------------------------------------------------------
 
-    def truths(self) -> dict[str, ServingTruth]:
-        with self._lock:
-            return dict(self._truths)
-
     def answer(self, server: str | None) -> tuple[int, dict[str, Any]]:
         """``GET /serving`` (every server: 200 when all serve) or ``/serving/<server>``."""
         with self._lock:

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from reconciler.model.errors import ReconcileError, ServerUnavailable, StepFailed
 from reconciler.model.reports import PassReport
+from reconciler.model.serving import ready_in
 from reconciler.model.settings import Settings
 from reconciler.service.backoff import ServerBackoff
 from reconciler.wiring import resolver, watch_client
@@ -37,17 +38,13 @@ class Watch:
         # (server, model, version) UNLOADING at the last reading (service/unloading.py).
         self.unloading: frozenset[tuple[str, str, int]] = frozenset()
 
-    def reason_for_a_pass(
-        self, report: PassReport, readings: Mapping[str, Reading] | None = None
-    ) -> str | None:
-        """Why a pass should run now, judged against ``report`` (the last pass); None if not.
-        ``readings``: each server's index as ``readings`` read it (read here when not given).
+    def reason_for_a_pass(self, report: PassReport, readings: Mapping[str, Reading]) -> str | None:
+        """Why a pass should run now, judged against ``report`` (the last pass) and
+        ``readings`` (each server's index as ``readings`` read it); None if not.
 
         The first reason found is enough: the pass it triggers looks at everything.
         """
-        return self._instances_changed(report) or self._serving_changed(
-            report, self.readings(report) if readings is None else readings
-        )
+        return self._instances_changed(report) or self._serving_changed(report, readings)
 
     def readings(self, report: PassReport) -> dict[str, Reading]:
         """Each server of the last pass: its versions READY per model, or why it did not
@@ -61,11 +58,7 @@ class Watch:
             except (ServerUnavailable, StepFailed) as exc:
                 found[server] = str(exc)
                 continue
-            found[server] = {
-                model: frozenset(v for v, state in versions.items() if state == "READY")
-                for model, versions in states.items()
-                if "READY" in versions.values()
-            }
+            found[server] = ready_in(states)
             unloading |= {
                 (server, model, version)
                 for model, versions in states.items()

@@ -21,7 +21,12 @@ from reconciler.adapters.triton import TritonServerClient
 from reconciler.core.interface import config_interface
 from reconciler.core.triton_config import parse_pbtxt, with_versions
 from reconciler.model.errors import ServerUnavailable, VerifyFailed
-from reconciler.model.serving import ModelInterface, TensorSignature, interface_difference
+from reconciler.model.serving import (
+    ModelInterface,
+    TensorSignature,
+    interface_difference,
+    ready_in,
+)
 from reconciler.model.spec import Tensor
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ENSEMBLE, SEQUENCE_MODEL
@@ -305,7 +310,7 @@ def test_loading_the_ensemble_alone_loads_composing_models_from_the_repository(
     # Their config.pbtxt has no version policy: Triton picks the latest folder, 9, which fails.
     with pytest.raises(InferenceServerException, match="version 9 is broken on purpose"):
         raw.load_model(ENSEMBLE)
-    assert ENSEMBLE not in client.ready_versions()
+    assert ENSEMBLE not in ready_in(client.version_states())
     assert "broken on purpose" in client.model_state("other").reason(9)
 
 
