@@ -30,6 +30,7 @@ from reconciler.model.history import (
 from reconciler.model.plan import Step
 from reconciler.model.servers import TritonServer
 from reconciler.model.serving import DeviceMemory, ModelInterface, ModelState, ServerState
+from reconciler.model.shadow import ShadowFigures, ShadowTarget
 from reconciler.model.source import (
     CommitVerdict,
     PushedRevert,
@@ -336,6 +337,33 @@ class Ports:
     step_hooks: StepHooks | None = None
     # A client per Router manifest (none given: a manifest that declares one is refused).
     routers: Callable[[RouterSpec], TrafficRouter] | None = None
+    # Where routers mirror live shadow traffic (--comparator-listen); none: a shadow phase
+    # fails, saying so, and the old versions keep serving.
+    comparator: Comparator | None = None
+
+
+class ShadowComparison(Protocol):
+    """One shadow phase's comparison as the analysis reads it and the engine ends it
+    (``adapters/comparator.py``'s ``ShadowSession``)."""
+
+    target: ShadowTarget  # what it compares, and how (``target.spec``)
+
+    def figures(self) -> ShadowFigures:
+        """What was compared so far (cumulative since ``Comparator.begin``)."""
+        ...
+
+    def end(self) -> None:
+        """Stop comparing (the router mirrors nothing to it any more)."""
+        ...
+
+
+class Comparator(Protocol):
+    """Where a router mirrors live requests for a shadow phase (``LiveComparator``)."""
+
+    def begin(self, target: ShadowTarget) -> ShadowComparison:
+        """Compare ``target``'s mirrored requests from now on; ComparatorError (a
+        RuntimeError) when it cannot listen."""
+        ...
 
 
 class TrafficRouter(Protocol):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from reconciler.adapters.alerts import (
     LogAlerter,
     WebhookAlerter,
 )
+from reconciler.adapters.comparator import LiveComparator, Observer
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
 from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.adapters.gateway import GatewayRouter
@@ -124,7 +126,28 @@ def state_store(path: Path, *, read_only: bool = False) -> Iterator[StateStore]:
         store.close()
 
 
-def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) -> Ports:
+_COMPARATORS: dict[str, LiveComparator] = {}
+_COMPARATORS_LOCK = threading.Lock()
+
+
+def comparator(listen: str | None, observer: Observer | None = None) -> LiveComparator | None:
+    """The comparator at ``listen``, one per address for the process (it listens only while
+    a shadow phase runs); ``observer`` counts its outcomes (the service's ``/metrics``)."""
+    if listen is None:
+        return None
+    with _COMPARATORS_LOCK:
+        found = _COMPARATORS.setdefault(listen, LiveComparator(listen))
+        if observer is not None:
+            found.observe(observer)
+        return found
+
+
+def ports(
+    settings: Settings,
+    source: Source,
+    hooks: PassHooks | None = None,
+    shadow_observer: Observer | None = None,
+) -> Ports:
     """The adapters one pass over ``source`` uses, as ``settings`` configure them. Cheap:
     nothing is opened until the pass asks (the state store and alerter once per pass)."""
 
@@ -146,6 +169,7 @@ def ports(settings: Settings, source: Source, hooks: PassHooks | None = None) ->
         hooks=hooks or NoPassHooks(),
         step_hooks=HttpStepHooks(),
         routers=router_client,
+        comparator=comparator(settings.analysis.comparator_listen, shadow_observer),
     )
 
 

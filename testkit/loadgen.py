@@ -34,6 +34,9 @@ class LoadGenerator:
     # Each thread stops at its first failed request, as perf_analyzer does: a client whose
     # failures all fall in the first moments of a bad version.
     stop_at_first_failure: bool = False
+    # Each request a different input (its first element 1, so the answer still tells the
+    # version): for comparisons of answers that depend on the input.
+    varied: bool = False
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _workers: list[threading.Thread] = field(default_factory=list)
@@ -41,9 +44,13 @@ class LoadGenerator:
 
     def _run(self) -> None:
         ones = np.ones((1, 4), dtype=np.float32)
+        draw = np.random.default_rng()
         with triton_grpc.InferenceServerClient(self.address) as client:
             while not self._stop.is_set():
                 item = triton_grpc.InferInput("INPUT0", [1, 4], "FP32")
+                if self.varied:
+                    ones = draw.random((1, 4), dtype=np.float32)
+                    ones[0][0] = 1.0
                 item.set_data_from_numpy(ones)
                 started = time.monotonic()
                 try:

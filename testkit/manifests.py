@@ -125,6 +125,37 @@ def write_scorer_repository(root: Path, names: tuple[str, ...] = (SCORER,)) -> P
     return root
 
 
+# The echo model's config in Triton's JSON form (a load's config override), as its
+# config.pbtxt declares it.
+ECHO_CONFIG = {
+    "name": "echo",
+    "backend": "python",
+    "max_batch_size": 0,
+    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1, 4]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1, 4]}],
+    "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+}
+
+
+def router_doc(admin_url: str, pools: dict[str, list[str]], comparator: str | None = None) -> str:
+    """A Router manifest ``edge`` for an Envoy at ``admin_url``: each pool by server names,
+    and the cluster of the comparator, if any."""
+    pool_lines = "".join(
+        f"    - {{name: {pool}, servers: {{names: [{', '.join(servers)}]}}}}\n"
+        for pool, servers in pools.items()
+    )
+    return (
+        "apiVersion: triton-gitops/v1alpha1\n"
+        "kind: Router\n"
+        "metadata: {name: edge}\n"
+        "spec:\n"
+        f"  envoy: {{admin: '{admin_url}'}}\n"
+        + (f"  comparator: {{name: {comparator}}}\n" if comparator else "")
+        + "  pools:\n"
+        + pool_lines
+    )
+
+
 def server_doc(
     name: str,
     address: str,

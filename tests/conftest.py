@@ -57,6 +57,7 @@ LONGEST_FIRST = (
     "tests/integration/test_client_view.py",
     "tests/integration/test_dependencies.py",
     "tests/integration/test_traffic.py",
+    "tests/integration/test_shadow.py",
     "tests/integration/test_analysis.py",
     "tests/integration/test_serving_truth.py",
     "tests/integration/test_operator_verbs.py",

@@ -109,7 +109,9 @@ class EnvoyRouter:
         for policy in route.get("request_mirror_policies", ()):
             fraction = policy.get("runtime_fraction", {})
             key = fraction.get("runtime_key", "")
-            if policy.get("cluster") in self.pools and key.startswith(self.envoy.mirror_prefix):
+            # A pool's, or the comparator's (live shadow traffic).
+            target = policy.get("cluster")
+            if target in self.spec.mirror_targets and key.startswith(self.envoy.mirror_prefix):
                 default = fraction.get("default_value", {})
                 denominator = _DENOMINATORS[default.get("denominator", "HUNDRED")]
                 mirrors[policy["cluster"]] = (key, int(default.get("numerator", 0)), denominator)

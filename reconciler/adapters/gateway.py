@@ -142,7 +142,7 @@ class GatewayRouter:
         Conflict (the route changed since it was read) is read and made again, up to
         ``conflict_retries`` times."""
         pools = {p.name for p in self.spec.pools}
-        if set(weights) != pools or not set(mirror) <= pools:
+        if set(weights) != pools or not set(mirror) <= set(self.spec.mirror_targets):
             # A caller's mistake, not the router's: the plan always names every pool.
             raise ValueError(
                 f"router {self.spec.name}: weights for {sorted(weights)} and mirror for "
@@ -292,13 +292,20 @@ class GatewayRouter:
                 return pool.name
         return None
 
+    def _mirror_target(self, backend_ref: Mapping[str, Any]) -> str | None:
+        """The pool a RequestMirror's backendRef reaches, or the comparator."""
+        comparator, port = self.spec.comparator, self.spec.comparator_port
+        if comparator and backend_ref.get("name") == comparator:
+            return comparator if port is None or backend_ref.get("port") == port else None
+        return self._pool_of(backend_ref)
+
     def _mirrored(self, rule: Mapping[str, Any]) -> dict[str, int]:
-        mirror = dict.fromkeys((p.name for p in self.spec.pools), 0)
+        mirror = dict.fromkeys(self.spec.mirror_targets, 0)
         for f in rule.get("filters") or []:
             if not isinstance(f, dict) or f.get("type") != MIRROR:
                 continue
             request_mirror = f.get("requestMirror") or {}
-            pool = self._pool_of(request_mirror.get("backendRef") or {})
+            pool = self._mirror_target(request_mirror.get("backendRef") or {})
             if pool is not None:
                 try:
                     mirror[pool] += _mirror_share(request_mirror)
@@ -327,7 +334,7 @@ class GatewayRouter:
             if not (
                 isinstance(f, dict)
                 and f.get("type") == MIRROR
-                and self._pool_of((f.get("requestMirror") or {}).get("backendRef") or {})
+                and self._mirror_target((f.get("requestMirror") or {}).get("backendRef") or {})
             )
         ]
         mirrors = []
@@ -339,6 +346,11 @@ class GatewayRouter:
                     k: ref[k] for k in ("group", "kind", "name", "namespace", "port") if k in ref
                 }
                 mirrors.append(_mirror_filter(target, share))
+        comparator = self.spec.comparator
+        if comparator and int(mirror.get(comparator, 0)) > 0:
+            # Live shadow traffic: the comparator's Service, in the route's namespace.
+            service = {"name": comparator, "port": self.spec.comparator_port}
+            mirrors.append(_mirror_filter(service, int(mirror[comparator])))
         if "filters" in rule or mirrors:
             rule["filters"] = kept + mirrors
         return body

@@ -250,6 +250,14 @@ def _analysis(parser: argparse.ArgumentParser) -> None:
         "it each server's spec.metrics endpoint is scraped directly",
     )
     analysis.add_argument(
+        "--comparator-listen",
+        metavar="HOST:PORT",
+        help="where routers mirror live shadow traffic (a ModelDeployment's "
+        "rollout.traffic.shadow, a Router's spec.comparator): the comparator listens here "
+        "while a shadow phase runs, and compares the old and new versions' answers. Without "
+        "it a shadow phase fails and the old versions keep serving",
+    )
+    analysis.add_argument(
         "--revert-mode",
         choices=[m.value for m in RevertMode],
         default=_REVERT.mode.value,
@@ -343,7 +351,9 @@ def settings_of(args: argparse.Namespace) -> Settings:
             config_recheck=args.config_recheck,
             hosts_file=args.hosts_file,
         ),
-        analysis=AnalysisSettings(prometheus_url=args.prometheus_url),
+        analysis=AnalysisSettings(
+            prometheus_url=args.prometheus_url, comparator_listen=args.comparator_listen
+        ),
         revert=RevertSettings(
             mode=RevertMode(args.revert_mode),
             author=args.revert_author,

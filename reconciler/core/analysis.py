@@ -157,6 +157,7 @@ def evaluate(
     latency_probes: ProbeFigures | None = None,
     latency_pending: bool = False,
     memory_pending: bool = False,
+    judged_elsewhere: tuple[CheckResult, ...] = (),
 ) -> Evaluation:
     """Judge the new versions over the window between two figures (and the probes sent in
     it). ``counted``: False for an evaluation within ``initialDelay``. ``latency_from``: where
@@ -170,7 +171,9 @@ def evaluate(
     the evaluation before measured an increase the probes could not confirm yet (a second
     one in a row fails the check; on the counters, only once ``at`` is past the duration);
     ``memory_pending``: the evaluation before measured a growth of the host's memory beyond
-    the bound (a second one in a row fails the check)."""
+    the bound (a second one in a row fails the check). ``judged_elsewhere``: checks judged
+    from another source (a shadow phase's comparison, ``core/shadow.py``), joined as they
+    are."""
     success = delta(previous.success, current.success)
     # Before the first failure Triton has no failure series: absent on both sides is zero.
     failure = (
@@ -225,6 +228,7 @@ def evaluate(
             results.append(_memory(check, current, baseline, memory_pending))
         else:
             results.append(_query(check, current.queries.get(check.name)))
+    results.extend(judged_elsewhere)
     verdicts = {r.verdict for r in results}
     if Verdict.FAIL in verdicts:
         verdict = Verdict.FAIL

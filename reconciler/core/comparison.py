@@ -15,23 +15,14 @@ is compared on quantiles (p50, p95, p99) of the calls, interleaved as they were 
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 
 import numpy as np
 import numpy.typing as npt
 
+from reconciler.model.shadow import Comparison, Tolerance
+
 Answer = Mapping[str, npt.NDArray[np.generic]]
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    """How close two answers must be (``verify.shadow.compare``)."""
-
-    atol: float = 0.0
-    rtol: float = 0.0
-    top_k: Mapping[str, int] = field(default_factory=dict)  # classification outputs: k
 
 
 def disagreement(primary: Answer, other: Answer, tolerance: Tolerance) -> str | None:
@@ -78,48 +69,6 @@ def _output_differs(
     return None
 
 
-def quantile(values: Sequence[float], q: float) -> float | None:
-    """The ``q`` quantile (nearest rank) of ``values``; None when there are none."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
-
-
-QUANTILES = (0.5, 0.95, 0.99)
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One candidate version's comparison with the serving version over the same requests:
-    the disagreements of the candidate and of the serving version with itself (one reason
-    each), and the seconds each call of primary and candidate took."""
-
-    requests: int
-    candidate: tuple[str, ...]  # why the candidate disagreed, per request it did
-    noise: tuple[str, ...]  # why the serving version disagreed with itself, per request
-    primary_seconds: tuple[float, ...] = ()
-    candidate_seconds: tuple[float, ...] = ()
-
-    @property
-    def candidate_rate(self) -> float:
-        return len(self.candidate) / self.requests if self.requests else 0.0
-
-    @property
-    def noise_rate(self) -> float:
-        return len(self.noise) / self.requests if self.requests else 0.0
-
-    def latency(self) -> dict[str, tuple[float | None, float | None]]:
-        """Per quantile (p50, p95, p99): the primary's and the candidate's seconds."""
-        return {
-            f"p{round(q * 100)}": (
-                quantile(self.primary_seconds, q),
-                quantile(self.candidate_seconds, q),
-            )
-            for q in QUANTILES
-        }
-
-
 def judged(
     comparison: Comparison,
     min_agreement: float,
@@ -133,7 +82,7 @@ def judged(
     excess = comparison.candidate_rate - comparison.noise_rate
     budget = 1.0 - min_agreement
     if excess > budget + 1e-12:
-        first = comparison.candidate[0] if comparison.candidate else ""
+        first = comparison.first_candidate
         return (
             f"disagrees on {comparison.candidate_rate:.1%} of {comparison.requests} "
             f"request(s), the serving version with itself on {comparison.noise_rate:.1%}: "

@@ -17,6 +17,7 @@ from reconciler.core.analysis import (
 )
 from reconciler.core.latency import same_time_latency
 from reconciler.core.readings import baseline_from, routed_since, since_ready
+from reconciler.core.shadow import shadow_checks, short_message, short_of_requests
 from reconciler.engine.context import ChangeContext, StepDone, Timing, aborted
 from reconciler.engine.probes import Prober
 from reconciler.faults import fault_point
@@ -36,7 +37,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.history import OrderKind
 from reconciler.model.plan import Step
-from reconciler.ports import FiguresSource, ModelControl
+from reconciler.ports import FiguresSource, ModelControl, ShadowComparison
 
 
 def analyze_step(
@@ -67,6 +68,7 @@ def analyze_step(
         context.evidence_before,
         context.probes_only,
     )
+    watch.shadow = context.shadow
     try:
         obeyed = watch.obey()  # a ``promote --full`` given earlier: this one is skipped too
         if obeyed is not None:
@@ -159,6 +161,7 @@ class _Watch:
         self.probes_after_volley = ProbeFigures()
         self._probes_at_last = ProbeFigures()  # the probe count at the last evaluation
         self.started_wall = timing.wall()  # what the operator's orders are compared with
+        self.shadow: ShadowComparison | None = None  # a shadow phase's comparison
 
     def obey(self) -> StepDone | None:
         """What an operator's order makes of the analysis now: an abort fails it, a promote
@@ -283,6 +286,11 @@ class _Watch:
                     and unconfirmed(spec, self.evaluations[-1], ("latency",)),
                     memory_pending=bool(self.evaluations)
                     and unconfirmed(spec, self.evaluations[-1], ("memory",)),
+                    judged_elsewhere=(
+                        shadow_checks(self.shadow.target.spec, self.shadow.figures())
+                        if self.shadow is not None
+                        else ()
+                    ),
                 )
             )
             if fresh:  # else the next window starts where this one did
@@ -291,6 +299,8 @@ class _Watch:
             # A first deployment has nothing to go back to: judged by its evaluations alone.
             evidence = self.evidence + self.evidence_before if self.replaces else None
             verdict = concluded(spec, tuple(self.evaluations), elapsed, self.unreadable, evidence)
+            if verdict is RolloutVerdict.PASSED and self.shadow is not None:
+                verdict = self._compared_enough(elapsed) or verdict
             if verdict is RolloutVerdict.PASSED:
                 return tuple(self.evaluations), verdict
             if verdict is not RolloutVerdict.RUNNING:
@@ -304,6 +314,29 @@ class _Watch:
                     prober.figures if prober is not None else None,
                 )
             self.check_abort(current, probes)
+
+    def _compared_enough(self, elapsed: float) -> RolloutVerdict | None:
+        """For a shadow phase whose analysis passed: None when the comparator compared
+        enough; RUNNING while it may wait for more; else it fails as whenShort says."""
+        assert self.shadow is not None
+        spec, figures = self.shadow.target.spec, self.shadow.figures()
+        verdict = short_of_requests(spec, figures, elapsed, self.spec.duration)
+        if verdict is None or verdict is RolloutVerdict.RUNNING:
+            return verdict
+        step = self.step
+        if verdict is RolloutVerdict.INCONCLUSIVE and not figures.received:
+            # Nothing reached the comparator: nothing is known against the versions.
+            verdict = RolloutVerdict.METRICS_UNAVAILABLE
+        error = (
+            MetricsUnavailable if verdict is RolloutVerdict.METRICS_UNAVAILABLE else AnalysisFailed
+        )
+        raise error(
+            f"server {step.server}: analysis of {step.model} version(s) "
+            f"{', '.join(map(str, step.versions))} {verdict} after "
+            f"{len(self.evaluations)} evaluation(s): {short_message(spec, figures, elapsed)}",
+            tuple(self.evaluations),
+            verdict,
+        )
 
     def fresh(self, current: Figures) -> bool:
         """Whether ``current`` shows the new versions as they are now. Not before the source's

@@ -27,6 +27,7 @@ from reconciler.model.results import (
 )
 from reconciler.model.traffic import RouteUpdate
 from reconciler.ports import (
+    Comparator,
     FiguresSource,
     ModelControl,
     OperatorOrders,
@@ -48,6 +49,7 @@ def apply(
     routers: Mapping[str, TrafficRouter] | None = None,
     orders: OperatorOrders | None = None,
     resumed: Mapping[str, float] | None = None,
+    comparator: Comparator | None = None,
 ) -> ApplyResult:
     """Execute every change of ``plan``; servers concurrently, each server's changes in order.
 
@@ -58,7 +60,8 @@ def apply(
     (its steady-route updates run first; its traffic rollouts through them). ``orders``:
     where operators' aborts and promotes are read while the rollouts run (``engine/orders.py``);
     ``resumed``: the rollouts that resume an interrupted one, and since when their orders count
-    (``core.orders.resumed_since``).
+    (``core.orders.resumed_since``). ``comparator``: where a shadow phase's mirrored
+    requests are compared (none: such a phase fails, saying so).
     """
     timing = timing or Timing()
     if orders is not None:
@@ -117,6 +120,7 @@ def apply(
             hooks=step_hooks,
             staged_progress=staged_progress or no_stage_progress,
             router=router,
+            comparator=comparator,
         )
         results.extend(kind_of(rollout)(run))
     order = {(c.server, c.model): i for i, c in enumerate(plan.changes)}

@@ -24,7 +24,7 @@ from reconciler.model.errors import (
 from reconciler.model.history import OperatorOrder, OrderKind
 from reconciler.model.plan import Action, Step
 from reconciler.model.serving import ModelInterface
-from reconciler.ports import FiguresSource, StepEvents, StepHooks
+from reconciler.ports import FiguresSource, ShadowComparison, StepEvents, StepHooks
 
 # The steps that move a rollout forward (an abort stops them; a revert's steps are not).
 FORWARD = frozenset({Action.LOAD, Action.VERIFY, Action.ANALYZE, Action.REPLACE_LIBRARY})
@@ -129,6 +129,9 @@ class ChangeContext:
     # The new versions take no client request (a traffic phase at no traffic): like new
     # versions below the old, their latency is judged by the probes, new against old.
     probes_only: bool = False
+    # A shadow phase's comparison of the mirrored live requests: its checks join each
+    # evaluation, and the analysis passes only once it has compared enough of them.
+    shadow: ShadowComparison | None = None
 
 
 # What a step's executor returns: an analyze step's evaluations and verdict, else nothing.

@@ -33,7 +33,7 @@ from reconciler.model.results import (
     StagedProgress,
     StepResult,
 )
-from reconciler.ports import FiguresSource, ModelControl, StepHooks, TrafficRouter
+from reconciler.ports import Comparator, FiguresSource, ModelControl, StepHooks, TrafficRouter
 
 
 def finishing_index(change: ModelChange, early: bool = False) -> int:
@@ -79,6 +79,7 @@ class Rollout:
     hooks: StepHooks
     staged_progress: StagedProgress = no_stage_progress
     router: TrafficRouter | None = None  # a traffic rollout's: RolloutPlan.traffic.router
+    comparator: Comparator | None = None  # where a shadow phase's mirrored copies go
     # Servers whose old versions went before the finish (a traffic rollout adds them).
     early: set[str] = field(default_factory=set)
 

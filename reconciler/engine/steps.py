@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 
-from reconciler.core.comparison import Comparison, Tolerance, disagreement, judged
+from reconciler.core.comparison import disagreement, judged
 from reconciler.core.probes import synthesized, wrong
 from reconciler.core.readings import footprint, free_memory, room_in_all
 from reconciler.core.smoke import mismatches
@@ -26,6 +26,7 @@ from reconciler.model.errors import (
 from reconciler.model.plan import Action, Step
 from reconciler.model.results import FailureKind
 from reconciler.model.serving import ModelState, interface_difference, version_cost
+from reconciler.model.shadow import Comparison, Tolerance
 from reconciler.ports import FiguresSource, ModelControl
 
 
@@ -232,7 +233,7 @@ def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
             if why := disagreement(answers["primary"], answers["secondary"], tolerance):
                 noise.append(why)
         comparison = Comparison(
-            len(shadow.requests), tuple(candidate), tuple(noise),
+            len(shadow.requests), len(candidate), len(noise), candidate[0] if candidate else "",
             tuple(primary_s), tuple(candidate_s),
         )  # fmt: skip
         failed = judged(comparison, shadow.min_agreement, shadow.max_latency_increase)

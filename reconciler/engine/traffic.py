@@ -35,7 +35,7 @@ from reconciler.model.results import (
     StepResult,
 )
 from reconciler.model.traffic import TrafficPhase, TrafficPlan
-from reconciler.ports import FiguresSource, TrafficRouter
+from reconciler.ports import FiguresSource, ShadowComparison, TrafficRouter
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,9 @@ def _phases(
     last = max((i for i, p in enumerate(plan.phases) if p.watch > 0), default=-1)
     evidence = {step.server: 0.0 for step in analyses}
     for index, phase in enumerate(plan.phases):
-        if plan.drop_old_first and (phase.weights.get(plan.new_pool) or any(phase.mirror.values())):
+        if plan.drop_old_first and (
+            phase.weights.get(plan.new_pool) or phase.mirror.get(plan.new_pool)
+        ):
             failure = _drop_old(run, plan, done)
             if failure is not None:
                 return failure
@@ -195,39 +197,89 @@ def _phases(
             _prepare(run, plan, router, phase, step, evidence[step.server], index == last)
             for step in analyses
         ]
-        routed = set_route(
-            router,
-            phase.weights,
-            phase.mirror,
-            _route_step(plan, analyses[0].server, run.plan.model, phase.name),
-            run.timing,
-        )
-        for step in analyses:
-            done[step.server].append(_on(routed, step.server))
-        run.progress(routed)
-        if not routed.ok or phase.watch <= 0:
+        shadow: ShadowComparison | None = None
+        if phase.shadow is not None:
+            shadow, failure = _comparison(run, plan, phase, analyses[0])
+            if failure is not None:
+                for _, context in prepared:
+                    if context.prober is not None:
+                        context.prober.close()
+                for step in analyses:
+                    done[step.server].append(_on(failure, step.server))
+                return failure
             for _, context in prepared:
-                if context.prober is not None:
-                    context.prober.close()
-            if not routed.ok:
-                return routed
-            continue
-        with ThreadPoolExecutor(max_workers=max(1, len(analyses))) as workers:
-            watched = list(workers.map(partial(_analyse, run), prepared))
-        for step, context in prepared:
-            evidence[step.server] += context.evidence
-        failure = None
-        for step, results in zip(analyses, watched, strict=True):
-            done[step.server].extend(results)
-            if results and not results[-1].ok:
-                failure = failure or results[-1]
+                context.shadow = shadow
+        try:
+            failure = _watched_phase(run, plan, router, phase, prepared, evidence, done)
+        finally:
+            if shadow is not None:
+                shadow.end()
         if failure is not None:
             return failure
-        drift = _drifted(router, plan, phase, analyses[0])
-        if drift is not None:
-            for step in analyses:
-                done[step.server].append(_on(drift, step.server))
-            return drift
+    return None
+
+
+def _comparison(
+    run: Rollout, plan: TrafficPlan, phase: TrafficPhase, step: Step
+) -> tuple[ShadowComparison | None, StepResult | None]:
+    """The comparator's session for a shadow phase, begun before the router mirrors to it;
+    else the failure that stops the rollout (no comparator, or it cannot listen)."""
+    assert phase.shadow is not None
+    what = _route_step(plan, step.server, step.model, f"{phase.name}: the comparator")
+    if run.comparator is None:
+        why = (
+            "no comparator runs here: rollout.traffic.shadow needs the reconciler started "
+            "with --comparator-listen HOST:PORT (the address Router spec.comparator reaches)"
+        )
+        return None, StepResult(what, False, 0.0, why, FailureKind.METRICS_UNAVAILABLE)
+    try:
+        return run.comparator.begin(phase.shadow), None
+    except RuntimeError as exc:  # nothing known against the versions: put back, not held
+        return None, StepResult(what, False, 0.0, str(exc), FailureKind.METRICS_UNAVAILABLE)
+
+
+def _watched_phase(
+    run: Rollout,
+    plan: TrafficPlan,
+    router: TrafficRouter,
+    phase: TrafficPhase,
+    prepared: list[tuple[Step, ChangeContext]],
+    evidence: dict[str, float],
+    done: dict[str, list[StepResult]],
+) -> StepResult | None:
+    """One phase once prepared: the route set, the analyses under it, the route read back."""
+    analyses = run.plan.analyses
+    routed = set_route(
+        router,
+        phase.weights,
+        phase.mirror,
+        _route_step(plan, analyses[0].server, run.plan.model, phase.name),
+        run.timing,
+    )
+    for step in analyses:
+        done[step.server].append(_on(routed, step.server))
+    run.progress(routed)
+    if not routed.ok or phase.watch <= 0:
+        for _, context in prepared:
+            if context.prober is not None:
+                context.prober.close()
+        return None if routed.ok else routed
+    with ThreadPoolExecutor(max_workers=max(1, len(analyses))) as workers:
+        watched = list(workers.map(partial(_analyse, run), prepared))
+    for step, context in prepared:
+        evidence[step.server] += context.evidence
+    failure = None
+    for step, results in zip(analyses, watched, strict=True):
+        done[step.server].extend(results)
+        if results and not results[-1].ok:
+            failure = failure or results[-1]
+    if failure is not None:
+        return failure
+    drift = _drifted(router, plan, phase, analyses[0])
+    if drift is not None:
+        for step in analyses:
+            done[step.server].append(_on(drift, step.server))
+        return drift
     return None
 
 
@@ -271,7 +323,8 @@ def _prepare(
         evidence_before=evidence_before,
         judge_evidence=judge_evidence,
         # No client request reaches the new pool in this phase: only the probes.
-        probes_only=not phase.weights.get(plan.new_pool) and not any(phase.mirror.values()),
+        # (The comparator's calls are pinned, as the probes are.)
+        probes_only=not phase.weights.get(plan.new_pool) and not phase.mirror.get(plan.new_pool),
     )
     assert step.analysis is not None
     watched = replace(

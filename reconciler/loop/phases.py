@@ -391,6 +391,7 @@ def _execute(
         routers=observed.routers,
         orders=state,
         resumed=resumed,
+        comparator=run.ports.comparator,
     )
 
 

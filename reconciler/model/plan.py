@@ -95,6 +95,9 @@ class ModelChange:
     restarted_finish: tuple[Step, ...] = ()
     # A reload in place (core/plan/heal.py): the versions that stopped answering.
     heals: tuple[int, ...] = ()
+    # The model's config changes: its serving versions load again with the new one (Triton's
+    # config is the model's, not a version's).
+    reconfigured: bool = False
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,9 @@ class AnalysisSettings:
     """Where analysis metrics are read."""
 
     prometheus_url: str | None = None  # without it, each server's spec.metrics is scraped
+    # host:port where routers mirror live shadow traffic (rollout.traffic.shadow); the
+    # comparator listens there only while a shadow phase runs. None: no comparator.
+    comparator_listen: str | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from reconciler.model.servers import Location, TritonServer
+from reconciler.model.shadow import LiveShadow, ShadowTarget
 
 WEIGHT_SCALE = 10_000
 NOWHERE = Location("<memory>", 0)
@@ -74,6 +75,16 @@ class RouterSpec:
     envoy: EnvoyRoute | None = None
     gateway: GatewayRoute | None = None
     location: Location = NOWHERE
+    # Where live shadow traffic is mirrored (``spec.comparator``): the Envoy cluster, or the
+    # Service (and its port) of a RequestMirror backendRef, that reaches the comparator.
+    comparator: str | None = None
+    comparator_port: int | None = None
+
+    @property
+    def mirror_targets(self) -> tuple[str, ...]:
+        """Everything the route may mirror to: each pool, and the comparator."""
+        pools = tuple(p.name for p in self.pools)
+        return pools + ((self.comparator,) if self.comparator else ())
 
     def pool(self, name: str) -> Pool:
         return next(p for p in self.pools if p.name == name)
@@ -98,6 +109,7 @@ class TrafficSpec:
     mirror: int = 0  # share of live requests mirrored to the new pool before it takes any
     keep_old: float = 0.0  # blueGreen: the analysis after the switch lasts at least this
     location: Location = NOWHERE
+    shadow: LiveShadow | None = None  # live requests mirrored to the comparator, first
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,9 @@ class TrafficPhase:
     weights: Mapping[str, int]
     mirror: Mapping[str, int]
     watch: float  # seconds the analysis runs under this setting; 0: none
+    # The comparator compares the old and the new versions' answers to the requests the
+    # router mirrors to it under this setting (its checks join the analysis).
+    shadow: ShadowTarget | None = None
 
 
 @dataclass(frozen=True)

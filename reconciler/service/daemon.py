@@ -191,7 +191,7 @@ class Daemon:
             report = reconcile(
                 self.source,
                 settings,
-                ports(settings, self.source),  # fresh each pass: no Git handle outlives it
+                ports(settings, self.source, shadow_observer=self.metrics.shadow_compared),
                 apply_changes=not self.run_settings.dry_run,
                 progress=log_step,
                 skip=self._skip_list(),

@@ -193,6 +193,15 @@ class ReconcilerMetrics:
             ["router", "pool"],
             registry=r,
         )
+        self.shadow_requests = Counter(
+            "triton_gitops_shadow_requests",
+            "Live requests the router mirrored to the comparator, by what became of them: "
+            "compared, candidate_disagreed, noise (the serving version disagreed with "
+            "itself), not_sampled, dropped, unparsable, sequence, primary_failed, "
+            "uncomparable, candidate_timeouts, other_model",
+            ["deployment", "outcome"],
+            registry=r,
+        )
         self.stuck_unloads = Gauge(
             "triton_gitops_versions_stuck_unloading",
             "Versions of the model on the server UNLOADING longer than --unload-deadline "
@@ -217,6 +226,10 @@ class ReconcilerMetrics:
             for state in MODEL_STATES:
                 self.model_state.labels(server, model, state).set(1 if state == current else 0)
         self._model_states = set(states)
+
+    def shadow_compared(self, deployment: str, outcome: str) -> None:
+        """One mirrored request's outcome at the comparator (``adapters/comparator.py``)."""
+        self.shadow_requests.labels(deployment, outcome).inc()
 
     def set_stuck_unloads(self, counts: Mapping[tuple[str, str], int]) -> None:
         """Versions stuck UNLOADING per (server, model); pairs with none leave the metric."""

@@ -253,11 +253,14 @@ def result_json(result: ApplyResult) -> dict[str, Any]:
                         "ok": r.ok,
                         "seconds": round(r.seconds, 4),
                         "error": r.error,
+                        # Each phase's analysis of a traffic rollout (its shadow comparison
+                        # among them), not only the last.
+                        **({"analysis": _analysis_json(r)} if r.evaluations else {}),
                     }
                     for r in c.steps
                 ],
                 "revert": [{**step_json(r.step), "ok": r.ok, "error": r.error} for r in c.revert],
-                "analysis": _analysis_json(c),
+                "analysis": _analysis_json(c.analysis),
                 "rollback_seconds": c.rollback_seconds,
             }
             for c in result.changes
@@ -265,8 +268,7 @@ def result_json(result: ApplyResult) -> dict[str, Any]:
     }
 
 
-def _analysis_json(change: ChangeResult) -> dict[str, Any] | None:
-    analysis = change.analysis
+def _analysis_json(analysis: StepResult | None) -> dict[str, Any] | None:
     if analysis is None:
         return None
     return {

@@ -278,6 +278,7 @@ def test_the_example_manifests_load_as_a_canary_through_the_router() -> None:
     desired = load_desired_state(files)
     traffic = desired.deployments["scaler"].rollout.traffic
     assert traffic is not None and traffic.steps == (100, 500, 2_500, 5_000)
-    assert traffic.mirror == 500
+    assert traffic.shadow is not None and traffic.shadow.share == 500
+    assert desired.routers["edge"].comparator == "comparator"
     router = desired.routers["edge"]
     assert router.pool_of(desired.servers["canary-0"]) == "canary"

@@ -511,3 +511,53 @@ def test_observe_outside_a_cluster_without_a_kubeconfig_is_unreachable(
     assert not state.reachable
     assert state.error is not None
     assert "no Kubernetes API client from the in-cluster service account" in state.error
+
+
+def test_the_comparator_is_mirrored_to_as_its_service_read_back_and_removed(
+    api: ApiServer,
+) -> None:
+    # Live shadow traffic (issue 31): a RequestMirror filter to the comparator's Service,
+    # which is no pool and takes no weight.
+    with_comparator = RouterSpec(
+        "edge",
+        POOLS,
+        gateway=GatewayRoute("serving", "triton"),
+        comparator="triton-gitops-comparator",
+        comparator_port=8011,
+    )
+    route = recorded("grpcroute.json")
+    api.script = [(200, route), (200, updated(route, "48214"))]
+    shadowing = GatewayRouter(with_comparator, api_client=client_for(api.url))
+    shadowing.route(
+        {"triton-stable": 10000, "triton-canary": 0}, {"triton-gitops-comparator": 1000}
+    )
+    written = api.requests[1].body
+    mirrors = [
+        f["requestMirror"]
+        for f in written["spec"]["rules"][0]["filters"]
+        if f["type"] == "RequestMirror"
+    ]
+    assert mirrors[-1] == {
+        "backendRef": {"name": "triton-gitops-comparator", "port": 8011},
+        "percent": 10,
+    }
+    # Read back: the comparator's share is reported beside the pools'.
+    api.script = [(200, written)]
+    assert shadowing.observe().mirror == {
+        "triton-stable": 0,
+        "triton-canary": 0,  # its 5% filter went: the route mirrors what it was given
+        "triton-gitops-comparator": 1000,
+    }
+    # Set back to nothing mirrored: the comparator's filter goes.
+    api.script = [(200, written), (200, updated(written, "48215"))]
+    shadowing.route(
+        {"triton-stable": 10000, "triton-canary": 0},
+        {"triton-stable": 0, "triton-canary": 0, "triton-gitops-comparator": 0},
+    )
+    rule = api.requests[-1].body["spec"]["rules"][0]
+    names = [
+        f["requestMirror"]["backendRef"]["name"]
+        for f in rule["filters"]
+        if f["type"] == "RequestMirror"
+    ]
+    assert "triton-gitops-comparator" not in names and "triton-canary" not in names

@@ -24,17 +24,8 @@ from reconciler.adapters.object_repository import open_store
 from reconciler.model.errors import RepositoryUnavailable
 from reconciler.model.repository import parse_repository
 from testkit.local_triton import LocalTriton, LocalTritonError
-from testkit.manifests import echo_repository
+from testkit.manifests import ECHO_CONFIG, echo_repository
 from testkit.object_store import LocalObjectStore, ObjectStoreError
-
-ECHO_CONFIG = {
-    "name": "echo",
-    "backend": "python",
-    "max_batch_size": 0,
-    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1, 4]}],
-    "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1, 4]}],
-    "instance_group": [{"kind": "KIND_CPU", "count": 1}],
-}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from reconciler.core.comparison import Comparison, Tolerance, disagreement, judged, quantile
+from reconciler.core.comparison import disagreement, judged
+from reconciler.model.shadow import Comparison, Tolerance, quantile
 
 
 def answer(values: list[float], dtype: str = "float32") -> dict[str, np.ndarray]:
@@ -55,23 +56,23 @@ def test_a_classification_output_agrees_on_its_top_k_classes_whatever_the_scores
 
 def test_the_verdict_is_the_disagreement_beyond_the_noise() -> None:
     # 2 requests of 100 answered 5% off: caught with a 99% agreement budget.
-    caught = Comparison(100, ("output OUTPUT0: ...",) * 2, ())
+    caught = Comparison(100, 2, 0, "output OUTPUT0: ...")
     assert judged(caught, 0.99) == (
         "disagrees on 2.0% of 100 request(s), the serving version with itself on 0.0%: "
         "2.0% beyond the noise, at most 1.0% allowed; first: output OUTPUT0: ..."
     )
     # A nondeterministic model: the serving version disagrees with itself as often as the
     # candidate disagrees with it: nothing beyond the noise.
-    noisy = Comparison(100, ("x",) * 30, ("y",) * 30)
+    noisy = Comparison(100, 30, 30)
     assert judged(noisy, 0.99) is None
-    assert judged(Comparison(100, ("x",) * 31, ("y",) * 30), 0.99) is None  # 1% allowed
-    assert judged(Comparison(100, ("x",) * 32, ("y",) * 30), 0.99) is not None
+    assert judged(Comparison(100, 31, 30), 0.99) is None  # 1% allowed
+    assert judged(Comparison(100, 32, 30), 0.99) is not None
 
 
 def test_latency_is_judged_on_the_p95_of_interleaved_calls() -> None:
     primary = tuple([0.010] * 95 + [0.050] * 5)
     slower = tuple([0.020] * 95 + [0.100] * 5)
-    comparison = Comparison(100, (), (), primary, slower)
+    comparison = Comparison(100, 0, 0, "", primary, slower)
     assert comparison.latency()["p50"] == (0.010, 0.020)
     assert comparison.latency()["p99"] == (0.050, 0.100)
     assert judged(comparison, 1.0, max_latency_increase=0.5) == (

@@ -17,6 +17,7 @@ from reconciler.core.spec.schema import KIND_SCHEMAS, schema_defaults
 from reconciler.core.spec.schema import default as schema_default
 from reconciler.model.analysis import AnalysisSpec, NoTraffic
 from reconciler.model.servers import Discovery
+from reconciler.model.shadow import LiveShadow
 from reconciler.model.spec import (
     DesiredState,
     Expectation,
@@ -67,6 +68,7 @@ MANIFESTS = textwrap.dedent(
     metadata: {name: envoy}
     spec:
       envoy: {admin: "http://127.0.0.1:9901"}
+      comparator: {name: comparator}
       pools:
         - {name: blue, servers: {names: [blue]}}
         - {name: green, servers: {names: [green]}}
@@ -90,7 +92,7 @@ MANIFESTS = textwrap.dedent(
       verify:
         analysis: {interval: 1s, duration: 2s, checks: [{name: ok, successRate: {min: 0.9}}]}
       rollout:
-        traffic: {router: envoy, strategy: blueGreen, pools: [blue, green]}
+        traffic: {router: envoy, strategy: blueGreen, pools: [blue, green], shadow: {}}
     """
 )
 
@@ -126,6 +128,7 @@ def test_left_out_fields_take_the_defaults_they_always_had() -> None:
     traffic = state.deployments["switched"].rollout.traffic
     assert traffic is not None
     assert (traffic.mirror, traffic.keep_old, traffic.steps) == (0, 0.0, (10_000,))
+    assert traffic.shadow == LiveShadow(share=1_000)  # 10%, and the model's own defaults
 
 
 def test_the_builder_reads_every_schema_default_and_only_those(
@@ -202,6 +205,21 @@ MODEL_DEFAULTS = [
     (ModelDeployment, "when_no_headroom", DEPLOYMENT, ("spec", "rollout", "whenNoHeadroom")),
     (AnalysisSpec, "failure_limit", DEPLOYMENT, ("spec", "verify", "analysis", "failureLimit")),
     (AnalysisSpec, "no_traffic", DEPLOYMENT, ("spec", "verify", "analysis", "noTraffic")),
+    *(
+        (LiveShadow, name, DEPLOYMENT, ("spec", "rollout", "traffic", "shadow", *where))
+        for name, where in (
+            ("min_agreement", ("compare", "minAgreement")),
+            ("latency_quantile", ("compare", "latencyQuantile")),
+            ("min_requests", ("minRequests",)),
+            ("rate", ("rate",)),
+            ("max_share", ("maxShare",)),
+            ("timeout", ("timeout",)),
+            ("when_short", ("whenShort",)),
+            ("max_wait", ("maxWait",)),
+            ("uncomparable", ("uncomparable",)),
+            ("allow_side_effects", ("allowSideEffects",)),
+        )
+    ),
 ]
 
 

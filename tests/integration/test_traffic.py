@@ -26,7 +26,7 @@ from testkit.cli_run import CliRun, Reconciler, cli
 from testkit.envoy import LocalEnvoy
 from testkit.loadgen import LoadGenerator
 from testkit.local_triton import LocalTriton, shared_between_tests
-from testkit.manifests import ManifestRepo, git, server_doc
+from testkit.manifests import ManifestRepo, git, router_doc, server_doc
 from tests.integration.flows import live_servers, ready_versions
 from tests.services import envoy_or_skip
 
@@ -118,19 +118,7 @@ def _manifests(
             f"servers/{name}.yaml",
             server_doc(name, server.grpc_address, model_repository, metrics=server.metrics_url),
         )
-    pool_lines = "".join(
-        f"    - {{name: {pool}, servers: {{names: [{', '.join(servers)}]}}}}\n"
-        for pool, servers in pools.items()
-    )
-    manifests.write(
-        "router.yaml",
-        "apiVersion: triton-gitops/v1alpha1\n"
-        "kind: Router\n"
-        "metadata: {name: edge}\n"
-        "spec:\n"
-        f"  envoy: {{admin: '{fleet.envoy.admin_url}'}}\n"
-        "  pools:\n" + pool_lines,
-    )
+    manifests.write("router.yaml", router_doc(fleet.envoy.admin_url, pools))
 
 
 def _deployment(version: int, traffic: str, analysis: str = "") -> str:

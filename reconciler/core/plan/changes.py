@@ -336,6 +336,7 @@ def _change_beside(delta: _Delta) -> ModelChange:
             max(ready) if ready and changing and not deployment.allow_interface_change else None
         ),
         revert=delta.revert,
+        reconfigured=bool(changing and delta.drift),
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from reconciler.model.plan import Action, ModelChange, PlanProblem, RolloutPlan, Step
+from reconciler.model.shadow import ShadowTarget
 from reconciler.model.spec import DesiredState, ModelDeployment
 from reconciler.model.traffic import (
     WEIGHT_SCALE,
@@ -35,7 +36,7 @@ def _only(router: RouterSpec, pool: str) -> dict[str, int]:
 
 
 def _none_mirrored(router: RouterSpec) -> dict[str, int]:
-    return {p.name: 0 for p in router.pools}
+    return dict.fromkeys(router.mirror_targets, 0)
 
 
 def routes_as(state: RouteState, weights: Mapping[str, int], mirror: Mapping[str, int]) -> bool:
@@ -179,12 +180,13 @@ def traffic_rollout(
         _none_mirrored(router),
         f"every request to {old}, nothing mirrored",
     )
+    shadow = _shadow_target(desired, deployment, changes, pool_of, old, new)
     plan = TrafficPlan(
         router.name,
         traffic.strategy,
         old,
         new,
-        _phases(router, traffic, deployment, old, new) if analyses else (),
+        _phases(router, traffic, deployment, old, new, shadow) if analyses else (),
         restore,
         restore
         if traffic.strategy is Strategy.CANARY
@@ -208,17 +210,74 @@ def traffic_rollout(
     return rollout, stripped
 
 
+def _shadow_target(
+    desired: DesiredState,
+    deployment: ModelDeployment,
+    changes: list[ModelChange],
+    pool_of: Mapping[str, str | None],
+    old: str,
+    new: str,
+) -> ShadowTarget | None:
+    """What the comparator compares in the shadow phase: the version the old pool serves
+    (what an unversioned request reaches: the highest) against the one the new pool takes.
+
+    Both are asked on the new pool's servers when they hold the serving version beside the
+    candidate (they do: new versions load beside the old): the same machine at the same
+    (client-free) load, so that latencies compare like with like, and no comparator call
+    lands on a server clients use. Measured on a canary: against the stable pool, where the
+    calls queue behind live requests, a candidate twice as slow read +18% at p99. Else
+    (a config change: the serving version reloads with the new config there) on the old
+    pool's servers. None without ``rollout.traffic.shadow``, or with nothing on one
+    side to compare (a first deployment)."""
+    traffic = deployment.rollout.traffic
+    if traffic is None or traffic.shadow is None:
+        return None
+    serving = [c for c in changes if pool_of[c.server] == old and c.serving]
+    candidate = [c for c in changes if pool_of[c.server] == new and c.desired]
+    if not serving or not candidate:
+        return None
+    version = max(max(c.serving) for c in serving)
+    # Not when the config changes: the serving version loads again there with the new one.
+    beside = [c for c in candidate if version in c.serving and not c.reconfigured]
+    primary = beside if len(beside) == len(candidate) else serving
+    return ShadowTarget(
+        deployment.name,
+        deployment.model,
+        tuple(desired.servers[c.server].grpc for c in primary),
+        version,
+        tuple(desired.servers[c.server].grpc for c in candidate),
+        max(max(c.desired) for c in candidate),
+        traffic.shadow,
+        new if primary is beside else old,
+    )
+
+
 def _phases(
     router: RouterSpec,
     traffic: TrafficSpec,
     deployment: ModelDeployment,
     old: str,
     new: str,
+    shadow: ShadowTarget | None = None,
 ) -> tuple[TrafficPhase, ...]:
     analysis = deployment.analysis
     duration = analysis.duration if analysis is not None else 0.0
     nothing = _none_mirrored(router)
     phases = []
+    if shadow is not None and router.comparator is not None:
+        # Copies of live requests to the comparator before the new pool takes any: the new
+        # version is compared with the serving one, answer by answer; no client meets it.
+        phases.append(
+            TrafficPhase(
+                f"shadow {share_text(shadow.spec.share)} to comparator {router.comparator}: "
+                f"version {shadow.candidate_version} on {new} compared with version "
+                f"{shadow.primary_version} on {shadow.primary_pool}",
+                _only(router, old),
+                {**nothing, router.comparator: shadow.spec.share},
+                duration,
+                shadow=shadow,
+            )
+        )
     if traffic.mirror:
         phases.append(
             TrafficPhase(
@@ -228,7 +287,8 @@ def _phases(
                 duration,
             )
         )
-    elif analysis is not None and analysis.probes.enabled:
+    elif not phases and analysis is not None and analysis.probes.enabled:
+        # (The shadow phase, when there is one, is this phase: the probes run under it.)
         # The new pool takes no request but the probes first: a version that fails them
         # is caught before any client meets it. blueGreen judges its idle pool so for the
         # whole analysis; a canary for one interval, then by its clients' share.

@@ -24,6 +24,7 @@ from reconciler.model.gate import GateSpec
 from reconciler.model.problems import Problem
 from reconciler.model.repository import parse_repository
 from reconciler.model.servers import Discovery, Location, TritonServer
+from reconciler.model.shadow import LiveShadow, Tolerance, Uncomparable, WhenShort
 from reconciler.model.spec import (
     BackendSpec,
     Expectation,
@@ -417,6 +418,36 @@ def _traffic(doc: Document, spec: dict[str, Any]) -> TrafficSpec:
         mirror=_share(_or_default(spec, _DEPLOYMENT, *path, "mirror")),
         keep_old=_seconds(_or_default(spec, _DEPLOYMENT, *path, "keepOld")),
         location=Location(doc.file, doc.line(path)),
+        shadow=_live_shadow(spec["shadow"]) if "shadow" in spec else None,
+    )
+
+
+def _live_shadow(shadow: dict[str, Any]) -> LiveShadow:
+    path = ("spec", "rollout", "traffic", "shadow")
+    compare = shadow.get("compare", {})
+
+    def given(*where: str) -> Any:
+        holder = compare if where[0] == "compare" else shadow
+        return _or_default(holder, _DEPLOYMENT, *path, *where)
+
+    return LiveShadow(
+        share=_share(given("share")),
+        tolerance=Tolerance(
+            float(given("compare", "tolerance")),
+            float(given("compare", "relativeTolerance")),
+            {str(k): int(v) for k, v in compare.get("topK", {}).items()},
+        ),
+        min_agreement=float(given("compare", "minAgreement")),
+        max_latency_increase=compare.get("maxLatencyIncrease"),
+        latency_quantile=str(given("compare", "latencyQuantile")),
+        min_requests=int(given("minRequests")),
+        rate=float(given("rate")),
+        max_share=float(given("maxShare")),
+        timeout=_seconds(given("timeout")),
+        when_short=WhenShort(given("whenShort")),
+        max_wait=_seconds(given("maxWait")),
+        uncomparable=Uncomparable(given("uncomparable")),
+        allow_side_effects=bool(given("allowSideEffects")),
     )
 
 
@@ -455,6 +486,8 @@ def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
         if gateway is not None
         else None,
         location=Location(doc.file, doc.start_line),
+        comparator=body["comparator"]["name"] if "comparator" in body else None,
+        comparator_port=body.get("comparator", {}).get("port"),
     )
 
 

@@ -222,6 +222,17 @@ def traffic_problems(
             continue
         by_name[router.name] = router
         holder: dict[str, str] = {}
+        if router.comparator in {p.name for p in router.pools}:
+            yield doc.problem(
+                ("spec", "comparator", "name"),
+                f"Router {router.name!r}: the comparator {router.comparator!r} is also a pool; "
+                "it takes mirrored copies only, never the route's traffic",
+            )
+        if router.comparator and router.gateway is not None and router.comparator_port is None:
+            yield doc.problem(
+                ("spec", "comparator"),
+                f"Router {router.name!r}: a Gateway API comparator needs its Service's port",
+            )
         for index, pool in enumerate(router.pools):
             if [p.name for p in router.pools].count(pool.name) > 1:
                 yield doc.problem(
@@ -305,6 +316,8 @@ def _deployment_traffic(
             )
     if traffic.pools[0] == traffic.pools[1]:
         yield doc.problem(path, f"{name}: the two pools must differ")
+    if traffic.shadow is not None:
+        yield from _shadow_problems(doc, deployment, router)
     outside = sorted(
         server.name
         for server in servers.values()
@@ -315,6 +328,41 @@ def _deployment_traffic(
             ("spec", "servers"),
             f"{name}: server(s) {', '.join(outside)} are selected but stand in neither pool "
             f"{' nor '.join(traffic.pools)} of Router {router.name!r}",
+        )
+
+
+def _shadow_problems(
+    doc: Document, deployment: ModelDeployment, router: RouterSpec
+) -> Iterator[Problem]:
+    """Live shadow traffic needs a comparator on the router, and is refused for a model
+    whose requests must not run more than once (a sequence model: never; one with side
+    effects: unless the manifest allows it)."""
+    path = ("spec", "rollout", "traffic", "shadow")
+    name = f"ModelDeployment {deployment.name!r}"
+    if router.comparator is None:
+        yield doc.problem(
+            path,
+            f"{name}: rollout.traffic.shadow mirrors live requests to the comparator, and "
+            f"Router {router.name!r} declares none (spec.comparator)",
+        )
+    if deployment.sequence is not None or "sequence_batching" in deployment.config:
+        yield doc.problem(
+            path,
+            f"{name}: a sequence model is never shadowed: its requests carry state that a "
+            "copy sent three more times would corrupt (whole-sequence shadowing is not "
+            "built); use rollout.traffic.mirror or verify.shadow instead",
+        )
+    shadow = deployment.rollout.traffic.shadow if deployment.rollout.traffic else None
+    if (
+        shadow is not None
+        and not deployment.serving_probes.enabled
+        and not shadow.allow_side_effects
+    ):
+        yield doc.problem(
+            path,
+            f"{name}: servingProbes.enabled is false (a model with side effects): each "
+            "shadowed request would run three more times; set shadow.allowSideEffects: true "
+            "if that is safe",
         )
 
 

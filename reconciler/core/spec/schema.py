@@ -215,6 +215,8 @@ def schema_message(error: jsonschema.ValidationError) -> str:
         )
     elif error.validator == "oneOf" and where == "spec" and "grpc" in str(error.validator_value):
         message = "exactly one of grpc (with an optional metrics URL) or discovery is required"
+    elif error.validator == "oneOf" and where == "spec" and "envoy" in str(error.validator_value):
+        message = "exactly one of envoy or gatewayAPI is required"
     elif error.validator in ("minProperties", "maxProperties") and where.endswith("servers"):
         message = "exactly one of names or matchLabels is required"
     elif error.validator in ("pattern", "type", "not") and "errorMessage" in as_mapping(

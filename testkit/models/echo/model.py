@@ -18,6 +18,17 @@ each in a way the reconciler must catch:
  11  answers 1% of its requests with an error response
  12, 13  good, but answer an all-zero input with an error response (a model that rejects
      the probes' synthesized requests, old and new alike)
+
+Any version also reads these config parameters (string values), for the shadow tests, where
+old and new versions must answer alike:
+  scale       multiply by this instead of the version
+  skew_every  N: an input whose CRC-32 is a multiple of N is answered 5% off (a wrong answer
+              on 1/N of the inputs, the same inputs every time)
+  noise       answer each element times (1 + u), u uniform in [-noise, noise], drawn anew
+              per request (a nondeterministic kernel)
+  delay_ms    answer this many milliseconds late
+A value may name versions, "1:10,2:20", so that one config makes versions differ (a change
+of config reloads every version of the model on a server).
 """
 
 import json
@@ -28,6 +39,17 @@ import triton_python_backend_utils as pb_utils
 BROKEN_VERSIONS = {9}
 FAILING, SLOW, LEAKING, SLOW_LOAD = 4, 5, 6, 7
 ERROR_RESPONSES, RARE_ERROR_RESPONSES, ZEROS_REJECTED = 10, 11, {12, 13}
+
+
+def _for_version(value, version):
+    """A parameter's value for ``version``: the value itself, or its "version:value" entry."""
+    if not value or ":" not in value:
+        return value
+    for entry in value.split(","):
+        named, _, given = entry.partition(":")
+        if int(named) == version:
+            return given
+    return None
 
 
 class TritonPythonModel:
@@ -49,6 +71,15 @@ class TritonPythonModel:
             self.slow_seconds = float(slow_ms) / 1000 if slow_ms else 0.025
         self.count = 0
         self.kept = []
+        parameters = {
+            k: _for_version(v.get("string_value"), self.version)
+            for k, v in config.get("parameters", {}).items()
+        }
+        self.scale = float(parameters.get("scale") or self.version)
+        self.skew_every = int(parameters.get("skew_every") or 0)
+        self.noise = float(parameters.get("noise") or 0)
+        self.delay = float(parameters.get("delay_ms") or 0) / 1000
+        self.random = np.random.default_rng()
 
     def execute(self, requests):
         responses = []
@@ -77,6 +108,18 @@ class TritonPythonModel:
                 time.sleep(self.slow_seconds)
             if self.version == LEAKING and len(self.kept) < 192:
                 self.kept.append(np.full(8 << 20, 1, dtype=np.uint8))  # touched, so resident
-            output = pb_utils.Tensor(self.output_name, (data * self.version).astype(np.float32))
+            if self.delay:
+                import time
+
+                time.sleep(self.delay)
+            answer = data * self.scale
+            if self.skew_every:
+                import zlib
+
+                if zlib.crc32(data.astype(np.float32).tobytes()) % self.skew_every == 0:
+                    answer = answer * 1.05
+            if self.noise:
+                answer = answer * (1 + self.random.uniform(-self.noise, self.noise, data.shape))
+            output = pb_utils.Tensor(self.output_name, answer.astype(np.float32))
             responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
         return responses

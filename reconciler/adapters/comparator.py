@@ -1,0 +1,419 @@
+"""The comparator that a router mirrors live requests to (issue 31): a gRPC server speaking
+the KServe v2 inference protocol (``inference.GRPCInferenceService/ModelInfer``, the
+definitions tritonclient ships), run inside the reconciler's own process while a traffic
+rollout's shadow phase lasts.
+
+Why in the process and not a process of its own: what to compare (which model, which
+versions, which servers) and what it found are the running rollout's, and its verdict is
+an analysis check of that rollout; in the process they are a method call each way, with
+nothing to start, find, version or keep alive beside the reconciler. It binds
+``--comparator-listen`` only while a shadow phase runs (the router mirrors nothing to it
+otherwise), reaches only the servers' gRPC ports, and runs wherever the reconciler runs,
+the image included.
+
+Each mirrored request is answered at once with an empty response (the router discards
+mirrored answers anyway), then, when sampled, compared on a worker thread of its own: the
+serving version asked twice (primary and secondary: the noise) and the candidate once, each
+pinned by version, in random order, one call after another so that their latencies are
+measured alike (``core/comparison.py`` judges the answers). Bounded as the probes are: at
+most ``rate`` comparisons a second, a server kept busy at most ``maxShare`` of the time, a
+short queue (a full queue drops, counted). Nothing here can reach a client: a request that
+does not parse, an answer that cannot be compared, a candidate that times out are counted
+and shown, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+
+from reconciler.core.comparison import disagreement
+from reconciler.model.shadow import Comparison, ShadowFigures, ShadowTarget, Uncomparable
+
+log = logging.getLogger(__name__)
+
+SERVICE = "inference.GRPCInferenceService"
+QUEUE = 16  # sampled requests waiting for their comparison, at most
+LATENCIES_KEPT = 20_000  # per side: the latest calls' seconds, for the quantiles
+SAMPLES_KEPT = 5  # reasons kept per kind (GitHub Scientist's capped samples)
+
+# Called with (deployment, outcome) for each mirrored request: ``/metrics`` counts them.
+Observer = Callable[[str, str], None]
+
+
+class ComparatorError(RuntimeError):
+    """The comparator could not listen where it was told to."""
+
+
+class _Uncomparable(Exception):
+    pass
+
+
+class ShadowSession:
+    """One target's comparison while its phase lasts: fed by the server, read by the
+    analysis (``figures``), ended by the engine (``end``)."""
+
+    def __init__(self, target: ShadowTarget, channels: _Channels, observer: Observer) -> None:
+        self.target, self.spec = target, target.spec
+        self._channels, self._observer = channels, observer
+        self._lock = threading.Lock()
+        self._figures = ShadowFigures()
+        self._candidate_count = self._noise_count = self._compared = 0
+        self._first_candidate = ""
+        self._primary_s: deque[float] = deque(maxlen=LATENCIES_KEPT)
+        self._candidate_s: deque[float] = deque(maxlen=LATENCIES_KEPT)
+        self._samples: dict[str, list[str]] = {}
+        self._next_at = 0.0  # monotonic: no comparison starts before this
+        self._random = random.Random(f"{target.deployment}/{target.candidate_version}")
+        self._queue: queue.Queue[service_pb2.ModelInferRequest | None] = queue.Queue(QUEUE)
+        self._turn = 0
+        self._worker = threading.Thread(
+            target=self._work, name=f"comparator-{target.deployment}", daemon=True
+        )
+        self._worker.start()
+        self._on: Callable[[ShadowSession], None] | None = None
+
+    # -- fed by the server ----------------------------------------------------------------
+
+    def offer(self, request: service_pb2.ModelInferRequest) -> None:
+        if request.model_name != self.target.model:
+            self._count("other_model")
+            return
+        if _in_sequence(request):
+            self._count("sequence")
+            return
+        now = time.monotonic()
+        with self._lock:
+            self._figures = replace(self._figures, received=self._figures.received + 1)
+            if now < self._next_at:
+                sampled = False
+            else:
+                sampled = True
+                self._next_at = now + 1.0 / self.spec.rate
+        if not sampled:
+            self._count("not_sampled")
+            return
+        try:
+            self._queue.put_nowait(request)
+        except queue.Full:
+            self._count("dropped")
+
+    def unparsable(self, why: str) -> None:
+        with self._lock:
+            self._figures = replace(self._figures, received=self._figures.received + 1)
+        self._count("unparsable", why)
+
+    # -- read by the analysis -------------------------------------------------------------
+
+    def figures(self) -> ShadowFigures:
+        with self._lock:
+            return replace(
+                self._figures,
+                comparison=Comparison(
+                    self._compared,
+                    self._candidate_count,
+                    self._noise_count,
+                    self._first_candidate,
+                    tuple(self._primary_s),
+                    tuple(self._candidate_s),
+                ),
+                samples={k: tuple(v) for k, v in self._samples.items()},
+            )
+
+    def end(self) -> None:
+        """Stop comparing: requests still queued are left uncompared."""
+        if self._on is not None:
+            self._on(self)
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._queue.put(None)
+        self._worker.join(timeout=3 * self.spec.timeout + 1)
+
+    # -- the comparisons ------------------------------------------------------------------
+
+    def _count(self, outcome: str, why: str | None = None) -> None:
+        with self._lock:
+            if hasattr(self._figures, outcome):
+                self._figures = replace(
+                    self._figures, **{outcome: getattr(self._figures, outcome) + 1}
+                )
+            if why is not None:
+                kept = self._samples.setdefault(outcome, [])
+                if len(kept) < SAMPLES_KEPT:
+                    kept.append(why)
+        self._observer(self.target.deployment, outcome)
+
+    def _work(self) -> None:
+        while True:
+            request = self._queue.get()
+            if request is None:
+                return
+            try:
+                self._compare(request)
+            except Exception as exc:
+                log.exception("comparator: comparing a request of %s failed", self.target.model)
+                self._count("unparsable", f"{type(exc).__name__}: {exc}")
+
+    def _compare(self, request: service_pb2.ModelInferRequest) -> None:
+        target, spec = self.target, self.spec
+        turn, self._turn = self._turn, self._turn + 1
+        primary = target.primary[turn % len(target.primary)]
+        # The secondary on another server of the old pool when it has one: Diffy's
+        # secondary is another instance of the same version.
+        secondary = target.primary[(turn + 1) % len(target.primary)]
+        candidate = target.candidate[turn % len(target.candidate)]
+        calls = [
+            ("primary", primary, target.primary_version),
+            ("secondary", secondary, target.primary_version),
+            ("candidate", candidate, target.candidate_version),
+        ]
+        self._random.shuffle(calls)
+        answers: dict[str, service_pb2.ModelInferResponse | grpc.RpcError] = {}
+        seconds: dict[str, float] = {}
+        busy: dict[str, float] = {}
+        for role, address, version in calls:
+            pinned = service_pb2.ModelInferRequest()
+            pinned.CopyFrom(request)
+            pinned.model_version = str(version)
+            started = time.monotonic()
+            try:
+                answers[role] = self._channels.stub(address).ModelInfer(
+                    pinned, timeout=spec.timeout
+                )
+            except grpc.RpcError as exc:
+                answers[role] = exc
+            seconds[role] = time.monotonic() - started
+            busy[address] = busy.get(address, 0.0) + seconds[role]
+        # One server kept busy at most maxShare of the time (as the probes are).
+        spent = max(busy.values())
+        with self._lock:
+            self._next_at = max(self._next_at, time.monotonic() + spent / spec.max_share - spent)
+        self._judge(answers, seconds)
+
+    def _judge(
+        self,
+        answers: dict[str, service_pb2.ModelInferResponse | grpc.RpcError],
+        seconds: dict[str, float],
+    ) -> None:
+        for role in ("primary", "secondary"):
+            answer = answers[role]
+            if isinstance(answer, grpc.RpcError):
+                self._count("primary_failed", f"{role}: {_status(answer)}")
+                return
+        candidate_answer = answers["candidate"]
+        try:
+            primary = _outputs(answers["primary"])
+            secondary = _outputs(answers["secondary"])
+            candidate = (
+                None if isinstance(candidate_answer, grpc.RpcError) else _outputs(candidate_answer)
+            )
+        except _Uncomparable as exc:
+            if self.spec.uncomparable is Uncomparable.SKIP:
+                self._count("uncomparable", str(exc))
+                return
+            self._compared_one(str(exc), None, seconds)
+            return
+        if isinstance(candidate_answer, grpc.RpcError):
+            timed_out = candidate_answer.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            if timed_out:
+                self._count("candidate_timeouts")
+            why = (
+                f"timed out after {self.spec.timeout:g}s"
+                if timed_out
+                else f"answered an error: {_status(candidate_answer)}"
+            )
+            self._compared_one(why, disagreement(primary, secondary, self.spec.tolerance), seconds)
+            return
+        assert candidate is not None
+        self._compared_one(
+            disagreement(primary, candidate, self.spec.tolerance),
+            disagreement(primary, secondary, self.spec.tolerance),
+            seconds,
+        )
+
+    def _compared_one(
+        self, candidate_why: str | None, noise_why: str | None, seconds: dict[str, float]
+    ) -> None:
+        with self._lock:
+            self._compared += 1
+            self._primary_s.append(seconds["primary"])
+            self._candidate_s.append(seconds["candidate"])
+            if candidate_why is not None:
+                self._candidate_count += 1
+                self._first_candidate = self._first_candidate or candidate_why
+            if noise_why is not None:
+                self._noise_count += 1
+        self._observer(self.target.deployment, "compared")
+        if candidate_why is not None:
+            self._observer(self.target.deployment, "candidate_disagreed")
+        if noise_why is not None:
+            self._observer(self.target.deployment, "noise")
+
+
+def _status(error: grpc.RpcError) -> str:
+    code = error.code() if hasattr(error, "code") else None
+    details = error.details() if hasattr(error, "details") else str(error)
+    return f"{code.name if code is not None else 'error'}: {details}"
+
+
+def _in_sequence(request: service_pb2.ModelInferRequest) -> bool:
+    """A request of a sequence (Triton's sequence_id parameter, nonzero): never shadowed."""
+    if "sequence_id" not in request.parameters:
+        return False
+    parameter = request.parameters["sequence_id"]
+    return bool(parameter.int64_param or parameter.uint64_param or parameter.string_param)
+
+
+def _outputs(response: service_pb2.ModelInferResponse) -> dict[str, npt.NDArray[np.generic]]:
+    """Every output of ``response`` as an array; _Uncomparable names an output that cannot
+    be read, and why."""
+    result = InferResult(response)
+    outputs: dict[str, npt.NDArray[np.generic]] = {}
+    for output in response.outputs:
+        try:
+            array = result.as_numpy(output.name)
+        except Exception as exc:
+            raise _Uncomparable(
+                f"output {output.name} ({output.datatype}, shape {list(output.shape)}): "
+                f"cannot be read: {exc}"
+            ) from None
+        if array is None:
+            raise _Uncomparable(
+                f"output {output.name} ({output.datatype}): no data in the answer "
+                "(shared memory, or a datatype this client cannot read)"
+            )
+        outputs[output.name] = array
+    return outputs
+
+
+class _Channels:
+    """One gRPC channel per server address, shared by the sessions."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stubs: dict[str, Any] = {}
+        self._channels: list[grpc.Channel] = []
+
+    def stub(self, address: str) -> Any:
+        with self._lock:
+            if address not in self._stubs:
+                channel = grpc.insecure_channel(address)
+                self._channels.append(channel)
+                self._stubs[address] = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            return self._stubs[address]
+
+    def close(self) -> None:
+        with self._lock:
+            for channel in self._channels:
+                channel.close()
+            self._channels.clear()
+            self._stubs.clear()
+
+
+class LiveComparator:
+    """The comparator at ``listen`` (host:port; port 0 picks one): it listens while at
+    least one session is open (``begin``), and stops when the last one ends."""
+
+    def __init__(self, listen: str, observer: Observer | None = None) -> None:
+        self.listen = listen
+        self._observer: Observer = observer or (lambda _deployment, _outcome: None)
+        self._lock = threading.Lock()
+        self._sessions: list[ShadowSession] = []
+        self._server: grpc.Server | None = None
+        self._channels = _Channels()
+        self.port: int | None = None
+
+    def observe(self, observer: Observer) -> None:
+        """Count every outcome with ``observer`` from the next session on."""
+        self._observer = observer
+
+    @property
+    def address(self) -> str:
+        host = self.listen.rsplit(":", 1)[0]
+        return f"{host}:{self.port}"
+
+    def begin(self, target: ShadowTarget) -> ShadowSession:
+        """Compare ``target`` from now on; ComparatorError when the comparator cannot
+        listen (the address taken, not this host's)."""
+        session = ShadowSession(target, self._channels, self._observer)
+        session._on = self._ended
+        with self._lock:
+            if self._server is None:
+                self._server = self._start()
+            self._sessions.append(session)
+        return session
+
+    def _start(self) -> grpc.Server:
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=4, thread_name_prefix="comparator"),
+            handlers=[
+                grpc.method_handlers_generic_handler(
+                    SERVICE,
+                    {
+                        "ModelInfer": grpc.unary_unary_rpc_method_handler(
+                            self._mirrored,
+                            request_deserializer=None,  # raw bytes: parsed here, counted
+                            response_serializer=service_pb2.ModelInferResponse.SerializeToString,
+                        )
+                    },
+                )
+            ],
+        )
+        try:
+            port = server.add_insecure_port(self.listen)
+        except RuntimeError as exc:
+            raise ComparatorError(f"comparator: cannot listen on {self.listen}: {exc}") from None
+        if not port:
+            raise ComparatorError(f"comparator: cannot listen on {self.listen}")
+        self.port = port
+        server.start()
+        log.info("comparator: listening on %s", self.address)
+        return server
+
+    def _mirrored(self, raw: bytes, context: grpc.ServicerContext) -> Any:
+        with self._lock:
+            sessions = list(self._sessions)
+        try:
+            request = service_pb2.ModelInferRequest.FromString(raw)
+        except DecodeError as exc:
+            for session in sessions:
+                session.unparsable(f"not a ModelInferRequest ({len(raw)} bytes): {exc}")
+            return service_pb2.ModelInferResponse()
+        for session in sessions:
+            session.offer(request)
+        # The router discards a mirrored request's answer: an empty one, at once.
+        return service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+
+    def _ended(self, session: ShadowSession) -> None:
+        with self._lock:
+            if session in self._sessions:
+                self._sessions.remove(session)
+            if self._sessions or self._server is None:
+                return
+            server, self._server = self._server, None
+        server.stop(grace=0.5).wait(2)
+        log.info("comparator: stopped listening on %s", self.address)
+
+    def close(self) -> None:
+        with self._lock:
+            sessions = list(self._sessions)
+        for session in sessions:
+            session.end()
+        self._channels.close()

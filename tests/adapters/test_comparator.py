@@ -1,0 +1,135 @@
+"""The comparator (``adapters/comparator.py``) against a real tritonserver, fed as a router
+feeds it: KServe v2 ``ModelInfer`` requests over gRPC, answers discarded. What it cannot use
+(bytes that do not parse, a sequence's request, another model's, a version that does not
+answer, a candidate too slow, more than its queue holds) is counted, never raised, and it
+listens only while a session is open."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+from reconciler.adapters.comparator import LiveComparator, ShadowSession
+from reconciler.model.shadow import LiveShadow, ShadowFigures, ShadowTarget
+from testkit.local_triton import LocalTriton, free_port
+from testkit.manifests import ECHO_CONFIG
+
+pytestmark = pytest.mark.triton
+
+CONFIG = {
+    **ECHO_CONFIG,
+    "parameters": {"scale": {"string_value": "1"}},
+    "version_policy": {"specific": {"versions": [1, 2, 5]}},
+}
+
+
+@pytest.fixture(scope="module")
+def triton(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    logs = tmp_path_factory.mktemp("comparator")
+    server = LocalTriton(model_repository, log_file=logs / "triton.log").start()
+    try:
+        with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+            client.load_model("echo", config=json.dumps(CONFIG))
+        yield server.grpc_address
+    finally:
+        server.stop()
+
+
+def request(model: str = "echo", **parameters: int) -> service_pb2.ModelInferRequest:
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(
+        name="INPUT0", datatype="FP32", shape=[1, 4]
+    )
+    made = service_pb2.ModelInferRequest(model_name=model, inputs=[tensor])
+    made.raw_input_contents.append(np.arange(4, dtype=np.float32).tobytes())
+    for name, value in parameters.items():
+        made.parameters[name].int64_param = value
+    return made
+
+
+def settle(session: ShadowSession, until: int, timeout: float = 10.0) -> ShadowFigures:
+    """The session's figures once ``until`` requests were compared or left out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        figures = session.figures()
+        done = sum(
+            v
+            for k, v in figures.counts().items()
+            if k not in ("candidate_disagreed", "noise", "candidate_timeouts")
+        )
+        if done >= until:
+            return figures
+        time.sleep(0.02)
+    return session.figures()
+
+
+def listening(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex((host, int(port))) == 0
+
+
+def test_what_the_comparator_cannot_use_is_counted_and_a_good_request_compared(
+    triton: str,
+) -> None:
+    comparator = LiveComparator(f"127.0.0.1:{free_port('127.0.0.1')}")
+    spec = LiveShadow(share=10_000, rate=1_000, max_share=1.0, min_requests=1)
+    session = comparator.begin(ShadowTarget("d", "echo", (triton,), 1, (triton,), 2, spec))
+    try:
+        with grpc.insecure_channel(comparator.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            raw = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+            answered = raw(b"\xff\xff\xff not a protobuf", timeout=5)
+            assert answered == b""  # an empty answer, at once: the router discards it
+            stub.ModelInfer(request(sequence_id=7), timeout=5)
+            stub.ModelInfer(request("other"), timeout=5)
+            stub.ModelInfer(request(), timeout=5)
+        figures = settle(session, 4)
+    finally:
+        session.end()
+    assert (figures.unparsable, figures.sequence, figures.other_model) == (1, 1, 1), figures
+    assert figures.compared == 1, figures
+    # Versions 1 and 2 both answer the input times 1 (the config's scale): they agree.
+    assert (figures.comparison.candidate_count, figures.comparison.noise_count) == (0, 0)
+    assert "not a ModelInferRequest" in figures.samples["unparsable"][0]
+    assert not listening(comparator.address)  # the last session ended: it stopped listening
+
+
+def test_a_slow_candidate_times_out_a_full_queue_drops_and_a_missing_version_is_counted(
+    triton: str,
+) -> None:
+    comparator = LiveComparator(f"127.0.0.1:{free_port('127.0.0.1')}")
+    # Version 5 answers 25 ms late; the calls may take 5 ms.
+    spec = LiveShadow(share=10_000, rate=10_000, max_share=1.0, timeout=0.005)
+    session = comparator.begin(ShadowTarget("d", "echo", (triton,), 1, (triton,), 5, spec))
+    missing = comparator.begin(ShadowTarget("e", "echo", (triton,), 3, (triton,), 1, spec))
+    try:
+        assert listening(comparator.address)
+        with grpc.insecure_channel(comparator.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for _ in range(60):
+                stub.ModelInfer(request(), timeout=5)
+        slow = settle(session, 60)
+        gone = settle(missing, 60)
+    finally:
+        session.end()
+        missing.end()
+    assert slow.received == 60 and slow.candidate_timeouts >= 1, slow
+    assert slow.comparison.candidate_count == slow.candidate_timeouts, slow
+    assert slow.comparison.first_candidate == "timed out after 0.005s"
+    # 60 at once, one comparison at a time, at most 16 waiting: the rest dropped.
+    # (A serving version's call past 5 ms leaves its request uncompared: primary_failed.)
+    assert slow.dropped >= 1, slow
+    assert slow.compared + slow.dropped + slow.primary_failed == 60, slow
+    # Version 3 is not loaded: nothing to compare with, never the candidate's fault.
+    assert gone.primary_failed >= 1 and gone.compared == 0, gone
+    assert "primary" in gone.samples["primary_failed"][0] or "secondary" in str(gone.samples)
