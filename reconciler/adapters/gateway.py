@@ -294,10 +294,20 @@ class GatewayRouter:
 
     def _mirror_target(self, backend_ref: Mapping[str, Any]) -> str | None:
         """The pool a RequestMirror's backendRef reaches, or the comparator."""
-        comparator, port = self.spec.comparator, self.spec.comparator_port
-        if comparator and backend_ref.get("name") == comparator:
-            return comparator if port is None or backend_ref.get("port") == port else None
+        ref = self._comparator_ref()
+        if ref and all(backend_ref.get(k) == v for k, v in ref.items()):
+            return self.spec.comparator
         return self._pool_of(backend_ref)
+
+    def _comparator_ref(self) -> dict[str, Any]:
+        """The backendRef of the comparator's Service (empty: the router declares none)."""
+        spec = self.spec
+        if not spec.comparator:
+            return {}
+        ref: dict[str, Any] = {"name": spec.comparator, "port": spec.comparator_port}
+        if spec.comparator_namespace:
+            ref["namespace"] = spec.comparator_namespace
+        return ref
 
     def _mirrored(self, rule: Mapping[str, Any]) -> dict[str, int]:
         mirror = dict.fromkeys(self.spec.mirror_targets, 0)
@@ -348,9 +358,8 @@ class GatewayRouter:
                 mirrors.append(_mirror_filter(target, share))
         comparator = self.spec.comparator
         if comparator and int(mirror.get(comparator, 0)) > 0:
-            # Live shadow traffic: the comparator's Service, in the route's namespace.
-            service = {"name": comparator, "port": self.spec.comparator_port}
-            mirrors.append(_mirror_filter(service, int(mirror[comparator])))
+            # Live shadow traffic: to the comparator's Service.
+            mirrors.append(_mirror_filter(self._comparator_ref(), int(mirror[comparator])))
         if "filters" in rule or mirrors:
             rule["filters"] = kept + mirrors
         return body

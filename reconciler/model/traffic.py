@@ -79,6 +79,7 @@ class RouterSpec:
     # Service (and its port) of a RequestMirror backendRef, that reaches the comparator.
     comparator: str | None = None
     comparator_port: int | None = None
+    comparator_namespace: str | None = None  # Gateway API: the Service's, if not the route's
 
     @property
     def mirror_targets(self) -> tuple[str, ...]:

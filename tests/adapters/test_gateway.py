@@ -524,6 +524,7 @@ def test_the_comparator_is_mirrored_to_as_its_service_read_back_and_removed(
         gateway=GatewayRoute("serving", "triton"),
         comparator="triton-gitops-comparator",
         comparator_port=8011,
+        comparator_namespace="triton",  # the reconciler's, beside a ReferenceGrant
     )
     route = recorded("grpcroute.json")
     api.script = [(200, route), (200, updated(route, "48214"))]
@@ -538,7 +539,7 @@ def test_the_comparator_is_mirrored_to_as_its_service_read_back_and_removed(
         if f["type"] == "RequestMirror"
     ]
     assert mirrors[-1] == {
-        "backendRef": {"name": "triton-gitops-comparator", "port": 8011},
+        "backendRef": {"name": "triton-gitops-comparator", "port": 8011, "namespace": "triton"},
         "percent": 10,
     }
     # Read back: the comparator's share is reported beside the pools'.

@@ -12,8 +12,10 @@ probes, selectors and metric names that do not exist fail here instead of in a c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import http.server
+import io
 import json
 import os
 import re
@@ -551,9 +553,16 @@ def test_probes_reach_health_endpoints_on_the_port_the_service_exposes() -> None
         for s in find("Service")
         if selects(s["spec"]["selector"], deployment["spec"]["template"]["metadata"]["labels"])
     ]
-    targets = {container_port(container, p["targetPort"]) for p in service["spec"]["ports"]}
-    assert targets == {port}
-    assert [p["port"] for p in service["spec"]["ports"]] == [9090]
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert container_port(container, ports["http"]["targetPort"]) == port
+    assert ports["http"]["port"] == 9090
+    # The comparator's port: where the daemon listens for the router's mirror.
+    comparator = container_startup().comparator_listen
+    assert comparator is not None
+    assert container_port(container, ports["comparator"]["targetPort"]) == int(
+        comparator.rpartition(":")[2]
+    )
+    assert set(ports) == {"http", "comparator"}
 
 
 def test_config_file_keys_are_run_options_and_are_accepted() -> None:
@@ -691,7 +700,7 @@ def allowed_ports(rule: dict[str, Any], container: dict[str, Any] | None = None)
     return ports
 
 
-def test_network_policy_lets_in_only_webhooks_and_prometheus_on_the_service_port() -> None:
+def test_network_policy_lets_in_webhooks_prometheus_and_the_routers_mirror_only() -> None:
     policy = network_policy()
     deployment = reconciler_deployment()
     container = only_container(deployment)
@@ -700,10 +709,17 @@ def test_network_policy_lets_in_only_webhooks_and_prometheus_on_the_service_port
         deployment["spec"]["template"]["metadata"]["labels"],
     )
     assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
-    (rule,) = policy["spec"]["ingress"]
+    rule, shadow = policy["spec"]["ingress"]
     service = one("Service", "triton-gitops")
     service_ports = {container_port(container, p["targetPort"]) for p in service["spec"]["ports"]}
-    assert allowed_ports(rule, container) == service_ports == {9090}
+    assert service_ports == {9090, 8011}
+    assert allowed_ports(rule, container) == {9090}
+    # The comparator's port, where the reconciler listens for it, from the router's namespace
+    # only (the Service exposes it to the router's mirror).
+    assert allowed_ports(shadow, container) == {8011}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["TRITON_GITOPS_COMPARATOR_LISTEN"] == "0.0.0.0:8011"
+    assert [namespace_of(peer) for peer in shadow["from"]] == ["serving"]
     peers = rule["from"]
     assert all(set(peer) == {"namespaceSelector"} for peer in peers), "namespaces, no ipBlock"
     # Prometheus: where the ServiceMonitor's Prometheus and configmap.yaml's prometheus-url are.
@@ -1378,6 +1394,61 @@ def test_every_command_an_alert_tells_on_call_to_run_parses_in_the_reconciler_po
             raise AssertionError(f"an alert tells on-call to run {command!r}: {exc}") from None
 
 
+DOCS = (
+    ROOT / "README.md",
+    ROOT / "CHANGELOG.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    *sorted((ROOT / "examples").rglob("*.md")),
+)
+
+
+def doc_commands(text: str) -> list[str]:
+    """Every ``triton-gitops`` command of a Markdown text: in inline code, and on a line of a
+    code block (``$ `` prompts dropped, ``\\`` continuations joined)."""
+    commands = re.findall(r"`(triton-gitops [^`\n]+)`", text)
+    for block in re.findall(r"```[\w-]*\n(.*?)```", text, re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        for line in joined.splitlines():
+            line = line.strip().removeprefix("$ ")
+            if line.startswith("triton-gitops "):
+                commands.append(line)
+    return commands
+
+
+def as_given(synopsis: str) -> list[str]:
+    """A command as a person would type it from its synopsis: optional parts (``[...]``) given,
+    the first of alternatives (``a|b``), nothing after a shell operator or a comment."""
+    # The first alternative of an optional group ([--state FILE \| --service URL]).
+    command = re.sub(r"\[([^\]]*)\]", lambda m: m[1].split("\\|")[0], synopsis)
+    command = re.split(r"\s(?:\||&&|>|#)\s", command.replace("\\|", "\x00"))[0]
+    words = shlex.split(command.replace("...", ""))
+    return [w.split("\x00")[0].split("|")[0] for w in words]
+
+
+def test_every_command_in_the_docs_parses() -> None:
+    """Every ``triton-gitops`` command the README, the docs and the examples' READMEs show
+    parses with the CLI (the repository given by the environment, as where they run); one
+    that only names a command (``triton-gitops gate``) names one that exists."""
+    commands = {name for name in build_parser()._subparsers._group_actions[0].choices}  # type: ignore[union-attr]
+    checked = 0
+    for doc in DOCS:
+        for command in doc_commands(doc.read_text()):
+            argv = as_given(command)[1:]
+            where = f"{doc.relative_to(ROOT)}: {command!r}"
+            if len(argv) == 1:
+                assert argv[0] in commands, f"{where}: no such command"
+                continue
+            err = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                    parse_arguments(argv, {"TRITON_GITOPS_REPO": "https://example.com/m.git"})
+            except SystemExit as exc:
+                if exc.code not in (0, None):  # --help exits 0
+                    raise AssertionError(f"{where}: {err.getvalue().strip()}") from None
+            checked += 1
+    assert checked >= 40, checked
+
+
 def github_anchor(heading: str) -> str:
     """The fragment GitHub gives a Markdown heading."""
     return re.sub(r"[^a-z0-9 _-]", "", heading.strip().lower()).replace(" ", "-")
@@ -1402,6 +1473,7 @@ CUSTOM_KINDS = {
     ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("gateway.networking.k8s.io/v1", "Gateway"),
     ("gateway.networking.k8s.io/v1", "GRPCRoute"),
+    ("gateway.networking.k8s.io/v1beta1", "ReferenceGrant"),
 }
 
 
@@ -1424,6 +1496,21 @@ def kube_documents_of(folder: Path) -> list[dict[str, Any]]:
         d for d in documents
         if d and not str(d.get("apiVersion", "")).startswith("triton-gitops")
     ]  # fmt: skip
+
+
+def test_the_gateway_api_kustomization_takes_every_cluster_object_of_its_folder() -> None:
+    folder = DEPLOY / "gateway-api"
+    listed = set(YAML(typ="safe").load((folder / "kustomization.yaml").read_text())["resources"])
+    cluster_files = {
+        p.name
+        for p in folder.glob("*.yaml")
+        if p.name != "kustomization.yaml"
+        and any(
+            d and not str(d.get("apiVersion", "")).startswith("triton-gitops")
+            for d in yaml_documents(p)
+        )
+    }
+    assert listed == cluster_files
 
 
 @pytest.mark.parametrize("example", ["kubernetes", "object-storage", "gateway-api"])

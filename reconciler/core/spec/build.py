@@ -488,6 +488,7 @@ def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
         location=Location(doc.file, doc.start_line),
         comparator=body["comparator"]["name"] if "comparator" in body else None,
         comparator_port=body.get("comparator", {}).get("port"),
+        comparator_namespace=body.get("comparator", {}).get("namespace"),
     )
 
 
