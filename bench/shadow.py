@@ -21,12 +21,14 @@ parameters of ``testkit/models/echo/model.py``.
    (as GPU kernels' reordered sums), alternating versions 1 and 2, each a canary with a
    shadow phase (share 100%, minRequests 100, relativeTolerance 1e-4) under client load. Goal:
    0 failed.
-3. **Client p99 with the comparator on** (``--rounds R``, ``--seconds S``): rounds alternate
-   the comparator off (nothing mirrored) and on (the default share, 10%, the default rate and
-   maxShare, versions 1 and 2 on ``c``), S seconds each; the clients' p99 over the on rounds
-   against the off rounds, in one run. Goal: within 5%.
+3. **Client p99 with the comparator on** (``--rounds R``, ``--seconds S``): rounds cycle
+   through the comparator off (nothing mirrored), ``mirrored`` (Envoy mirrors the default
+   share, 10%, to the comparator's port while nothing listens there: Envoy's own cost) and
+   on (mirrored and compared at the default rate and maxShare, versions 1 and 2 on ``c``),
+   S seconds each; the clients (a process of their own) p99 over each arm's rounds, in one
+   run. Goal: on within 5% of off.
 
-    python -m bench.shadow [--catch 2000] [--rollouts 20] [--rounds 6] [--seconds 8]
+    python -m bench.shadow [--catch 2000] [--rollouts 20] [--rounds 10] [--seconds 5]
                            [--threads 2] [--output bench/results/shadow.json]
 
 Every process started here (two tritonservers, one Envoy) is stopped in ``finally``.
@@ -69,6 +71,9 @@ from testkit.manifests import (
     write_model_repository,
 )
 
+# The p99 part's arms, in turn: nothing mirrored; mirrored to a comparator port nobody
+# listens on; mirrored and compared.
+ARMS = ("off", "mirrored", "on")
 SIZES = (50, 100, 150, 200, 300, 400, 500, 600, 800, 1000, 1200, 1500)
 AGREEMENTS = (0.99, 0.995)
 
@@ -210,28 +215,32 @@ def p99_run(
     stable: str,
     canary: str,
     root: Path,
+    share: int = 1_000,
 ) -> dict[str, Any]:
     _load(stable, {"scale": "1"}, [1])
     _load(canary, {"scale": "1"}, [1, 2])
     comparator = LiveComparator(listen)
-    spec = LiveShadow(share=1_000)  # the defaults: 10%, rate 20, maxShare 0.05
+    spec = LiveShadow(share=share)  # rate 20, maxShare 0.05: the defaults
     target = ShadowTarget("echo", "echo", (canary,), 1, (canary,), 2, spec, "canary")
     router = _router(envoy)
     out = root / "p99-samples.json"
     warmup = 3.0
     clients = multiprocessing.get_context("spawn").Process(
         target=_clients,
-        args=(envoy.address, threads, warmup + 2 * rounds * seconds + 1, str(out)),
+        args=(envoy.address, threads, warmup + len(ARMS) * rounds * seconds + 1, str(out)),
     )
     clients.start()
     windows: list[tuple[str, float, float]] = []
     compared = 0
     try:
         time.sleep(warmup)
-        for index in range(2 * rounds):
-            arm = "off" if index % 2 == 0 else "on"
+        for index in range(len(ARMS) * rounds):
+            arm = ARMS[index % len(ARMS)]
             session = comparator.begin(target) if arm == "on" else None
-            router.route({"stable": 10_000, "canary": 0}, {"comparator": 1_000 if session else 0})
+            # "mirrored": Envoy mirrors the share to the comparator's port, nobody listens:
+            # Envoy's own cost of the mirror, without the comparator's.
+            mirrored = 0 if arm == "off" else share
+            router.route({"stable": 10_000, "canary": 0}, {"comparator": mirrored})
             start = time.monotonic()
             time.sleep(seconds)
             windows.append((arm, start, time.monotonic()))
@@ -240,11 +249,11 @@ def p99_run(
                 session.end()
         router.route({"stable": 10_000, "canary": 0}, {"comparator": 0})
     finally:
-        clients.join(timeout=2 * rounds * seconds + 60)
+        clients.join(timeout=len(ARMS) * rounds * seconds + 60)
         if clients.is_alive():
             clients.terminate()
     samples = json.loads(out.read_text())
-    latencies: dict[str, list[float]] = {"off": [], "on": []}
+    latencies: dict[str, list[float]] = {arm: [] for arm in ARMS}
     for arm, start, end in windows:
         latencies[arm] += [
             s for started, s, failed in samples if start <= started <= end and not failed
@@ -252,12 +261,17 @@ def p99_run(
     p99 = {arm: percentile(values, 99) for arm, values in latencies.items()}
     p50 = {arm: percentile(values, 50) for arm, values in latencies.items()}
     return {
+        "share": share,
         "requests": {arm: len(values) for arm, values in latencies.items()},
         "p50_ms": {arm: v * 1000 if v else None for arm, v in p50.items()},
         "p99_ms": {arm: v * 1000 if v else None for arm, v in p99.items()},
         "p99_on_over_off": p99["on"] / p99["off"] if p99["on"] and p99["off"] else None,
+        "p99_mirrored_over_off": (
+            p99["mirrored"] / p99["off"] if p99["mirrored"] and p99["off"] else None
+        ),
         "p99_on_over_off_by_round": [
-            _round_ratio(samples, windows[i], windows[i + 1]) for i in range(0, len(windows), 2)
+            _round_ratio(samples, windows[i], windows[i + 2])
+            for i in range(0, len(windows), len(ARMS))
         ],
         "compared_while_on": compared,
         "client_failures": sum(1 for _, _, failed in samples if failed),
@@ -357,9 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--catch", type=int, default=2000, help="comparisons of the bad one")
     parser.add_argument("--rollouts", type=int, default=20, help="rollouts of the good one")
-    parser.add_argument("--rounds", type=int, default=6, help="on/off pairs for the p99")
-    parser.add_argument("--seconds", type=float, default=8.0, help="seconds per round")
+    parser.add_argument("--rounds", type=int, default=10, help="rounds of each p99 arm")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per round")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--share", default="10%", help="the p99 part's mirror share (default: the schema's)"
+    )
+    parser.add_argument(
+        "--parts", default="catch,p99,rollouts", help="which parts to run, comma-separated"
+    )
     parser.add_argument("--output", type=Path, default=Path("bench/results/shadow.json"))
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="bench-shadow-"))
@@ -377,11 +397,26 @@ def main(argv: list[str] | None = None) -> int:
             {"stable": 10_000},
             mirrors={"comparator": [listen]},
         ).start()
-        catch = catch_run(args.catch, args.threads, envoy, listen, stable, canary)
-        print(json.dumps(catch["requests_to_catch_95"]), file=sys.stderr)
-        p99 = p99_run(args.rounds, args.seconds, args.threads, envoy, listen, stable, canary, root)
+        parts = set(args.parts.split(","))
+        catch = (
+            catch_run(args.catch, args.threads, envoy, listen, stable, canary)
+            if "catch" in parts
+            else None
+        )
+        share = round(float(args.share.rstrip("%")) * 100)
+        p99 = (
+            p99_run(
+                args.rounds, args.seconds, args.threads, envoy, listen, stable, canary, root, share
+            )
+            if "p99" in parts
+            else None
+        )
         print(json.dumps(p99), file=sys.stderr)
-        good = false_failures(args.rollouts, args.threads, root, models, servers, envoy, listen)
+        good = (
+            false_failures(args.rollouts, args.threads, root, models, servers, envoy, listen)
+            if "rollouts" in parts
+            else None
+        )
         result = {
             "machine": host(),
             "provenance": provenance(),
@@ -393,10 +428,23 @@ def main(argv: list[str] | None = None) -> int:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps(result, indent=2, default=str))
         summary = {
-            "requests_to_catch_95": catch["requests_to_catch_95"],
-            "disagreement_rate": catch["disagreement_rate"],
-            "false_failures": f"{good['failed']} of {good['rollouts']}",
-            "p99_on_over_off": p99["p99_on_over_off"],
+            **(
+                {
+                    "requests_to_catch_95": catch["requests_to_catch_95"],
+                    "disagreement_rate": catch["disagreement_rate"],
+                }
+                if catch
+                else {}
+            ),
+            **({"false_failures": f"{good['failed']} of {good['rollouts']}"} if good else {}),
+            **(
+                {
+                    "p99_on_over_off": p99["p99_on_over_off"],
+                    "p99_mirrored_over_off": p99["p99_mirrored_over_off"],
+                }
+                if p99
+                else {}
+            ),
         }
         print(json.dumps(summary, indent=2))
     finally:

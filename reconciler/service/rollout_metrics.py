@@ -28,7 +28,7 @@ class RolloutGauges:
         self._lock = threading.Lock()
         self._steps: set[tuple[str, str]] = set()
         self._analyses: set[tuple[str, str]] = set()
-        self._checks: set[tuple[str, str, str]] = set()
+        self._checks: set[tuple[str, str, str, str]] = set()
         self._bounds: set[tuple[str, str, str, str]] = set()
 
     def started(self, step: Step, reverting: bool) -> None:
@@ -53,13 +53,16 @@ class RolloutGauges:
                             self._bounds.add(key)
 
     def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
+        kinds = {c.name: c.kind for c in step.analysis.checks} if step.analysis else {}
         with self._lock:
             self.metrics.analysis_seconds_left.labels(step.server, step.model).set(seconds_left)
             self._analyses.add((step.server, step.model))
             for result in evaluation.results:
                 if result.value is None:
                     continue
-                key = (step.server, step.model, result.check)
+                # A check the analysis spec does not name is the shadow comparison's.
+                kind = kinds.get(result.check, "shadow")
+                key = (step.server, step.model, result.check, kind)
                 self.metrics.check_value.labels(*key).set(result.value)
                 self._checks.add(key)
 
@@ -68,7 +71,7 @@ class RolloutGauges:
         Kept after the pass: it is the route the clients meet."""
         for pool, weight in weights.items():
             self.metrics.route_weight.labels(router, pool).set(weight / WEIGHT_SCALE)
-        for pool in weights:
+        for pool in {*weights, *mirror}:  # the comparator's share among them
             self.metrics.route_mirror.labels(router, pool).set(mirror.get(pool, 0) / WEIGHT_SCALE)
 
     def pass_ended(self) -> None:

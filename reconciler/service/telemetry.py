@@ -170,8 +170,10 @@ class ReconcilerMetrics:
         self.check_value = Gauge(
             "triton_gitops_analysis_check_value",
             "The last value of each check of the analysis in progress (success rate, latency "
-            "increase, memory growth in bytes, a promql check's value)",
-            ["server", "model", "check"],
+            "increase, memory growth in bytes, a promql check's value: a business metric, the "
+            "shadow comparison's disagreement beyond the noise and latency increase), by kind "
+            "(successRate, latency, memory, promql, shadow)",
+            ["server", "model", "check", "kind"],
             registry=r,
         )
         self.check_bound = Gauge(

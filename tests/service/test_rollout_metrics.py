@@ -49,9 +49,13 @@ def test_a_rollout_in_progress_shows_its_step_its_checks_and_goes_when_the_pass_
     )  # fmt: skip
     gauges.evaluated(analyze, evaluation, 29.0)
     value = "triton_gitops_analysis_check_value"
-    assert sample(metrics, value, **where, check="success-rate") == 0.999
-    assert sample(metrics, value, **where, check="latency") is None  # no value: no sample
-    assert sample(metrics, "triton_gitops_analysis_seconds_left", **where) == 29.0
+    assert sample(metrics, value, **where, check="success-rate", kind="successRate") == 0.999
+    assert sample(metrics, value, **where, check="latency", kind="latency") is None  # no value
+    # The shadow comparison's checks are no check of the spec: kind shadow.
+    shadow = CheckResult("shadow", Verdict.PASS, 0.002, "disagreement beyond the noise")
+    gauges.evaluated(analyze, Evaluation(1, 2.0, (shadow,), Verdict.PASS), 28.0)
+    assert sample(metrics, value, **where, check="shadow", kind="shadow") == 0.002
+    assert sample(metrics, "triton_gitops_analysis_seconds_left", **where) == 28.0
 
     gauges.started(Step("edge-a", "echo", Action.LOAD, (1,), "revert"), True)
     assert sample(metrics, "triton_gitops_rollout_step", **where, step="reverting") == 1
@@ -60,7 +64,8 @@ def test_a_rollout_in_progress_shows_its_step_its_checks_and_goes_when_the_pass_
     gauges.pass_ended()
     text = metrics.registry.get_sample_value  # every series of the pass is gone
     assert text("triton_gitops_rollout_step", {**where, "step": "reverting"}) is None
-    assert sample(metrics, value, **where, check="success-rate") is None
+    assert sample(metrics, value, **where, check="success-rate", kind="successRate") is None
+    assert sample(metrics, value, **where, check="shadow", kind="shadow") is None
     assert sample(metrics, bound, **where, check="latency", bound="max_increase") is None
     assert sample(metrics, "triton_gitops_analysis_seconds_left", **where) is None
 
@@ -68,7 +73,8 @@ def test_a_rollout_in_progress_shows_its_step_its_checks_and_goes_when_the_pass_
 def test_a_route_set_is_each_pools_share_and_stays_after_the_pass() -> None:
     metrics = ReconcilerMetrics()
     gauges = RolloutGauges(metrics)
-    gauges.routed("edge", {"stable": 9_900, "canary": 100}, {"canary": 1_000})
+    gauges.routed("edge", {"stable": 9_900, "canary": 100}, {"canary": 1_000, "comparator": 500})
+    assert sample(metrics, "triton_gitops_route_mirror", router="edge", pool="comparator") == 0.05
     assert sample(metrics, "triton_gitops_route_weight", router="edge", pool="canary") == 0.01
     assert sample(metrics, "triton_gitops_route_weight", router="edge", pool="stable") == 0.99
     assert sample(metrics, "triton_gitops_route_mirror", router="edge", pool="canary") == 0.1
