@@ -67,8 +67,15 @@ class ShadowSession:
     """One target's comparison while its phase lasts: fed by the server, read by the
     analysis (``figures``), ended by the engine (``end``)."""
 
-    def __init__(self, target: ShadowTarget, channels: _Channels, observer: Observer) -> None:
+    def __init__(
+        self,
+        target: ShadowTarget,
+        channels: _Channels,
+        observer: Observer,
+        on_end: Callable[[ShadowSession], None],
+    ) -> None:
         self.target, self.spec = target, target.spec
+        self._on_end = on_end
         self._channels, self._observer = channels, observer
         self._lock = threading.Lock()
         self._figures = ShadowFigures()
@@ -85,7 +92,6 @@ class ShadowSession:
             target=self._work, name=f"comparator-{target.deployment}", daemon=True
         )
         self._worker.start()
-        self._on: Callable[[ShadowSession], None] | None = None
 
     # -- fed by the server ----------------------------------------------------------------
 
@@ -136,8 +142,7 @@ class ShadowSession:
 
     def end(self) -> None:
         """Stop comparing: requests still queued are left uncompared."""
-        if self._on is not None:
-            self._on(self)
+        self._on_end(self)
         while True:
             try:
                 self._queue.get_nowait()
@@ -352,11 +357,10 @@ class LiveComparator:
     def begin(self, target: ShadowTarget) -> ShadowSession:
         """Compare ``target`` from now on; ComparatorError when the comparator cannot
         listen (the address taken, not this host's)."""
-        session = ShadowSession(target, self._channels, self._observer)
-        session._on = self._ended
         with self._lock:
             if self._server is None:
-                self._server = self._start()
+                self._server = self._start()  # first: a failure leaves no session behind
+            session = ShadowSession(target, self._channels, self._observer, self._ended)
             self._sessions.append(session)
         return session
 

@@ -158,13 +158,9 @@ def kube_files() -> list[Path]:
 
 @functools.cache
 def kube_objects() -> list[dict[str, Any]]:
-    """Every Kubernetes object of examples/deploy/kubernetes, kustomization.yaml aside."""
-    return [
-        doc
-        for path in kube_files()
-        if path.name != "kustomization.yaml"
-        for doc in yaml_documents(path)
-    ]
+    """Every Kubernetes object of examples/deploy/kubernetes as ``kubectl kustomize`` renders
+    it (the namespace is the kustomization's: the files name none)."""
+    return kube_documents_of(KUBE)
 
 
 def find(kind: str, name: str | None = None) -> list[dict[str, Any]]:
@@ -202,9 +198,15 @@ def only_container(deployment: dict[str, Any]) -> dict[str, Any]:
     return container
 
 
-def container_env(container: dict[str, Any]) -> dict[str, str]:
+def container_env(container: dict[str, Any], namespace: str | None = None) -> dict[str, str]:
+    """A container's environment: literal values, and the pod's namespace from the
+    downward API (``namespace``: the pod's)."""
     env = {}
     for item in container.get("env", []):
+        field_path = item.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if field_path == "metadata.namespace" and namespace is not None:
+            env[item["name"]] = namespace
+            continue
         assert "value" in item, f"env {item['name']}: only literal values are checked here"
         env[item["name"]] = str(item["value"])
     return env
@@ -318,7 +320,7 @@ def reconciler_config() -> tuple[str, dict[str, Any]]:
     """The config file the reconciler's Deployment points $TRITON_GITOPS_CONFIG at, parsed."""
     deployment = reconciler_deployment()
     container = only_container(deployment)
-    path = container_env(container)["TRITON_GITOPS_CONFIG"]
+    path = container_env(container, deployment["metadata"]["namespace"])["TRITON_GITOPS_CONFIG"]
     _, volume, key = mounted(deployment, container, path)
     assert "configMap" in volume, f"{path} is not on a ConfigMap volume"
     config_map = one("ConfigMap", volume["configMap"]["name"])
@@ -330,7 +332,9 @@ def reconciler_config() -> tuple[str, dict[str, Any]]:
 
 def startup_environment() -> dict[str, str]:
     """The reconciler container's environment: the image's ENV, then the Deployment's env."""
-    return {**image_env(), **container_env(only_container(reconciler_deployment()))}
+    deployment = reconciler_deployment()
+    namespace = deployment["metadata"]["namespace"]
+    return {**image_env(), **container_env(only_container(deployment), namespace)}
 
 
 def container_startup() -> argparse.Namespace:
@@ -438,6 +442,23 @@ def test_every_yaml_and_json_file_parses() -> None:
         assert all(isinstance(d, dict) for d in documents), f"{path}: a document is no mapping"
     for path in jsons:
         assert isinstance(json.loads(path.read_text()), dict), path
+
+
+def test_the_namespace_is_written_in_one_place() -> None:
+    """Only the kustomization names the namespace; every namespaced object gets it."""
+    files = [p for p in kube_files() if p.name != "kustomization.yaml"]
+    written = [
+        f"{p.name}: {d['kind']} {d['metadata']['name']}"
+        for p in files
+        for d in yaml_documents(p)
+        if "namespace" in d.get("metadata", {})
+        or any("namespace" in s for s in d.get("subjects", []))
+    ]
+    assert not written, written
+    kustomization = YAML(typ="safe").load((KUBE / "kustomization.yaml").read_text())
+    assert {o["metadata"].get("namespace") for o in kube_objects() if o["kind"] in NAMESPACED} == {
+        kustomization["namespace"]
+    }
 
 
 def test_kubernetes_objects_are_well_formed() -> None:
@@ -632,7 +653,8 @@ def test_servicemonitors_scrape_the_services() -> None:
     scraped = set()
     for monitor in monitors:
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
-        namespaces = monitor["spec"]["namespaceSelector"]["matchNames"]
+        own = [monitor["metadata"]["namespace"]]  # no namespaceSelector: its own namespace
+        namespaces = monitor["spec"].get("namespaceSelector", {}).get("matchNames", own)
         services = [
             s
             for s in find("Service")
@@ -852,9 +874,8 @@ def test_the_readiness_gate_is_declared_set_and_allowed() -> None:
     triton = triton_deployment()
     gates = triton["spec"]["template"]["spec"]["readinessGates"]
     assert gates == [{"conditionType": READINESS_CONDITION}]
-    _, config = reconciler_config()
     namespace = triton["metadata"]["namespace"]
-    assert config["readiness-gate"] == namespace
+    assert container_startup().readiness_gate == namespace  # from the downward API
     reconciler = reconciler_deployment()
     assert reconciler["spec"]["template"]["spec"]["automountServiceAccountToken"] is True
     account = reconciler["spec"]["template"]["spec"]["serviceAccountName"]
