@@ -77,13 +77,17 @@ def short_of_requests(
 ) -> RolloutVerdict | None:
     """An analysis otherwise passed at ``elapsed`` (past ``duration``): None when the
     comparison compared enough; RUNNING while it may still wait for them; else FAILED
-    (``whenShort: fail``) or INCONCLUSIVE (waited ``maxWait`` in vain)."""
+    (``whenShort: fail``) or INCONCLUSIVE (waited ``maxWait`` in vain), METRICS_UNAVAILABLE
+    when nothing reached the comparator at all: nothing is known against the versions, so
+    they are put back but not held."""
     if figures.compared >= spec.min_requests:
         return None
     if spec.when_short is WhenShort.FAIL:
         return RolloutVerdict.FAILED
     if elapsed < duration + spec.max_wait:
         return RolloutVerdict.RUNNING
+    if not figures.received:
+        return RolloutVerdict.METRICS_UNAVAILABLE
     return RolloutVerdict.INCONCLUSIVE
 
 

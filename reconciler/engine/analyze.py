@@ -324,9 +324,6 @@ class _Watch:
         if verdict is None or verdict is RolloutVerdict.RUNNING:
             return verdict
         step = self.step
-        if verdict is RolloutVerdict.INCONCLUSIVE and not figures.received:
-            # Nothing reached the comparator: nothing is known against the versions.
-            verdict = RolloutVerdict.METRICS_UNAVAILABLE
         error = (
             MetricsUnavailable if verdict is RolloutVerdict.METRICS_UNAVAILABLE else AnalysisFailed
         )

@@ -68,6 +68,8 @@ def test_short_of_requests_waits_up_to_max_wait_or_fails_as_the_manifest_says() 
     assert short_of_requests(SHADOW, enough, 60.0, 60.0) is None
     assert short_of_requests(SHADOW, short, 60.0, 60.0) is RolloutVerdict.RUNNING
     assert short_of_requests(SHADOW, short, 360.0, 60.0) is RolloutVerdict.INCONCLUSIVE
+    nothing = ShadowFigures()  # nothing reached the comparator: not held
+    assert short_of_requests(SHADOW, nothing, 360.0, 60.0) is RolloutVerdict.METRICS_UNAVAILABLE
     failing = replace(SHADOW, when_short=WhenShort.FAIL)
     assert short_of_requests(failing, short, 60.0, 60.0) is RolloutVerdict.FAILED
 
