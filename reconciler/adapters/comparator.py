@@ -32,7 +32,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -63,6 +63,18 @@ class _Uncomparable(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class _Route:
+    """Where one request's three calls go: the servers, and for a request of a sampled
+    sequence the sequence id each side knows it by (fresh ids, one per side: the serving
+    version asked twice must hold two sequences, not one fed twice)."""
+
+    primary: str
+    secondary: str
+    candidate: str
+    sequence_ids: tuple[int, int, int] | None = None  # primary, secondary, candidate
+
+
 class ShadowSession:
     """One target's comparison while its phase lasts: fed by the server, read by the
     analysis (``figures``), ended by the engine (``end``)."""
@@ -86,8 +98,16 @@ class ShadowSession:
         self._samples: dict[str, list[str]] = {}
         self._next_at = 0.0  # monotonic: no comparison starts before this
         self._random = random.Random(f"{target.deployment}/{target.candidate_version}")
-        self._queue: queue.Queue[service_pb2.ModelInferRequest | None] = queue.Queue(QUEUE)
+        self._queue: queue.Queue[tuple[service_pb2.ModelInferRequest, _Route] | None] = queue.Queue(
+            QUEUE
+        )
         self._turn = 0
+        # The sampled sequences in flight (the client's sequence id -> their route), and
+        # those cut short (a request dropped: the rest of it is not sent either).
+        self._sequences: dict[str, _Route] = {}
+        self._cut: set[str] = set()
+        # The server's threads offer requests at once: the routes and sequences are theirs.
+        self._routing = threading.Lock()
         self._worker = threading.Thread(
             target=self._work, name=f"comparator-{target.deployment}", daemon=True
         )
@@ -99,24 +119,64 @@ class ShadowSession:
         if request.model_name != self.target.model:
             self._count("other_model")
             return
-        if _in_sequence(request):
+        sequence = _sequence_of(request)
+        if sequence is not None and not self.spec.whole_sequences:
             self._count("sequence")
             return
+        with self._routing:
+            if sequence is not None:
+                self._offer_in_sequence(request, sequence)
+                return
+            if not self._sampled():
+                self._count("not_sampled")
+                return
+            self._enqueue(request, self._route())
+
+    def _sampled(self) -> bool:
+        """One more received request; whether the rate lets a comparison start now."""
         now = time.monotonic()
         with self._lock:
             self._figures = replace(self._figures, received=self._figures.received + 1)
             if now < self._next_at:
-                sampled = False
-            else:
-                sampled = True
-                self._next_at = now + 1.0 / self.spec.rate
-        if not sampled:
-            self._count("not_sampled")
-            return
+                return False
+            self._next_at = now + 1.0 / self.spec.rate
+            return True
+
+    def _enqueue(self, request: service_pb2.ModelInferRequest, route: _Route) -> bool:
         try:
-            self._queue.put_nowait(request)
+            self._queue.put_nowait((request, route))
         except queue.Full:
             self._count("dropped")
+            return False
+        return True
+
+    def _offer_in_sequence(self, request: service_pb2.ModelInferRequest, sequence: str) -> None:
+        """Whole sequences (``sequences: whole``): sampled at their start, then every
+        request of a sampled one is compared, in order, each side in a sequence of its own;
+        a request dropped (a full queue) cuts the rest of its sequence."""
+        start = _flag(request, "sequence_start")
+        end = _flag(request, "sequence_end")
+        if start:
+            self._cut.discard(sequence)
+            self._sequences.pop(sequence, None)
+            if self._sampled():
+                ids = (_fresh_id(), _fresh_id(), _fresh_id())
+                self._sequences[sequence] = replace(self._route(), sequence_ids=ids)
+            else:
+                self._count("not_sampled")
+                return
+        else:
+            with self._lock:
+                self._figures = replace(self._figures, received=self._figures.received + 1)
+        route = self._sequences.get(sequence)
+        if route is None:
+            self._count("dropped" if sequence in self._cut else "not_sampled")
+        elif not self._enqueue(request, route):
+            self._sequences.pop(sequence, None)
+            self._cut.add(sequence)
+        if end:
+            self._sequences.pop(sequence, None)
+            self._cut.discard(sequence)
 
     def unparsable(self, why: str) -> None:
         with self._lock:
@@ -167,36 +227,46 @@ class ShadowSession:
 
     def _work(self) -> None:
         while True:
-            request = self._queue.get()
-            if request is None:
+            item = self._queue.get()
+            if item is None:
                 return
             try:
-                self._compare(request)
+                self._compare(*item)
             except Exception as exc:
                 log.exception("comparator: comparing a request of %s failed", self.target.model)
                 self._count("unparsable", f"{type(exc).__name__}: {exc}")
 
-    def _compare(self, request: service_pb2.ModelInferRequest) -> None:
-        target, spec = self.target, self.spec
+    def _route(self) -> _Route:
+        """The servers of the next comparison, in turn."""
+        target = self.target
         turn, self._turn = self._turn, self._turn + 1
-        primary = target.primary[turn % len(target.primary)]
-        # The secondary on another server of the old pool when it has one: Diffy's
-        # secondary is another instance of the same version.
-        secondary = target.primary[(turn + 1) % len(target.primary)]
-        candidate = target.candidate[turn % len(target.candidate)]
+        return _Route(
+            target.primary[turn % len(target.primary)],
+            # The secondary on another server of the same version when there is one:
+            # Diffy's secondary is another instance.
+            target.primary[(turn + 1) % len(target.primary)],
+            target.candidate[turn % len(target.candidate)],
+        )
+
+    def _compare(self, request: service_pb2.ModelInferRequest, route: _Route) -> None:
+        target, spec = self.target, self.spec
+        ids = route.sequence_ids or (None, None, None)
         calls = [
-            ("primary", primary, target.primary_version),
-            ("secondary", secondary, target.primary_version),
-            ("candidate", candidate, target.candidate_version),
+            ("primary", route.primary, target.primary_version, ids[0]),
+            ("secondary", route.secondary, target.primary_version, ids[1]),
+            ("candidate", route.candidate, target.candidate_version, ids[2]),
         ]
         self._random.shuffle(calls)
         answers: dict[str, service_pb2.ModelInferResponse | grpc.RpcError] = {}
         seconds: dict[str, float] = {}
         busy: dict[str, float] = {}
-        for role, address, version in calls:
+        for role, address, version, sequence_id in calls:
             pinned = service_pb2.ModelInferRequest()
             pinned.CopyFrom(request)
             pinned.model_version = str(version)
+            if sequence_id is not None:
+                pinned.parameters["sequence_id"].Clear()
+                pinned.parameters["sequence_id"].int64_param = sequence_id
             started = time.monotonic()
             try:
                 answers[role] = self._channels.stub(address).ModelInfer(
@@ -278,12 +348,23 @@ def _status(error: grpc.RpcError) -> str:
     return f"{code.name if code is not None else 'error'}: {details}"
 
 
-def _in_sequence(request: service_pb2.ModelInferRequest) -> bool:
-    """A request of a sequence (Triton's sequence_id parameter, nonzero): never shadowed."""
+def _sequence_of(request: service_pb2.ModelInferRequest) -> str | None:
+    """The sequence a request belongs to (Triton's sequence_id parameter, nonzero), as
+    text; None for a request of no sequence."""
     if "sequence_id" not in request.parameters:
-        return False
+        return None
     parameter = request.parameters["sequence_id"]
-    return bool(parameter.int64_param or parameter.uint64_param or parameter.string_param)
+    value = parameter.int64_param or parameter.uint64_param or parameter.string_param
+    return str(value) if value else None
+
+
+def _flag(request: service_pb2.ModelInferRequest, name: str) -> bool:
+    return name in request.parameters and request.parameters[name].bool_param
+
+
+def _fresh_id() -> int:
+    """A sequence id no client uses: random, 62 bits (Triton takes int64 and uint64)."""
+    return random.getrandbits(62) | 1
 
 
 def _outputs(response: service_pb2.ModelInferResponse) -> dict[str, npt.NDArray[np.generic]]:

@@ -96,6 +96,9 @@ class LiveShadow:
     max_wait: float = 300.0
     uncomparable: Uncomparable = Uncomparable.SKIP
     allow_side_effects: bool = False
+    # A sequence model's whole sequences are compared (sampled at their start, every
+    # request then, each side in a sequence of its own); else a sequence is never shadowed.
+    whole_sequences: bool = False
 
 
 @dataclass(frozen=True)

@@ -133,3 +133,77 @@ def test_a_slow_candidate_times_out_a_full_queue_drops_and_a_missing_version_is_
     # Version 3 is not loaded: nothing to compare with, never the candidate's fault.
     assert gone.primary_failed >= 1 and gone.compared == 0, gone
     assert "primary" in gone.samples["primary_failed"][0] or "secondary" in str(gone.samples)
+
+
+COUNTER = {
+    "name": "counter",
+    "backend": "python",
+    "max_batch_size": 8,
+    "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+    "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1]}],
+    "sequence_batching": {
+        "max_sequence_idle_microseconds": 5000000,
+        "control_input": [
+            {
+                "name": "START",
+                "control": [{"kind": "CONTROL_SEQUENCE_START", "fp32_false_true": [0, 1]}],
+            },
+            {
+                "name": "CORRID",
+                "control": [{"kind": "CONTROL_SEQUENCE_CORRID", "data_type": "TYPE_UINT64"}],
+            },
+        ],
+    },
+    "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    "version_policy": {"specific": {"versions": [1, 2]}},
+}
+
+
+def in_sequence(
+    sequence: int, value: float, start: bool, end: bool
+) -> service_pb2.ModelInferRequest:
+    tensor = service_pb2.ModelInferRequest.InferInputTensor(
+        name="INPUT0", datatype="FP32", shape=[1, 1]
+    )
+    made = service_pb2.ModelInferRequest(model_name="counter", inputs=[tensor])
+    made.raw_input_contents.append(np.array([[value]], dtype=np.float32).tobytes())
+    made.parameters["sequence_id"].int64_param = sequence
+    made.parameters["sequence_start"].bool_param = start
+    made.parameters["sequence_end"].bool_param = end
+    return made
+
+
+def compare_sequences(triton: str, scale: str) -> ShadowFigures:
+    """Three sequences of four requests each, as a router mirrors them, compared whole:
+    version 1 against version 2 of the running-sum model, answering times ``scale``."""
+    with triton_grpc.InferenceServerClient(triton) as client:
+        config = {**COUNTER, "parameters": {"scale": {"string_value": scale}}}
+        client.load_model("counter", config=json.dumps(config))
+    comparator = LiveComparator(f"127.0.0.1:{free_port('127.0.0.1')}")
+    spec = LiveShadow(share=10_000, rate=1_000, max_share=1.0, whole_sequences=True)
+    session = comparator.begin(ShadowTarget("d", "counter", (triton,), 1, (triton,), 2, spec))
+    try:
+        with grpc.insecure_channel(comparator.address) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            for sequence in (11, 12, 13):
+                for step in range(4):
+                    stub.ModelInfer(
+                        in_sequence(sequence, step + 1.5, step == 0, step == 3), timeout=5
+                    )
+                    time.sleep(0.02)  # a client awaits each answer before the next
+        return settle(session, 12)
+    finally:
+        session.end()
+
+
+def test_whole_sequences_are_compared_each_side_in_a_sequence_of_its_own(triton: str) -> None:
+    alike = compare_sequences(triton, "1")
+    assert alike.compared == 12 and alike.sequence == 0, alike
+    # The serving version asked twice on one server agrees with itself on every running
+    # sum: each side had a sequence of its own (the client's id shared would have summed
+    # the primary's and the secondary's inputs together).
+    assert (alike.comparison.noise_count, alike.comparison.candidate_count) == (0, 0), alike
+    # Version 2 answering times 3: every request of every sequence disagrees.
+    wrong = compare_sequences(triton, "1:1,2:3")
+    assert wrong.compared == 12 and wrong.comparison.candidate_count == 12, wrong
+    assert wrong.comparison.noise_count == 0, wrong

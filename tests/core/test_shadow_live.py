@@ -277,10 +277,20 @@ def test_shadow_without_a_comparator_is_refused_naming_the_line() -> None:
     assert problem.startswith(f"m.yaml:{line}: ") and "declares none (spec.comparator)" in problem
 
 
-def test_a_sequence_model_is_never_shadowed_and_side_effects_need_consent() -> None:
+def test_a_sequence_model_is_shadowed_only_whole_and_side_effects_need_consent() -> None:
     router = "  comparator: {name: cmp}\n"
     (sequence,) = problems(manifests(router, "  sequence: {}\n"))
-    assert "a sequence model is never shadowed" in sequence
+    assert "a sequence model is shadowed only by whole sequences" in sequence
+    # Whole sequences need every request of a sequence mirrored.
+    whole = "{sequences: whole, share: 10%}"
+    (share,) = problems(manifests(router, "  sequence: {}\n", shadow=whole))
+    assert "shadow.sequences: whole needs share: 100%" in share
+    state = load_desired_state(
+        manifests(router, "  sequence: {}\n", shadow="{sequences: whole, share: 100%}")
+    )
+    traffic = state.deployments["m"].rollout.traffic
+    assert traffic is not None and traffic.shadow is not None
+    assert traffic.shadow.whole_sequences
     quiet = "  servingProbes: {enabled: false}\n"
     (effects,) = problems(manifests(router, quiet))
     assert "allowSideEffects" in effects

@@ -448,6 +448,7 @@ def _live_shadow(shadow: dict[str, Any]) -> LiveShadow:
         max_wait=_seconds(given("maxWait")),
         uncomparable=Uncomparable(given("uncomparable")),
         allow_side_effects=bool(given("allowSideEffects")),
+        whole_sequences=given("sequences") == "whole",
     )
 
 

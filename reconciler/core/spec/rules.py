@@ -14,7 +14,7 @@ from reconciler.core.spec.yaml import Document
 from reconciler.model.problems import Problem
 from reconciler.model.servers import TritonServer
 from reconciler.model.spec import DesiredState, ModelDeployment
-from reconciler.model.traffic import RouterSpec, Strategy, TrafficSpec, share_text
+from reconciler.model.traffic import WEIGHT_SCALE, RouterSpec, Strategy, TrafficSpec, share_text
 
 
 @dataclass
@@ -345,14 +345,22 @@ def _shadow_problems(
             f"{name}: rollout.traffic.shadow mirrors live requests to the comparator, and "
             f"Router {router.name!r} declares none (spec.comparator)",
         )
-    if deployment.sequence is not None or "sequence_batching" in deployment.config:
+    shadow = deployment.rollout.traffic.shadow if deployment.rollout.traffic else None
+    sequence_model = deployment.sequence is not None or "sequence_batching" in deployment.config
+    if sequence_model and shadow is not None and not shadow.whole_sequences:
         yield doc.problem(
             path,
-            f"{name}: a sequence model is never shadowed: its requests carry state that a "
-            "copy sent three more times would corrupt (whole-sequence shadowing is not "
-            "built); use rollout.traffic.mirror or verify.shadow instead",
+            f"{name}: a sequence model is shadowed only by whole sequences: its requests "
+            "carry state that single copies would corrupt; set shadow.sequences: whole (and "
+            "share: 100%), or use rollout.traffic.mirror or verify.shadow instead",
         )
-    shadow = deployment.rollout.traffic.shadow if deployment.rollout.traffic else None
+    elif sequence_model and shadow is not None and shadow.share < WEIGHT_SCALE:
+        yield doc.problem(
+            (*path, "share"),
+            f"{name}: shadow.sequences: whole needs share: 100% (the router mirrors each "
+            f"request on its own: at {share_text(shadow.share)} a sequence would reach the "
+            "comparator in pieces; the comparator samples whole sequences itself)",
+        )
     if (
         shadow is not None
         and not deployment.serving_probes.enabled

@@ -7,14 +7,32 @@ client sees a wrong running sum: a broken sequence is detectable. The fixture co
 into versions 1 and 2.
 """
 
+import json
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+
+def _for_version(value, version):
+    """A parameter's value for ``version``: the value itself, or its "version:value" entry."""
+    if not value or ":" not in value:
+        return value
+    for entry in value.split(","):
+        named, _, given = entry.partition(":")
+        if int(named) == version:
+            return given
+    return None
 
 
 class TritonPythonModel:
     def initialize(self, args):
         self.version = int(args["model_version"])
         self.sums = {}  # correlation ID -> running sum of INPUT0
+        # The config parameter ``scale`` ("2", or by version "1:1,2:1") replaces the version
+        # as the multiplier: versions that answer alike, for the shadow comparison's tests.
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        scale = _for_version(parameters.get("scale", {}).get("string_value"), self.version)
+        self.scale = float(scale) if scale else float(self.version)
 
     def execute(self, requests):
         responses = []
@@ -26,7 +44,7 @@ class TritonPythonModel:
             if float(start.reshape(-1)[0]):
                 self.sums[sequence] = 0.0
             self.sums[sequence] = self.sums.get(sequence, 0.0) + float(data.reshape(-1).sum())
-            output = np.array([self.sums[sequence] * self.version], dtype=np.float32)
+            output = np.array([self.sums[sequence] * self.scale], dtype=np.float32)
             responses.append(
                 pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", output)])
             )
