@@ -136,7 +136,9 @@ def comparator(listen: str | None, observer: Observer | None = None) -> LiveComp
     if listen is None:
         return None
     with _COMPARATORS_LOCK:
-        found = _COMPARATORS.setdefault(listen, LiveComparator(listen))
+        found = _COMPARATORS.get(listen)
+        if found is None:  # once per address, not once per pass
+            found = _COMPARATORS[listen] = LiveComparator(listen)
         if observer is not None:
             found.observe(observer)
         return found

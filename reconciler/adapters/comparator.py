@@ -132,11 +132,15 @@ class ShadowSession:
                 return
             self._enqueue(request, self._route())
 
-    def _sampled(self) -> bool:
-        """One more received request; whether the rate lets a comparison start now."""
-        now = time.monotonic()
+    def _received_one(self) -> None:
         with self._lock:
             self._figures = replace(self._figures, received=self._figures.received + 1)
+
+    def _sampled(self) -> bool:
+        """One more received request; whether the rate lets a comparison start now."""
+        self._received_one()
+        now = time.monotonic()
+        with self._lock:
             if now < self._next_at:
                 return False
             self._next_at = now + 1.0 / self.spec.rate
@@ -166,8 +170,7 @@ class ShadowSession:
                 self._count("not_sampled")
                 return
         else:
-            with self._lock:
-                self._figures = replace(self._figures, received=self._figures.received + 1)
+            self._received_one()
         route = self._sequences.get(sequence)
         if route is None:
             self._count("dropped" if sequence in self._cut else "not_sampled")
@@ -179,8 +182,7 @@ class ShadowSession:
             self._cut.discard(sequence)
 
     def unparsable(self, why: str) -> None:
-        with self._lock:
-            self._figures = replace(self._figures, received=self._figures.received + 1)
+        self._received_one()
         self._count("unparsable", why)
 
     # -- read by the analysis -------------------------------------------------------------
@@ -305,6 +307,7 @@ class ShadowSession:
                 return
             self._compared_one(str(exc), None, seconds)
             return
+        noise = disagreement(primary, secondary, self.spec.tolerance)
         if isinstance(candidate_answer, grpc.RpcError):
             timed_out = candidate_answer.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             if timed_out:
@@ -314,14 +317,10 @@ class ShadowSession:
                 if timed_out
                 else f"answered an error: {_status(candidate_answer)}"
             )
-            self._compared_one(why, disagreement(primary, secondary, self.spec.tolerance), seconds)
+            self._compared_one(why, noise, seconds)
             return
         assert candidate is not None
-        self._compared_one(
-            disagreement(primary, candidate, self.spec.tolerance),
-            disagreement(primary, secondary, self.spec.tolerance),
-            seconds,
-        )
+        self._compared_one(disagreement(primary, candidate, self.spec.tolerance), noise, seconds)
 
     def _compared_one(
         self, candidate_why: str | None, noise_why: str | None, seconds: dict[str, float]

@@ -201,9 +201,7 @@ def _phases(
         if phase.shadow is not None:
             shadow, failure = _comparison(run, plan, phase, analyses[0])
             if failure is not None:
-                for _, context in prepared:
-                    if context.prober is not None:
-                        context.prober.close()
+                _close_probers(prepared)
                 for step in analyses:
                     done[step.server].append(_on(failure, step.server))
                 return failure
@@ -260,9 +258,7 @@ def _watched_phase(
         done[step.server].append(_on(routed, step.server))
     run.progress(routed)
     if not routed.ok or phase.watch <= 0:
-        for _, context in prepared:
-            if context.prober is not None:
-                context.prober.close()
+        _close_probers(prepared)
         return None if routed.ok else routed
     with ThreadPoolExecutor(max_workers=max(1, len(analyses))) as workers:
         watched = list(workers.map(partial(_analyse, run), prepared))
@@ -281,6 +277,13 @@ def _watched_phase(
             done[step.server].append(_on(drift, step.server))
         return drift
     return None
+
+
+def _close_probers(prepared: list[tuple[Step, ChangeContext]]) -> None:
+    """The probes prepared for analyses that will not run."""
+    for _, context in prepared:
+        if context.prober is not None:
+            context.prober.close()
 
 
 def _drop_old(
