@@ -9,7 +9,9 @@
 # The base is a build argument: python:3.11-slim by default; any Debian with python3 and
 # python3-venv works (`./dev image` builds on a Debian bookworm base made with mmdebstrap, as
 # tests/integration/test_image.py does where no registry image can be pulled).
-# VERSION and REVISION go into the OCI labels: `./dev image` passes the commit.
+# VERSION, REVISION and SOURCE go into the OCI labels: `./dev image` passes them (the version
+# and the project's home from pyproject.toml, the commit from Git) and tags the image with the
+# release's name and version from pyproject.toml.
 #
 # Every option of `triton-gitops run` is also $TRITON_GITOPS_<OPTION> or a key of the YAML file
 # that $TRITON_GITOPS_CONFIG names (or `--config FILE`, before or after `run`).
@@ -45,9 +47,10 @@ RUN /opt/build/bin/pip wheel --no-build-isolation --no-deps --wheel-dir /tmp/dis
 
 # -- the image ---------------------------------------------------------------------------------
 FROM ${BASE}
-ARG VERSION=0.1.0
+# `./dev image` passes VERSION and SOURCE from pyproject.toml, and REVISION from Git.
+ARG VERSION=unknown
 ARG REVISION=unknown
-ARG SOURCE=https://github.com/example-org/triton-gitops
+ARG SOURCE=https://github.com/triton-gitops/triton-gitops
 LABEL org.opencontainers.image.title="triton-gitops" \
       org.opencontainers.image.description="GitOps reconciler for NVIDIA Triton Inference Server" \
       org.opencontainers.image.source="${SOURCE}" \

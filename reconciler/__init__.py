@@ -7,4 +7,10 @@ and applies it step by step: load new versions beside the old, verify, then unlo
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+# The version is written once, in pyproject.toml; the installed package's metadata carries it.
+try:
+    __version__ = version("triton-gitops")
+except PackageNotFoundError:  # run from a checkout that was never installed
+    __version__ = "unknown"

@@ -26,6 +26,7 @@ from ruamel.yaml import YAML
 from testkit.cli_run import CliRun, cli
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, git, write_scorer_repository
+from testkit.release import current as current_release
 from tests.services import perf_analyzer_or_skip
 
 # The gate measures latency and throughput: on a machine busy with other test files its
@@ -452,7 +453,7 @@ def test_a_gate_ended_by_a_signal_leaves_no_server_stub_shared_memory_or_temp_fo
 
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ci"
-INSTALL_FROM = "git+https://github.com/YOUR-ORG/triton-gitops@YOUR-TAG"
+INSTALL_FROM = "$TRITON_GITOPS_WHEEL"  # the release's wheel (tests/test_release.py)
 
 
 def test_the_example_ci_gate_jobs_run_as_written(tmp_path: Path) -> None:
@@ -480,9 +481,10 @@ def test_the_example_ci_gate_jobs_run_as_written(tmp_path: Path) -> None:
     }
     workflow = YAML(typ="safe").load((EXAMPLES / "github-actions.yml").read_text())
     job = workflow["jobs"]["gate"]
-    # Installed from the repository (a placeholder the user replaces): checked, not run.
+    # The release's wheel: checked here, resolved against the built wheel by test_release.
     installs = [s["run"] for s in job["steps"] if "pip install" in s.get("run", "")]
     assert installs == [f'pip install "triton-gitops[local,chart] @ {INSTALL_FROM}"']
+    assert workflow["env"]["TRITON_GITOPS_WHEEL"] == current_release().wheel_url
     steps = [
         s for s in job["steps"] if "triton-gitops " in s.get("run", "") and s["run"] not in installs
     ]

@@ -23,7 +23,6 @@ import os
 import shutil
 import subprocess
 import time
-import tomllib
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from testkit.cli_run import cli
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.object_store import LocalObjectStore
+from testkit.release import current as current_release
 from testkit.service_process import wait_until
 from tests.integration.flows import ready_versions
 from tests.services import find_binary
@@ -217,11 +217,16 @@ def test_image_runs_the_reconciler_under_tini_and_stops_cleanly_on_sigterm(
     assert in_bucket.stdout.strip() == in_folder.out.strip(), (in_bucket.stdout, in_folder.out)
     assert any("list-type=2" in path for path in listed), listed
 
+    # Named, tagged and labelled from pyproject.toml: the tag the Kubernetes example runs.
+    release = current_release()
+    assert image == release.image_ref
     labels = json.loads(podman("image", "inspect", "--format", "{{json .Labels}}", image).stdout)
-    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     for label in OCI_LABELS:
         assert labels.get(f"org.opencontainers.image.{label}"), label
-    assert labels["org.opencontainers.image.version"] == version
+    assert labels["org.opencontainers.image.version"] == release.version
+    assert labels["org.opencontainers.image.source"] == release.source
+    version = podman("exec", container_name, "triton-gitops", "--version")
+    assert version.stdout.strip() == f"triton-gitops {release.version}", version
     assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
 
     # SIGTERM to PID 1 (tini), which passes it to the reconciler: it finishes, exits 0, and

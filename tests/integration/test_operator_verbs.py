@@ -18,6 +18,7 @@ from reconciler.adapters.state import StateStore
 from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.release import current as current_release
 from testkit.service_process import Service, wait_until
 from tests.integration.flows import ready_versions
 from tests.integration.test_daemon import service_process
@@ -194,7 +195,7 @@ def test_a_running_service_honours_a_suspend_and_reports_each_models_state(
         assert now.out.startswith("pass ") and ": ok (" in now.out
         assert ready_versions(triton, "other") == {3}  # that pass read the new commit
         build = [k for k in service.metrics() if k.startswith("triton_gitops_build_info")]
-        assert build and 'version="0.1.0"' in build[0]
+        assert build and f'version="{current_release().version}"' in build[0]
     finally:
         assert service.stop() == 0
     history = cli("history", "--state", state, "--output", "json").json()["operator_actions"]

@@ -16,6 +16,7 @@ from ruamel.yaml import YAML
 from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
+from testkit.release import current as current_release
 from tests.integration.flows import ready_versions
 from tests.signing import Keys, commit
 
@@ -83,9 +84,9 @@ def test_diff_between_refs_needs_no_server(
     assert in_place.code == 2, in_place.err
 
 
-# What the CI examples install from: the repository, a placeholder the user replaces (the
-# package is on no registry, and a name there would be anyone's).
-INSTALL_FROM = "git+https://github.com/YOUR-ORG/triton-gitops@YOUR-TAG"
+# What the CI examples install: the release's wheel, whose address they set in
+# TRITON_GITOPS_WHEEL (tests/test_release.py installs the built wheel by these lines).
+INSTALL_FROM = "$TRITON_GITOPS_WHEEL"
 
 # A model watched by a promql check: validate passes it with no Prometheus (syntax only).
 KPI = """\
@@ -115,7 +116,8 @@ def test_the_example_ci_workflows_run_as_written(
     manifests: ManifestRepo, model_repository: Path, tmp_path: Path
 ) -> None:
     """The run: steps of examples/ci, executed in a checkout like the CI job's (with the
-    package installed already: the install step is checked, not run, as it needs GitHub)."""
+    package installed already: the install step is checked here and run by
+    tests/test_release.py against the built wheel)."""
     _base_and_change(manifests, model_repository)
     manifests.write("manifests/kpi.yaml", KPI)
     git(manifests.work, "add", "--all")
@@ -132,8 +134,9 @@ def test_the_example_ci_workflows_run_as_written(
     review = workflow["jobs"]["review"]["steps"]
     installs = [s["run"] for s in review if "pip install" in s.get("run", "")]
     assert installs == [f'pip install "triton-gitops @ {INSTALL_FROM}"']
+    assert workflow["env"]["TRITON_GITOPS_WHEEL"] == current_release().wheel_url
     assert (
-        f'pip install "triton-gitops @ {INSTALL_FROM}"'
+        f'pip install "triton-gitops @ {current_release().wheel_url}"'
         in (EXAMPLES / "../../README.md").read_text()
     )
     steps = [s for s in review if "triton-gitops " in s.get("run", "") and s["run"] not in installs]
@@ -149,6 +152,7 @@ def test_the_example_ci_workflows_run_as_written(
     comment = (manifests.work / "comment.md").read_text()
     assert comment.startswith("<!-- triton-gitops diff -->")
     gitlab = YAML(typ="safe").load((EXAMPLES / "gitlab-ci.yml").read_text())
+    assert gitlab["variables"]["TRITON_GITOPS_WHEEL"] == current_release().wheel_url
     before = gitlab["triton-gitops-review"]["before_script"]
     assert [line for line in before if "pip install" in line] == [
         f'pip install "triton-gitops @ {INSTALL_FROM}"'
