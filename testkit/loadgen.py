@@ -107,3 +107,58 @@ class LoadGenerator:
     def versions_seen(self) -> set[int]:
         with self._lock:
             return {s.version for s in self.samples if s.version is not None}
+
+
+class SequenceClient:
+    """Runs sequences of 6 requests (start ... end) to the test sequence model (``counter``:
+    the running sum times its version, or its ``scale``) and checks every running sum."""
+
+    def __init__(self, address: str, model: str = "counter") -> None:
+        self.address, self.model = address, model
+        self.broken: list[str] = []
+        self.completed = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        sequence = 1000
+        with triton_grpc.InferenceServerClient(self.address) as client:
+            while not self.stop.is_set():
+                sequence += 1
+                total, version = 0.0, None
+                for index in range(6):
+                    item = triton_grpc.InferInput("INPUT0", [1, 1], "FP32")
+                    item.set_data_from_numpy(np.array([[1.0]], dtype=np.float32))
+                    total += 1.0
+                    try:
+                        answer = float(
+                            client.infer(
+                                self.model,
+                                [item],
+                                sequence_id=sequence,
+                                sequence_start=index == 0,
+                                sequence_end=index == 5,
+                            )
+                            .as_numpy("OUTPUT0")
+                            .reshape(-1)[0]
+                        )
+                    except InferenceServerException as exc:
+                        self.broken.append(f"sequence {sequence}: {exc}")
+                        break
+                    seen = round(answer / total)
+                    if version is None:
+                        version = seen
+                    if answer != total * version:
+                        self.broken.append(f"sequence {sequence}: {answer} after {total}")
+                        break
+                    time.sleep(0.05)
+                else:
+                    self.completed += 1
+
+    def __enter__(self) -> SequenceClient:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)

@@ -178,3 +178,8 @@ class TrafficPlan:
     # their new versions are below the old, and Triton sends unversioned requests to the
     # highest READY version, so beside the old they would take none of the pool's share.
     drop_old_first: tuple[str, ...] = ()
+    # A sequence model (its config's sequence_batching, or spec.sequence): the router picks
+    # a pool per request, so each step that moves a share sends the later requests of
+    # sequences in flight to the other pool, where Triton refuses them. Shown by plan; the
+    # manifest's validation warns of it where the manifest itself says so.
+    splits_sequences: bool = False

@@ -99,6 +99,7 @@ def _traffic_json(plan: TrafficPlan) -> dict[str, Any]:
         ],
         "on_failure": dict(plan.restore.weights),
         "final": dict(plan.final.weights),
+        "splits_sequences": plan.splits_sequences,
     }
 
 
@@ -146,6 +147,12 @@ def plan_text(plan: Plan) -> str:
                     f"    {phase.name}" + (f" ({phase.watch:g}s)" if phase.watch else "")
                     for phase in traffic.phases
                 )
+                if traffic.splits_sequences:
+                    lines.append(
+                        f"  (a sequence model: each step sends the later requests of sequences "
+                        f"in flight between {traffic.old_pool} and {traffic.new_pool}, which "
+                        "refuse them, unless the router keeps a sequence on one pool)"
+                    )
         if rollout.traffic is not None:
             lines.append(
                 f"  then router {rollout.traffic.router}: {rollout.traffic.final.reason}; on "

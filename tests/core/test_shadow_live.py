@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from reconciler.core.shadow import shadow_checks, short_of_requests
-from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.model.analysis import ProbeSpec, RolloutVerdict, Verdict
 from reconciler.model.errors import ValidationError
 from reconciler.model.results import FailureKind, Outcome
@@ -22,7 +22,8 @@ from reconciler.model.shadow import (
     Tolerance,
     WhenShort,
 )
-from reconciler.model.spec import DesiredState
+from reconciler.model.spec import DesiredState, SequencePolicy
+from reconciler.views.render import plan_json, plan_text
 from tests.core.test_traffic import ANALYSIS, CANARY, ROUTER, Pass, at_rest, desired, fakes
 
 SHADOW = LiveShadow(share=1_000, tolerance=Tolerance(rtol=1e-3), min_requests=100)
@@ -300,3 +301,43 @@ def test_a_sequence_model_is_shadowed_only_whole_and_side_effects_need_consent()
 def test_a_comparator_named_as_a_pool_is_refused() -> None:
     (problem,) = problems(manifests("  comparator: {name: canary}\n"))
     assert "the comparator 'canary' is also a pool" in problem
+
+
+def test_a_sequence_model_rolled_out_by_traffic_is_warned_about() -> None:
+    """Each traffic step sends the rest of the sequences in flight to the other pool
+    (tests/integration/test_shadow.py measured it through Envoy): a warning on the traffic
+    rollout's line, none for the same model without a sequence."""
+    router = "  comparator: {name: cmp}\n"
+    whole = "{sequences: whole, share: 100%}"
+    files = manifests(router, "  sequence: {}\n", shadow=whole)
+    line = files["m.yaml"].decode().splitlines().index("    traffic:") + 1
+    reading = read_manifests(files)
+    assert reading.problems == ()
+    sequence = [str(w) for w in reading.warnings if "sequence model" in str(w)]
+    assert sequence == [
+        f"m.yaml:{line}: ModelDeployment 'm' is a sequence model: the router routes each "
+        "request on its own, so each traffic step sends later requests of sequences in flight "
+        "to the other pool, which refuses them (no START). Unless your router keeps a "
+        "sequence on one pool, leave rollout.traffic out: the model is then swapped one "
+        "server at a time, each drained first"
+    ]
+    others = read_manifests(manifests(router)).warnings
+    assert not [w for w in others if "sequence model" in str(w)], others
+
+
+def test_a_sequence_models_traffic_plan_says_its_steps_split_sequences() -> None:
+    """The plan sees what the manifest may not (sequence_batching in the repository's
+    config; here spec.sequence): each step moves sequences in flight between the pools."""
+    state = desired()
+    sequenced = replace(state.deployments["m"], sequence=SequencePolicy())
+    state = DesiredState.build(list(state.servers.values()), [sequenced], [ROUTER])
+    planned = Pass(state, fakes(), at_rest()).plan()
+    (rollout,) = planned.rollouts
+    assert rollout.traffic is not None and rollout.traffic.splits_sequences
+    assert (
+        "(a sequence model: each step sends the later requests of sequences in flight between "
+        "stable and canary, which refuse them, unless the router keeps a sequence on one pool)"
+    ) in plan_text(planned)
+    assert plan_json(planned)["rollouts"][0]["traffic"]["splits_sequences"] is True
+    (plain,) = Pass(desired(), fakes(), at_rest()).plan().rollouts
+    assert plain.traffic is not None and not plain.traffic.splits_sequences

@@ -11,13 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
-from tritonclient.utils import InferenceServerException
 
 from testkit.cli_run import Reconciler, cli
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import LoadGenerator, SequenceClient
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
 from tests.integration.flows import ready_versions
@@ -122,60 +120,6 @@ def test_dependency_cycles_are_validation_errors(tmp_path: Path) -> None:
 
 
 # -- sequence models ------------------------------------------------------------------------
-
-
-class SequenceClient:
-    """Runs sequences of 6 requests (start ... end) and checks every running sum."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.broken: list[str] = []
-        self.completed = 0
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        sequence = 1000
-        with triton_grpc.InferenceServerClient(self.address) as client:
-            while not self.stop.is_set():
-                sequence += 1
-                total, version = 0.0, None
-                for index in range(6):
-                    item = triton_grpc.InferInput("INPUT0", [1, 1], "FP32")
-                    item.set_data_from_numpy(np.array([[1.0]], dtype=np.float32))
-                    total += 1.0
-                    try:
-                        answer = float(
-                            client.infer(
-                                "counter",
-                                [item],
-                                sequence_id=sequence,
-                                sequence_start=index == 0,
-                                sequence_end=index == 5,
-                            )
-                            .as_numpy("OUTPUT0")
-                            .reshape(-1)[0]
-                        )
-                    except InferenceServerException as exc:
-                        self.broken.append(f"sequence {sequence}: {exc}")
-                        break
-                    seen = round(answer / total)
-                    if version is None:
-                        version = seen
-                    if answer != total * version:
-                        self.broken.append(f"sequence {sequence}: {answer} after {total}")
-                        break
-                    time.sleep(0.05)
-                else:
-                    self.completed += 1
-
-    def __enter__(self) -> SequenceClient:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(30)
 
 
 def _counter(versions: list[int], drain: str) -> str:

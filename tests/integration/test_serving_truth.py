@@ -20,13 +20,12 @@ from typing import Any
 import pytest
 import tritonclient.grpc as triton_grpc
 
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import LoadGenerator, SequenceClient
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.service_process import Service
 from tests.integration.flows import ready_versions
 from tests.integration.test_daemon import echo_service, service_process, wait_until
-from tests.integration.test_model_safety import SequenceClient
 
 pytestmark = pytest.mark.triton
 

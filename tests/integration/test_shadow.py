@@ -12,6 +12,7 @@ anew per request, ``delay_ms`` late. Clients send varied inputs through Envoy's 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -23,7 +24,7 @@ from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec
 from testkit.cli_run import Reconciler
 from testkit.envoy import LocalEnvoy
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import LoadGenerator, SequenceClient
 from testkit.local_triton import LocalTriton, free_port, shared_between_tests
 from testkit.manifests import ManifestRepo, router_doc, server_doc
 from tests.integration.flows import ready_versions
@@ -257,3 +258,48 @@ def test_a_comparator_the_router_cannot_reach_fails_the_rollout_as_the_manifest_
     assert load.failures == [], load.failures[:3]  # Envoy's mirror failures reach no client
     assert fleet.canary_requests() == before
     assert ready_versions(fleet.tritons["c"], "echo") == {1}
+
+
+def _counter(version: int, scale: str, shadow: str) -> str:
+    """The test sequence model (a running sum times ``scale``) rolled out like echo above."""
+    return (
+        _deployment(version, {"scale": scale}, shadow)
+        .replace("metadata: {name: echo}", "metadata: {name: counter}")
+        .replace("spec:\n", "spec:\n  model: counter\n", 1)
+    )
+
+
+def test_a_sequence_model_mirrored_by_envoy_is_compared_by_whole_sequences(
+    fleet: Fleet, serving: Reconciler, manifests: ManifestRepo
+) -> None:
+    """Envoy mirrors every request of the clients' sequences; the comparator replays each
+    sampled sequence whole, in order, on each side in a sequence of its own. A version whose
+    running sums are three times too large is caught before any client request reaches it,
+    and no client sequence is broken meanwhile."""
+    whole = "{share: 100%, rate: 200, maxShare: 0.5, sequences: whole, minRequests: 30}"
+    manifests.write("counter.yaml", _counter(1, "1", whole))
+    manifests.commit("counter 1 through the router")
+    first = serving.apply("--comparator-listen", fleet.listen)
+    assert first.code == 0, first.explain()
+    manifests.write("counter.yaml", _counter(2, "1:1,2:3", whole))
+    manifests.commit("counter 2, its sums three times too large")
+    # The plan knows it from the repository's config (sequence_batching): its steps would
+    # split sequences in flight between the pools; the shadow phase does not.
+    planned = serving.plan()
+    assert "(a sequence model: each step sends the later requests" in planned.out, planned.out
+    before = fleet.canary_requests()
+    with SequenceClient(fleet.envoy.address) as client:
+        time.sleep(0.5)
+        result = serving.apply("--output", "json", "--comparator-listen", fleet.listen)
+        time.sleep(0.5)
+    why = result.explain()
+    assert result.code != 0, why
+    assert client.broken == [] and client.completed > 0, (client.broken[:3], client.completed)
+    assert fleet.canary_requests() == before, why
+    checks = _shadow_checks(json.loads(result.out))
+    failed = [c for c in checks if c["check"] == "shadow" and c["verdict"] == "fail"]
+    assert failed and "beyond the noise" in failed[-1]["detail"], why
+    # The serving version asked twice agreed with itself on every running sum: each sequence
+    # reached the comparator whole and in order, and each side summed a sequence of its own.
+    assert "the serving version with itself on 0.0%" in failed[-1]["detail"], why
+    assert ready_versions(fleet.tritons["c"], "counter") == {1}

@@ -192,6 +192,7 @@ def traffic_rollout(
         if traffic.strategy is Strategy.CANARY
         else RouteUpdate(router.name, _only(router, new), _none_mirrored(router), f"all to {new}"),
         below,
+        splits_sequences=any(c.exclusive is not None for c in changes),
     )
     rollout = RolloutPlan(
         deployment.name,

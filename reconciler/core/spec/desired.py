@@ -22,6 +22,7 @@ from reconciler.core.spec.rules import (
     cross_check,
     dependency_problems,
     evidence_warnings,
+    sequence_split_warnings,
     traffic_problems,
 )
 from reconciler.core.spec.schema import (
@@ -113,6 +114,7 @@ def read_manifests(
     problems.extend(dependency_problems(deployments, unbuilt))
     problems.extend(traffic_problems(servers, deployments, routers, unbuilt))
     warnings.extend(evidence_warnings(deployments))
+    warnings.extend(sequence_split_warnings(deployments))
     desired = DesiredState.build(
         [s for _, s in servers], [d for _, d in deployments], [r for _, r in routers]
     )
