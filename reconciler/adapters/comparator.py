@@ -41,7 +41,7 @@ import numpy.typing as npt
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 
-from reconciler.core.comparison import disagreement
+from reconciler.core.comparison import ROLES, disagreement, interleaved
 from reconciler.model.shadow import Comparison, ShadowFigures, ShadowTarget, Uncomparable
 
 log = logging.getLogger(__name__)
@@ -252,32 +252,31 @@ class ShadowSession:
 
     def _compare(self, request: service_pb2.ModelInferRequest, route: _Route) -> None:
         target, spec = self.target, self.spec
-        ids = route.sequence_ids or (None, None, None)
-        calls = [
-            ("primary", route.primary, target.primary_version, ids[0]),
-            ("secondary", route.secondary, target.primary_version, ids[1]),
-            ("candidate", route.candidate, target.candidate_version, ids[2]),
-        ]
-        self._random.shuffle(calls)
-        answers: dict[str, service_pb2.ModelInferResponse | grpc.RpcError] = {}
-        seconds: dict[str, float] = {}
-        busy: dict[str, float] = {}
-        for role, address, version, sequence_id in calls:
+        ids = dict(zip(ROLES, route.sequence_ids or (None, None, None), strict=True))
+        address = {"primary": route.primary, "secondary": route.secondary}
+        address["candidate"] = route.candidate
+        version = {"primary": target.primary_version, "secondary": target.primary_version}
+        version["candidate"] = target.candidate_version
+
+        def ask(role: str) -> service_pb2.ModelInferResponse | grpc.RpcError:
             pinned = service_pb2.ModelInferRequest()
             pinned.CopyFrom(request)
-            pinned.model_version = str(version)
-            if sequence_id is not None:
+            pinned.model_version = str(version[role])
+            if ids[role] is not None:
                 pinned.parameters["sequence_id"].Clear()
-                pinned.parameters["sequence_id"].int64_param = sequence_id
-            started = time.monotonic()
+                pinned.parameters["sequence_id"].int64_param = ids[role]
             try:
-                answers[role] = self._channels.stub(address).ModelInfer(
-                    pinned, timeout=spec.timeout
-                )
+                answer: service_pb2.ModelInferResponse = self._channels.stub(
+                    address[role]
+                ).ModelInfer(pinned, timeout=spec.timeout)
             except grpc.RpcError as exc:
-                answers[role] = exc
-            seconds[role] = time.monotonic() - started
-            busy[address] = busy.get(address, 0.0) + seconds[role]
+                return exc
+            return answer
+
+        answers, seconds = interleaved(self._random, ask, time.monotonic)
+        busy: dict[str, float] = {}
+        for role, took in seconds.items():
+            busy[address[role]] = busy.get(address[role], 0.0) + took
         # One server kept busy at most maxShare of the time (as the probes are).
         spent = max(busy.values())
         with self._lock:

@@ -15,7 +15,9 @@ is compared on quantiles (p50, p95, p99) of the calls, interleaved as they were 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -23,6 +25,27 @@ import numpy.typing as npt
 from reconciler.model.shadow import Comparison, Tolerance
 
 Answer = Mapping[str, npt.NDArray[np.generic]]
+T = TypeVar("T")
+
+# Who is asked for each request: the serving version twice, the new version once.
+ROLES = ("primary", "secondary", "candidate")
+
+
+def interleaved(
+    order: random.Random, ask: Callable[[str], T], clock: Callable[[], float]
+) -> tuple[dict[str, T], dict[str, float]]:
+    """Ask each of ROLES once, one call after another, in an order ``order`` shuffles anew
+    for each request; every role's answer and the seconds its call took (by ``clock``).
+    Used by the recorded replay and the live comparator alike."""
+    roles = list(ROLES)
+    order.shuffle(roles)
+    answers: dict[str, T] = {}
+    seconds: dict[str, float] = {}
+    for role in roles:
+        started = clock()
+        answers[role] = ask(role)
+        seconds[role] = clock() - started
+    return answers, seconds
 
 
 def disagreement(primary: Answer, other: Answer, tolerance: Tolerance) -> str | None:

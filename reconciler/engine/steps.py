@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from functools import partial
 
-from reconciler.core.comparison import disagreement, judged
+from reconciler.core.comparison import Answer, disagreement, interleaved, judged
 from reconciler.core.probes import synthesized, wrong
 from reconciler.core.readings import footprint, free_memory, room_in_all
 from reconciler.core.smoke import mismatches
@@ -27,6 +28,7 @@ from reconciler.model.plan import Action, Step
 from reconciler.model.results import FailureKind
 from reconciler.model.serving import ModelState, interface_difference, version_cost
 from reconciler.model.shadow import Comparison, Tolerance
+from reconciler.model.spec import Tensor
 from reconciler.ports import FiguresSource, ModelControl
 
 
@@ -218,14 +220,10 @@ def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
         # Seeded by what is compared: a replay of the same versions asks in the same order.
         order = random.Random(f"{step.server}/{step.model}/{old}/{version}")
         candidate, noise, primary_s, candidate_s = [], [], [], []
+        pinned = {"primary": old, "secondary": old, "candidate": version}
         for inputs in shadow.requests:
-            calls = [("primary", old), ("secondary", old), ("candidate", version)]
-            order.shuffle(calls)
-            answers, seconds = {}, {}
-            for role, pinned in calls:
-                started = timing.clock()
-                answers[role] = control.infer(step.model, pinned, inputs, outputs)
-                seconds[role] = timing.clock() - started
+            ask = partial(_pinned_call, control, step.model, pinned, inputs, outputs)
+            answers, seconds = interleaved(order, ask, timing.clock)
             primary_s.append(seconds["primary"])
             candidate_s.append(seconds["candidate"])
             if why := disagreement(answers["primary"], answers["candidate"], tolerance):
@@ -242,6 +240,18 @@ def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
                 f"shadow replay of {len(shadow.requests)} request(s): version {version} "
                 f"against version {old}: {failed}"
             )
+
+
+def _pinned_call(
+    control: ModelControl,
+    model: str,
+    pinned: dict[str, int],
+    inputs: tuple[Tensor, ...],
+    outputs: tuple[str, ...],
+    role: str,
+) -> Answer:
+    """One role's call of a replayed request: the version ``pinned`` gives that role."""
+    return control.infer(model, pinned[role], inputs, outputs)
 
 
 def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeContext) -> StepDone:

@@ -4,9 +4,11 @@ latency quantiles."""
 
 from __future__ import annotations
 
+import random
+
 import numpy as np
 
-from reconciler.core.comparison import disagreement, judged
+from reconciler.core.comparison import ROLES, disagreement, interleaved, judged
 from reconciler.model.shadow import Comparison, Tolerance, quantile
 
 
@@ -81,3 +83,25 @@ def test_latency_is_judged_on_the_p95_of_interleaved_calls() -> None:
     assert judged(comparison, 1.0, max_latency_increase=1.5) is None
     assert judged(comparison, 1.0) is None  # not judged without a bound
     assert quantile([], 0.5) is None and quantile([3.0, 1.0, 2.0], 0.5) == 2.0
+
+
+def test_each_role_is_asked_once_per_request_in_an_order_shuffled_anew_and_timed() -> None:
+    """What the replay and the live comparator share: no role is always asked first (a warm
+    cache would favour it), and each call's seconds are its own."""
+    order = random.Random(7)
+    now = [0.0]
+    firsts = []
+    for _ in range(60):
+        asked: list[str] = []
+
+        def ask(role: str, asked: list[str] = asked) -> str:
+            asked.append(role)
+            now[0] += {"primary": 1.0, "secondary": 2.0, "candidate": 4.0}[role]
+            return f"{role} answer"
+
+        answers, seconds = interleaved(order, ask, lambda: now[0])
+        assert sorted(asked) == sorted(ROLES)
+        assert answers == {role: f"{role} answer" for role in ROLES}
+        assert seconds == {"primary": 1.0, "secondary": 2.0, "candidate": 4.0}
+        firsts.append(asked[0])
+    assert set(firsts) == set(ROLES), firsts
