@@ -59,6 +59,7 @@ LONGEST_FIRST = (
     "tests/integration/test_traffic.py",
     "tests/integration/test_shadow.py",
     "tests/integration/test_dashboard_live.py",
+    "tests/test_release.py",
     "tests/integration/test_analysis.py",
     "tests/integration/test_serving_truth.py",
     "tests/integration/test_operator_verbs.py",
