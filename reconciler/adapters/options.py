@@ -127,11 +127,21 @@ def refuse_unknown_keys(config: ConfigFile, known: set[str]) -> None:
         )
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
 def _value(action: argparse.Action, raw: Any, source: str) -> Any:
-    if action.nargs == 0:  # a flag (store_true): true or false, whatever the spelling
+    if action.nargs == 0:  # a flag (store_true): true or false, in the usual spellings
         if isinstance(raw, bool):
             return raw
-        return str(raw).strip().lower() in ("1", "true", "yes", "on")
+        spelled = str(raw).strip().lower()
+        if spelled in _TRUE or spelled in _FALSE:
+            return spelled in _TRUE
+        # Anything else was meant as something: "ture" must not quietly mean false.
+        raise OptionSourceError(
+            f"{source}: {raw!r} is neither true nor false (true, yes, on, 1; false, no, off, 0)"
+        )
     if isinstance(raw, list | dict):
         raise OptionSourceError(f"{source}: {raw!r}: give one value")
     value: Any = str(raw)

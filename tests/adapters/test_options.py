@@ -92,3 +92,21 @@ def test_a_bad_value_names_its_source(tmp_path: Path) -> None:
     env = {"TRITON_GITOPS_REVERT_MODE": "sideways"}
     with pytest.raises(OptionSourceError, match=r"\$TRITON_GITOPS_REVERT_MODE: 'sideways' is not"):
         parse_arguments(["plan", "--repo", "r"], env)
+
+
+@pytest.mark.parametrize(
+    ("given", "meant"), [("ture", None), ("TRUE", True), ("on", True), ("0", False), ("", False)]
+)
+def test_a_flag_from_the_environment_is_true_false_or_refused(
+    given: str, meant: bool | None
+) -> None:
+    env = {"TRITON_GITOPS_REPO": "r", "TRITON_GITOPS_ALLOW_EMPTY": given}
+    if meant is not None:
+        assert parse_arguments(["plan"], env).allow_empty is meant
+        return
+    with pytest.raises(OptionSourceError) as refused:
+        parse_arguments(["plan"], env)
+    assert str(refused.value) == (
+        "$TRITON_GITOPS_ALLOW_EMPTY: 'ture' is neither true nor false "
+        "(true, yes, on, 1; false, no, off, 0)"
+    )
