@@ -101,6 +101,12 @@ def _declare_status(commands: Commands) -> None:
 def _status(args: argparse.Namespace) -> int:
     if args.watch:
         return _watch_status(args)
+    if args.service and not args.repo:
+        # What the service gives is the rollouts in progress, the view of --watch.
+        return failed(
+            "status --service reads a running service's rollouts in progress: add --watch "
+            "(without it, status observes the servers the manifests declare: give --repo)"
+        )
     if not args.repo:
         return failed("status needs --repo (or --watch)")
     source, settings = Source(args.repo, args.ref, args.path), settings_of(args)

@@ -275,3 +275,14 @@ def test_options_from_environment_and_config_file(
     assert refused.code == 1
     assert "$TRITON_GITOPS_REVERT_MODE: 'sideways' is not one of" in refused.err
     assert cli("plan", "--no-such-option").code == 1  # usage errors are not "changes"
+
+
+def test_status_with_a_service_but_no_watch_says_what_to_add() -> None:
+    """--service is the live view's source: without --watch status says so, instead of
+    asking for a --repo the user did not mean to give."""
+    shown = cli("status", "--service", "http://127.0.0.1:9")
+    assert shown.code == 1
+    assert "status --service reads a running service's rollouts in progress: add --watch" in (
+        shown.err
+    ), shown.err
+    assert "needs --repo" in cli("status").err
