@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -394,3 +395,29 @@ def test_an_unhashable_kind_without_api_version_is_another_tools() -> None:
 def plain_document(text: str) -> dict[str, Any]:
     loaded: dict[str, Any] = YAML(typ="safe").load(text)
     return loaded
+
+
+def _undescribed(node: Any, path: str) -> Iterator[str]:
+    """Every property (not a ``$ref`` to a described definition, not the condition of an
+    ``if``) without a description, as a path through the schema."""
+    if isinstance(node, dict):
+        for name, value in node.get("properties", {}).items():
+            if isinstance(value, dict) and "description" not in value and "$ref" not in value:
+                yield f"{path}/{name}"
+        for key, value in node.items():
+            if key != "if":
+                yield from _undescribed(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _undescribed(value, f"{path}/{index}")
+
+
+def test_every_field_a_user_writes_has_a_description() -> None:
+    """Editors show the schemas' descriptions as help (the YAML language server): a field
+    without one is a field the user must look up in the README."""
+    missing = [
+        where
+        for name, document in sorted(schema_documents().items())
+        for where in _undescribed(document, name)
+    ]
+    assert missing == []
