@@ -113,6 +113,36 @@ def known_keys(commands: Mapping[str, argparse.ArgumentParser]) -> set[str]:
     return {key for parser in commands.values() for key, _ in _long_options(parser)}
 
 
+# The product's own variables that are no option: the config file's path; what a backend's
+# replaceLibrary command is given (SERVER, MODEL, BACKEND, REVISION); fault injection.
+_NOT_OPTIONS = frozenset({"CONFIG", "SERVER", "MODEL", "BACKEND", "REVISION", "FAULT"})
+
+
+def misspelled_variables(environ: Mapping[str, str], known: set[str]) -> list[str]:
+    """A warning for each ``$TRITON_GITOPS_`` variable that no command reads but that looks
+    like an option's (``REVERT_MOD``), or is a secret given as a value where the option takes
+    a file (``GIT_TOKEN``). Others are left alone: the prefix is shared (CI settings, test
+    switches), and unlike a config file's keys the environment cannot be refused as a whole."""
+    names = {key.upper().replace("-", "_") for key in known}
+    found = []
+    for variable in sorted(environ):
+        name = variable.removeprefix(ENV_PREFIX)
+        if name == variable or name in names or name in _NOT_OPTIONS:
+            continue
+        if f"{name}_FILE" in names:
+            found.append(
+                f"${variable} is ignored: the secret is read from a file; set "
+                f"${ENV_PREFIX}{name}_FILE to the file's path"
+            )
+            continue
+        near = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.8)
+        if near:
+            found.append(
+                f"${variable} is no option and is ignored; did you mean ${ENV_PREFIX}{near[0]}?"
+            )
+    return found
+
+
 def refuse_unknown_keys(config: ConfigFile, known: set[str]) -> None:
     """OptionSourceError naming the first key no command has, with the nearest known one."""
     for key in config.values:

@@ -28,6 +28,7 @@ from reconciler.adapters.options import (
     command_in,
     config_path,
     known_keys,
+    misspelled_variables,
     read_config_file,
     refuse_unknown_keys,
     take_defaults,
@@ -100,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parse_arguments(arguments, os.environ)
     except OptionSourceError as exc:
         return failed(str(exc))
+    for warning in misspelled_variables(os.environ, known_keys(build_parser().commands)):
+        print(f"warning: {warning}", file=sys.stderr)
     if args.command != "run":  # run configures its own logging
         # Log records (alerts, each failure of a pass) go to stderr, as text or JSON lines.
         configure_logging(args.log_format, args.log_level)

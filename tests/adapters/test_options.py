@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from reconciler.adapters.options import OptionSourceError
-from reconciler.cli import build_parser, parse_arguments
+from reconciler.adapters.options import OptionSourceError, known_keys, misspelled_variables
+from reconciler.cli import build_parser, main, parse_arguments
 
 
 def config_file(tmp_path: Path, text: str) -> Path:
@@ -110,3 +110,32 @@ def test_a_flag_from_the_environment_is_true_false_or_refused(
         "$TRITON_GITOPS_ALLOW_EMPTY: 'ture' is neither true nor false "
         "(true, yes, on, 1; false, no, off, 0)"
     )
+
+
+def test_a_variable_that_looks_like_an_option_but_is_none_is_warned_about() -> None:
+    known = known_keys(build_parser().commands)
+    environ = {
+        "TRITON_GITOPS_REVERT_MOD": "commit",  # a letter short
+        "TRITON_GITOPS_GIT_TOKEN": "secret",  # a value where the option takes a file
+        "TRITON_GITOPS_REVERT_MODE": "commit",
+        "TRITON_GITOPS_WHEEL": "https://...",  # someone else's setting: left alone
+        "TRITON_GITOPS_SERVER": "edge-a",  # what a replaceLibrary command is given
+        "PATH": "/usr/bin",
+    }
+    assert misspelled_variables(environ, known) == [
+        "$TRITON_GITOPS_GIT_TOKEN is ignored: the secret is read from a file; set "
+        "$TRITON_GITOPS_GIT_TOKEN_FILE to the file's path",
+        "$TRITON_GITOPS_REVERT_MOD is no option and is ignored; did you mean "
+        "$TRITON_GITOPS_REVERT_MODE?",
+    ]
+
+
+def test_the_command_line_prints_the_warning_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("TRITON_GITOPS_ALLOW_EMTPY", "true")
+    assert main(["validate", str(tmp_path)]) == 0
+    assert (
+        "warning: $TRITON_GITOPS_ALLOW_EMTPY is no option and is ignored; did you mean "
+        "$TRITON_GITOPS_ALLOW_EMPTY?"
+    ) in capsys.readouterr().err

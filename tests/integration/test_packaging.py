@@ -41,7 +41,7 @@ from ruamel.yaml import YAML
 
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.metrics import PrometheusQuery, instance_of
-from reconciler.adapters.options import ConfigFile
+from reconciler.adapters.options import ConfigFile, known_keys, misspelled_variables
 from reconciler.adapters.pod_readiness import CONDITION as READINESS_CONDITION
 from reconciler.cli import build_parser, parse_arguments
 from reconciler.core.spec.desired import load_desired_state, read_manifests
@@ -1557,3 +1557,20 @@ def test_the_kubernetes_objects_validate_against_the_apis_own_schemas(example: s
         except kubernetes_validate.ValidationError as exc:
             raise AssertionError(f"{where}: {exc.message} at {list(exc.path)}") from None
     assert unchecked <= CUSTOM_KINDS, f"no schema for {sorted(unchecked - CUSTOM_KINDS)}"
+
+
+def test_every_variable_the_container_sets_is_an_option_the_reconciler_reads() -> None:
+    """The environment is not refused as a whole (the prefix is shared): the shipped one is
+    checked here instead, the image's ENV and the Deployment's env together."""
+    options = {
+        "TRITON_GITOPS_" + key.upper().replace("-", "_")
+        for key in known_keys(build_parser().commands)
+    }
+    environment = startup_environment()
+    unread = sorted(
+        name
+        for name in environment
+        if name.startswith("TRITON_GITOPS_") and name not in {*options, "TRITON_GITOPS_CONFIG"}
+    )
+    assert unread == []
+    assert misspelled_variables(environment, known_keys(build_parser().commands)) == []
