@@ -113,32 +113,32 @@ def known_keys(commands: Mapping[str, argparse.ArgumentParser]) -> set[str]:
     return {key for parser in commands.values() for key, _ in _long_options(parser)}
 
 
-# The product's own variables that are no option: the config file's path; what a backend's
-# replaceLibrary command is given (SERVER, MODEL, BACKEND, REVISION); fault injection.
-_NOT_OPTIONS = frozenset({"CONFIG", "SERVER", "MODEL", "BACKEND", "REVISION", "FAULT"})
+# The product's own variables that are no option: the config file's path; the on-call
+# verbs' token (their --token-file's value); what a backend's replaceLibrary command is given
+# (SERVER, MODEL, BACKEND, REVISION); fault injection. A secret whose option is NAME_FILE is
+# also read as $TRITON_GITOPS_NAME (GIT_TOKEN, GITHUB_SECRET...): those are found below.
+_NOT_OPTIONS = frozenset(
+    {"CONFIG", "OPERATOR_TOKEN", "SERVER", "MODEL", "BACKEND", "REVISION", "FAULT"}
+)
 
 
 def misspelled_variables(environ: Mapping[str, str], known: set[str]) -> list[str]:
-    """A warning for each ``$TRITON_GITOPS_`` variable that no command reads but that looks
-    like an option's (``REVERT_MOD``), or is a secret given as a value where the option takes
-    a file (``GIT_TOKEN``). Others are left alone: the prefix is shared (CI settings, test
-    switches), and unlike a config file's keys the environment cannot be refused as a whole."""
-    names = {key.upper().replace("-", "_") for key in known}
+    """A warning for each ``$TRITON_GITOPS_`` variable that nothing reads but that looks like
+    one that is read (``REVERT_MOD``, ``GIT_TOKN``), with the one meant. Others are left
+    alone: the prefix is shared (CI settings, test switches), and unlike a config file's keys
+    the environment cannot be refused as a whole."""
+    options = {key.upper().replace("-", "_") for key in known}
+    secrets = {name.removesuffix("_FILE") for name in options if name.endswith("_FILE")}
+    read = sorted(options | secrets | _NOT_OPTIONS)
     found = []
     for variable in sorted(environ):
         name = variable.removeprefix(ENV_PREFIX)
-        if name == variable or name in names or name in _NOT_OPTIONS:
+        if name == variable or name in read:
             continue
-        if f"{name}_FILE" in names:
-            found.append(
-                f"${variable} is ignored: the secret is read from a file; set "
-                f"${ENV_PREFIX}{name}_FILE to the file's path"
-            )
-            continue
-        near = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.8)
+        near = difflib.get_close_matches(name, read, n=1, cutoff=0.8)
         if near:
             found.append(
-                f"${variable} is no option and is ignored; did you mean ${ENV_PREFIX}{near[0]}?"
+                f"${variable} is not read and is ignored; did you mean ${ENV_PREFIX}{near[0]}?"
             )
     return found
 

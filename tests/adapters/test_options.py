@@ -116,16 +116,18 @@ def test_a_variable_that_looks_like_an_option_but_is_none_is_warned_about() -> N
     known = known_keys(build_parser().commands)
     environ = {
         "TRITON_GITOPS_REVERT_MOD": "commit",  # a letter short
-        "TRITON_GITOPS_GIT_TOKEN": "secret",  # a value where the option takes a file
+        "TRITON_GITOPS_GIT_TOKN": "secret",  # a secret's variable misspelled
         "TRITON_GITOPS_REVERT_MODE": "commit",
+        "TRITON_GITOPS_GIT_TOKEN": "secret",  # read without its --git-token-file
+        "TRITON_GITOPS_OPERATOR_TOKEN": "secret",  # the on-call verbs' token
         "TRITON_GITOPS_WHEEL": "https://...",  # someone else's setting: left alone
         "TRITON_GITOPS_SERVER": "edge-a",  # what a replaceLibrary command is given
         "PATH": "/usr/bin",
     }
     assert misspelled_variables(environ, known) == [
-        "$TRITON_GITOPS_GIT_TOKEN is ignored: the secret is read from a file; set "
-        "$TRITON_GITOPS_GIT_TOKEN_FILE to the file's path",
-        "$TRITON_GITOPS_REVERT_MOD is no option and is ignored; did you mean "
+        "$TRITON_GITOPS_GIT_TOKN is not read and is ignored; did you mean "
+        "$TRITON_GITOPS_GIT_TOKEN?",
+        "$TRITON_GITOPS_REVERT_MOD is not read and is ignored; did you mean "
         "$TRITON_GITOPS_REVERT_MODE?",
     ]
 
@@ -136,6 +138,6 @@ def test_the_command_line_prints_the_warning_and_goes_on(
     monkeypatch.setenv("TRITON_GITOPS_ALLOW_EMTPY", "true")
     assert main(["validate", str(tmp_path)]) == 0
     assert (
-        "warning: $TRITON_GITOPS_ALLOW_EMTPY is no option and is ignored; did you mean "
+        "warning: $TRITON_GITOPS_ALLOW_EMTPY is not read and is ignored; did you mean "
         "$TRITON_GITOPS_ALLOW_EMPTY?"
     ) in capsys.readouterr().err
