@@ -94,12 +94,18 @@ def _declare_status(commands: Commands) -> None:
     status.add_argument(
         "--service", metavar="URL", help="with --watch: read a running service's GET /status"
     )
+    status.add_argument("--model", help="only this model (as history --model)")
+    status.add_argument(
+        "--server", help="only this server, or a discovered fleet's instances by its name"
+    )
     token_file_option(status)
     seconds_option(status, "--every", 1.0, "with --watch: refresh (%(default)g)")
 
 
 def _status(args: argparse.Namespace) -> int:
     if args.watch:
+        if args.model or args.server:
+            return failed("--model and --server narrow status's rows; --watch shows them all")
         return _watch_status(args)
     if args.service and not args.repo:
         # What the service gives is the rollouts in progress, the view of --watch.
@@ -110,11 +116,13 @@ def _status(args: argparse.Namespace) -> int:
     if not args.repo:
         return failed("status needs --repo (or --watch)")
     source, settings = Source(args.repo, args.ref, args.path), settings_of(args)
-    report = status(source, settings, wiring.ports(settings, source))
+    # Every server is still observed: what a model's row says depends on the whole plan.
+    whole = status(source, settings, wiring.ports(settings, source))
+    report = whole.narrowed(args.model, args.server)
     print_as(
         args.output, {"json": lambda: status_json(report), "text": lambda: status_text(report)}
     )
-    if report.no_server_reached:
+    if whole.no_server_reached:
         print("error: no declared server answered", file=sys.stderr)
         return EXIT_NO_SERVER
     return EXIT_OK

@@ -5,7 +5,7 @@ service, the views): the plan, what apply did, what is served and why not.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from reconciler.model.history import Held, Rollout
@@ -128,3 +128,20 @@ class StatusReport:
     conditions: Mapping[str, tuple[Condition, ...]] = field(default_factory=dict)
     # Servers are declared and not one of them answered (``status`` exits 3).
     no_server_reached: bool = False
+
+    def narrowed(self, model: str | None, server: str | None) -> StatusReport:
+        """Only this model's and this server's rows (None: all), with the conditions of the
+        deployments left and the unreachable servers among them. A server's name also
+        selects its discovered instances (``<server>/<address>``)."""
+
+        def on(name: str) -> bool:
+            return server is None or name == server or name.startswith(f"{server}/")
+
+        rows = tuple(m for m in self.models if on(m.server) and model in (None, m.model))
+        kept = {m.deployment for m in rows}
+        return replace(
+            self,
+            models=rows,
+            unreachable={s: why for s, why in self.unreachable.items() if on(s)},
+            conditions={d: c for d, c in self.conditions.items() if d in kept},
+        )

@@ -244,6 +244,19 @@ def test_status_shows_desired_served_held_and_unreachable(
     text = cli("status", *reconciler.options, "--call-timeout", "2")
     assert "server edge-b: UNREACHABLE" in text.out
     assert "echo" in text.out and "held" in text.out
+    # Narrowed to a model, or to a server: the rows, conditions and unreachable servers of
+    # that model or server only (every server is still observed).
+    one = cli("status", *reconciler.options, "--call-timeout", "2", "--output", "json",
+              "--model", "other", "--server", "edge-b")  # fmt: skip
+    assert one.code == 0, one.err
+    narrowed = one.json()
+    assert [(m["server"], m["model"]) for m in narrowed["models"]] == [("edge-b", "other")]
+    assert [d["name"] for d in narrowed["deployments"]] == ["other"]
+    assert list(narrowed["unreachable"]) == ["edge-b"]
+    on_a = cli("status", *reconciler.options, "--call-timeout", "2", "--server", "edge-a")
+    assert "server edge-a" in on_a.out and "edge-b" not in on_a.out, on_a.out
+    watching = cli("status", "--watch", "--model", "echo")
+    assert watching.code == 1 and "--watch shows them all" in watching.err
 
 
 def test_options_from_environment_and_config_file(
