@@ -253,10 +253,16 @@ class ShadowSession:
     def _compare(self, request: service_pb2.ModelInferRequest, route: _Route) -> None:
         target, spec = self.target, self.spec
         ids = dict(zip(ROLES, route.sequence_ids or (None, None, None), strict=True))
-        address = {"primary": route.primary, "secondary": route.secondary}
-        address["candidate"] = route.candidate
-        version = {"primary": target.primary_version, "secondary": target.primary_version}
-        version["candidate"] = target.candidate_version
+        address = {
+            "primary": route.primary,
+            "secondary": route.secondary,
+            "candidate": route.candidate,
+        }
+        version = {
+            "primary": target.primary_version,
+            "secondary": target.primary_version,
+            "candidate": target.candidate_version,
+        }
 
         def ask(role: str) -> service_pb2.ModelInferResponse | grpc.RpcError:
             pinned = service_pb2.ModelInferRequest()
