@@ -34,10 +34,16 @@ DEPLOYMENT = Path("examples/deploy/kubernetes/deployment.yaml")
 PLACEHOLDER = re.compile(r"YOUR-ORG|YOUR-TAG|example-org/triton-gitops")
 HOME = re.compile(r"https://github\.com/[\w.-]+/triton-gitops(?![\w.-])")
 WHEEL_URL = re.compile(r"https://[^\s\"'<>)]+/triton_gitops-[^\s\"'<>)/]+\.whl")
-IMAGE_REF = re.compile(
-    r"(?<![\w./-])((?:ghcr\.io|docker\.io|quay\.io|localhost)/(?:[\w.-]+/)*triton-gitops)"
-    r"(?![\w-])(?::([\w.-]+))?"
+# An image named triton-gitops on a registry: the usual ones, and the release's own (the
+# registry part of its name, whatever it is: _image_ref adds it).
+IMAGE_REF = (
+    r"(?<![\w./-])((?:ghcr\.io|docker\.io|quay\.io|localhost|{registry})/(?:[\w.-]+/)*"
+    r"triton-gitops)(?![\w-])(?::([\w.-]+))?"
 )
+
+
+def _image_ref(release: Release) -> re.Pattern[str]:
+    return re.compile(IMAGE_REF.format(registry=re.escape(release.image.split("/")[0])))
 
 
 @dataclass(frozen=True)
@@ -99,6 +105,7 @@ def stale_references(release: Release, root: Path = ROOT) -> list[str]:
     """Every reference to the release that pyproject.toml does not give, and every placeholder
     for one: ``FILE:LINE: what is written; what pyproject.toml says``. Empty when all agree."""
     found: list[str] = []
+    image_ref = _image_ref(release)
     for path in _referring_files(root):
         where = path.relative_to(root)
         for number, line in enumerate(path.read_text().splitlines(), start=1):
@@ -113,7 +120,7 @@ def stale_references(release: Release, root: Path = ROOT) -> list[str]:
                     found.append(
                         f"{at}: {match.group()}; the release's wheel is {release.wheel_url}"
                     )
-            for match in IMAGE_REF.finditer(line):
+            for match in image_ref.finditer(line):
                 name, tag = match.groups()
                 if name != release.image or tag not in (None, release.version):
                     found.append(

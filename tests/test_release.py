@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,25 @@ def test_a_stale_reference_is_named_by_its_file_and_line(tmp_path: Path) -> None
         f"docs/install.md:5: image {release.image}:latest; the release's is {release.image_ref}",
         f"examples/deploy/kubernetes/kustomization.yaml: images sets {release.image}:0.0.9; "
         f"the release's is {release.image_ref}",
+    ]
+
+
+def test_an_image_on_the_releases_own_registry_is_checked_too(tmp_path: Path) -> None:
+    """Not only the usual registries: wherever pyproject.toml puts the image."""
+    release = replace(current(), image="registry.example.com/ml/triton-gitops")
+    shutil.copy(ROOT / "CHANGELOG.md", tmp_path / "CHANGELOG.md")
+    (tmp_path / "Dockerfile").write_text("")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(f"podman pull {release.image}:0.0.1\n")
+    kube = tmp_path / "examples/deploy/kubernetes"
+    kube.mkdir(parents=True)
+    shutil.copy(EXAMPLES / "deploy/kubernetes/deployment.yaml", kube)
+    (kube / "kustomization.yaml").write_text(
+        "images:\n"
+        f"  - {{name: triton-gitops, newName: {release.image}, newTag: '{release.version}'}}\n"
+    )
+    assert stale_references(release, tmp_path) == [
+        f"README.md:1: image {release.image}:0.0.1; the release's is {release.image_ref}"
     ]
 
 
