@@ -77,13 +77,17 @@ def build_parser() -> Parser:
 
 
 def parse_arguments(
-    argv: Sequence[str], environ: Mapping[str, str], config: ConfigFile | None = None
+    argv: Sequence[str],
+    environ: Mapping[str, str],
+    config: ConfigFile | None = None,
+    parser: Parser | None = None,
 ) -> argparse.Namespace:
     """The command line, with the defaults the environment and the config file give (see
     ``adapters/options.py``); ``config``: that file, already read (else --config's or
-    $TRITON_GITOPS_CONFIG's). OptionSourceError for a file or variable that cannot be used;
-    usage errors exit 1 (argparse)."""
-    parser = build_parser()
+    $TRITON_GITOPS_CONFIG's); ``parser``: a fresh ``build_parser()`` the caller keeps (else
+    one is built). OptionSourceError for a file or variable that cannot be used; usage
+    errors exit 1 (argparse)."""
+    parser = parser or build_parser()
     if config is None:
         path = config_path(argv, environ)
         config = read_config_file(path) if path is not None else None
@@ -97,11 +101,12 @@ def parse_arguments(
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()  # one per invocation: take_defaults sets its defaults
     try:
-        args = parse_arguments(arguments, os.environ)
+        args = parse_arguments(arguments, os.environ, parser=parser)
     except OptionSourceError as exc:
         return failed(str(exc))
-    for warning in misspelled_variables(os.environ, known_keys(build_parser().commands)):
+    for warning in misspelled_variables(os.environ, known_keys(parser.commands)):
         print(f"warning: {warning}", file=sys.stderr)
     if args.command != "run":  # run configures its own logging
         # Log records (alerts, each failure of a pass) go to stderr, as text or JSON lines.
