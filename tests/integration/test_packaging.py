@@ -1312,7 +1312,7 @@ def test_image_labels_say_what_it_is() -> None:
     # The version is pyproject's, passed by ./dev image (test_image checks the built labels);
     # a build without it says it does not know rather than carry a second copy.
     assert labels["version"] == "${VERSION}" and arguments["VERSION"] == "unknown"
-    assert labels["source"] == "${SOURCE}" and arguments["SOURCE"] == project["urls"]["Source"]
+    assert labels["source"] == "${SOURCE}" and arguments["SOURCE"] == current_release().source
     assert labels["licenses"] == project["license"]
     assert labels["title"] == project["name"]
 
