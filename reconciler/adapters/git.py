@@ -49,8 +49,11 @@ from reconciler.model.source import (
 _REFSPECS = [
     "+refs/heads/*:refs/remotes/origin/*",
     "+refs/tags/*:refs/tags/*",
-    "+HEAD:refs/remotes/origin/HEAD",
 ]
+# The remote's HEAD is fetched only when no ref is named: a bare repository made by
+# `git init --bare` and pushed a `main` has a HEAD that names a `master` that does not exist,
+# and asking for it fails the whole fetch ("couldn't find remote ref HEAD").
+_HEAD_REFSPEC = "+HEAD:refs/remotes/origin/HEAD"
 _SYMLINK_MODE = 0o120000
 _NON_INTERACTIVE = {"GIT_TERMINAL_PROMPT": "0"}
 
@@ -163,6 +166,7 @@ class GitSource:
                     "--quiet",
                     self.url,
                     *_REFSPECS,
+                    *([_HEAD_REFSPEC] if ref == "HEAD" else []),
                     env=self.env,
                     kill_after_timeout=self.fetch_timeout,
                 )

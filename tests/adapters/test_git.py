@@ -59,6 +59,21 @@ def test_local_path_reads_commits_not_the_dirty_work_tree(
     assert revision.files == {"a.yaml": b"committed: true\n"}
 
 
+def test_a_named_ref_is_read_from_a_remote_whose_head_dangles(
+    manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    """`git init --bare` leaves HEAD naming `master`; a user pushes `main` and asks for it."""
+    manifests.write("a.yaml", "a: 1\n")
+    sha = manifests.commit("first")
+    git(manifests.bare, "symbolic-ref", "HEAD", "refs/heads/master")  # master never existed
+    source = GitSource(manifests.url, tmp_path / "cache")
+    assert source.revision("main").sha == sha
+    assert source.revision(sha).sha == sha
+    # With no ref named, the remote's HEAD is what was asked for: its absence is the error.
+    with pytest.raises(SourceUnavailable, match="cannot fetch .*HEAD"):
+        source.revision()
+
+
 def test_vanished_remote_is_a_clear_error(manifests: ManifestRepo, tmp_path: Path) -> None:
     manifests.write("a.yaml", "a: 1\n")
     manifests.commit("first")
