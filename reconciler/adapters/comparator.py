@@ -41,14 +41,21 @@ import numpy.typing as npt
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
 
-from reconciler.core.comparison import ROLES, disagreement, interleaved
-from reconciler.model.shadow import Comparison, ShadowFigures, ShadowTarget, Uncomparable
+from reconciler.core.comparison import ROLES, deviation, interleaved
+from reconciler.model.shadow import (
+    Comparison,
+    Deviation,
+    ShadowFigures,
+    ShadowTarget,
+    Uncomparable,
+)
 
 log = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
 QUEUE = 16  # sampled requests waiting for their comparison, at most
 LATENCIES_KEPT = 20_000  # per side: the latest calls' seconds, for the quantiles
+DEVIATIONS_KEPT = 20_000  # the latest requests' deviations, for the noise discount
 SAMPLES_KEPT = 5  # reasons kept per kind (GitHub Scientist's capped samples)
 
 # Called with (deployment, outcome) for each mirrored request: ``/metrics`` counts them.
@@ -95,6 +102,7 @@ class ShadowSession:
         self._first_candidate = ""
         self._primary_s: deque[float] = deque(maxlen=LATENCIES_KEPT)
         self._candidate_s: deque[float] = deque(maxlen=LATENCIES_KEPT)
+        self._deviations: deque[tuple[Deviation, Deviation]] = deque(maxlen=DEVIATIONS_KEPT)
         self._samples: dict[str, list[str]] = {}
         self._next_at = 0.0  # monotonic: no comparison starts before this
         self._random = random.Random(f"{target.deployment}/{target.candidate_version}")
@@ -198,6 +206,7 @@ class ShadowSession:
                     self._first_candidate,
                     tuple(self._primary_s),
                     tuple(self._candidate_s),
+                    tuple(self._deviations),
                 ),
                 samples={k: tuple(v) for k, v in self._samples.items()},
             )
@@ -310,9 +319,9 @@ class ShadowSession:
             if self.spec.uncomparable is Uncomparable.SKIP:
                 self._count("uncomparable", str(exc))
                 return
-            self._compared_one(str(exc), None, seconds)
+            self._compared_one(Deviation(), Deviation(unanswered=True, why=str(exc)), seconds)
             return
-        noise = disagreement(primary, secondary, self.spec.tolerance)
+        noise = deviation(primary, secondary, self.spec.tolerance)
         if isinstance(candidate_answer, grpc.RpcError):
             timed_out = candidate_answer.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             if timed_out:
@@ -322,27 +331,31 @@ class ShadowSession:
                 if timed_out
                 else f"answered an error: {_status(candidate_answer)}"
             )
-            self._compared_one(why, noise, seconds)
+            self._compared_one(noise, Deviation(unanswered=True, why=why), seconds)
             return
         assert candidate is not None
-        self._compared_one(disagreement(primary, candidate, self.spec.tolerance), noise, seconds)
+        self._compared_one(noise, deviation(primary, candidate, self.spec.tolerance), seconds)
 
     def _compared_one(
-        self, candidate_why: str | None, noise_why: str | None, seconds: dict[str, float]
+        self, noise: Deviation, candidate: Deviation, seconds: dict[str, float]
     ) -> None:
+        """Count one compared request: at the declared tolerance (``/metrics``, the
+        report), and its deviations, which the noise discount learns from."""
+        disagreed = bool(candidate.why) or candidate.unanswered
         with self._lock:
             self._compared += 1
             self._primary_s.append(seconds["primary"])
             self._candidate_s.append(seconds["candidate"])
-            if candidate_why is not None:
+            self._deviations.append((noise, candidate))
+            if disagreed:
                 self._candidate_count += 1
-                self._first_candidate = self._first_candidate or candidate_why
-            if noise_why is not None:
+                self._first_candidate = self._first_candidate or candidate.why
+            if noise.why:
                 self._noise_count += 1
         self._observer(self.target.deployment, "compared")
-        if candidate_why is not None:
+        if disagreed:
             self._observer(self.target.deployment, "candidate_disagreed")
-        if noise_why is not None:
+        if noise.why:
             self._observer(self.target.deployment, "noise")
 
 

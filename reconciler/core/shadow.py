@@ -8,7 +8,7 @@ before ``minRequests`` were compared; short of them, it waits up to ``maxWait`` 
 
 from __future__ import annotations
 
-from reconciler.core.comparison import judged
+from reconciler.core.comparison import discounted, judged, unjudgeable
 from reconciler.model.analysis import CheckResult, RolloutVerdict, Verdict
 from reconciler.model.shadow import LiveShadow, ShadowFigures, WhenShort
 
@@ -22,11 +22,18 @@ def shadow_checks(spec: LiveShadow, figures: ShadowFigures) -> tuple[CheckResult
     budget = 1.0 - spec.min_agreement
     threshold = f"disagreement beyond the noise <= {budget:.2%} of >= {spec.min_requests}"
     short = comparison.requests < spec.min_requests
-    excess = comparison.candidate_rate - comparison.noise_rate
+    net = discounted(comparison, spec.tolerance)
+    excess = net.excess
     rates = (
         f"candidate {comparison.candidate_count} of {comparison.requests}, serving version "
         f"with itself {comparison.noise_count}"
     )
+    if net.learned:
+        rates = (
+            f"beyond the serving version's own noise: candidate {net.candidate_count} of "
+            f"{net.requests}, serving version with itself {net.noise_count} ({net}); at the "
+            f"declared tolerance: {rates}"
+        )
     if short:
         answers = CheckResult(
             ANSWERS,
@@ -35,15 +42,15 @@ def shadow_checks(spec: LiveShadow, figures: ShadowFigures) -> tuple[CheckResult
             threshold,
             f"waiting: {figures}; {rates}",
         )
-    else:
-        why = judged(comparison, spec.min_agreement)
+    elif why := judged(comparison, spec.min_agreement, tolerance=spec.tolerance):
+        answers = CheckResult(ANSWERS, Verdict.FAIL, excess, threshold, why)
+    elif why := unjudgeable(comparison, spec.tolerance):
+        # Never a pass: counted as an evaluation without data (inconclusiveLimit).
         answers = CheckResult(
-            ANSWERS,
-            Verdict.FAIL if why else Verdict.PASS,
-            excess,
-            threshold,
-            why or f"{rates}; {figures}",
+            ANSWERS, Verdict.NO_DATA, excess, threshold, f"inconclusive: {why}; {rates}"
         )
+    else:
+        answers = CheckResult(ANSWERS, Verdict.PASS, excess, threshold, f"{rates}; {figures}")
     results = [answers]
     if spec.max_latency_increase is not None:
         results.append(_latency(spec, figures, short))

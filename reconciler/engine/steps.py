@@ -11,7 +11,14 @@ import random
 from collections.abc import Callable, Mapping
 from functools import partial
 
-from reconciler.core.comparison import Answer, disagreement, interleaved, judged
+from reconciler.core.comparison import (
+    Answer,
+    compared,
+    deviations_of,
+    interleaved,
+    judged,
+    unjudgeable,
+)
 from reconciler.core.probes import synthesized, wrong
 from reconciler.core.readings import footprint, free_memory, room_in_all
 from reconciler.core.smoke import mismatches
@@ -27,7 +34,7 @@ from reconciler.model.errors import (
 from reconciler.model.plan import Action, Step
 from reconciler.model.results import FailureKind
 from reconciler.model.serving import ModelState, interface_difference, version_cost
-from reconciler.model.shadow import Comparison, Tolerance
+from reconciler.model.shadow import Tolerance
 from reconciler.model.spec import Tensor
 from reconciler.ports import FiguresSource, ModelControl
 
@@ -219,22 +226,18 @@ def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
     for version in step.smoke_versions:
         # Seeded by what is compared: a replay of the same versions asks in the same order.
         order = random.Random(f"{step.server}/{step.model}/{old}/{version}")
-        candidate, noise, primary_s, candidate_s = [], [], [], []
+        deviations, primary_s, candidate_s = [], [], []
         pinned = {"primary": old, "secondary": old, "candidate": version}
         for inputs in shadow.requests:
             ask = partial(_pinned_call, control, step.model, pinned, inputs, outputs)
             answers, seconds = interleaved(order, ask, timing.clock)
             primary_s.append(seconds["primary"])
             candidate_s.append(seconds["candidate"])
-            if why := disagreement(answers["primary"], answers["candidate"], tolerance):
-                candidate.append(why)
-            if why := disagreement(answers["primary"], answers["secondary"], tolerance):
-                noise.append(why)
-        comparison = Comparison(
-            len(shadow.requests), len(candidate), len(noise), candidate[0] if candidate else "",
-            tuple(primary_s), tuple(candidate_s),
-        )  # fmt: skip
-        failed = judged(comparison, shadow.min_agreement, shadow.max_latency_increase)
+            deviations.append(deviations_of(answers, tolerance))
+        comparison = compared(deviations, tuple(primary_s), tuple(candidate_s))
+        failed = judged(
+            comparison, shadow.min_agreement, shadow.max_latency_increase, tolerance=tolerance
+        ) or unjudgeable(comparison, tolerance)
         if failed is not None:
             raise VerifyFailed(
                 f"shadow replay of {len(shadow.requests)} request(s): version {version} "

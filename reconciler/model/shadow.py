@@ -35,11 +35,28 @@ QUANTILES = (0.5, 0.95, 0.99)
 
 
 @dataclass(frozen=True)
+class Deviation:
+    """How far one answer lies from the primary's, output by output (``core/comparison.py``
+    measures it). ``size``: the largest difference of an output's values in units of the
+    declared tolerance, ``atol + rtol * |primary|`` (above 1: beyond it; infinite: compared
+    exactly and different, or a shape or the output missing); ``reordered``: the outputs
+    whose top classes changed (the top-k set where ``topK`` declares k, else the
+    highest-scoring class of each row); ``unanswered``: no answer to compare (an error, a
+    timeout); ``why``: the first difference beyond the declared tolerance, in values."""
+
+    size: Mapping[str, float] = field(default_factory=dict)
+    reordered: frozenset[str] = frozenset()
+    unanswered: bool = False
+    why: str = ""
+
+
+@dataclass(frozen=True)
 class Comparison:
     """One candidate version's comparison with the serving version over the same requests:
     how many requests the candidate and the serving version asked again (the noise)
-    disagreed on, the first reason of the candidate's, and the seconds each call of primary
-    and candidate took, interleaved as they were made."""
+    disagreed on at the declared tolerance, the first reason of the candidate's, the seconds
+    each call of primary and candidate took, interleaved as they were made, and how far
+    each answer lay from the primary's."""
 
     requests: int
     candidate_count: int  # requests the candidate disagreed on
@@ -47,6 +64,10 @@ class Comparison:
     first_candidate: str = ""
     primary_seconds: tuple[float, ...] = field(default=(), repr=False)
     candidate_seconds: tuple[float, ...] = field(default=(), repr=False)
+    # Per compared request (the latest ones, where the comparator caps them): how far the
+    # serving version asked again, and the candidate, lay from the primary's answer. What the
+    # noise discount learns from (core/comparison.py); without them the counts are judged.
+    deviations: tuple[tuple[Deviation, Deviation], ...] = field(default=(), repr=False)
 
     @property
     def candidate_rate(self) -> float:

@@ -4,11 +4,23 @@ latency quantiles."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
+import pytest
 
-from reconciler.core.comparison import ROLES, disagreement, interleaved, judged
+from reconciler.core.comparison import (
+    ROLES,
+    compared,
+    deviation,
+    deviations_of,
+    disagreement,
+    discounted,
+    interleaved,
+    judged,
+    unjudgeable,
+)
 from reconciler.model.shadow import Comparison, Tolerance, quantile
 
 
@@ -105,3 +117,119 @@ def test_each_role_is_asked_once_per_request_in_an_order_shuffled_anew_and_timed
         assert seconds == {"primary": 1.0, "secondary": 2.0, "candidate": 4.0}
         firsts.append(asked[0])
     assert set(firsts) == set(ROLES), firsts
+
+
+# -- the noise discount (issue 41, point 1) ------------------------------------------------
+
+
+RTOL = Tolerance(rtol=1e-4)  # the README example's relativeTolerance
+
+
+def _noisy_requests(
+    n: int,
+    noise: float,
+    *,
+    flip_every: int = 0,
+    candidate_noise: float | None = None,
+    seed: int = 1,
+    tolerance: Tolerance = RTOL,
+) -> Comparison:
+    """``n`` requests to an echo-like scorer (four scores, the first the top class) whose
+    every score is off by a relative ``noise`` drawn anew per call, as nondeterministic
+    kernels are; the candidate's noise is ``candidate_noise`` (default: the same), and it
+    swaps the two highest scores (flips the top class) on every ``flip_every``-th input."""
+    draw = np.random.default_rng(seed)
+
+    def called(scores: np.ndarray, level: float) -> dict[str, np.ndarray]:
+        jitter = 1 + draw.uniform(-level, level, scores.shape)
+        return {"SCORES": (scores * jitter).astype(np.float32)}
+
+    pairs = []
+    for i in range(n):
+        scores = draw.random((1, 4)).astype(np.float32)
+        scores[0][0] = 1.0
+        answers = {role: called(scores, noise) for role in ("primary", "secondary")}
+        answers["candidate"] = called(scores, noise if candidate_noise is None else candidate_noise)
+        if flip_every and i % flip_every == 0:
+            flipped = answers["candidate"]["SCORES"].copy()
+            top, second = np.argsort(-flipped[0])[:2]
+            flipped[0][[top, second]] = flipped[0][[second, top]]
+            answers["candidate"] = {"SCORES": flipped}
+        pairs.append(deviations_of(answers, tolerance))
+    return compared(pairs)
+
+
+def test_a_saturated_noise_floor_no_longer_passes_a_candidate_that_flips_classes() -> None:
+    """The measured case: relative noise 1e-3 per score against rtol 1e-4, the serving
+    version disagrees with itself on every request, and a candidate that also flips the top
+    class on 3% of inputs passed (203 of 203 against 203: nothing beyond the noise)."""
+    bad = _noisy_requests(203, 1e-3, flip_every=33)
+    assert bad.candidate_count == bad.noise_count == 203  # the rule that passed it
+    why = judged(bad, 0.99, tolerance=Tolerance(rtol=1e-4))
+    assert why is not None and "beyond the noise" in why, why
+    assert "serving version's own differences discounted: SCORES differing beyond" in why, why
+    assert "first: output SCORES:" in why and "the serving version's own differences up to" in why
+
+
+def test_a_candidate_as_noisy_as_the_serving_version_passes_and_a_saturated_one_is_unjudged() -> (
+    None
+):
+    rtol = Tolerance(rtol=1e-4)
+    # Noise beyond the tolerance on some requests, not all: learned, discounted, passed.
+    partly = _noisy_requests(400, 6e-5)
+    assert 0.1 < partly.noise_rate < 0.9, partly.noise_rate
+    assert judged(partly, 0.99, tolerance=rtol) is None
+    assert unjudgeable(partly, rtol) is None
+    # The same good candidate where the serving version disagrees with itself on every
+    # request: no pass, and the reason says what to change.
+    saturated = _noisy_requests(203, 1e-3)
+    assert judged(saturated, 0.99, tolerance=rtol) is None
+    assert unjudgeable(saturated, rtol) == (
+        "the serving version disagrees with itself on 100% of 203 request(s) at atol 0 + rtol "
+        "0.0001 (output SCORES): no room to judge at that tolerance; raise "
+        "compare.relativeTolerance or compare.tolerance above its noise, or compare the "
+        "classes (compare.topK)"
+    )
+    # Compared by classes, the same noise leaves room: the good candidate passes, the one
+    # that flips 3% of classes fails.
+    top1 = Tolerance(rtol=1e-4, top_k={"SCORES": 1})
+    by_class = _noisy_requests(203, 1e-3, tolerance=top1)
+    assert judged(by_class, 0.99, tolerance=top1) is None
+    assert unjudgeable(by_class, top1) is None
+    flips = _noisy_requests(203, 1e-3, flip_every=33, tolerance=top1)
+    why = judged(flips, 0.99, tolerance=top1)
+    assert why is not None and "top 1 classes" in why, why
+
+
+def test_a_candidate_noisier_than_the_serving_version_fails() -> None:
+    """Differing more: ten times the serving version's noise is beyond twice its p99."""
+    louder = _noisy_requests(300, 6e-5, candidate_noise=6e-4)
+    why = judged(louder, 0.99, tolerance=Tolerance(rtol=1e-4))
+    assert why is not None and "beyond the noise" in why, why
+
+
+def test_a_deterministic_model_is_judged_exactly_as_before() -> None:
+    """No noise beyond the tolerance: nothing is learned, the counts are the verdict."""
+    exact = _noisy_requests(200, 0.0, flip_every=50)
+    assert exact.noise_count == 0 and exact.candidate_count == 4
+    net = discounted(exact, Tolerance(rtol=1e-4))
+    assert (net.candidate_count, net.noise_count, dict(net.learned)) == (4, 0, {})
+    assert judged(exact, 0.99, tolerance=Tolerance(rtol=1e-4)) == judged(
+        Comparison(200, 4, 0, exact.first_candidate), 0.99
+    )
+    assert unjudgeable(exact, Tolerance(rtol=1e-4)) is None
+
+
+def test_deviation_measures_in_tolerances_and_marks_exact_differences_infinite() -> None:
+    rtol = Tolerance(rtol=1e-2)
+    old = {"OUT": np.array([[100.0, 1.0]], dtype=np.float32), "LABEL": np.array([3])}
+    near = {"OUT": np.array([[100.5, 1.0]], dtype=np.float32), "LABEL": np.array([3])}
+    assert deviation(old, near, rtol).size == {"OUT": pytest.approx(0.5), "LABEL": 0.0}
+    far = {"OUT": np.array([[1.0, 100.0]], dtype=np.float32), "LABEL": np.array([4])}
+    moved = deviation(old, far, rtol)
+    assert moved.size["LABEL"] == math.inf and moved.reordered == {"OUT"}
+    assert moved.why.startswith("output LABEL: differs")
+    nan = {"OUT": np.array([[np.nan, 1.0]], dtype=np.float32), "LABEL": np.array([3])}
+    assert deviation(old, nan, rtol).size["OUT"] == math.inf
+    assert deviation(nan, nan, Tolerance()).size["OUT"] == 0.0
+    assert deviation(old, {"LABEL": np.array([3])}, rtol).size["OUT"] == math.inf

@@ -341,3 +341,21 @@ def test_a_sequence_models_traffic_plan_says_its_steps_split_sequences() -> None
     assert plan_json(planned)["rollouts"][0]["traffic"]["splits_sequences"] is True
     (plain,) = Pass(desired(), fakes(), at_rest()).plan().rollouts
     assert plain.traffic is not None and not plain.traffic.splits_sequences
+
+
+def test_a_saturated_noise_floor_is_never_a_pass_of_the_shadow_check() -> None:
+    """Issue 41, point 1: the serving version disagrees with itself on every request at the
+    declared tolerance; a candidate that differs no more is not judged a pass but counted
+    as an evaluation without data (inconclusive), with what to change."""
+    from tests.core.test_comparison import _noisy_requests
+
+    spec = replace(SHADOW, tolerance=Tolerance(rtol=1e-4))
+    good = ShadowFigures(received=203, comparison=_noisy_requests(203, 1e-3))
+    (answers,) = shadow_checks(spec, good)
+    assert answers.verdict is Verdict.NO_DATA, answers
+    assert answers.detail.startswith(
+        "inconclusive: the serving version disagrees with itself on 100% of 203 request(s)"
+    ), answers.detail
+    bad = ShadowFigures(received=203, comparison=_noisy_requests(203, 1e-3, flip_every=33))
+    (caught,) = shadow_checks(spec, bad)
+    assert caught.verdict is Verdict.FAIL and caught.value == pytest.approx(7 / 203), caught

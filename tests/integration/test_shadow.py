@@ -215,6 +215,35 @@ def test_a_good_candidate_with_noise_passes_where_an_exact_comparison_fails_it(
     assert ready_versions(fleet.tritons["a"], "echo") == {2}
 
 
+def test_a_serving_version_noisier_than_the_tolerance_no_longer_passes_a_class_flipper(
+    fleet: Fleet, serving: Reconciler, manifests: ManifestRepo
+) -> None:
+    """Issue 41, point 1, as measured: relative noise 1e-3 per value in both versions against
+    the README's relativeTolerance 1e-4 (the serving version disagrees with itself on every
+    request), and a candidate that also flips the top class on 3% of inputs. It passed
+    ("candidate 203 of 203, serving version with itself 203"); now the serving version's own
+    differences are learned and the flips are far beyond them."""
+    noisy = {"noise": "0.001", "flip_every": "2:33"}
+    # The serving version made noisy first (one config says both versions' parameters: a
+    # change of config reloads version 1 as well), compared within a tolerance above it.
+    loose = f"{{{FAST}, minRequests: 20, compare: {{relativeTolerance: 0.01}}}}"
+    code, _, _, why, _ = _roll(manifests, serving, fleet, _deployment(1, noisy, loose))
+    assert code == 0, why
+    shadow = f"{{{FAST}, minRequests: 200, compare: {{relativeTolerance: 0.0001}}}}"
+    code, report, load, why, canary = _roll(
+        manifests, serving, fleet, _deployment(2, noisy, shadow, duration="4s")
+    )
+    assert code != 0, why
+    assert load.failures == [] and canary == 0, (load.failures[:3], canary)
+    checks = [c for c in _shadow_checks(report) if c["check"] == "shadow"]
+    failed = [c for c in checks if c["verdict"] == "fail"]
+    assert failed, f"no shadow check failed: {[(c['verdict'], c['detail']) for c in checks]}"
+    assert "own differences discounted" in failed[-1]["detail"], failed[-1]["detail"]
+    assert "beyond the noise" in failed[-1]["detail"], failed[-1]["detail"]
+    assert ready_versions(fleet.tritons["c"], "echo") == {1}
+    assert ready_versions(fleet.tritons["a"], "echo") == {1}
+
+
 def test_a_right_but_twice_slower_candidate_fails_the_latency_part(
     fleet: Fleet, serving: Reconciler, manifests: ManifestRepo
 ) -> None:

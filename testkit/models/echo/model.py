@@ -26,6 +26,8 @@ old and new versions must answer alike:
               on 1/N of the inputs, the same inputs every time)
   noise       answer each element times (1 + u), u uniform in [-noise, noise], drawn anew
               per request (a nondeterministic kernel)
+  flip_every  N: an input whose CRC-32 is a multiple of N is answered with its two highest
+              values swapped in each row (the top class flipped, on 1/N of the inputs)
   delay_ms    answer this many milliseconds late
 A value may name versions, "1:10,2:20", so that one config makes versions differ (a change
 of config reloads every version of the model on a server).
@@ -77,6 +79,7 @@ class TritonPythonModel:
         }
         self.scale = float(parameters.get("scale") or self.version)
         self.skew_every = int(parameters.get("skew_every") or 0)
+        self.flip_every = int(parameters.get("flip_every") or 0)
         self.noise = float(parameters.get("noise") or 0)
         self.delay = float(parameters.get("delay_ms") or 0) / 1000
         self.random = np.random.default_rng()
@@ -118,6 +121,15 @@ class TritonPythonModel:
 
                 if zlib.crc32(data.astype(np.float32).tobytes()) % self.skew_every == 0:
                     answer = answer * 1.05
+            if self.flip_every and answer.ndim and answer.shape[-1] > 1:
+                import zlib
+
+                if zlib.crc32(data.astype(np.float32).tobytes()) % self.flip_every == 0:
+                    rows = answer.reshape(-1, answer.shape[-1]).copy()
+                    for row in rows:
+                        top, second = np.argsort(-row)[:2]
+                        row[[top, second]] = row[[second, top]]
+                    answer = rows.reshape(answer.shape)
             if self.noise:
                 answer = answer * (1 + self.random.uniform(-self.noise, self.noise, data.shape))
             output = pb_utils.Tensor(self.output_name, answer.astype(np.float32))
