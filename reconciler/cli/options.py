@@ -255,7 +255,7 @@ def _analysis(parser: argparse.ArgumentParser) -> None:
         help="where routers mirror live shadow traffic (a ModelDeployment's "
         "rollout.traffic.shadow, a Router's spec.comparator): the comparator listens here "
         "while a shadow phase runs, and compares the old and new versions' answers. Without "
-        "it a shadow phase fails and the old versions keep serving",
+        "it a rollout with a shadow phase is a plan problem: nothing of it is loaded",
     )
     analysis.add_argument(
         "--revert-mode",

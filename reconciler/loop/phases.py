@@ -314,6 +314,7 @@ def plan(run: PassRun, target: Target, observed: Observed) -> Planned:
         run.skip,
         observed.settled,
         observed.routes,
+        comparing=run.ports.comparator is not None,
     )
     if run.memory:
         run.memory.remember_plan(observed.keys, plan_)

@@ -123,6 +123,29 @@ def test_a_config_change_compares_with_the_serving_version_on_the_stable_pool() 
     assert (target.primary, target.primary_pool) == (("a:8001", "b:8001"), "stable")
 
 
+def test_without_a_comparator_the_plan_says_so_and_plans_nothing_of_the_rollout() -> None:
+    """Issue 41, point 2: with a shadow phase and no --comparator-listen, the plan showed the
+    phase and apply loaded the candidate on the canary pool before failing. Now the plan
+    has a problem line per server and no change: nothing is loaded."""
+    from reconciler.core.plan.planner import plan
+    from reconciler.model.history import History
+    from tests.core.test_traffic import observe
+
+    run = Pass(shadowed(), fakes(), at_rest())
+    serving = {name: observe(fake) for name, fake in run.fakes.items()}
+    routes = {"edge": run.router.observe()}
+    refused = plan(run.desired, serving, History(), "rev", routes=routes, comparing=False)
+    assert not refused.changes and not refused.rollouts, refused
+    messages = {p.server: p.message for p in refused.problems}
+    assert set(messages) == {"a", "b", "c"}, messages
+    assert messages["c"].startswith(
+        "rollout.traffic.shadow needs a comparator, and none listens here: start the "
+        "reconciler with --comparator-listen HOST:PORT"
+    ), messages["c"]
+    assert "nothing of m is touched" in messages["c"]
+    assert plan(run.desired, serving, History(), "rev", routes=routes).rollouts  # one listens
+
+
 # -- the executor ----------------------------------------------------------------------------
 
 

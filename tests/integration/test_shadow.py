@@ -289,6 +289,31 @@ def test_a_comparator_the_router_cannot_reach_fails_the_rollout_as_the_manifest_
     assert ready_versions(fleet.tritons["c"], "echo") == {1}
 
 
+def test_without_comparator_listen_plan_says_so_and_apply_loads_nothing(
+    fleet: Fleet, serving: Reconciler, manifests: ManifestRepo
+) -> None:
+    """Issue 41, point 2: `plan` showed the shadow phase and exited 2; `apply` loaded the
+    candidate on the canary pool and only then failed. Both now say what is missing, and
+    nothing is loaded."""
+    manifests.write("echo.yaml", _deployment(2, {}, f"{{{FAST}, minRequests: 50}}"))
+    manifests.commit("roll echo, the reconciler started without --comparator-listen")
+    planned = serving.plan()
+    assert planned.code == 1, planned.explain()
+    assert "none listens here: start the reconciler with --comparator-listen" in planned.out, (
+        planned.explain()
+    )
+    assert "shadow 10%" not in planned.out, planned.out
+    applied = serving.apply("--output", "json")
+    assert applied.code == 1, applied.explain()
+    report = json.loads(applied.out)
+    ran = [step for c in report["result"]["changes"] for step in c["steps"]]
+    assert ran == [], f"steps ran without a comparator: {ran}"
+    problems = [p["message"] for p in report["problems"]]
+    assert problems and all("--comparator-listen" in p for p in problems), problems
+    assert ready_versions(fleet.tritons["c"], "echo") == {1}
+    assert ready_versions(fleet.tritons["a"], "echo") == {1}
+
+
 def _counter(version: int, scale: str, shadow: str) -> str:
     """The test sequence model (a running sum times ``scale``) rolled out like echo above."""
     return (

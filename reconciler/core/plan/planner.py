@@ -27,6 +27,7 @@ def plan(
     skip: Mapping[str, str] | None = None,
     settled: frozenset[str] = frozenset(),
     routes: Mapping[str, RouteState] | None = None,
+    comparing: bool = True,
 ) -> Plan:
     """Diff what the manifests ask for against what the servers serve.
 
@@ -35,7 +36,9 @@ def plan(
     plan of the same ``settle_key`` had no change and no problem for them. They are reported
     in sync (or held, or suspended) without planning each model again, which is what keeps a
     no-op pass over a large fleet cheap. ``routes``: what each Router reports (a traffic
-    rollout whose router is missing here, or unreachable, waits).
+    rollout whose router is missing here, or unreachable, waits). ``comparing``: whether a
+    comparator listens for shadow phases (without one, a rollout that begins with a shadow
+    phase is a problem, nothing of it touched).
     """
     everything_suspended = ALL_DEPLOYMENTS in history.suspended
     changes: list[ModelChange] = []
@@ -94,7 +97,7 @@ def plan(
         changes.extend(ordered)
         problems.extend(dependency_problems)
     routes = routes or {}
-    changes, waiting = unroutable(desired, changes, routes)
+    changes, waiting = unroutable(desired, changes, routes, comparing)
     problems.extend(waiting)
     rollouts, changes = staged_rollouts(desired, changes, history, routes)
     moving = {r.traffic.router for r in rollouts if r.traffic is not None}

@@ -83,12 +83,24 @@ def steady_routes(
     return tuple(updates)
 
 
+NO_COMPARATOR = (
+    "rollout.traffic.shadow needs a comparator, and none listens here: start the reconciler "
+    "with --comparator-listen HOST:PORT (the address the Router's spec.comparator reaches); "
+    "nothing of {name} is touched, traffic left where it is"
+)
+
+
 def unroutable(
-    desired: DesiredState, changes: list[ModelChange], routes: Mapping[str, RouteState]
+    desired: DesiredState,
+    changes: list[ModelChange],
+    routes: Mapping[str, RouteState],
+    comparing: bool = True,
 ) -> tuple[list[ModelChange], list[PlanProblem]]:
     """``changes`` without those of traffic rollouts that cannot run this pass: their
-    router did not answer (nothing of theirs is touched, traffic stays where it is), or
-    another deployment's rollout moves the same router's traffic (it waits its turn)."""
+    router did not answer (nothing of theirs is touched, traffic stays where it is), a
+    shadow phase comes first and no comparator listens (``comparing``: the reconciler was
+    given --comparator-listen), or another deployment's rollout moves the same router's
+    traffic (it waits its turn)."""
     kept: list[ModelChange] = []
     problems: list[PlanProblem] = []
     moving: dict[str, str] = {}  # router -> the deployment whose rollout moves it
@@ -97,6 +109,12 @@ def unroutable(
         traffic = deployment.rollout.traffic if deployment is not None else None
         if deployment is None or traffic is None:
             kept.append(change)
+            continue
+        if traffic.shadow is not None and not comparing:
+            # Refused before any load: the candidate would load on the new pool and the
+            # rollout fail only at its first phase.
+            message = NO_COMPARATOR.format(name=deployment.name)
+            problems.append(PlanProblem(change.server, change.model, message))
             continue
         state = routes.get(traffic.router)
         if state is None or not state.reachable:
