@@ -26,10 +26,13 @@ parameters of ``testkit/models/echo/model.py``.
    share, 10%, to the comparator's port while nothing listens there: Envoy's own cost) and
    on (mirrored and compared at the default rate and maxShare, versions 1 and 2 on ``c``),
    S seconds each; the clients (a process of their own) p99 over each arm's rounds, in one
-   run. Goal: on within 5% of off.
+   run. Goal: on within 5% of off. With ``--pin`` (issue 41, point 8) the machine is split as
+   a cluster would be: the clients, Envoy and the serving pool's server on CPU 0, the canary
+   pool's server and the comparator (this process) on CPU 1, so that the figure says what the
+   design costs the clients rather than what sharing two cores with the comparator does.
 
     python -m bench.shadow [--catch 2000] [--rollouts 20] [--rounds 10] [--seconds 5]
-                           [--threads 2] [--output bench/results/shadow.json]
+                           [--threads 2] [--pin] [--output bench/results/shadow.json]
 
 Every process started here (two tritonservers, one Envoy) is stopped in ``finally``.
 """
@@ -40,6 +43,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import os
 import sys
 import tempfile
 import threading
@@ -52,6 +56,7 @@ from typing import Any
 import tritonclient.grpc as triton_grpc
 
 from bench.harness.passes import pass_settings, run_pass
+from bench.harness.procfs import pin
 from bench.harness.provenance import host, provenance
 from bench.harness.stats import percentile
 from reconciler.adapters.comparator import LiveComparator
@@ -216,7 +221,10 @@ def p99_run(
     canary: str,
     root: Path,
     share: int = 1_000,
+    pinned: dict[str, int] | None = None,
 ) -> dict[str, Any]:
+    """``pinned``: where the processes are kept, by role -> pid (``--pin``); the clients'
+    process joins the serving side's CPU as it starts."""
     _load(stable, {"scale": "1"}, [1])
     _load(canary, {"scale": "1"}, [1, 2])
     comparator = LiveComparator(listen)
@@ -230,6 +238,10 @@ def p99_run(
         args=(envoy.address, threads, warmup + len(ARMS) * rounds * seconds + 1, str(out)),
     )
     clients.start()
+    where = None
+    if pinned is not None and clients.pid is not None:
+        pinned["clients"] = clients.pid
+        where = _pin(pinned)
     windows: list[tuple[str, float, float]] = []
     compared = 0
     try:
@@ -262,6 +274,7 @@ def p99_run(
     p50 = {arm: percentile(values, 50) for arm, values in latencies.items()}
     return {
         "share": share,
+        "pinned": where,
         "requests": {arm: len(values) for arm, values in latencies.items()},
         "p50_ms": {arm: v * 1000 if v else None for arm, v in p50.items()},
         "p99_ms": {arm: v * 1000 if v else None for arm, v in p99.items()},
@@ -275,6 +288,27 @@ def p99_run(
         ],
         "compared_while_on": compared,
         "client_failures": sum(1 for _, _, failed in samples if failed),
+    }
+
+
+# --pin: the serving side (clients, Envoy, the stable pool's server) and the comparison side
+# (the canary pool's server, the comparator in this process) on a CPU each.
+SERVING_SIDE, COMPARING_SIDE = {0}, {1}
+SIDES = {"clients": SERVING_SIDE, "envoy": SERVING_SIDE, "stable": SERVING_SIDE}
+
+
+def _pin(pinned: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Each role pinned to its side: the CPUs the kernel then reports and the tasks (threads
+    and child processes' threads) moved."""
+    # This process (the comparator) alone: the servers, Envoy and the clients are its
+    # children, each pinned to its own side.
+    tasks = {
+        role: pin(pid, SIDES.get(role, COMPARING_SIDE), below=role != "comparator")
+        for role, pid in pinned.items()
+    }
+    return {
+        role: {"cpus": sorted(os.sched_getaffinity(pid)), "tasks": tasks[role]}
+        for role, pid in pinned.items()
     }
 
 
@@ -380,8 +414,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parts", default="catch,p99,rollouts", help="which parts to run, comma-separated"
     )
+    parser.add_argument(
+        "--pin",
+        action="store_true",
+        help="the p99 part with clients, Envoy and the stable server on CPU 0, the canary "
+        "server and the comparator on CPU 1",
+    )
     parser.add_argument("--output", type=Path, default=Path("bench/results/shadow.json"))
     args = parser.parse_args(argv)
+    if args.pin and not {0, 1} <= os.sched_getaffinity(0):
+        parser.error("--pin needs CPUs 0 and 1")
     root = Path(tempfile.mkdtemp(prefix="bench-shadow-"))
     models = write_model_repository(root / "models")
     servers = {n: LocalTriton(models, log_file=root / f"triton-{n}.log") for n in "ac"}
@@ -404,9 +446,24 @@ def main(argv: list[str] | None = None) -> int:
             else None
         )
         share = round(float(args.share.rstrip("%")) * 100)
+        pinned = None
+        if args.pin:
+            started = {"envoy": envoy.process, "stable": servers["a"].process}
+            started["canary"] = servers["c"].process
+            pinned = {role: p.pid for role, p in started.items() if p is not None}
+            pinned["comparator"] = os.getpid()
         p99 = (
             p99_run(
-                args.rounds, args.seconds, args.threads, envoy, listen, stable, canary, root, share
+                args.rounds,
+                args.seconds,
+                args.threads,
+                envoy,
+                listen,
+                stable,
+                canary,
+                root,
+                share,
+                pinned,
             )
             if "p99" in parts
             else None

@@ -48,3 +48,18 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     # fields[0] is field 3 (state): utime, stime, cutime, cstime are fields 14 to 17.
     utime, stime, cutime, cstime = (int(x) for x in fields[11:15])
     return (utime + stime) / CLK_TCK, (cutime + cstime) / CLK_TCK
+
+
+def pin(pid: int, cpus: set[int], below: bool = True) -> int:
+    """Keep ``pid``, every thread of it and (``below``) every process below it on ``cpus``
+    (what ``taskset -a -p`` does, and down the tree: Triton's backend stubs are its
+    children); threads and processes they start later inherit it. The tasks pinned."""
+    pinned = 0
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(int(task.name), cpus)
+                pinned += 1
+    for child in children(pid) if below else ():
+        pinned += pin(child, cpus)
+    return pinned
