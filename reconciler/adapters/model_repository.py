@@ -19,7 +19,7 @@ from reconciler.adapters.artifacts import tree_digest
 from reconciler.adapters.artifacts import version_digests as folder_digests
 from reconciler.adapters.object_repository import ObjectRepository, open_store
 from reconciler.core.triton_config import parse_pbtxt
-from reconciler.model.errors import ArtifactError
+from reconciler.model.errors import ArtifactError, RepositoryUnavailable
 from reconciler.model.repository import RepositoryModel, parse_repository
 
 _OPENED: dict[str, ObjectRepository] = {}
@@ -36,6 +36,17 @@ def opened(repository: str) -> ObjectRepository | None:
         if repository not in _OPENED:
             _OPENED[repository] = open_store(location)
         return _OPENED[repository]
+
+
+def store_trouble(repository: str) -> RepositoryUnavailable | None:
+    """Why ``repository``'s store cannot be read now (one listing of its root), or None: it
+    answers, or the repository is a local folder (the reconciler's view of a folder says
+    nothing of the server's), or the reconciler has no client for the store."""
+    try:
+        store = opened(repository)
+    except (RepositoryUnavailable, ValueError):
+        return None
+    return None if store is None else store.unreadable()
 
 
 def read_model(repository: str, model: str) -> RepositoryModel:

@@ -21,15 +21,19 @@ whose files are executable has another digest: ``triton-gitops digest`` reads th
 tools write) are not files.
 
 Errors: a store that does not answer or times out, a missing bucket, refused credentials
-raise ``RepositoryUnavailable`` naming the URL: the caller leaves the server unobserved, a
-reason to wait, as for a server that is down. Credentials come from the store's standard
-chain (environment, shared config files, IRSA or workload identity), never from a manifest.
+raise ``RepositoryUnavailable`` naming the URL and the cause in plain words (connection
+refused, no answer within the timeout, HTTP 403...): the caller leaves the server unobserved,
+a reason to wait, as for a server that is down. ``unreadable`` asks the store once when
+Triton fails a call, so that a message blames the store Triton reads from, not Triton
+(``triton.py``). Credentials come from the store's standard chain (environment, shared config
+files, IRSA or workload identity), never from a manifest.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -38,6 +42,7 @@ from typing import Any
 
 from reconciler.adapters.artifacts import digest_of, encoded, file_line, skipped
 from reconciler.core.triton_config import parse_pbtxt
+from reconciler.credentials import redact
 from reconciler.model.errors import RepositoryUnavailable
 from reconciler.model.repository import RepositoryLocation, RepositoryModel
 
@@ -49,6 +54,14 @@ STORE_TIMEOUT = 10.0
 LISTING_REUSE = 5.0
 _CHUNK = 1 << 20
 _EXTRA = {"s3": ("s3fs", "s3"), "gs": ("gcsfs", "gcs"), "as": ("adlfs", "azure")}
+# What a store without an endpoint of its own is called in a message.
+_SERVICE = {"s3": "AWS S3", "gs": "Google Cloud Storage", "as": "Azure Blob Storage"}
+# The words for an object or bucket not found, by what was asked.
+_BUCKET_MISSING = "the bucket or container does not exist"
+_OBJECT_GONE = (
+    "the object is gone since it was listed: the repository changed while it was read; the "
+    "next pass reads it again"
+)
 
 
 @dataclass
@@ -74,11 +87,27 @@ class ObjectRepository:
     location: RepositoryLocation
     fs: Any  # an fsspec AbstractFileSystem (untyped)
     reads: StoreReads = field(default_factory=StoreReads)
+    timeout: float = STORE_TIMEOUT  # what ``fs`` was opened with, for a message
     clock: Callable[[], float] = time.monotonic
     _listed: dict[str, tuple[float, dict[str, _Object]]] = field(default_factory=dict)
     _configs: dict[_Object, tuple[dict[str, Any] | None, str | None]] = field(default_factory=dict)
     _hashes: dict[_Object, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def unreadable(self) -> RepositoryUnavailable | None:
+        """Why the store cannot be read now, from one listing of the repository's root
+        (one request); None when it answers. Asked when Triton fails a call on a server
+        that reads this repository: Triton reads its models from the same store, and a
+        message that names only Triton sends the on-call engineer to the wrong component."""
+        try:
+            self._store(
+                "listing the repository",
+                lambda: self.fs.ls(self.location.root, detail=False),
+                missing="nothing under it: the bucket or the prefix does not exist",
+            )
+        except RepositoryUnavailable as exc:
+            return exc
+        return None
 
     def read_model(self, model: str) -> RepositoryModel:
         """The model's config.pbtxt (or why it does not parse) and version numbers; versions
@@ -183,7 +212,7 @@ class ObjectRepository:
                     with self._lock:
                         self.reads.bytes_read += len(chunk)
 
-        self._store(f"reading {found.path}", read, object_read=True)
+        self._store(f"reading {found.path}", read, missing=_OBJECT_GONE)
         with self._lock:
             self.reads.objects_read += 1
             self._forget_older(self._hashes, found)
@@ -192,7 +221,7 @@ class ObjectRepository:
 
     def _read(self, found: _Object) -> bytes:
         data: bytes = self._store(
-            f"reading {found.path}", lambda: self.fs.cat_file(found.path), object_read=True
+            f"reading {found.path}", lambda: self.fs.cat_file(found.path), missing=_OBJECT_GONE
         )
         with self._lock:
             self.reads.objects_read += 1
@@ -205,29 +234,92 @@ class ObjectRepository:
         for old in [o for o in cache if o.path == found.path]:
             del cache[old]
 
-    def _store(self, doing: str, call: Any, object_read: bool = False) -> Any:
+    def _store(self, doing: str, call: Any, missing: str = _BUCKET_MISSING) -> Any:
+        """``call()``, its failure raised as RepositoryUnavailable saying ``doing`` and the
+        cause in plain words; ``missing``: what a FileNotFoundError means for this call (an
+        object the listing just showed and that is gone now: the repository changed while it
+        was read, and the next pass lists again)."""
         try:
             return call()
         except FileNotFoundError as exc:
-            # An object the listing just showed and that is gone now: the repository changed
-            # while it was read (an upload or a clean-up under way); the next pass lists again.
-            gone = (
-                "the object is gone since it was listed: the repository changed while it was "
-                "read; the next pass reads it again"
-                if object_read
-                else "the bucket or container does not exist"
-            )
-            raise RepositoryUnavailable(self.location.text, f"{doing}: {gone} ({exc})") from exc
+            raise self._unavailable(f"{doing}: {missing} ({_status(exc)}{exc})") from exc
         except PermissionError as exc:
-            raise RepositoryUnavailable(
-                self.location.text, f"{doing}: the store refused the credentials ({exc})"
+            raise self._unavailable(
+                f"{doing}: the store refused the credentials ({_status(exc)}{exc})"
             ) from exc
         except Exception as exc:  # the store's client raises its own classes (botocore...)
             if isinstance(exc, (TypeError, AttributeError, NameError)):
                 raise  # a bug here, not the store
-            raise RepositoryUnavailable(
-                self.location.text, f"{doing}: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise self._unavailable(f"{doing}: {self._cause(exc)}") from exc
+
+    def _unavailable(self, reason: str) -> RepositoryUnavailable:
+        return RepositoryUnavailable(redact(self.location.text), redact(reason))
+
+    @property
+    def store_name(self) -> str:
+        """The store as a message names it: at its endpoint, else the service."""
+        if self.location.endpoint:
+            return f"the store at {self.location.endpoint}"
+        if self.location.account:
+            return f"{_SERVICE['as']} account {self.location.account}"
+        return _SERVICE.get(self.location.scheme, self.location.scheme)
+
+    def _cause(self, exc: BaseException) -> str:
+        """What went wrong on the way to the store, in the words an on-call engineer
+        searches for; the client's own text only where those words would lose something."""
+        chain = _chain(exc)
+        store = self.store_name
+        if any(isinstance(e, ConnectionRefusedError) for e in chain):
+            return f"connection refused by {store} (is it running at that address?)"
+        if any(isinstance(e, socket.gaierror) for e in chain):
+            return f"the host name does not resolve ({store})"
+        # botocore's ConnectTimeoutError and ReadTimeoutError are no TimeoutError.
+        if any(isinstance(e, TimeoutError) or "Timeout" in type(e).__name__ for e in chain):
+            return f"no answer from {store} within the {self.timeout:g}s timeout"
+        status = _status(exc)
+        if status.startswith("HTTP 403"):
+            return f"the store refused the credentials ({status}{exc})"
+        return f"{status}{type(exc).__name__}: {exc}"
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception it was raised from or during: botocore wraps aiohttp's
+    (also kept in its ``kwargs["error"]``), which wraps the socket's. The wrapped one is
+    followed explicitly because ``__context__`` does not survive every path: fsspec raises
+    the store's exception again in the calling thread, and raised inside an ``except``
+    block (a failed Triton call, ``triton.py``) its context becomes that block's exception."""
+    found: list[BaseException] = []
+    waiting: list[BaseException | None] = [exc]
+    while waiting:
+        current = waiting.pop(0)
+        if current is None or any(current is seen for seen in found):
+            continue
+        found.append(current)
+        kwargs = getattr(current, "kwargs", None)
+        wrapped = kwargs.get("error") if isinstance(kwargs, dict) else None
+        waiting += [
+            current.__cause__,
+            wrapped if isinstance(wrapped, BaseException) else None,
+            current.__context__,
+        ]
+    return found
+
+
+def _status(exc: BaseException) -> str:
+    """``HTTP <status> <code>: `` when some exception in the chain carries the store's
+    answer (botocore's ClientError, aiohttp's and Azure's response errors), else ""."""
+    for error in _chain(exc):
+        response = getattr(error, "response", None)
+        if isinstance(response, Mapping):
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = response.get("Error", {}).get("Code")
+            if status:
+                return f"HTTP {status}{f' {code}' if code else ''}: "
+        for name in ("status", "status_code", "code"):
+            value = getattr(error, name, None)
+            if isinstance(value, int) and 100 <= value < 600:
+                return f"HTTP {value}: "
+    return ""
 
 
 def _identity(info: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -277,4 +369,4 @@ def open_store(location: RepositoryLocation, timeout: float = STORE_TIMEOUT) -> 
         fs = module.AzureBlobFileSystem(
             account_name=location.account, use_listings_cache=False, skip_instance_cache=True
         )
-    return ObjectRepository(location, fs)
+    return ObjectRepository(location, fs, timeout=timeout)

@@ -5,7 +5,9 @@ index (the source of truth for which versions are loaded; ``get_model_config`` m
 versions reused in place), for loaded models the config they run with, and for one loaded
 version its interface (inputs and outputs, from the model metadata). Library errors are
 re-raised as ours: an unreachable server as ``ServerUnavailable``, a refused load with Triton's
-own message as ``LoadFailed``.
+own message as ``LoadFailed``. A failed call on a server whose model repository is in object
+storage asks that store once (``model_repository.store_trouble``): when it cannot be read
+either, the error names the store and its cause first, since Triton waits on it.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ import tritonclient.grpc as triton_grpc
 from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
-from reconciler.adapters.model_repository import read_model
+from reconciler.adapters.model_repository import read_model, store_trouble
 from reconciler.core.smoke import as_array
+from reconciler.credentials import redact
 from reconciler.model.errors import (
     LoadFailed,
     ProbeTimedOut,
@@ -163,6 +166,23 @@ class TritonServerClient:
         self.close()
 
     def _error(self, exc: InferenceServerException, doing: str) -> Exception:
+        # Triton reads its models from the repository's store on index reads and loads, and
+        # waits on it (about 25 s for a store that refuses connections, measured on 2.51),
+        # so a store that is down shows first as a Triton that does not answer: the store is
+        # asked once, and when it fails too the message names it first.
+        trouble = store_trouble(self.model_repository) if self.model_repository else None
+        if trouble is not None:
+            symptom = (
+                f"did not answer either ({doing})"
+                if _unreachable(exc)
+                else f"failed too ({doing}: {exc.message()})"
+            )
+            return ServerUnavailable(
+                self.name,
+                f"{trouble}; Triton at {self.address} {symptom}: it reads its models from that "
+                "store",
+                repository=trouble.url,
+            )
         if _unreachable(exc):
             return ServerUnavailable(self.name, f"{self.address} did not answer ({doing})")
         return StepFailed(f"server {self.name}: {doing}: {exc.message()}")
@@ -326,7 +346,13 @@ class TritonServerClient:
             return ServerState(self.name, error=str(exc))
         listed = frozenset(e.name for e in entries if e.name)
         token.append(listed)
-        state = ServerState(self.name, states, listed, token=tuple(token))
+        state = ServerState(
+            self.name,
+            states,
+            listed,
+            repository_url=redact(self.model_repository) if self.model_repository else None,
+            token=tuple(token),
+        )
         self._last = _LastObservation(raw, models, state, due)
         return state
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.loop.binding import check_bound
 from reconciler.loop.observation import instances
-from reconciler.model.errors import ReconcileError
+from reconciler.model.errors import ReconcileError, ServerUnavailable
 from reconciler.model.preflight import FAIL, OK, WARN, CheckLine
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
@@ -118,6 +118,22 @@ def _state(source: Source, settings: Settings, ports: Ports, lines: list[CheckLi
         state.close()
 
 
+_STORE_FIX = (
+    "check that the store in spec.modelRepository runs at that address and accepts the "
+    "credentials (Triton's and the reconciler's environment)"
+)
+
+
+def _server_failure(exc: ReconcileError, address: str, fix: str = "") -> tuple[str, str]:
+    """A server check's failure and its fix: the store's when the server's model repository
+    cannot be read either (Triton waits on it), else Triton's (``fix``) when it did not
+    answer."""
+    if isinstance(exc, ServerUnavailable):
+        # The line names the server already.
+        return exc.reason, _STORE_FIX if exc.repository else fix
+    return str(exc), fix
+
+
 def _servers(desired: DesiredState, ports: Ports, lines: list[CheckLine]) -> None:
     try:
         expanded, _ = instances(desired, ports.resolver)
@@ -133,7 +149,11 @@ def _servers(desired: DesiredState, ports: Ports, lines: list[CheckLine]) -> Non
             except ReconcileError as exc:
                 lines.append(
                     CheckLine(
-                        where, FAIL, str(exc), f"check that tritonserver runs at {server.grpc}"
+                        where,
+                        FAIL,
+                        *_server_failure(
+                            exc, server.grpc, f"check that tritonserver runs at {server.grpc}"
+                        ),
                     )
                 )
                 continue
@@ -141,7 +161,9 @@ def _servers(desired: DesiredState, ports: Ports, lines: list[CheckLine]) -> Non
             try:
                 explicit = client.explicit_model_control()
             except ReconcileError as exc:
-                lines.append(CheckLine(f"{where} model control", FAIL, str(exc)))
+                lines.append(
+                    CheckLine(f"{where} model control", FAIL, *_server_failure(exc, server.grpc))
+                )
                 continue
             lines.append(
                 CheckLine(f"{where} model control", OK, "EXPLICIT")
@@ -158,7 +180,17 @@ def _servers(desired: DesiredState, ports: Ports, lines: list[CheckLine]) -> Non
                 observed = client.observe(placed)
                 unread = [m for m in placed if observed.model(m).repository_versions is None]
                 lines.append(
+                    # Why the observation failed, as a pass says it: the store named, and what
+                    # failed there (a store that is down shows as Triton not answering first).
                     CheckLine(
+                        f"{where} repository",
+                        FAIL,
+                        observed.error,
+                        "the first part says what failed: the store in spec.modelRepository "
+                        f"(its address, the credentials) or tritonserver at {server.grpc}",
+                    )
+                    if observed.error
+                    else CheckLine(
                         f"{where} repository",
                         FAIL,
                         f"{server.model_repository}: cannot read {', '.join(unread)}",

@@ -82,11 +82,14 @@ class ServerUnavailable(ReconcileError):
 
     failure = FailureKind.SERVER_LOST
 
-    def __init__(self, server: str, message: str) -> None:
+    def __init__(self, server: str, message: str, repository: str | None = None) -> None:
         self.server = server
         # Without the server's name: what a record that names the server already shows
         # (ServerState.error, a plan problem), so the name is said once.
         self.reason = message
+        # The model repository in object storage that could not be read either (its URL,
+        # credentials hidden): the likely cause, which a fix names instead of Triton.
+        self.repository = repository
         super().__init__(f"server {server}: {message}")
 
 

@@ -59,6 +59,9 @@ class ServerState:
     models: Mapping[str, ModelState] = field(default_factory=dict)
     in_repository: frozenset[str] = frozenset()  # model names Triton's repository index lists
     error: str | None = None  # why the server could not be observed (without its name)
+    # The model repository the models' repository_* fields were read from, for messages
+    # (credentials hidden); None when the server declares none.
+    repository_url: str | None = None
     memory_free: float | None = None  # bytes, from the server's metrics when it has them
     # Which figure ``memory_free`` is: "on GPU-..., the fullest of N GPU(s)", "host" (a CPU
     # server: the whole host's), or "GPU" (a sum without per-device figures).

@@ -146,8 +146,25 @@ def test_a_store_that_fails_is_unavailable_naming_the_url_and_what_was_done() ->
         ObjectRepository(location, Down()).read_model("echo")
 
     message = str(raised.value)
-    assert message.startswith("model repository s3://http://127.0.0.1:9/models-bucket/models")
-    assert "listing echo" in message and "Connection refused" in message, message
+    assert message == (
+        "model repository s3://http://127.0.0.1:9/models-bucket/models: listing echo: "
+        "connection refused by the store at http://127.0.0.1:9 (is it running at that address?)"
+    ), message
+
+
+def test_the_store_is_asked_once_for_why_it_cannot_be_read() -> None:
+    """``unreadable``: one listing of the repository's root, for a message beside a failed
+    Triton call; None while the store answers."""
+    store, fs, _ = repository({"echo/1/model.py": b"one"})
+    empty = ObjectRepository(parse_repository("s3://no-such-bucket/models"), fs)
+
+    assert store.unreadable() is None
+    trouble = empty.unreadable()
+
+    assert trouble is not None and str(trouble).startswith(
+        "model repository s3://no-such-bucket/models: listing the repository: nothing under "
+        "it: the bucket or the prefix does not exist"
+    ), str(trouble)
 
 
 def test_an_object_gone_between_its_listing_and_its_read_is_a_reason_to_wait() -> None:
@@ -220,9 +237,9 @@ def test_a_store_that_accepts_and_never_answers_times_out_as_unavailable(
                 silent.accept()[0].close()
                 attempts += 1
 
-    assert "listing echo" in str(raised.value) and "timeout" in str(raised.value).lower(), str(
-        raised.value
-    )
+    assert str(raised.value).endswith(
+        f"listing echo: no answer from the store at http://127.0.0.1:{port} within the 0.5s timeout"
+    ), str(raised.value)
     # 3 measured (botocore's two attempts and one more request of s3fs's find); 15 with
     # s3fs's retries on.
     assert attempts <= 3, f"{attempts} connections for one listing of a store that never answers"

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from reconciler.adapters.model_repository import store_trouble
 from reconciler.adapters.object_repository import open_store
 from reconciler.model.errors import RepositoryUnavailable
 from reconciler.model.repository import parse_repository
@@ -235,6 +236,33 @@ def test_credentials_the_store_refuses_are_named_as_refused(
         error = _read_by_the_reconciler(strict, url, monkeypatch)
 
         refused = [r for r in strict.requests() if r.status == 403]
-    assert "listing echo: the store refused the credentials" in str(error), str(error)
-    assert "InvalidAccessKeyId" in str(error) or "does not exist in our records" in str(error)
+    assert "listing echo: the store refused the credentials (HTTP 403 InvalidAccessKeyId: " in (
+        str(error)
+    ), str(error)
     assert refused, "the store answered no request with 403"
+
+
+def test_a_stopped_store_is_named_as_refusing_connections_even_asked_after_a_failed_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the Triton adapter asks when Triton fails a call on a server over this bucket
+    (``store_trouble``, from inside the ``except`` block that caught Triton's error): the
+    store's own cause, in plain words, naming its address. fsspec raises the store's error
+    again in this thread, where its context becomes the failure being handled; the cause
+    must be found all the same."""
+    with LocalObjectStore(log_file=tmp_path / "moto.log") as stopped:
+        for name, value in stopped.environment().items():
+            monkeypatch.setenv(name, value)
+        stopped.create_bucket("models-bucket")
+        stopped.put("models-bucket", "models/echo/1/model.py", "# version 1\n")
+        url = stopped.triton_url("models-bucket", "models")
+        assert store_trouble(url) is None  # answering: nothing to say
+    try:
+        raise RuntimeError("Triton did not answer")
+    except RuntimeError:
+        trouble = store_trouble(url)
+
+    assert str(trouble) == (
+        f"model repository {url}: listing the repository: connection refused by the store at "
+        f"{stopped.endpoint} (is it running at that address?)"
+    ), str(trouble)

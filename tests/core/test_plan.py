@@ -277,6 +277,21 @@ def test_missing_version_in_repository_stops_only_that_model() -> None:
     assert [c.model for c in p.changes] == ["other"]
 
 
+def test_a_missing_version_names_the_repository_the_server_reads() -> None:
+    """The bucket (or folder) named, so that the engineer looks where the server reads: an
+    upload to another prefix or another environment's bucket shows at once."""
+    fake = FakeTriton("s1", {"m": [1, 2]})
+    url = "s3://http://127.0.0.1:9000/models-bucket/models"
+    observed = replace(observe(fake), repository_url=url)
+
+    p = plan(desired_state(deploy("m", [9])), {"s1": observed}, History(), "rev-1")
+
+    (problem,) = p.problems
+    assert problem.message == f"version(s) 9 not in the model repository {url} (it holds 1, 2)", (
+        problem.message
+    )
+
+
 def test_a_config_pbtxt_that_does_not_parse_stops_new_versions_of_that_model_only() -> None:
     fake = server(models=("m", "n", "other"))
     fake.serve("n", [1])

@@ -264,8 +264,8 @@ def test_a_version_missing_from_the_model_repository_is_a_clear_error(
     assert run.code == 1, (run.out, run.err)
     assert (
         "good.yaml:1: ModelDeployment 'good': version(s) 8 not in the model repository "
-        "(it holds 1, 2, 3, 4, 5, 6)"
-    ) in run.err
+        f"{repository.resolve()} (it holds 1, 2, 3, 4, 5, 6)"
+    ) in run.err, run.err
 
 
 def test_a_config_pbtxt_changing_an_output_datatype_fails_as_apply_refuses_it(

@@ -31,7 +31,7 @@ from testkit.manifests import (
     write_scorer_repository,
 )
 from testkit.object_store import LocalObjectStore
-from tests.integration.flows import ready_versions
+from tests.integration.flows import ready_versions, served_factor
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,10 @@ def test_a_version_the_bucket_lacks_is_a_plan_problem_naming_server_and_model(
     planned = fleet.reconciler.plan()
 
     assert planned.code == 1, planned.out + planned.err
-    assert "server edge-a, model echo: version(s) 8 not in the model repository" in planned.out
+    assert (
+        f"server edge-a, model echo: version(s) 8 not in the model repository {fleet.url} "
+        "(it holds 1, 2, 3"
+    ) in planned.out, planned.out
     assert ready_versions(fleet.triton, "echo") == set()
 
 
@@ -198,6 +201,61 @@ def test_a_store_that_does_not_answer_leaves_the_server_serving_and_holds_nothin
     assert waited.json()["held"] == [], explain(waited.json(), waited.err)
     status = cli("status", *fleet.reconciler.options, "--output", "json").json()
     assert status["unreachable"]["edge-a"].startswith(f"model repository {down}: "), status
+
+
+def test_a_stopped_store_is_named_by_apply_and_check_not_blamed_on_triton(
+    manifests: ManifestRepo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store Triton reads from stops (issue 41, point 4). Triton waits on it at every
+    index read (about 25 s for refused connections, 2.51), so its calls time out first:
+    apply used to say only `server edge-a: 127.0.0.1:PORT did not answer (reading the
+    repository index)`. Both apply and check name the store's URL and what failed there,
+    then Triton's symptom; the server keeps serving what it served, nothing is held."""
+    with LocalObjectStore(log_file=tmp_path / "moto.log") as own:
+        for name, value in own.environment().items():
+            monkeypatch.setenv(name, value)
+        bucket = f"models-{uuid.uuid4().hex[:12]}"
+        own.create_bucket(bucket)
+        own.upload_folder(write_model_repository(tmp_path / "models"), bucket, "models")
+        url = own.triton_url(bucket, "models")
+        triton = LocalTriton(url, log_file=tmp_path / "triton.log", extra_env=own.environment())
+        with triton:
+            manifests.write(
+                "servers.yaml",
+                server_doc("edge-a", triton.grpc_address, url, metrics=triton.metrics_url),
+            )
+            manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
+            manifests.commit("echo 1")
+            reconciler = Reconciler(manifests.url, tmp_path / "r")
+            assert reconciler.apply().code == 0
+            manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
+            manifests.commit("echo 2")
+            own.stop()
+
+            # check first: Triton answers its metadata, then waits on the store at the
+            # index read (and stays busy with it after the call timed out, so apply's index
+            # read times out too).
+            checked = cli("check", *reconciler.options, "--call-timeout", "3")
+            waited = reconciler.apply("--call-timeout", "3", "--output", "json")
+
+            store_down = (
+                f"model repository {url}: listing the repository: connection refused by the "
+                f"store at {own.endpoint} (is it running at that address?); Triton at "
+                f"{triton.grpc_address} did not answer either ("
+            )
+            assert checked.code == 1, checked.out + checked.err
+            failed = [line for line in checked.out.splitlines() if line.startswith("FAIL")]
+            index_read = "reading the repository index): it reads its models from that store"
+            assert failed == [f"FAIL server edge-a repository: {store_down}{index_read}"], (
+                checked.out
+            )
+            assert "the store in spec.modelRepository" in checked.out, checked.out
+            report = waited.json()
+            assert waited.code != 0, waited.out
+            assert report["held"] == [], explain(report, waited.err)
+            problems = [p["message"] for p in report["problems"] if p["server"] == "edge-a"]
+            assert any(m.startswith(store_down) for m in problems), problems
+            assert served_factor(triton, "echo") == 1.0  # version 1 still answers
 
 
 def test_the_gate_reads_the_bucket_directly_and_fails_a_version_that_fails_every_request(

@@ -113,11 +113,15 @@ def _refusal(
     if model.repository_versions is not None:
         missing = desired - model.repository_versions
         if missing:
+            # Named, so that the engineer looks in the bucket or folder the server reads
+            # (an upload that went to another prefix, another environment's bucket).
+            where = f" {observed.repository_url}" if observed.repository_url else ""
             return PlanProblem(
                 server,
                 deployment.model,
-                f"version(s) {', '.join(map(str, sorted(missing)))} not in the model repository "
-                f"(it holds {', '.join(map(str, sorted(model.repository_versions))) or 'none'})",
+                f"version(s) {', '.join(map(str, sorted(missing)))} not in the model repository"
+                f"{where} (it holds "
+                f"{', '.join(map(str, sorted(model.repository_versions))) or 'none'})",
             )
     elif observed.in_repository and deployment.model not in observed.in_repository:
         return PlanProblem(server, deployment.model, "model not in the server's model repository")
