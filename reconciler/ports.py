@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from reconciler.core.exchange import MAX_RESPONSES, Reply
 from reconciler.model.analysis import Evaluation, Figures, PoolFigures
 from reconciler.model.gate import LoadFigures
 from reconciler.model.history import (
@@ -61,6 +62,21 @@ class ModelControl(Protocol):
     ) -> dict[str, npt.NDArray[np.generic]]:
         """The answer of ``version``; VerifyFailed when the server answers with an error or,
         with a ``timeout``, does not answer within it."""
+        ...
+
+    def stream(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        timeout: float | None = None,
+        max_responses: int = MAX_RESPONSES,
+    ) -> Reply:
+        """The responses of ``version`` (a model that streams) to one request over a gRPC
+        stream, until Triton's final flag; VerifyFailed when an error arrives inside the
+        stream, the stream ends without its final flag, or more than ``max_responses``
+        come; ProbeTimedOut when the final flag has not come by ``timeout``."""
         ...
 
     def interface(self, model: str, version: int) -> ModelInterface: ...

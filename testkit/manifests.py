@@ -110,6 +110,25 @@ def echo_repository(root: Path, *versions: int) -> Path:
     return root
 
 
+# The streaming test model (models/gen/model.py): a decoupled generator, one token a response.
+# Good 1 and 2; 3 errors in every stream; 4 fails midway; 5 sends its first token late; 9
+# does not load.
+GENERATOR = "gen"
+GENERATOR_VERSIONS = (1, 2, 3, 4, 5, 9)
+
+
+def write_generator_repository(root: Path) -> Path:
+    """A model repository of the streaming test model alone, compiled ahead."""
+    folder = root / GENERATOR
+    folder.mkdir(parents=True)
+    shutil.copy(MODELS / GENERATOR / "config.pbtxt", folder / "config.pbtxt")
+    for version in GENERATOR_VERSIONS:
+        (folder / str(version)).mkdir()
+        shutil.copy(MODELS / GENERATOR / "model.py", folder / str(version) / "model.py")
+    compileall.compile_dir(root, quiet=1)
+    return root
+
+
 def write_scorer_repository(root: Path, names: tuple[str, ...] = (SCORER,)) -> Path:
     """A model repository of the gate's test model, under each of ``names`` (one model per
     scenario, so one gate run can judge several), compiled ahead."""

@@ -15,12 +15,12 @@ block every rollout). A smoke case is judged by its expectations.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
+from reconciler.core.exchange import Reply, answer_of
 from reconciler.core.smoke import mismatches
 from reconciler.model.serving import ModelInterface
 from reconciler.model.spec import ShadowSpec, SmokeCase, Tensor
@@ -86,8 +86,12 @@ def declared(
     return ()
 
 
-def wrong(request: ProbeRequest, answer: Mapping[str, npt.NDArray[np.generic]]) -> str | None:
-    """Why an answered probe failed: an output missing, or outside the expectation."""
+def wrong(request: ProbeRequest, reply: Reply) -> str | None:
+    """Why an answered probe failed: no response, an output missing, or outside the
+    expectation (a stream judged reassembled: ``core.exchange.answer_of``)."""
+    if not reply.responses:
+        return f"{request.name}: the stream ended with no response"
+    answer = answer_of(reply)
     missing = [name for name in request.outputs if name not in answer]
     if missing:
         return f"{request.name}: output {', '.join(missing)} missing in the response"

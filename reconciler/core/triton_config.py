@@ -153,3 +153,12 @@ def with_heal_marker(config: Mapping[str, Any], generation: int) -> dict[str, An
     parameters = dict(config.get("parameters") or {})
     parameters[HEAL_MARKER] = {"string_value": str(generation)}
     return {**config, "parameters": parameters}
+
+
+def streams(config: Mapping[str, Any] | None) -> bool:
+    """Whether a model with ``config`` answers by streams (``model_transaction_policy {
+    decoupled: true }``): it takes gRPC ModelStreamInfer only, a unary call is refused
+    (UNIMPLEMENTED). The config is the live one where the model is loaded: the vLLM backend
+    sets the policy in its auto-complete, TensorRT-LLM's LLM API model outside config.pbtxt."""
+    policy = (config or {}).get("model_transaction_policy")
+    return isinstance(policy, Mapping) and policy.get("decoupled") in (True, "true")

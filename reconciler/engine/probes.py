@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from statistics import median_low
 
 from reconciler.core.probes import ProbeRequest, declared, synthesized, wrong
+from reconciler.engine.exchange import ask
 from reconciler.model.analysis import ProbeFigures, ProbeSpec
 from reconciler.model.errors import ProbeTimedOut, VerifyFailed
 from reconciler.model.plan import Step
@@ -43,6 +44,13 @@ class _Outcome:
     # (``Prober.warm``), or one that missed its deadline and was sent again.
     wake_seconds: float = 0.0
     timed_out: bool = False  # no answer within the probe's deadline
+    # How long the exchange kept the server busy, where it differs from ``seconds`` (a
+    # stream: ``seconds`` is its time to the first response).
+    busy: float | None = None
+
+    @property
+    def server_seconds(self) -> float:
+        return (self.seconds if self.busy is None else self.busy) + self.wake_seconds
 
 
 class Prober:
@@ -150,13 +158,20 @@ class Prober:
         again = self._send_once(request, version)
         if again.error is not None:
             return replace(again, error=f"{again.error} (twice in a row)")
-        return replace(again, wake_seconds=first.seconds)
+        return replace(again, wake_seconds=first.server_seconds)
 
     def _send_once(self, request: ProbeRequest, version: int) -> _Outcome:
         started = self.clock()
         try:
-            answer = self.control.infer(
-                self.step.model, version, request.inputs, request.outputs, self.spec.timeout
+            reply = ask(
+                self.control,
+                self.step.model,
+                version,
+                request.inputs,
+                request.outputs,
+                streaming=self.step.streaming,
+                timeout=self.spec.timeout,
+                clock=self.clock,
             )
         except VerifyFailed as exc:
             return _Outcome(
@@ -164,9 +179,16 @@ class Prober:
                 self.clock() - started,
                 timed_out=isinstance(exc, ProbeTimedOut),
             )
-        took = self.clock() - started
-        why = wrong(request, answer)
-        return _Outcome(f"{why} (version {version})" if why else None, took)
+        busy = self.clock() - started
+        why = wrong(request, reply)
+        # A stream's latency is its time to the first response; the whole of it keeps the
+        # server busy, and paces the probes.
+        latency = reply.first_seconds if reply.streamed else None
+        return _Outcome(
+            f"{why} (version {version})" if why else None,
+            busy if latency is None else latency,
+            busy=busy,
+        )
 
     def _warm_send(self, request: ProbeRequest, version: int) -> _Outcome:
         """A wake-up probe, then the probe that counts, back to back to the same version. A
@@ -180,7 +202,7 @@ class Prober:
         if wake.error is not None:
             return wake
         measured = self._send(request, version)
-        return replace(measured, wake_seconds=measured.wake_seconds + wake.seconds)
+        return replace(measured, wake_seconds=measured.wake_seconds + wake.server_seconds)
 
     def _count(self, outcome: _Outcome, old: bool) -> None:
         f = self.figures
@@ -241,7 +263,7 @@ class Prober:
         for (_, _, old), outcome in zip(jobs, outcomes, strict=True):
             self._count(outcome, old)
         # The server's time for the round: a wake-up probe's too.
-        self._recent.append(max(o.seconds + o.wake_seconds for o in outcomes))
+        self._recent.append(max(o.server_seconds for o in outcomes))
         took = median_low(self._recent)
         self._next_at = max(
             started + 1.0 / self.spec.rate, self.clock() + took / self.spec.max_share - took

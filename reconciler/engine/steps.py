@@ -19,11 +19,13 @@ from reconciler.core.comparison import (
     judged,
     unjudgeable,
 )
+from reconciler.core.exchange import answer_of
 from reconciler.core.probes import synthesized, wrong
 from reconciler.core.readings import footprint, free_memory, room_in_all
 from reconciler.core.smoke import mismatches
 from reconciler.engine.analyze import analyze_step
 from reconciler.engine.context import NOTHING, ChangeContext, StepDone, Timing, obey_abort
+from reconciler.engine.exchange import ask
 from reconciler.faults import fault_point
 from reconciler.model.errors import (
     DrainTimeout,
@@ -80,10 +82,14 @@ def _verify(control: ModelControl, step: Step, timing: Timing, context: ChangeCo
 
     _wait_for(control, step, lambda s: wanted <= s.ready, not_coming, step.timeout, timing, True)
     for case in step.smoke:
-        outputs = tuple(e.name for e in case.expect)
+        # A streaming model's stream is judged reassembled (core/exchange.py): its outputs
+        # from every response, in order.
+        outputs = () if step.streaming else tuple(e.name for e in case.expect)
         for version in step.smoke_versions:
-            answer = control.infer(step.model, version, case.inputs, outputs)
-            wrong = mismatches(case, answer)
+            reply = ask(
+                control, step.model, version, case.inputs, outputs, streaming=step.streaming
+            )
+            wrong = mismatches(case, answer_of(reply))
             if wrong:
                 raise VerifyFailed(f"smoke {case.name} on version {version}: {'; '.join(wrong)}")
     if step.shadow is not None and step.shadow_against is not None:
@@ -121,32 +127,33 @@ def _probe_synthesized(control: ModelControl, step: Step, old: int, context: Cha
     request = synthesized(interface)
     if request is None:
         return
+    asked = partial(
+        ask,
+        control,
+        step.model,
+        inputs=request.inputs,
+        outputs=request.outputs,
+        streaming=step.streaming,
+        timeout=VERIFY_PROBE_TIMEOUT,
+    )
     try:
-        answer = control.infer(
-            step.model, old, request.inputs, request.outputs, VERIFY_PROBE_TIMEOUT
-        )
+        if wrong(request, asked(old)) is not None:
+            return
     except VerifyFailed:
         return
-    if wrong(request, answer) is not None:
-        return
+    shape = "stream" if step.streaming else "request"
     for version in step.smoke_versions:
         why = None
         for _ in range(VERIFY_PROBE_TRIES):
             try:
-                why = wrong(
-                    request,
-                    control.infer(
-                        step.model, version, request.inputs, request.outputs,
-                        VERIFY_PROBE_TIMEOUT,
-                    ),
-                )  # fmt: skip
+                why = wrong(request, asked(version))
             except VerifyFailed as exc:
                 why = str(exc)
             if why is None:
                 break
         if why is not None:
             raise VerifyFailed(
-                f"a request synthesized from the model's inputs, which version {old} answers, "
+                f"a {shape} synthesized from the model's inputs, which version {old} answers, "
                 f"fails on version {version} {VERIFY_PROBE_TRIES} times in a row: {why}"
             )
 

@@ -5,13 +5,16 @@ served, and why not. Called by the CLI with the ports ``wiring.ports`` builds.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from reconciler.core.conditions import PlacementState, conditions
 from reconciler.core.placement import placement_state
 from reconciler.core.plan.planner import plan
 from reconciler.core.records import rfc3339
 from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.triton_config import merge, streams
 from reconciler.loop.binding import check_bound
 from reconciler.loop.observation import instances, observe_routers, observe_servers
 from reconciler.model.history import Held, History, Rollout
@@ -56,6 +59,14 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
         observed = serving.get(server)
         return tuple(sorted(observed.model(model).ready)) if observed else ()
 
+    def streaming(server: str, model: str, declared: Mapping[str, Any]) -> bool:
+        observed = serving.get(server)
+        state = observed.model(model) if observed else None
+        if state is not None and state.loaded_config is not None:
+            return streams(state.loaded_config)
+        base = state.repository_config if state is not None else None
+        return streams(merge(base or {}, declared))
+
     models: list[ModelStatus] = []
     planned = _Planned.of(plan_)
     for server, placements in sorted(desired.placements.items()):
@@ -76,6 +87,7 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
                     kind,
                     detail,
                     last.get(key),
+                    streaming(server, model, deployment.config),
                 )
             )
     for change in plan_.changes:

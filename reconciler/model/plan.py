@@ -65,6 +65,10 @@ class Step:
     # verify: the old version a request synthesized from the inputs is tried on first; the
     # new versions must answer it if it does
     probe_against: int | None = None
+    # verify, analyze: the model answers by streams (its config's model_transaction_policy
+    # decoupled): smoke cases, the synthesized request and the probes are sent as gRPC
+    # streams, never as unary calls (which Triton refuses for it).
+    streaming: bool = False
     until_unavailable: bool = False  # unload: wait until the model is fully gone
     # unload before a load for want of room: bytes the server's memory figure must show free
     # (the old versions' memory given back) before the step is done; None: the index alone.

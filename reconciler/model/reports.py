@@ -102,6 +102,9 @@ class ModelStatus:
     state: str  # in-sync | pending | held | suspended | removing | problem | unreachable
     detail: str = ""
     last_rollout: Rollout | None = None
+    # The model answers by streams (decoupled), as its live config says (the repository's
+    # and the manifest's before it is loaded).
+    streaming: bool = False
 
 
 @dataclass(frozen=True)

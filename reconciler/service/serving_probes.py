@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 
 from reconciler.core.answering import Answering, after_probe, after_reload
 from reconciler.core.probes import ProbeRequest, declared, synthesized, wrong
+from reconciler.core.triton_config import streams
+from reconciler.engine.exchange import ask
 from reconciler.model.errors import ServerUnavailable, StepFailed
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
@@ -35,7 +37,8 @@ class ServingProbes:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._records: dict[Key, Answering] = {}
-        self._requests: dict[Key, ProbeRequest | None] = {}
+        # Each version's probe, and whether its model answers by streams.
+        self._requests: dict[Key, tuple[ProbeRequest, bool] | None] = {}
         # A watch round that began before a pass may still run when the pass's end judges
         # its reloads (another thread): the records are read and written under this.
         self._lock = threading.Lock()
@@ -75,9 +78,10 @@ class ServingProbes:
                     _, model, version = key
                     if key not in self._requests:
                         self._requests[key] = _request(client, model, version, deployment)
-                    request = self._requests[key]
-                    if request is None:
+                    probe = self._requests[key]
+                    if probe is None:
                         continue  # nothing to ask it: not judged
+                    request, streaming = probe
                     if request.case is not None:
                         # A smoke case is a request the version must answer: judged from
                         # the first probe, not only once it has answered one.
@@ -85,14 +89,16 @@ class ServingProbes:
                             self._records.setdefault(key, Answering(answered=True))
                     sent = self.clock()
                     try:
-                        answer = client.infer(
+                        reply = ask(
+                            client,
                             model,
                             version,
                             request.inputs,
                             request.outputs,
-                            deployment.serving_probes.timeout,
+                            streaming=streaming,
+                            timeout=deployment.serving_probes.timeout,
                         )
-                        error = wrong(request, answer)
+                        error = wrong(request, reply)
                     except StepFailed as exc:
                         error = str(exc)
                     with self._lock:
@@ -148,14 +154,14 @@ class ServingProbes:
 
 def _request(
     client: ModelControl, model: str, version: int, deployment: ModelDeployment
-) -> ProbeRequest | None:
+) -> tuple[ProbeRequest, bool] | None:
     """The probe of a version: its deployment's first smoke case, else one synthesized from
-    its inputs; None when neither can be made."""
-    smoke = declared(deployment.smoke[:1], None, ())
-    if smoke:
-        return smoke[0]
+    its inputs, and whether the model answers by streams (its live config); None when no
+    probe can be made."""
     try:
-        interface = client.interface(model, version)
+        streaming = streams(client.model_state(model).loaded_config)
+        smoke = declared(deployment.smoke[:1], None, ())
+        made = smoke[0] if smoke else synthesized(client.interface(model, version))
     except StepFailed:
         return None
-    return synthesized(interface)
+    return None if made is None else (made, streaming)

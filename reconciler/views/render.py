@@ -400,7 +400,7 @@ def status_text(report: StatusReport) -> str:
             lines.append(f"server {server}" + (f": UNREACHABLE ({why})" if why else ""))
         line = (
             f"  {m.model:<20} desired {_list(m.desired):<10} serving {_list(m.serving):<10} "
-            f"{m.state}"
+            f"{m.state}" + (" (streaming)" if m.streaming else "")
         )
         lines.append(line + (f": {m.detail}" if m.detail else ""))
         if m.last_rollout is not None:
@@ -444,6 +444,7 @@ def status_json(report: StatusReport) -> str:
                     "serving": list(m.serving),
                     "state": m.state,
                     "detail": m.detail,
+                    "streaming": m.streaming,
                     "last_rollout": None
                     if m.last_rollout is None
                     else {

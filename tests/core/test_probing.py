@@ -18,6 +18,7 @@ import numpy.typing as npt
 import pytest
 
 from reconciler.core.analysis import early_abort, evaluate, wilson_upper
+from reconciler.core.exchange import Reply
 from reconciler.core.plan.planner import plan
 from reconciler.core.probes import declared, synthesized, wrong
 from reconciler.engine.apply import apply
@@ -96,6 +97,38 @@ class Clients(FakeTriton):
         return super().infer(model, version, inputs, outputs, timeout)
 
 
+class Streams(Clients):
+    """A model that streams (decoupled): a unary call is refused as Triton refuses it; a
+    stream answers with four responses, the first ``first`` seconds after the request and
+    each next ``gap`` later (the clock moves through the whole stream)."""
+
+    def __init__(self, clock: FakeClock, first: float, gap: float, **kwargs: Any) -> None:
+        super().__init__(clock, **kwargs)
+        self.first, self.gap = first, gap
+        self.unary: list[int] = []
+
+    def infer(self, model: str, version: int, *args: Any, **kwargs: Any) -> Any:
+        self.unary.append(version)
+        raise VerifyFailed(
+            f"server s1: inference on {model} version {version}: ModelInfer RPC doesn't "
+            "support models with decoupled transaction policy"
+        )
+
+    def stream(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        timeout: float | None = None,
+        max_responses: int = 4096,
+    ) -> Reply:
+        answer = super().infer(model, version, inputs, outputs, timeout)  # the clock moves
+        seconds = tuple(self.first + i * self.gap for i in range(4))
+        self.clock.now += seconds[-1]
+        return Reply((answer,) * 4, seconds, streamed=True)
+
+
 class Traffic:
     """Triton's counters for version 2, from clients sending ``rate`` requests a second from
     the moment it is READY, ``failing`` of them failed (as Triton counts them)."""
@@ -158,11 +191,29 @@ def test_declared_probes_are_the_smoke_cases_with_their_expectations() -> None:
     (request,) = declared((case,), None, ("OUTPUT0", "EXTRA"))
     assert (request.name, request.outputs, request.relative) == ("smoke ones", ("OUTPUT0",), False)
     right = {"OUTPUT0": np.array([[2.0, 2.0]], dtype=np.float32)}
-    assert wrong(request, right) is None
-    assert wrong(request, {"OUTPUT0": np.array([[3.0, 3.0]], dtype=np.float32)}) == (
+    assert wrong(request, Reply.unary(right)) is None
+    three = Reply.unary({"OUTPUT0": np.array([[3.0, 3.0]], dtype=np.float32)})
+    assert wrong(request, three) == (
         "smoke ones: output OUTPUT0[0] is 3.0, expected 2.0 (tolerance 0.0)"
     )
-    assert wrong(request, {}) == "smoke ones: output OUTPUT0 missing in the response"
+    assert wrong(request, Reply.unary({})) == "smoke ones: output OUTPUT0 missing in the response"
+
+
+def test_a_stream_is_judged_reassembled_and_by_its_first_response_time() -> None:
+    """A streaming model's reply: its responses' outputs joined in order (a generator's
+    tokens, one per response, become the sequence a smoke case expects)."""
+    case = SmokeCase("count", (Tensor("PROMPT", "INT32", (1,), (1,)),),
+                     (Expectation("TOKEN", (1, 2, 3)),))  # fmt: skip
+    (request,) = declared((case,), None, ())
+    tokens = tuple({"TOKEN": np.array([t], dtype=np.int32)} for t in (1, 2, 3))
+    stream = Reply(tokens, (0.010, 0.012, 0.015), streamed=True)
+    assert wrong(request, stream) is None
+    assert stream.first_seconds == 0.010 and stream.gaps == pytest.approx((0.002, 0.003))
+    cut = Reply(tokens[:2], (0.010, 0.012), streamed=True)
+    assert wrong(request, cut) == "smoke count: output TOKEN has 2 values, expected 3"
+    assert wrong(request, Reply((), (), streamed=True)) == (
+        "smoke count: the stream ended with no response"
+    )
 
 
 # -- the success rate: counters and probes side by side ------------------------------------------
@@ -315,6 +366,34 @@ def test_a_good_version_passes_with_the_probes_in_its_report() -> None:
     assert 60 <= new + old <= 5 * 20 + 3 and old >= 15
     assert str(probes[-1]).startswith("probes: 0 of ")
     assert "old version" in str(probes[-1])
+
+
+DECOUPLED = {"model_transaction_policy": {"decoupled": True}}
+
+
+def test_a_streaming_model_is_probed_by_streams_timed_to_the_first_response() -> None:
+    """Issue 42: a decoupled model refuses unary calls; its probes stream, each timed to its
+    first response (the stream's whole length measures the generation, not the version)."""
+    clock = FakeClock()
+    fake = Streams(clock, first=0.010, gap=0.002)
+    source = Traffic(fake, clock, rate=0.0, failing=0.0)
+    change = rollout(fake, clock, spec(), source, config=DECOUPLED)
+    assert change.outcome is Outcome.CONVERGED, change.error
+    assert fake.unary == [], f"unary calls to a streaming model: {fake.unary}"
+    analysis = change.analysis
+    assert analysis is not None and analysis.verdict is RolloutVerdict.PASSED, change.error
+    probes = analysis.evaluations[-1].probes
+    assert probes is not None and probes.sent > 0 and probes.failed == 0, probes
+    assert probes.latencies == pytest.approx([0.010] * len(probes.latencies)), probes.latencies
+
+
+def test_a_streaming_version_that_errors_fails_its_probes() -> None:
+    clock = FakeClock()
+    fake = Streams(clock, first=0.010, gap=0.010, errors=frozenset({2}))
+    source = Traffic(fake, clock, rate=0.0, failing=0.0)
+    change = rollout(fake, clock, spec(), source, config=DECOUPLED)
+    assert change.outcome is Outcome.REVERTED and fake.unary == [], (change.error, fake.unary)
+    assert "model failed" in (change.error or ""), change.error
 
 
 def test_a_model_that_rejects_zeros_is_not_blocked_by_synthesized_probes() -> None:

@@ -15,7 +15,7 @@ from reconciler.model.errors import VerifyFailed
 from reconciler.model.history import AlertEvent
 from reconciler.model.plan import Action, Plan, Step
 from reconciler.model.reports import PassReport
-from reconciler.model.serving import ModelInterface, TensorSignature
+from reconciler.model.serving import ModelInterface, ModelState, TensorSignature
 from reconciler.model.spec import ModelDeployment, SmokeCase, Tensor
 from reconciler.model.spec import ServingProbes as Spec
 from reconciler.service import serving_probes
@@ -118,6 +118,9 @@ class DeadStub:
     def interface(self, model: str, version: int) -> ModelInterface:
         return ModelInterface((TensorSignature("INPUT0", "FP32", (-1, 4)),),
                               (TensorSignature("OUTPUT0", "FP32", (-1, 4)),))  # fmt: skip
+
+    def model_state(self, model: str) -> ModelState:
+        return ModelState(model)  # unary: its live config says nothing of streams
 
     def infer(self, model: str, version: int, *args: object) -> dict[str, object]:
         DeadStub.calls.append(f"{model} {version}")

@@ -19,6 +19,7 @@ from reconciler.core.triton_config import (
     config_drift,
     is_complete,
     merge,
+    streams,
     with_versions,
     without_heal_marker,
 )
@@ -209,6 +210,11 @@ class _Delta:
     revert: tuple[Step, ...]
 
     @property
+    def streaming(self) -> bool:
+        """Whether the model answers by streams, as the config it will run with says."""
+        return streams(self.target)
+
+    @property
     def new(self) -> frozenset[int]:
         return self.desired - self.ready
 
@@ -378,6 +384,7 @@ def _load_and_verify(delta: _Delta) -> list[Step]:
             desired if drift else new,
             bool(ready),
             max(old_serving) if old_serving and new else None,
+            streaming=delta.streaming,
         )
     )
     return steps
@@ -421,6 +428,7 @@ def _analyze_step(delta: _Delta) -> Step:
         # synthesized from the model's inputs).
         smoke=deployment.smoke,
         shadow=deployment.shadow,
+        streaming=delta.streaming,
     )
 
 
@@ -462,6 +470,7 @@ def _verify_step(
     smoke_versions: frozenset[int],
     check_interface: bool,
     old_version: int | None = None,
+    streaming: bool = False,
 ) -> Step:
     notes = [f"{', '.join(map(str, sorted(desired)))} READY"]
     if deployment.smoke:
@@ -491,9 +500,11 @@ def _verify_step(
     )
     if probe is not None:
         notes.append(
-            f"a request synthesized from the inputs, if {probe} answers it, answered by "
-            f"{', '.join(map(str, sorted(smoke_versions)))}"
+            f"a {'stream' if streaming else 'request'} synthesized from the inputs, if {probe} "
+            f"answers it, answered by {', '.join(map(str, sorted(smoke_versions)))}"
         )
+    if streaming:
+        notes.append("a streaming model: asked by gRPC streams")
     return Step(
         server,
         deployment.model,
@@ -507,6 +518,7 @@ def _verify_step(
         shadow=shadow,
         shadow_against=old_version if shadow is not None else None,
         probe_against=probe,
+        streaming=streaming,
     )
 
 
@@ -563,7 +575,9 @@ def _swap_in_place(
             config=with_versions(target, model, desired),
         )
     )
-    steps.append(_verify_step(server, deployment, desired, desired, False))
+    steps.append(
+        _verify_step(server, deployment, desired, desired, False, streaming=streams(target))
+    )
     return ModelChange(
         server,
         model,

@@ -12,7 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.core.triton_config import heal_generation, with_heal_marker, with_versions
+from reconciler.core.triton_config import (
+    heal_generation,
+    streams,
+    with_heal_marker,
+    with_versions,
+)
 from reconciler.model.plan import Action, ModelChange, OnFailure, Step
 from reconciler.model.serving import ModelState
 from reconciler.model.spec import ModelDeployment
@@ -54,6 +59,7 @@ def heal_change(
         smoke_versions=versions if deployment.smoke else (),
         timeout=deployment.verify_timeout,
         on_failure=OnFailure.STOP,
+        streaming=streams(config),
     )
     return ModelChange(
         server,

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
+from reconciler.core.triton_config import streams
 from reconciler.model.plan import Action, ModelChange, PlanProblem, RolloutPlan, Step
 from reconciler.model.shadow import ShadowTarget
 from reconciler.model.spec import DesiredState, ModelDeployment
@@ -341,6 +342,7 @@ def _analysis(deployment: ModelDeployment, change: ModelChange) -> Step:
     assert deployment.analysis is not None  # validation: rollout.traffic needs an analysis
     new = tuple(v for v in change.desired if v not in change.serving) or change.desired
     old = tuple(v for v in change.serving if v not in change.desired)
+    loaded = next((s.config for s in change.steps if s.action is Action.LOAD), None)
     return Step(
         change.server,
         change.model,
@@ -349,4 +351,5 @@ def _analysis(deployment: ModelDeployment, change: ModelChange) -> Step:
         f"watch {', '.join(map(str, new))} under the router's traffic",
         analysis=deployment.analysis,
         baseline=old,
+        streaming=streams(loaded),
     )

@@ -1,0 +1,61 @@
+"""Test model for streaming (decoupled) rollouts: a generator that answers a prompt with a
+stream of tokens, one per response, then Triton's final flag.
+
+Token i of a prompt is (sum of the prompt + i) % 1000, the same for every good version, so a
+smoke case can expect the generated sequence. The config parameter ``tokens`` (string value)
+sets how many (default 5). The fixture copies this file into every version folder; some
+versions misbehave on purpose, each as a real generator can:
+  3  answers every request with an error inside the stream
+  4  streams two tokens, then an error (a generation that fails midway)
+  5  sends its first token 300 ms late, or as many milliseconds as the parameter
+     ``first_ms`` says (a slow prefill), then the rest at the usual pace
+  9  fails in initialize: Triton refuses to load it
+"""
+
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FAILING, FAILS_MIDWAY, SLOW_FIRST, BROKEN = 3, 4, 5, 9
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.version = int(args["model_version"])
+        if self.version == BROKEN:
+            raise RuntimeError(f"version {self.version} is broken on purpose")
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.tokens = int(parameters.get("tokens", {}).get("string_value") or 5)
+        first_ms = parameters.get("first_ms", {}).get("string_value")
+        self.first_delay = float(first_ms or 300) / 1000 if self.version == SLOW_FIRST else 0.0
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy()
+            start = int(prompt.sum())
+            if self.version == FAILING:
+                error = pb_utils.TritonError(f"version {self.version} fails every request")
+                sender.send(
+                    pb_utils.InferenceResponse(error=error),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                )
+                continue
+            for i in range(self.tokens):
+                if i == 0 and self.first_delay:
+                    time.sleep(self.first_delay)
+                if self.version == FAILS_MIDWAY and i == 2:
+                    error = pb_utils.TritonError(f"version {self.version} failed at token {i}")
+                    sender.send(
+                        pb_utils.InferenceResponse(error=error),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+                    )
+                    break
+                token = np.array([(start + i) % 1000], dtype=np.int32)
+                output = pb_utils.Tensor("TOKEN", token)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[output]))
+            else:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None

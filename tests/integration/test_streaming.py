@@ -1,0 +1,148 @@
+"""Streaming (decoupled) models rolled out on a real tritonserver (issue 42, points 1 and 2).
+
+The test model ``gen`` (testkit/models/gen/model.py) streams one token a response and ends
+with Triton's final flag; version 3 answers every request with an error inside the stream,
+version 4 fails after two tokens. Triton refuses a unary call to it (UNIMPLEMENTED), so
+before the reconciler asked by streams, ``apply`` printed ``verify 2 ok`` having checked
+nothing, and with an analysis and no client traffic a good and a failing version both ended
+inconclusive. Each check here is the reconciler's own: no client streams.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tritonclient.grpc as triton_grpc
+
+from testkit.cli_run import Reconciler, cli
+from testkit.local_triton import LocalTriton
+from testkit.manifests import GENERATOR, ManifestRepo, server_doc, write_generator_repository
+from tests.integration.flows import ready_versions
+
+pytestmark = pytest.mark.triton
+
+
+@pytest.fixture(scope="module")
+def generator_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
+    root = tmp_path_factory.mktemp("streaming")
+    models = write_generator_repository(root / "models")
+    server = LocalTriton(models, log_file=root / "triton.log").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def reconciler(
+    generator_server: LocalTriton, manifests: ManifestRepo, tmp_path: Path
+) -> Reconciler:
+    with triton_grpc.InferenceServerClient(generator_server.grpc_address) as client:
+        client.unload_model(GENERATOR)
+    manifests.write(
+        "servers/a.yaml",
+        server_doc(
+            "a",
+            generator_server.grpc_address,
+            generator_server.model_repository,
+            metrics=generator_server.metrics_url,
+        ),
+    )
+    return Reconciler(manifests.url, tmp_path / "reconciler")
+
+
+def _gen(version: int, extra: str = "") -> str:
+    return (
+        "apiVersion: triton-gitops.dev/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        "metadata: {name: gen}\n"
+        "spec:\n"
+        "  servers: {names: [a]}\n"
+        f"  versions: [{version}]\n" + extra
+    )
+
+
+ANALYSIS = (
+    "  verify:\n"
+    "    analysis:\n"
+    "      interval: 1s\n"
+    "      duration: 3s\n"
+    "      minEvidence: 5\n"
+    "      checks:\n"
+    "        - name: success-rate\n"
+    "          successRate: {min: 0.99}\n"
+)
+
+SMOKE = (
+    "  verify:\n"
+    "    smoke:\n"
+    "      - name: counts-up\n"
+    "        inputs:\n"
+    "          PROMPT: {datatype: INT32, shape: [3], data: [1, 2, 3]}\n"
+    "        expect:\n"
+    "          TOKEN: {data: [6, 7, 8, 9, 10]}\n"
+)
+
+
+def _roll(manifests: ManifestRepo, reconciler: Reconciler, doc: str) -> tuple[int, str, dict]:
+    manifests.write("gen.yaml", doc)
+    manifests.commit("gen")
+    result = reconciler.apply("--output", "json")
+    return result.code, result.explain(), json.loads(result.out)
+
+
+def test_a_streaming_model_is_verified_by_a_synthesized_stream(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    code, why, _ = _roll(manifests, reconciler, _gen(1))
+    assert code == 0, why
+    manifests.write("gen.yaml", _gen(2))
+    manifests.commit("gen 2")
+    planned = reconciler.plan()
+    assert "a stream synthesized from the inputs, if 1 answers it" in planned.out, planned.out
+    assert "a streaming model: asked by gRPC streams" in planned.out, planned.out
+    code, why, _ = _roll(manifests, reconciler, _gen(2))
+    assert code == 0, why
+    assert ready_versions(generator_server, GENERATOR) == {2}
+    status = cli("status", *reconciler.options)
+    assert "in-sync (streaming)" in status.out, status.out
+    # A version that answers every stream with an error: caught at verify, 2 serves on.
+    code, why, _ = _roll(manifests, reconciler, _gen(3))
+    assert code == 1, why
+    assert "a stream synthesized from the model's inputs, which version 2 answers" in why, why
+    assert "an error in the stream after 0 response(s)" in why, why
+    assert ready_versions(generator_server, GENERATOR) == {2}
+
+
+def test_a_smoke_case_judges_the_stream_reassembled(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    code, why, _ = _roll(manifests, reconciler, _gen(1, SMOKE))
+    assert code == 0, why
+    # Version 4 streams two tokens, then an error: the smoke case fails, 1 serves on.
+    code, why, _ = _roll(manifests, reconciler, _gen(4, SMOKE))
+    assert code == 1, why
+    assert "smoke counts-up on version 4" in why or "an error in the stream after 2" in why, why
+    assert ready_versions(generator_server, GENERATOR) == {1}
+
+
+def test_an_analysis_without_client_streams_judges_by_streaming_probes(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    """Measured on main before: a good version 2 and a failing version 3 both ended
+    "probes: none sent", inconclusive, reverted. Now the probes stream."""
+    code, why, _ = _roll(manifests, reconciler, _gen(1))  # a first deployment: nothing to
+    assert code == 0, why  # judge a synthesized stream against
+    code, why, report = _roll(manifests, reconciler, _gen(2, ANALYSIS))
+    assert code == 0, why
+    (change,) = report["result"]["changes"]
+    probes = [e["probes"] for e in change["analysis"]["evaluations"] if e.get("probes")]
+    assert probes and probes[-1]["sent"] > 0 and probes[-1]["failed"] == 0, why
+    assert ready_versions(generator_server, GENERATOR) == {2}
+    code, why, _ = _roll(manifests, reconciler, _gen(3, ANALYSIS))
+    assert code == 1, why
+    assert "an error in the stream" in why, why
+    assert ready_versions(generator_server, GENERATOR) == {2}
