@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reconciler.core.exchange import Reply, answer_of
-from reconciler.core.smoke import mismatches
+from reconciler.core.exchange import MAX_RESPONSES, Reply, answer_of
+from reconciler.core.smoke import reply_mismatches
 from reconciler.model.serving import ModelInterface
 from reconciler.model.spec import ShadowSpec, SmokeCase, Tensor
 
@@ -37,6 +37,14 @@ class ProbeRequest:
     case: SmokeCase | None = None  # the expectations, for a smoke case
     # Judged against the old version: left out when the old version fails it too.
     relative: bool = False
+
+    def limits(self, timeout: float | None) -> tuple[float | None, int]:
+        """The deadline and the cap on responses of an exchange of this request: those of a
+        smoke case's ``stream``, else ``timeout`` and MAX_RESPONSES."""
+        stream = self.case.stream if self.case is not None else None
+        if stream is None:
+            return timeout, MAX_RESPONSES
+        return stream.deadline, stream.cap
 
 
 def _zero(datatype: str) -> object:
@@ -96,7 +104,7 @@ def wrong(request: ProbeRequest, reply: Reply) -> str | None:
     if missing:
         return f"{request.name}: output {', '.join(missing)} missing in the response"
     if request.case is not None:
-        problems = mismatches(request.case, answer)
+        problems = reply_mismatches(request.case, reply)
         if problems:
             return f"{request.name}: {'; '.join(problems)}"
     return None

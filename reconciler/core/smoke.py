@@ -10,7 +10,8 @@ from collections.abc import Mapping
 import numpy as np
 import numpy.typing as npt
 
-from reconciler.model.spec import SmokeCase, Tensor
+from reconciler.core.exchange import Reply, answer_of
+from reconciler.model.spec import Expectation, SmokeCase, Tensor
 
 _NUMPY_TYPES: dict[str, type] = {
     "BOOL": np.bool_,
@@ -38,8 +39,43 @@ def as_array(tensor: Tensor) -> npt.NDArray[np.generic]:
 
 def mismatches(case: SmokeCase, outputs: Mapping[str, npt.NDArray[np.generic]]) -> list[str]:
     """What in ``outputs`` differs from the case's expectations (empty when all agree)."""
+    return unmet(case.expect, outputs)
+
+
+def reply_mismatches(case: SmokeCase, reply: Reply) -> list[str]:
+    """What in ``reply`` differs from the case: its expectations on the answer (a stream
+    reassembled), and for a case that declares ``stream`` the number of responses and
+    each response's outputs, in order."""
+    problems = mismatches(case, answer_of(reply))
+    stream = case.stream
+    if stream is None:
+        return problems
+    count, low, high = len(reply.responses), stream.min_responses, stream.max_responses
+    if (low is not None and count < low) or (high is not None and count > high):
+        wanted = (
+            f"{low}"
+            if low == high
+            else f"at most {high}"
+            if low is None
+            else f"at least {low}"
+            if high is None
+            else f"{low} to {high}"
+        )
+        problems.append(f"{count} response(s) in the stream, expected {wanted}")
+    for index, expected in enumerate(stream.each):
+        if index >= count:
+            problems.append(f"response {index} missing (the stream sent {count})")
+            break
+        problems += [f"response {index}: {p}" for p in unmet(expected, reply.responses[index])]
+    return problems
+
+
+def unmet(
+    expectations: tuple[Expectation, ...], outputs: Mapping[str, npt.NDArray[np.generic]]
+) -> list[str]:
+    """What in ``outputs`` differs from ``expectations`` (empty when all agree)."""
     problems = []
-    for expected in case.expect:
+    for expected in expectations:
         actual = outputs.get(expected.name)
         if actual is None:
             problems.append(f"output {expected.name} missing")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from reconciler.core.exchange import Reply
+from reconciler.core.exchange import MAX_RESPONSES, Reply
 from reconciler.model.spec import Tensor
 from reconciler.ports import ModelControl
 
@@ -23,13 +23,14 @@ def ask(
     *,
     streaming: bool,
     timeout: float | None = None,
+    max_responses: int = MAX_RESPONSES,
     clock: Callable[[], float] | None = None,
 ) -> Reply:
     """What ``version`` answers to ``inputs``: raises as ``ModelControl.infer`` and
     ``stream`` do (VerifyFailed, ProbeTimedOut). A unary call is timed by ``clock`` when one
     is given; a stream's responses are timed as they arrive."""
     if streaming:
-        return control.stream(model, version, inputs, outputs, timeout)
+        return control.stream(model, version, inputs, outputs, timeout, max_responses)
     started = clock() if clock is not None else 0.0
     answer = control.infer(model, version, inputs, outputs, timeout)
     return Reply.unary(answer, clock() - started if clock is not None else 0.0)

@@ -162,6 +162,7 @@ class Prober:
 
     def _send_once(self, request: ProbeRequest, version: int) -> _Outcome:
         started = self.clock()
+        deadline, cap = request.limits(self.spec.timeout)
         try:
             reply = ask(
                 self.control,
@@ -170,7 +171,8 @@ class Prober:
                 request.inputs,
                 request.outputs,
                 streaming=self.step.streaming,
-                timeout=self.spec.timeout,
+                timeout=deadline,
+                max_responses=cap,
                 clock=self.clock,
             )
         except VerifyFailed as exc:

@@ -19,10 +19,9 @@ from reconciler.core.comparison import (
     judged,
     unjudgeable,
 )
-from reconciler.core.exchange import answer_of
-from reconciler.core.probes import synthesized, wrong
+from reconciler.core.probes import ProbeRequest, synthesized, wrong
 from reconciler.core.readings import footprint, free_memory, room_in_all
-from reconciler.core.smoke import mismatches
+from reconciler.core.smoke import reply_mismatches
 from reconciler.engine.analyze import analyze_step
 from reconciler.engine.context import NOTHING, ChangeContext, StepDone, Timing, obey_abort
 from reconciler.engine.exchange import ask
@@ -83,13 +82,21 @@ def _verify(control: ModelControl, step: Step, timing: Timing, context: ChangeCo
     _wait_for(control, step, lambda s: wanted <= s.ready, not_coming, step.timeout, timing, True)
     for case in step.smoke:
         # A streaming model's stream is judged reassembled (core/exchange.py): its outputs
-        # from every response, in order.
+        # from every response, in order; and by the case's ``stream``, response by response.
         outputs = () if step.streaming else tuple(e.name for e in case.expect)
+        deadline, cap = ProbeRequest(case.name, case.inputs, outputs, case).limits(None)
         for version in step.smoke_versions:
             reply = ask(
-                control, step.model, version, case.inputs, outputs, streaming=step.streaming
+                control,
+                step.model,
+                version,
+                case.inputs,
+                outputs,
+                streaming=step.streaming,
+                timeout=deadline,
+                max_responses=cap,
             )
-            wrong = mismatches(case, answer_of(reply))
+            wrong = reply_mismatches(case, reply)
             if wrong:
                 raise VerifyFailed(f"smoke {case.name} on version {version}: {'; '.join(wrong)}")
     if step.shadow is not None and step.shadow_against is not None:

@@ -30,10 +30,23 @@ class Expectation:
 
 
 @dataclass(frozen=True)
+class StreamExpectation:
+    """A smoke case's ``stream``: what a streaming model's stream must hold beside the
+    reassembled answer ``expect`` judges. Defaults are the schema's."""
+
+    min_responses: int | None = None  # None: no lower bound
+    max_responses: int | None = None  # None: no upper bound
+    each: tuple[tuple[Expectation, ...], ...] = ()  # per response, in order
+    deadline: float = 30.0  # the final flag by then
+    cap: int = 4096  # more responses than this: cut, failed
+
+
+@dataclass(frozen=True)
 class SmokeCase:
     name: str
     inputs: tuple[Tensor, ...]
     expect: tuple[Expectation, ...] = ()
+    stream: StreamExpectation | None = None
 
 
 @dataclass(frozen=True)

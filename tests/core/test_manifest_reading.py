@@ -180,6 +180,9 @@ def test_durations_take_one_syntax_everywhere(written: str, seconds: float) -> N
             sequence: {{drainTimeout: {written}, idle: {written}}}
             verify:
               timeout: {written}
+              smoke:
+                - inputs: {{X: {{datatype: FP32, shape: [1], data: [1]}}}}
+                  stream: {{deadline: {written}}}
               analysis:
                 interval: {written}
                 duration: {written}
@@ -202,12 +205,13 @@ def test_durations_take_one_syntax_everywhere(written: str, seconds: float) -> N
         echo.analysis.initial_delay,
         echo.analysis.probes.timeout,
         echo.analysis.early_abort.every,
+        echo.smoke[0].stream.deadline if echo.smoke[0].stream else None,
         echo.sequence.drain_timeout,
         echo.sequence.idle,
     )
     discovery = desired.servers["edge-a"].discovery
     assert discovery is not None
-    assert [*read, discovery.refresh] == [pytest.approx(seconds)] * 9
+    assert [*read, discovery.refresh] == [pytest.approx(seconds)] * 10
 
 
 @pytest.mark.parametrize("written", ["5", "2 minutes", "1s1m", "h", "1.s", "-1s"])
@@ -222,7 +226,7 @@ def test_what_is_not_a_duration_is_refused_in_words(written: str) -> None:
 def test_the_schemas_write_one_duration_pattern() -> None:
     text = "".join(p.read_text() for p in schema_dir().glob("*.json"))
     assert text.count('"pattern": "^(?!$)(?:([0-9]+') == 1
-    assert text.count("common.schema.json#/$defs/duration") == 14  # every duration field
+    assert text.count("common.schema.json#/$defs/duration") == 15  # every duration field
     assert "(ms|s|m" not in text
     assert schema_documents()["common.schema.json"]["$defs"]["duration"]["type"] == "string"
 

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.core.smoke import as_array, mismatches
-from reconciler.model.spec import Expectation, SmokeCase, Tensor
+from reconciler.core.exchange import Reply
+from reconciler.core.smoke import as_array, mismatches, reply_mismatches
+from reconciler.model.spec import Expectation, SmokeCase, StreamExpectation, Tensor
 
 NO_INPUTS: tuple[Tensor, ...] = ()
 
@@ -156,3 +157,26 @@ def test_a_nan_answer_is_the_element_named() -> None:
 def test_text_expected_from_a_numeric_output_is_a_mismatch_not_a_crash() -> None:
     problems = mismatches(case(Expectation("OUT", ("abc",))), {"OUT": fp32(1.0)})
     assert len(problems) == 1 and "OUT" in problems[0]
+
+
+def test_a_stream_is_judged_by_its_count_and_each_response_in_order() -> None:
+    """Issue 42: a smoke case's ``stream`` on a streaming model's reply."""
+    tokens = tuple({"TOKEN": np.array([t], dtype=np.int32)} for t in (6, 7, 8))
+    reply = Reply(tokens, (0.01, 0.02, 0.03), streamed=True)
+    first_two = ((Expectation("TOKEN", (6,)),), (Expectation("TOKEN", (7,)),))
+    case = SmokeCase(
+        "counts",
+        (),
+        (Expectation("TOKEN", (6, 7, 8)),),
+        StreamExpectation(3, 3, first_two),
+    )
+    assert reply_mismatches(case, reply) == []
+    fewer = StreamExpectation(4, 5, ((Expectation("TOKEN", (9,)),),))
+    assert reply_mismatches(SmokeCase("c", (), (), fewer), reply) == [
+        "3 response(s) in the stream, expected 4 to 5",
+        "response 0: output TOKEN[0] is 6, expected 9 (tolerance 0.0)",
+    ]
+    beyond = StreamExpectation(0, None, ((),) * 4)
+    assert reply_mismatches(SmokeCase("c", (), (), beyond), reply) == [
+        "response 3 missing (the stream sent 3)"
+    ]

@@ -24,6 +24,7 @@ from reconciler.model.spec import (
     ModelDeployment,
     SequencePolicy,
     ShadowSpec,
+    StreamExpectation,
 )
 
 # Every optional object is there, with each field that has a default left out.
@@ -46,6 +47,7 @@ MANIFESTS = textwrap.dedent(
         smoke:
           - inputs: {X: {datatype: FP32, shape: [1], data: [1]}}
             expect: {Y: {data: [1]}}
+            stream: {each: [{Y: {data: [1]}}]}
         analysis:
           checks: [{name: ok, successRate: {min: 0.9}}]
         shadow: {requests: r.jsonl, compare: {}}
@@ -199,6 +201,24 @@ MODEL_DEFAULTS = [
     ),
     (SequencePolicy, "drain_timeout", DEPLOYMENT, ("spec", "sequence", "drainTimeout")),
     (SequencePolicy, "idle", DEPLOYMENT, ("spec", "sequence", "idle")),
+    (
+        Expectation,
+        "tolerance",
+        DEPLOYMENT,
+        ("spec", "verify", "smoke", "*", "stream", "each", "*", "*", "tolerance"),
+    ),
+    (
+        StreamExpectation,
+        "deadline",
+        DEPLOYMENT,
+        ("spec", "verify", "smoke", "*", "stream", "deadline"),
+    ),
+    (
+        StreamExpectation,
+        "cap",
+        DEPLOYMENT,
+        ("spec", "verify", "smoke", "*", "stream", "maxResponses"),
+    ),
     (ModelDeployment, "verify_timeout", DEPLOYMENT, ("spec", "verify", "timeout")),
     (ModelDeployment, "suspend", DEPLOYMENT, ("spec", "suspend")),
     (ModelDeployment, "allow_interface_change", DEPLOYMENT, ("spec", "allowInterfaceChange")),

@@ -84,6 +84,10 @@ SMOKE = (
     "          PROMPT: {datatype: INT32, shape: [3], data: [1, 2, 3]}\n"
     "        expect:\n"
     "          TOKEN: {data: [6, 7, 8, 9, 10]}\n"
+    "        stream:\n"
+    "          responses: 5\n"
+    "          each: [{TOKEN: {data: [6]}}, {TOKEN: {data: [7]}}]\n"
+    "          deadline: 10s\n"
 )
 
 

@@ -34,6 +34,7 @@ from reconciler.model.spec import (
     ServingProbes,
     ShadowSpec,
     SmokeCase,
+    StreamExpectation,
     Tensor,
 )
 from reconciler.model.traffic import (
@@ -276,8 +277,41 @@ def _smoke_cases(
             _expectation(doc, (*path, "expect", name), name, expected, problems)
             for name, expected in case.get("expect", {}).items()
         ]
-        smoke.append(SmokeCase(case.get("name", f"smoke[{index}]"), tuple(inputs), tuple(expect)))
+        stream = (
+            _stream(doc, (*path, "stream"), case["stream"], problems) if "stream" in case else None
+        )
+        smoke.append(
+            SmokeCase(case.get("name", f"smoke[{index}]"), tuple(inputs), tuple(expect), stream)
+        )
     return tuple(smoke)
+
+
+def _stream(
+    doc: Document, path: JsonPath, stream: dict[str, Any], problems: list[Problem]
+) -> StreamExpectation:
+    """A smoke case's ``stream``; a range whose min exceeds its max is a problem."""
+    count = stream.get("responses", {})
+    low, high = (count, count) if isinstance(count, int) else (count.get("min"), count.get("max"))
+    if low is not None and high is not None and low > high:
+        problems.append(doc.problem((*path, "responses"), f"min {low} is above max {high}"))
+    each = tuple(
+        tuple(
+            _expectation(doc, (*path, "each", i, name), name, expected, problems, _EACH)
+            for name, expected in response.items()
+        )
+        for i, response in enumerate(stream.get("each", []))
+    )
+    where = (*_VERIFY, "smoke", ANY, "stream")
+    deadline = _seconds(_or_default(stream, _DEPLOYMENT, *where, "deadline"))
+    return StreamExpectation(
+        low, high, each, deadline, int(_or_default(stream, _DEPLOYMENT, *where, "maxResponses"))
+    )
+
+
+# Where the schema keeps an expectation's defaults: a smoke case's ``expect``, and each
+# response's of its ``stream``.
+_EXPECT = (*_VERIFY, "smoke", ANY, "expect", ANY)
+_EACH = (*_VERIFY, "smoke", ANY, "stream", "each", ANY, ANY)
 
 
 def _expectation(
@@ -286,6 +320,7 @@ def _expectation(
     name: str,
     expected: dict[str, Any],
     problems: list[Problem],
+    defaults: tuple[str, ...] = _EXPECT,
 ) -> Expectation:
     data = flat(expected["data"])
     shape = expected.get("shape")
@@ -301,9 +336,7 @@ def _expectation(
         name,
         tuple(data),
         tuple(shape) if shape is not None else None,
-        float(
-            _or_default(expected, _DEPLOYMENT, *_VERIFY, "smoke", ANY, "expect", ANY, "tolerance")
-        ),
+        float(_or_default(expected, _DEPLOYMENT, *defaults, "tolerance")),
     )
 
 
