@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-from reconciler.core.latency import latency_check, pinned_latency_check
+from reconciler.core.latency import PINNED, latency_check, pinned_latency_check
 from reconciler.core.readings import delta, finite, routed_since
 from reconciler.model.analysis import (
     AnalysisSpec,
@@ -154,6 +154,7 @@ def evaluate(
     counted: bool = True,
     latency_from: Figures | None = None,
     pinned: ProbeFigures | None = None,
+    pinned_why: str = PINNED,
     latency_probes: ProbeFigures | None = None,
     latency_pending: bool = False,
     memory_pending: bool = False,
@@ -165,7 +166,8 @@ def evaluate(
     start, so latency is the mean since then (failures count from READY and per window; a
     fresh version's cold first requests, the first probes among them, are not its steady
     latency, and one noisy second is not a slower version). ``pinned``: the probes so far,
-    when the new versions see only version-pinned requests: latency is judged by them.
+    when the new versions see only version-pinned requests, or stream: latency is judged by
+    them (``pinned_why`` says which).
     ``latency_probes``: the probes since the first volley, which must confirm a latency
     increase measured on the counters; ``latency_pending``:
     the evaluation before measured an increase the probes could not confirm yet (a second
@@ -209,9 +211,7 @@ def evaluate(
             results.append(CheckResult(check.name, Verdict.NO_DATA, None, _bound(check), unread))
         elif check.kind == "latency" and pinned is not None:
             results.append(
-                pinned_latency_check(
-                    check, pinned, pending=latency_pending, probes_due=at < spec.duration
-                )
+                pinned_latency_check(check, pinned, pinned_why, latency_pending, at < spec.duration)
             )
         elif check.kind == "latency":
             results.append(

@@ -193,10 +193,18 @@ def _probe_medians(probes: ProbeFigures) -> tuple[float, float] | None:
     return median(probes.latencies), median(probes.old_latencies)
 
 
+# Why the probes judge latency alone (the detail says which source decided).
+PINNED = "the new versions see only pinned requests"
+STREAMED = (
+    "a streaming model: time to the first response of the probes' streams, which Triton's "
+    "counters do not time"
+)
+
+
 def pinned_latency_check(
     check: Check,
     probes: ProbeFigures,
-    why: str = "the new versions see only pinned requests",
+    why: str = PINNED,
     pending: bool = False,
     probes_due: bool = False,
 ) -> CheckResult:
