@@ -224,6 +224,32 @@ def _drop(control: ModelControl, step: Step, timing: Timing) -> None:
 
     # Dropped versions leave READY at once (UNLOADING while in-flight requests finish).
     _wait_for(control, step, gone, lambda _: None, timing.unload_wait, timing)
+    if step.streaming and dropped:
+        _drain_streams(control, step, timing)
+
+
+def _drain_streams(control: ModelControl, step: Step, timing: Timing) -> None:
+    """Wait for the streams in flight on the dropped versions to end there: Triton keeps a
+    version UNLOADING until its last stream sends its final flag, and has no deadline of its
+    own (server#7626: some backends never send it). Up to ``step.timeout``; past it the
+    unload fails naming the versions (the new ones serve on; the service's unload-stuck
+    alert follows a version that never goes), and their memory is not counted free."""
+    dropped = set(step.dropped)
+
+    def unloading(state: ModelState) -> list[int]:
+        return sorted(
+            v.version for v in state.versions if v.version in dropped and v.state == "UNLOADING"
+        )
+
+    try:
+        _wait_for(control, step, lambda s: not unloading(s), lambda _: None, step.timeout, timing)
+    except VerifyFailed as exc:
+        still = ", ".join(map(str, unloading(control.model_state(step.model))))
+        raise UnloadFailed(
+            f"server {step.server}: {step.model} version(s) {still or 'dropped'} still UNLOADING "
+            f"after {step.timeout:g}s: streams in flight on them have not sent their final "
+            "flag; their memory is held until they do"
+        ) from exc
 
 
 def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:

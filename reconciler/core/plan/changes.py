@@ -26,7 +26,12 @@ from reconciler.core.triton_config import (
 from reconciler.model.history import History
 from reconciler.model.plan import Action, ModelChange, OnFailure, PlanProblem, Step
 from reconciler.model.serving import ModelState, ServerState, interface_difference
-from reconciler.model.spec import BackendSpec, ModelDeployment, SequencePolicy
+from reconciler.model.spec import (
+    BackendSpec,
+    ModelDeployment,
+    SequencePolicy,
+    StreamExpectation,
+)
 
 
 def _base_config(
@@ -213,6 +218,13 @@ class _Delta:
     def streaming(self) -> bool:
         """Whether the model answers by streams, as the config it will run with says."""
         return streams(self.target)
+
+    @property
+    def stream_drain(self) -> float:
+        """How long an unload waits for the streams in flight on the versions it drops to
+        end: the longest stream deadline its smoke cases declare, else the schema's."""
+        deadlines = [c.stream.deadline for c in self.deployment.smoke if c.stream is not None]
+        return max(deadlines, default=StreamExpectation().deadline)
 
     @property
     def new(self) -> frozenset[int]:
@@ -434,7 +446,7 @@ def _analyze_step(delta: _Delta) -> Step:
 
 def _unload_old(delta: _Delta) -> Step:
     model = delta.deployment.model
-    return Step(
+    step = Step(
         delta.server,
         model,
         Action.UNLOAD,
@@ -446,6 +458,16 @@ def _unload_old(delta: _Delta) -> Step:
         # The new versions are verified and serving: nothing to put back; the next pass
         # retries the unload.
         on_failure=OnFailure.STOP,
+    )
+    if not delta.streaming:
+        return step
+    # A streaming model's unload waits for the streams in flight on the dropped versions.
+    return replace(
+        step,
+        reason=f"{step.reason}; the streams in flight on them end there first (at most "
+        f"{delta.stream_drain:g}s)",
+        timeout=delta.stream_drain,
+        streaming=True,
     )
 
 

@@ -2,9 +2,10 @@
 stream of tokens, one per response, then Triton's final flag.
 
 Token i of a prompt is (sum of the prompt + i) % 1000, the same for every good version, so a
-smoke case can expect the generated sequence. The config parameter ``tokens`` (string value)
-sets how many (default 5). The fixture copies this file into every version folder; some
-versions misbehave on purpose, each as a real generator can:
+smoke case can expect the generated sequence. The config parameters (string values)
+``tokens`` set how many (default 5), ``token_ms`` the milliseconds between two (default 0:
+a long generation is many tokens slowly). The fixture copies this file into every version
+folder; some versions misbehave on purpose, each as a real generator can:
   3  answers every request with an error inside the stream
   4  streams two tokens, then an error (a generation that fails midway)
   5  sends its first token 300 ms late, or as many milliseconds as the parameter
@@ -28,6 +29,7 @@ class TritonPythonModel:
             raise RuntimeError(f"version {self.version} is broken on purpose")
         parameters = json.loads(args["model_config"]).get("parameters", {})
         self.tokens = int(parameters.get("tokens", {}).get("string_value") or 5)
+        self.token_delay = float(parameters.get("token_ms", {}).get("string_value") or 0) / 1000
         first_ms = parameters.get("first_ms", {}).get("string_value")
         self.first_delay = float(first_ms or 300) / 1000 if self.version == SLOW_FIRST else 0.0
 
@@ -46,6 +48,8 @@ class TritonPythonModel:
             for i in range(self.tokens):
                 if i == 0 and self.first_delay:
                     time.sleep(self.first_delay)
+                elif i and self.token_delay:
+                    time.sleep(self.token_delay)
                 if self.version == FAILS_MIDWAY and i == 2:
                     error = pb_utils.TritonError(f"version {self.version} failed at token {i}")
                     sender.send(
