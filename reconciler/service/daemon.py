@@ -55,7 +55,6 @@ from apscheduler.events import (
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from reconciler.core.placement import model_states
 from reconciler.core.undo import UndoRequest
 from reconciler.credentials import conceal, redact
 from reconciler.loop.memory import PassMemory
@@ -286,7 +285,7 @@ class Daemon:
             else:
                 self.backoff.server_answered(server)
             self.metrics.unreachable_passes.labels(server).set(self.backoff.failed_passes(server))
-        self.metrics.set_model_states(model_states(report))
+        self.metrics.after_pass(report)  # model states; the series rules read, at 0
         for server, model in report.drift:
             self.metrics.drift.labels(server, model).inc()
             log_event(
