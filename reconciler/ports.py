@@ -466,6 +466,32 @@ class MemoryGauge(Protocol):
     def server_memory(self) -> int | None: ...
 
 
+# -- the service's watch between passes (service/connections.py) ---------------------------
+
+
+class ServerConnection(Protocol):
+    """The watch's connection to one Triton server, kept from one reading of its index to
+    the next (``adapters/triton.py``). A server that restarts drops every connection to it
+    as its old process ends, before the new one has loaded anything: what the serving board
+    (service/serving.py) hears of a restart at once, between readings."""
+
+    def version_states(self) -> dict[str, dict[int, str]]:
+        """Per model in the repository index, each version's state; ServerUnavailable or
+        StepFailed when it cannot be read."""
+        ...
+
+    def connected(self) -> bool:
+        """Whether the connection is up now, asked of the client library without a call."""
+        ...
+
+    def when_dropped(self, dropped: Callable[[], None]) -> None:
+        """Call ``dropped`` (on a thread of the client library) each time an established
+        connection goes down: the server ended, restarted or closed it."""
+        ...
+
+    def close(self) -> None: ...
+
+
 # -- one reconciler at a time (apply and undo in cli/, service/daemon.py) ------------------
 
 

@@ -57,6 +57,7 @@ from reconciler.ports import (
     PassHooks,
     Ports,
     ReconcilerLock,
+    ServerConnection,
     TrafficRouter,
 )
 
@@ -74,6 +75,13 @@ def watch_client(server: str, address: str) -> TritonServerClient:
     """A client for the watch between passes: it only asks what a server serves, and gives
     up after 2 s (a server that slow is left to the next pass and the backoff)."""
     return TritonServerClient(server, address, call_timeout=2.0)
+
+
+def watch_connection(server: str, address: str) -> ServerConnection:
+    """The watch's connection to a server, kept from one reading to the next
+    (service/connections.py): the index calls of ``watch_client``, over a connection that
+    stays open without calls, so that its drop says the server ended or restarted."""
+    return TritonServerClient(server, address, call_timeout=2.0, keep_connection=True)
 
 
 def git_source(source: Source, settings: Settings) -> GitSource:

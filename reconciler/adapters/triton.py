@@ -17,12 +17,14 @@ import itertools
 import json
 import queue
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
 import numpy as np
 import numpy.typing as npt
 import tritonclient.grpc as triton_grpc
@@ -109,6 +111,12 @@ _CHANNEL = [
     ("grpc.initial_reconnect_backoff_ms", 250),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# A connection kept to notice a restart (``keep_connection``) must not be closed for want of
+# calls: gRPC drops a channel's connection after 30 minutes without one, which would read
+# as a restart during a long pass (the watch reads nothing while a pass runs). INT_MAX
+# turns that timer off.
+_KEPT_CHANNEL = [*_CHANNEL, ("grpc.client_idle_timeout_ms", 2**31 - 1)]
+_READY = grpc.ChannelConnectivity.READY
 
 
 def infer_inputs(tensors: tuple[Tensor, ...]) -> list[triton_grpc.InferInput]:
@@ -140,6 +148,7 @@ class TritonServerClient:
         model_repository: str | None = None,
         config_recheck: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        keep_connection: bool = False,
     ) -> None:
         self.name = name
         self.address = address
@@ -153,7 +162,14 @@ class TritonServerClient:
         self._generations = itertools.count()
         # Tokens of two clients never compare equal, even for one server.
         self._epoch = next(_EPOCHS)
-        self._client = triton_grpc.InferenceServerClient(url=address, channel_args=_CHANNEL)
+        self._client = triton_grpc.InferenceServerClient(
+            url=address, channel_args=_KEPT_CHANNEL if keep_connection else _CHANNEL
+        )
+        # Whether the connection answered a call since its last drop was told, and whom to
+        # tell (``when_dropped``).
+        self._connection_lock = threading.Lock()
+        self._connection_answered = False
+        self._dropped: list[Callable[[], None]] = []
 
     @classmethod
     def for_server(cls, server: TritonServer, **options: Any) -> TritonServerClient:
@@ -202,9 +218,11 @@ class TritonServerClient:
     def _index_answer(self) -> Any:
         # Protobuf, not as_json: the JSON round trip costs three times the call itself.
         try:
-            return self._client.get_model_repository_index(client_timeout=self.call_timeout)
+            answer = self._client.get_model_repository_index(client_timeout=self.call_timeout)
         except InferenceServerException as exc:
             raise self._error(exc, "reading the repository index") from exc
+        self._answered()
+        return answer
 
     def _index(self) -> list[Any]:
         return list(self._index_answer().models)
@@ -218,6 +236,53 @@ class TritonServerClient:
             if entry.version:
                 states.setdefault(str(entry.name), {})[int(entry.version)] = str(entry.state)
         return states
+
+    # -- the connection (the service's watch, ``ports.ServerConnection``) --------------------
+    #
+    # Both read the state of tritonclient's own channel (``InferenceServerClient._channel``,
+    # the one its calls go over; tritonclient offers no accessor), so that the connection
+    # watched is the one the watch's index readings travel on. A drop is told once per
+    # connection that answered a call: by gRPC's event, or by ``connected`` when it finds
+    # the connection down first (gRPC's events tell only the states its thread saw, and a
+    # connection that went down within milliseconds of being made may pass unseen).
+
+    def connected(self) -> bool:
+        """Whether the channel holds an established connection now (READY). Asked of gRPC's
+        core, with no call to the server and no wait: the core sees a closed socket at once,
+        where ``subscribe`` tells Python later, from a thread of its own (2 to 6 ms measured
+        here, more on a busy host), and a restarted Triton answers its index, empty, about
+        100 ms after its old process ended. ``_channel`` of grpc's Channel is the core's
+        channel; its ``check_connectivity_state`` is what ``subscribe`` itself polls."""
+        state = self._client._channel._channel.check_connectivity_state(False)
+        up = bool(state == _READY.value[0])
+        if not up:
+            self._went_down()
+        return up
+
+    def when_dropped(self, dropped: Callable[[], None]) -> None:
+        """Call ``dropped`` once for each connection that answered a call and then went
+        down. gRPC watches the channel from one thread per channel (it wakes 5 times a
+        second; no call is made to the server)."""
+        self._dropped.append(dropped)
+        self._client._channel.subscribe(self._state_changed, try_to_connect=False)
+
+    def _state_changed(self, state: grpc.ChannelConnectivity) -> None:
+        if state is not _READY:
+            # ``connected`` asks the core and tells the drop; an event late enough that a
+            # call has made another connection since finds it up (the drop was told before
+            # that call: the watch asks ``connected`` before each reading).
+            self.connected()
+
+    def _answered(self) -> None:
+        with self._connection_lock:
+            self._connection_answered = True
+
+    def _went_down(self) -> None:
+        with self._connection_lock:
+            answered, self._connection_answered = self._connection_answered, False
+        if answered:
+            for dropped in self._dropped:
+                dropped()
 
     def _loaded_config(self, model: str) -> dict[str, Any] | None:
         try:

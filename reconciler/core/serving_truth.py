@@ -14,7 +14,9 @@ declared versions or those that served when it planned (a rollout under way, or 
 failed and was put back, leaves the old ones serving), and no model on it is out of
 service for a reason only the reconciler knows (a sequence model drained for its swap, a
 version whose probes fail and that is being healed). A restarted server has nothing READY:
-it does not serve until the pass has loaded what it served.
+it does not serve until the pass has loaded what it served; nor does a server whose
+connection dropped since its last reading (a restart ends the old process, and with it
+every connection to it), until a reading begun after the drop says what it serves.
 """
 
 from __future__ import annotations
@@ -68,15 +70,20 @@ def serving_truth(
     wanted: Wanted,
     ready: Mapping[str, Mapping[str, frozenset[int]] | str],
     out_of_service: Mapping[tuple[str, str], str] = {},
+    stale: Mapping[str, str] = {},
 ) -> dict[str, ServingTruth]:
     """Each server's truth, by server name (a discovered instance by its instance name).
     ``wanted``: per server and model, the version sets that make it serve (``wanted_from``);
     ``ready``: per server, the versions READY per model as its index says now, or why it
     could not be read; ``out_of_service``: per (server, model), why the reconciler took it
-    out (a drain, a heal)."""
+    out (a drain, a heal); ``stale``: per server, why its reading in ``ready`` no longer
+    holds (its connection dropped after that reading began)."""
     truths: dict[str, ServingTruth] = {}
     for server, models in sorted(wanted.items()):
         reading = ready.get(server)
+        if server in stale:
+            truths[server] = ServingTruth(server, False, (stale[server],))
+            continue
         if reading is None:
             truths[server] = ServingTruth(server, False, ("not observed yet",))
             continue

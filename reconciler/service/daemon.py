@@ -11,7 +11,8 @@
                               bounded connection counts keep a flood from starving the rest
     watch                     every few seconds, each server's repository index against what
                               the last pass left serving: a restarted server or a hand-unloaded
-                              model triggers a pass without waiting for the interval
+                              model triggers a pass without waiting for the interval; it
+                              reads at once when its connection to a server drops (a restart)
     serving                   from the watch's readings: whether each server serves what the
                               last pass left it (GET /serving, the readiness gate's condition
                               with --readiness-gate; service/serving.py)
@@ -54,7 +55,6 @@ from apscheduler.events import (
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from reconciler.core.placement import model_states
 from reconciler.core.undo import UndoRequest
 from reconciler.credentials import conceal, redact
 from reconciler.loop.memory import PassMemory
@@ -136,9 +136,11 @@ class Daemon:
         # for one that started after it asked).
         self._started = 0
         self._outcome: dict[str, Any] = {"number": 0}
-        self._watch = Watch(settings, self.backoff)
-        self.serving_watch = ServingWatch.of_service(settings, run, self.metrics, self.memory)
+        self.serving_watch = ServingWatch.of_service(
+            settings, run, self.metrics, self.memory, lambda: self._bring_forward("watch")
+        )
         self.serving_board = self.serving_watch.board
+        self._watch = Watch(settings, self.backoff, self.serving_watch.connections)
         self.scheduler = BackgroundScheduler(timezone=UTC)
         self.http: Listener | None = None
         self.webhooks = WebhookGate(run, settings.state_path, self.run_now)
@@ -256,7 +258,7 @@ class Daemon:
             self.serving_watch.pass_ended()
         if report is not None and not self.stop_requested.is_set():
             # What serves now, without waiting for the watch's next round.
-            self.serving_watch.after_pass(report, self._watch.readings(report))
+            self.serving_watch.after_pass(report, self._watch)
         # A pass asked for meanwhile runs once this job has returned (``_job_ended``): asked
         # from inside the job, the scheduler would find it still running and skip the run,
         # and the request would wait for the next interval.
@@ -279,11 +281,11 @@ class Daemon:
                 continue
             self.metrics.reachable.labels(server).set(0 if server in unreachable else 1)
             if server in unreachable:
-                self._retry_in(self.backoff.server_failed(server))
+                self._bring_forward("reconcile", self.backoff.server_failed(server))
             else:
                 self.backoff.server_answered(server)
             self.metrics.unreachable_passes.labels(server).set(self.backoff.failed_passes(server))
-        self.metrics.set_model_states(model_states(report))
+        self.metrics.after_pass(report)  # model states; the series rules read, at 0
         for server, model in report.drift:
             self.metrics.drift.labels(server, model).inc()
             log_event(
@@ -319,17 +321,18 @@ class Daemon:
         backoff's delay (sooner than the interval), in seconds."""
         self._git_failures += 1
         delay = backoff_delay(self._git_failures, self.rng)
-        self._retry_in(delay)
+        self._bring_forward("reconcile", delay)
         return delay
 
-    def _retry_in(self, delay: float) -> None:
-        """Bring the next pass forward to ``delay`` seconds from now if it is later."""
+    def _bring_forward(self, job_id: str, delay: float = 0.0) -> None:
+        """Bring the next run of ``job_id`` (the pass, the watch) forward to ``delay``
+        seconds from now if it is later."""
         if not self.scheduler.running or self.stop_requested.is_set():
             return
-        job = self.scheduler.get_job("reconcile")
+        job = self.scheduler.get_job(job_id)
         at = datetime.now(UTC) + timedelta(seconds=delay)
         if job is not None and (job.next_run_time is None or job.next_run_time > at):
-            self.scheduler.modify_job("reconcile", next_run_time=at)
+            self.scheduler.modify_job(job_id, next_run_time=at)
 
     # -- the watch between passes ---------------------------------------------------------
 
@@ -341,9 +344,7 @@ class Daemon:
             return
         if report is None or self.stop_requested.is_set() or self._pass_lock.locked():
             return
-        readings = self._watch.readings(report)
-        stopped = self.serving_watch.round(report, readings, self._watch.unloading)
-        why = self._watch.reason_for_a_pass(report, readings) or stopped
+        why = self.serving_watch.round(report, self._watch)
         if why is not None:
             self.trigger(why)
 
@@ -568,6 +569,7 @@ class Daemon:
             self.http.shutdown()
             self.http.server_close()
             self.webhooks.close()
+        self.serving_watch.connections.close()
         if finished:
             self.memory.close()
             if self.lock is not None:

@@ -6,7 +6,11 @@ each server must serve, and says so here.
 Fed by the watch between passes (service/watch.py: each server's index every few seconds),
 which hands over what it read and what its probes found (service/serving_probes.py: a
 version that stopped answering is out until it answers again); the truth itself is
-``core.serving_truth``. A pass in
+``core.serving_truth``. Between readings, a restart is heard as it happens: the watch's
+connection to the server drops (service/connections.py), and the server is out until a
+reading begun after the drop says what it serves (issue 41, point 3: a restarted Triton
+answers, empty, about 0.1 s after its old process ended; the watch reads every few
+seconds). A pass in
 progress tells the board, through apply's step events, when it takes a model out of service
 (a sequence model drained for its swap, a backend library replaced); the pass's end puts it
 back, and the next reading decides. Published three ways:
@@ -28,23 +32,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from reconciler.core.records import rfc3339
 from reconciler.core.serving_truth import ServingTruth, serving_truth, wanted_from
-from reconciler.core.unloading import Key
 from reconciler.loop.live import FanOut
 from reconciler.loop.memory import PassMemory
 from reconciler.model.analysis import Evaluation
 from reconciler.model.plan import Action, Step
 from reconciler.model.reports import PassReport
 from reconciler.model.settings import RunSettings, Settings
+from reconciler.service.connections import ServerConnections
 from reconciler.service.rollout_metrics import RolloutGauges
 from reconciler.service.serving_probes import ServingProbes
 from reconciler.service.telemetry import ReconcilerMetrics, log_event
 from reconciler.service.unloading import StuckUnloads
-from reconciler.service.watch import Reading
+from reconciler.service.watch import Reading, Watch
 from reconciler.wiring import alerter, readiness_gate
 
 # Why a step takes its model out of service while it runs.
@@ -52,6 +56,11 @@ OUT_OF_SERVICE = {
     Action.DRAIN: "drained for its swap (a sequence model: Triton restarts its sequence batcher)",
     Action.REPLACE_LIBRARY: "its backend library is being replaced",
 }
+# Why a server whose connection dropped is out, until a reading begun after the drop.
+DROPPED = (
+    "its connection dropped (the server ended or restarted, and a restarted Triton holds "
+    "nothing): out until its index is read again"
+)
 
 
 class ReadinessPublisher(Protocol):
@@ -65,16 +74,23 @@ class ServingBoard:
     worker threads take models out, the HTTP threads read."""
 
     def __init__(
-        self, metrics: ReconcilerMetrics, publisher: ReadinessPublisher | None = None
+        self,
+        metrics: ReconcilerMetrics,
+        publisher: ReadinessPublisher | None = None,
+        connections: ServerConnections | None = None,
     ) -> None:
         self.metrics = metrics
         self.publisher = publisher
+        # The watch's connections, asked before saying that a server serves; None: not
+        # asked (the board fed by hand).
+        self.connections = connections
         self._lock = threading.Lock()
         self._truths: dict[str, ServingTruth] = {}
         self._since: dict[str, float] = {}
         self._addresses: dict[str, str] = {}
         self._out: dict[tuple[str, str], str] = {}  # a pass's drains
         self._stopped: dict[tuple[str, str], str] = {}  # versions that stopped answering
+        self._dropped: dict[str, float] = {}  # when each server's connection dropped
         self._report: PassReport | None = None
         self._ready: Mapping[str, Reading] = {}
         self._published: dict[str, ServingTruth] = {}
@@ -86,15 +102,29 @@ class ServingBoard:
         report: PassReport,
         ready: Mapping[str, Reading],
         stopped: Mapping[tuple[str, str], str] | None = None,
+        began: float | None = None,
     ) -> None:
         """The watch's reading of every server, against the last pass's intent; ``stopped``:
         the models with versions that stopped answering (service/serving_probes.py), when
-        the probes ran."""
+        the probes ran; ``began``: when the reading began (``time.monotonic()``; None: just
+        now). A drop heard after it began is newer than what it read: the server stays out."""
         with self._lock:
             self._report, self._ready = report, dict(ready)
             self._addresses = dict(report.servers)
             if stopped is not None:
                 self._stopped = dict(stopped)
+            self._dropped = {
+                server: at
+                for server, at in self._dropped.items()
+                if server in report.servers and began is not None and at >= began
+            }
+        self._refresh()
+
+    def connection_dropped(self, server: str) -> None:
+        """The watch's connection to ``server`` dropped: its last reading no longer holds."""
+        with self._lock:
+            # The latest drop counts: a reading begun before it does not bring it back.
+            self._dropped[server] = time.monotonic()
         self._refresh()
 
     def pass_ended(self) -> None:
@@ -123,6 +153,7 @@ class ServingBoard:
 
     def answer(self, server: str | None) -> tuple[int, dict[str, Any]]:
         """``GET /serving`` (every server: 200 when all serve) or ``/serving/<server>``."""
+        self._confirm_connections(server)
         with self._lock:
             truths, since = dict(self._truths), dict(self._since)
         if server is not None:
@@ -136,12 +167,35 @@ class ServingBoard:
 
     # -- how it changes ----------------------------------------------------------------
 
+    def _confirm_connections(self, server: str | None) -> None:
+        """Before an answer says serving: is the connection its reading went over still up?
+        The drop event comes from a thread of the client library, a few milliseconds after
+        the socket closed (more on a busy host); asking the library directly is a local
+        question, no call to the server, so it is asked at every answer, once per server
+        that would be said serving."""
+        if self.connections is None:
+            return
+        with self._lock:
+            serving = [
+                name
+                for name, truth in self._truths.items()
+                if truth.serving and (server is None or name == server)
+            ]
+        dropped = [name for name in serving if not self.connections.up(name)]
+        if dropped:
+            now = time.monotonic()
+            with self._lock:
+                for name in dropped:
+                    self._dropped.setdefault(name, now)
+            self._refresh()
+
     def _refresh(self) -> None:
         with self._lock:
             if self._report is None:
                 return
             out = {**self._stopped, **self._out}
-            truths = serving_truth(wanted_from(self._report), self._ready, out)
+            stale = {server: DROPPED for server in self._dropped}
+            truths = serving_truth(wanted_from(self._report), self._ready, out, stale)
             now = time.time()
             for name, truth in truths.items():
                 before = self._truths.get(name)
@@ -190,8 +244,13 @@ class ServingWatch:
         memory: PassMemory,
         unloads: StuckUnloads,
         probes: ServingProbes | None = None,
+        read_soon: Callable[[], None] = lambda: None,
     ) -> None:
         self.board, self.memory, self.unloads = board, memory, unloads
+        # The watch's connections to the servers (service/connections.py), which the board
+        # asks before it says a server serves; ``read_soon`` asks the watch for a round now.
+        self.connections = board.connections = ServerConnections(self._connection_dropped)
+        self._read_soon = read_soon
         self.probes = probes or ServingProbes()
         self.rollouts = RolloutGauges(board.metrics)
         # What apply's step events go to: the board (a drain takes a model out) and the
@@ -205,22 +264,35 @@ class ServingWatch:
 
     @classmethod
     def of_service(
-        cls, settings: Settings, run: RunSettings, metrics: ReconcilerMetrics, memory: PassMemory
+        cls,
+        settings: Settings,
+        run: RunSettings,
+        metrics: ReconcilerMetrics,
+        memory: PassMemory,
+        read_soon: Callable[[], None] = lambda: None,
     ) -> ServingWatch:
         """The service's: the readiness gate with ``--readiness-gate``, alerts where the
-        passes send theirs."""
+        passes send theirs; ``read_soon`` brings the watch's next round forward."""
         gate = readiness_gate(settings, run.readiness_gate) if run.readiness_gate else None
         unloads = StuckUnloads(run.unload_deadline, alerter(settings), metrics)
-        return cls(ServingBoard(metrics, gate), memory, unloads)
+        return cls(ServingBoard(metrics, gate), memory, unloads, read_soon=read_soon)
 
-    def round(
-        self, report: PassReport, ready: Mapping[str, Reading], unloading: Iterable[Key]
-    ) -> str | None:
-        """Probe what is due, read the truth and the versions UNLOADING; why a pass should
-        run now (versions found no longer answering since the last pass was told), or None."""
-        self.unloads.read(unloading, report.revision)
+    def round(self, report: PassReport, watch: Watch) -> str | None:
+        """Read every server's index (``watch``), probe what is due, read the truth and the
+        versions UNLOADING; why a pass should run now (the watch's reason: a restart, drift,
+        other instances; else versions found no longer answering since the last pass was
+        told), or None."""
+        began = time.monotonic()  # a drop heard after this keeps its server out
+        ready = watch.readings(report)
+        self.unloads.read(watch.unloading, report.revision)
         self.probes.round(report, ready)
-        self.board.read(report, ready, self.probes.out_of_service(report))
+        self.board.read(report, ready, self.probes.out_of_service(report), began)
+        stopped = self._stopped_answering(report)
+        return watch.reason_for_a_pass(report, ready) or stopped
+
+    def _stopped_answering(self, report: PassReport) -> str | None:
+        """Why a pass should reload versions in place now (found no longer answering since
+        the last pass was told), or None."""
         wanted = self.probes.reloads_wanted(report)
         new = {key: found for key, found in wanted.items()
                if self.memory.stopped_answering.get(key) != found}  # fmt: skip
@@ -233,12 +305,22 @@ class ServingWatch:
                   versions=sorted(versions), error=next(iter(versions.values())))  # fmt: skip
         return f"{model} {listed} on {server} stopped answering: reload in place"
 
-    def after_pass(self, report: PassReport, ready: Mapping[str, Reading]) -> None:
-        """A pass ended: versions it reloaded in place are judged afresh; what serves now
-        is read."""
+    def after_pass(self, report: PassReport, watch: Watch) -> None:
+        """A pass ended: what serves now is read (``watch``); versions it reloaded in place
+        are judged afresh."""
+        began = time.monotonic()
+        ready = watch.readings(report)
         self.probes.reloaded(report)
         self.memory.stopped_answering = self.probes.reloads_wanted(report)
-        self.board.read(report, ready, self.probes.out_of_service(report))
+        self.board.read(report, ready, self.probes.out_of_service(report), began)
+
+    def _connection_dropped(self, server: str) -> None:
+        """The watch's connection to ``server`` dropped (a thread of the client library
+        tells): out of service now, and read again at once rather than at the next round,
+        so that a connection merely closed by the server (no restart) is back in service
+        as soon as a reading says so."""
+        self.board.connection_dropped(server)
+        self._read_soon()
 
 
 def _view(truth: ServingTruth, since: float) -> dict[str, Any]:

@@ -1,5 +1,18 @@
 """The service's log events (``log_event``: a message and structured fields, written as JSON
-lines by ``adapters/logs.py``) and its Prometheus metrics."""
+lines by ``adapters/logs.py``) and its Prometheus metrics.
+
+Every series a shipped alert rule or dashboard panel reads (examples/deploy/kubernetes/
+prometheusrule.yaml, examples/deploy/grafana/) is on ``/metrics`` before its first event,
+at 0 (issue 41, point 6): ``increase()`` and ``rate()`` see nothing of a counter whose first
+sample is already 1, so the first failure after a start would go unalerted, and a rule over
+a series that does not exist yet has no data. The label values a pass result, a webhook or a
+mirrored request can take are fixed (below), exported from the start; those of servers,
+models and deployments come from the manifests, exported after each pass for what it names
+(``after_pass``). The gauges of a rollout in flight (``triton_gitops_rollout_step``, the
+analysis's checks) exist only while it runs, and a route's share only once the reconciler
+has set it: 0 would say something false; no rule reads them, and no panel takes their rate
+(tests/integration/test_alert_rules.py holds both).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +20,7 @@ import ctypes
 import logging
 import os
 import platform
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +33,8 @@ from prometheus_client import (
 )
 
 from reconciler import __version__
+from reconciler.core.placement import model_states
+from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 
 log = logging.getLogger("triton_gitops")
@@ -50,6 +66,20 @@ def log_event(message: str, level: int = logging.INFO, **fields: Any) -> None:
 
 # What ``triton_gitops_model_state`` reports, per model and server.
 MODEL_STATES = ("in-sync", "progressing", "held", "suspended", "failed")
+# Every value of the labels that do not come from the manifests, as service/daemon.py (a
+# pass's result), service/http.py (a webhook's source and what became of it) and
+# adapters/comparator.py (a mirrored request's outcome) write them
+# (tests/service/test_metric_series.py reads those modules to hold them to it).
+PASS_RESULTS = ("ok", "partial", "error", "source-unavailable", "invalid", "refused", "crashed")
+WEBHOOK_SOURCES = ("github", "gitlab", "token", "operator")
+WEBHOOK_RESULTS = (
+    "accepted", "ping", "unauthorized", "replayed", "no-length", "too-large", "busy",
+    "malformed", "timeout",
+)  # fmt: skip
+SHADOW_OUTCOMES = (
+    "compared", "candidate_disagreed", "noise", "not_sampled", "dropped", "unparsable",
+    "sequence", "primary_failed", "uncomparable", "candidate_timeouts", "other_model",
+)  # fmt: skip
 
 
 class ReconcilerMetrics:
@@ -67,6 +97,8 @@ class ReconcilerMetrics:
         self.passes = Counter(
             "triton_gitops_passes", "Reconcile passes by result", ["result"], registry=r
         )
+        for result in PASS_RESULTS:
+            self.passes.labels(result)
         self.skipped = Counter(
             "triton_gitops_passes_skipped",
             "Scheduled passes skipped because the previous one was still running",
@@ -118,6 +150,9 @@ class ReconcilerMetrics:
             ["source", "result"],
             registry=r,
         )
+        for source in WEBHOOK_SOURCES:
+            for result in WEBHOOK_RESULTS:
+                self.webhooks.labels(source, result)
         self.connections_refused = Counter(
             "triton_gitops_http_connections_refused",
             "Connections closed unanswered or answered 503: busy (too many at once), timeout "
@@ -211,12 +246,46 @@ class ReconcilerMetrics:
             ["server", "model"],
             registry=r,
         )
-        self._stuck: set[tuple[str, str]] = set()
+        self._stuck: set[tuple[str, str]] = set()  # the pairs on the gauge
+        self._stuck_counts: dict[tuple[str, str], int] = {}
+        self._placed: set[tuple[str, str]] = set()  # (server, model) of the last pass
+        self._named: dict[Counter, set[tuple[str, ...]]] = {}  # what after_pass exported
+        # The watch sets the stuck unloads, a pass's end the placements.
+        self._stuck_lock = threading.Lock()
         self.webhook_reads = Gauge(
             "triton_gitops_webhook_reads_in_progress",
             "Webhook bodies being read now (bounded by the webhook read cap)",
             registry=r,
         )
+
+    def after_pass(self, report: PassReport) -> None:
+        """What a pass's report sets: each (server, model)'s state, and at 0 every series a
+        rule or panel reads for the label sets the manifests name that has none yet (per
+        server, placed model, deployment with a shadow phase); label sets the manifests no
+        longer name leave the metrics."""
+        self.set_model_states(model_states(report))
+        shadowed = {
+            deployment.name
+            for deployment in report.placed.values()
+            if (traffic := deployment.rollout.traffic) is not None and traffic.shadow is not None
+        }
+        self._export_named(self.readiness_gate_errors, {(server,) for server in report.servers})
+        self._export_named(self.drift, set(report.placed))
+        self._export_named(
+            self.shadow_requests, {(d, o) for d in shadowed for o in SHADOW_OUTCOMES}
+        )
+        with self._stuck_lock:
+            self._placed = set(report.placed)
+            self._publish_stuck()
+
+    def _export_named(self, counter: Counter, keys: set[tuple[str, ...]]) -> None:
+        """Each label set in ``keys`` on ``counter``; those the last call named and this
+        one does not leave it."""
+        for gone in self._named.get(counter, set()) - keys:
+            counter.remove(*gone)
+        for key in keys:
+            counter.labels(*key)  # 0 when new; a count already there stays
+        self._named[counter] = keys
 
     def set_model_states(self, states: Mapping[tuple[str, str], str]) -> None:
         """Each (server, model)'s state after a pass; models no pass reports any more leave
@@ -234,9 +303,16 @@ class ReconcilerMetrics:
         self.shadow_requests.labels(deployment, outcome).inc()
 
     def set_stuck_unloads(self, counts: Mapping[tuple[str, str], int]) -> None:
-        """Versions stuck UNLOADING per (server, model); pairs with none leave the metric."""
-        for key in self._stuck - set(counts):
+        """Versions stuck UNLOADING per (server, model): 0 for the other pairs the last pass
+        placed; pairs neither placed nor stuck leave the metric."""
+        with self._stuck_lock:
+            self._stuck_counts = dict(counts)
+            self._publish_stuck()
+
+    def _publish_stuck(self) -> None:
+        keys = set(self._stuck_counts) | self._placed
+        for key in self._stuck - keys:
             self.stuck_unloads.remove(*key)
-        for (server, model), count in counts.items():
-            self.stuck_unloads.labels(server, model).set(count)
-        self._stuck = set(counts)
+        for key in keys:
+            self.stuck_unloads.labels(*key).set(self._stuck_counts.get(key, 0))
+        self._stuck = keys

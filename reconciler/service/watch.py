@@ -8,9 +8,10 @@ Every few seconds ``Daemon.watch`` (service/daemon.py) hands ``Watch`` the last 
     drift       a server's repository index no longer shows what the pass left serving
                 (a restarted server, a model unloaded by hand)
 
-It only reads (DNS, each server's index); the daemon triggers the pass, and hands the
-indexes it read (``readings``) to the serving board (service/serving.py), which says from
-them whether each server serves what it should.
+It only reads (DNS, each server's index, over the connections it keeps to them:
+service/connections.py); the daemon triggers the pass, and hands the indexes it read
+(``readings``) to the serving board (service/serving.py), which says from them whether each
+server serves what it should.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from reconciler.model.reports import PassReport
 from reconciler.model.serving import ready_in
 from reconciler.model.settings import Settings
 from reconciler.service.backoff import ServerBackoff
-from reconciler.wiring import resolver, watch_client
+from reconciler.service.connections import ServerConnections
+from reconciler.wiring import resolver
 
 # One server's index as the watch read it: the versions READY per model, or why it could
 # not be read.
@@ -31,9 +33,15 @@ Reading = Mapping[str, frozenset[int]] | str
 
 
 class Watch:
-    def __init__(self, settings: Settings, backoff: ServerBackoff) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backoff: ServerBackoff,
+        connections: ServerConnections | None = None,
+    ) -> None:
         self.settings = settings
         self.backoff = backoff
+        self.connections = connections or ServerConnections()
         self._resolved_at: dict[str, float] = {}
         # (server, model, version) UNLOADING at the last reading (service/unloading.py).
         self.unloading: frozenset[tuple[str, str, int]] = frozenset()
@@ -52,9 +60,13 @@ class Watch:
         found: dict[str, Reading] = {}
         unloading: set[tuple[str, str, int]] = set()
         for server, address in report.servers.items():
+            connection = self.connections.to(server, address)
+            # Asked before the call, which would connect again and leave the board's last
+            # reading of a restarted server looking current: a drop the client library's
+            # event missed is told now (the server stays out until the next reading).
+            connection.connected()
             try:
-                with watch_client(server, address) as client:
-                    states = client.version_states()
+                states = connection.version_states()
             except (ServerUnavailable, StepFailed) as exc:
                 found[server] = str(exc)
                 continue
@@ -66,6 +78,7 @@ class Watch:
                 if state == "UNLOADING"
             }
         self.unloading = frozenset(unloading)
+        self.connections.keep_only(report.servers)
         return found
 
     def _instances_changed(self, report: PassReport) -> str | None:

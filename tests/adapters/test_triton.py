@@ -175,3 +175,47 @@ def test_memory_usage_is_each_versions_statistics_and_nothing_for_the_python_bac
     assert version_cost(usage[3]) == 2_147_483_648
     assert version_cost((DeviceMemory("CPU", 0, 100), DeviceMemory("CPU_PINNED", 0, 28))) == 128
     assert version_cost(()) is None
+
+
+def test_a_kept_connection_tells_each_restart_once_before_the_new_server_answers(
+    triton: LocalTriton,
+) -> None:
+    # What the service's watch keeps (wiring.watch_connection): a restart ends the old
+    # process and with it the connection, which says so before the new process answers.
+    drops: list[float] = []
+    with TritonServerClient("edge-a", triton.grpc_address, keep_connection=True) as kept:
+        kept.when_dropped(lambda: drops.append(time.monotonic()))
+        assert not kept.connected() and drops == [], "connected, or dropped, before any call"
+        kept.version_states()
+        assert kept.connected(), "not connected after a call"
+        for restart in (1, 2):
+            # Up for a while, as between the watch's readings: gRPC's own event tells.
+            time.sleep(0.5)
+            killed = time.monotonic()
+            triton.kill()
+            triton.start()
+            answered = time.monotonic()
+            deadline = answered + 10
+            while len(drops) < restart and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(drops) == restart, f"restart {restart}: drops told {drops}"
+            assert drops[-1] < answered, (
+                f"restart {restart}: the drop was told {drops[-1] - killed:.3f} s after the "
+                f"kill, after the new server answered ({answered - killed:.3f} s)"
+            )
+            print(
+                f"restart {restart}: drop told {drops[-1] - killed:.3f} s after the kill, "
+                f"the new server ready {answered - killed:.3f} s after it"
+            )
+            # Nothing connects the channel again before the next call on it.
+            assert not kept.connected() and len(drops) == restart, drops
+            assert kept.version_states() == {} and kept.connected()  # the new, empty one
+        # Killed a moment after the connection was made: gRPC's event may miss it, and
+        # asking tells it then; once either way.
+        triton.kill()
+        triton.start()
+        assert not kept.connected(), "up again before any call"
+        time.sleep(0.3)  # gRPC's event, if it saw it, has come by now
+        assert len(drops) == 3, f"the third restart told {len(drops) - 2} times: {drops}"
+        assert not kept.connected() and len(drops) == 3, f"told again when asked: {drops}"
+    assert len(drops) == 3, f"closing the client was told as a drop: {drops}"

@@ -23,6 +23,14 @@ def test_a_server_serving_what_the_pass_left_serves() -> None:
     assert truth.serving and truth.reasons == ()
 
 
+def test_a_server_whose_connection_dropped_since_its_reading_does_not_serve() -> None:
+    # Its reading still shows what the pass left, as read before the restart.
+    ready = {"edge-a": {"echo": frozenset({2}), "ranker": frozenset({1, 3})}}
+    stale = {"edge-a": "its connection dropped"}
+    truth = serving_truth(wanted_from(LEFT), ready, stale=stale)["edge-a"]
+    assert (truth.serving, truth.reasons) == (False, ("its connection dropped",)), truth
+
+
 def test_a_restarted_empty_server_does_not_serve_until_restored() -> None:
     # Triton's /v2/health/ready answers 200 here: nothing is loaded yet.
     empty = serving_truth(wanted_from(LEFT), {"edge-a": {}})["edge-a"]

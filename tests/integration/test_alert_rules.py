@@ -9,6 +9,10 @@ registry with healthy figures, and a port nobody listens on (the reconciler down
 asserts through ``/api/v1/rules`` that every rule evaluates without error, and through
 ``/api/v1/alerts`` that each expected alert is pending or firing on the troubled target (or
 the dead one) and that nothing fires for the healthy one.
+
+A real service's fresh ``/metrics`` (after its first pass, over two real tritonservers)
+carries every series the rules and the dashboard read, at 0, with the label sets its
+manifests name (issue 41, point 6): a counter first seen at 1 shows no ``increase()``.
 """
 
 from __future__ import annotations
@@ -24,11 +28,15 @@ import pytest
 from prometheus_client import start_http_server
 
 from reconciler.service.telemetry import ReconcilerMetrics
-from testkit.local_triton import free_port
+from testkit.local_triton import LocalTriton, free_port
+from testkit.manifests import ManifestRepo, deployment_doc, router_doc, server_doc
+from tests.integration.test_daemon import service_process, wait_until
 from tests.integration.test_packaging import (
     ALERTS_MUST_HAVE,
     alert_rules,
+    dashboard_queries,
     prometheus_rule_groups,
+    promql_selectors,
 )
 from tests.services import StartPrometheus
 
@@ -151,3 +159,108 @@ def test_the_alert_rules_fire_on_trouble_and_not_on_a_healthy_reconciler(
     assert set(evaluated) == {r["alert"] for r in alert_rules()}
     for name, rule in evaluated.items():
         assert rule["health"] == "ok" and not rule.get("lastError"), (name, rule)
+
+
+# The series of a rollout in flight, and a route's share once the reconciler has set it: no
+# series before (service/telemetry.py), as 0 would say something false. Only panels read
+# them, as they are (never a rate), and no rule.
+IN_FLIGHT = frozenset(
+    {
+        "triton_gitops_rollout_step",
+        "triton_gitops_analysis_check_value",
+        "triton_gitops_analysis_check_bound",
+        "triton_gitops_route_weight",
+        "triton_gitops_route_mirror",
+    }
+)
+
+
+def ranker_through_edge() -> str:
+    """Model other on edge-a and edge-b, rolled out through router edge with a shadow
+    phase: a deployment whose shadow series the manifests name."""
+    return (
+        "apiVersion: triton-gitops.dev/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        "metadata: {name: ranker}\n"
+        "spec:\n"
+        "  model: other\n"
+        "  servers: {names: [edge-a, edge-b]}\n"
+        "  versions: [1]\n"
+        "  verify:\n"
+        "    analysis:\n"
+        "      interval: 1s\n"
+        "      duration: 2s\n"
+        "      checks: [{name: success-rate, successRate: {min: 0.99}}]\n"
+        "  rollout:\n"
+        "    traffic: {router: edge, strategy: canary, stablePool: stable, canaryPool: canary,\n"
+        "              steps: [50%], shadow: {share: 10%}}\n"
+    )
+
+
+@pytest.mark.triton
+def test_every_series_a_rule_or_panel_reads_is_on_a_fresh_services_metrics(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    triton_b: LocalTriton,
+    model_repository: Path,
+    tmp_path: Path,
+) -> None:
+    # What the shipped rules and dashboard read of the reconciler's own metrics, as
+    # promql-parser reads their PromQL.
+    read_by_rules = {
+        name
+        for rule in alert_rules()
+        for name, _ in promql_selectors(rule["expr"])
+        if name.startswith("triton_gitops_")
+    }
+    panels = [s for expr in dashboard_queries() for s in promql_selectors(expr)]
+    read_by_panels = {name for name, _ in panels if name.startswith("triton_gitops_")}
+    assert read_by_rules & IN_FLIGHT == set(), f"a rule reads {read_by_rules & IN_FLIGHT}"
+    over_a_range = {name for name, ranged in panels if ranged} & IN_FLIGHT
+    assert not over_a_range, f"a panel takes the rate of {over_a_range}"
+    assert {
+        "triton_gitops_readiness_gate_errors_total",
+        "triton_gitops_versions_stuck_unloading",
+    } <= read_by_rules, read_by_rules
+
+    for name, server in (("edge-a", triton), ("edge-b", triton_b)):
+        doc = server_doc(name, server.grpc_address, model_repository, metrics=server.metrics_url)
+        manifests.write(f"{name}.yaml", doc)
+    # Nobody at the router's admin address: ranker's rollout waits for it (a plan problem),
+    # and the manifests name its series all the same.
+    nobody = f"http://127.0.0.1:{free_port('127.0.0.1')}"
+    pools = {"stable": ["edge-a"], "canary": ["edge-b"]}
+    manifests.write("router.yaml", router_doc(nobody, pools, "comparator"))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a", "edge-b"]))
+    manifests.write("ranker.yaml", ranker_through_edge())
+    manifests.commit("two servers, echo, and ranker through a router")
+    service = service_process(manifests.url, tmp_path / "service").start()
+    try:
+        wait_until(lambda: service.pass_count() >= 1, 60, "the first pass")
+        metrics = service.metrics()
+    finally:
+        service.stop()
+    exported = {key.split("{")[0] for key in metrics}
+    missing = sorted((read_by_rules | read_by_panels) - IN_FLIGHT - exported)
+    assert not missing, (
+        f"read by a shipped rule or panel, not on the fresh service's /metrics: {missing}"
+    )
+    # With the label sets the manifests name.
+    named = [
+        f'triton_gitops_readiness_gate_errors_total{{server="{s}"}}' for s in ("edge-a", "edge-b")
+    ]
+    named += [
+        f'triton_gitops_{name}{{model="{model}",server="{server}"}}'
+        for name in ("versions_stuck_unloading", "drift_corrections_total")
+        for server in ("edge-a", "edge-b")
+        for model in ("echo", "other")
+    ]
+    named += [
+        f'triton_gitops_shadow_requests_total{{deployment="ranker",outcome="{outcome}"}}'
+        for outcome in ("compared", "candidate_disagreed", "noise")
+    ]
+    absent = [series for series in named if series not in metrics]
+    assert not absent, f"not on the fresh service's /metrics: {absent}"
+    # No event happened: each of them at 0.
+    counted = {series: metrics[series] for series in named if metrics[series] != 0}
+    assert not counted, f"counted on a fresh service: {counted}"

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import promql_parser
 import pytest
 import tritonclient.grpc as triton_grpc
 from packaging.requirements import Requirement
@@ -363,25 +364,44 @@ def walk(node: Any) -> Iterator[dict[str, Any]]:
             yield from walk(value)
 
 
-PROMQL_WORDS = frozenset(
-    {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right"}
-    | {"bool", "offset", "inf", "nan"}
+# Grafana's range variables, which stand where PromQL takes a duration ([$__rate_interval]);
+# its other variables ($job, $server) stand only inside label values, which are strings.
+GRAFANA_RANGES = re.compile(
+    r"\$(?:__(?:rate_interval|interval|range)\b|\{__(?:rate_interval|interval|range)\})"
 )
+
+
+def promql_selectors(expr: str) -> list[tuple[str, bool]]:
+    """Each series selector of a PromQL expression (with Grafana variables), as promql-parser
+    (the project's PromQL parser, core/spec/promql.py) reads it: (metric name, whether it is
+    selected over a range, as rate() and increase() take it)."""
+    tree = promql_parser.parse(GRAFANA_RANGES.sub("5m", expr))
+    found: list[tuple[str, bool]] = []
+    ranges = [0]  # range selections (matrix, subquery) around the node visited
+
+    def name(selector: promql_parser.VectorSelector) -> str:
+        if selector.name:
+            return selector.name
+        (named,) = [m.value for m in selector.matchers.matchers if m.name == "__name__"]
+        return named
+
+    def enter(node: promql_parser.Expr) -> None:
+        if isinstance(node, promql_parser.MatrixSelector | promql_parser.SubqueryExpr):
+            ranges[0] += 1
+        elif isinstance(node, promql_parser.VectorSelector):
+            found.append((name(node), ranges[0] > 0))
+
+    def leave(node: promql_parser.Expr) -> None:
+        if isinstance(node, promql_parser.MatrixSelector | promql_parser.SubqueryExpr):
+            ranges[0] -= 1
+
+    promql_parser.walk(tree, enter, leave)
+    return found
 
 
 def promql_metric_names(expr: str) -> set[str]:
     """The metric names a PromQL expression (with Grafana variables) selects."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'', '""', expr)  # strings
-    text = re.sub(r"\$\{[^}]*\}|\$\w+", "", text)  # Grafana variables
-    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
-    text = re.sub(r"\[[^\]]*\]", "", text)  # ranges
-    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
-    names = set()
-    for match in re.finditer(r"(?<![\w:.])[A-Za-z_:][\w:]*", text):
-        if text[match.end() :].lstrip().startswith("(") or match.group() in PROMQL_WORDS:
-            continue  # a function or a keyword
-        names.add(match.group())
-    return names
+    return {name for name, _ in promql_selectors(expr)}
 
 
 def exported_metric_names() -> set[str]:
@@ -1058,6 +1078,15 @@ def test_promql_metric_name_extraction() -> None:
         " / on (x) group_left (y) sum without (z) (b_total offset 5m) or vector(0) > bool c"
     )
     assert promql_metric_names(expr) == {"a_bucket", "b_total", "c"}
+
+
+def test_promql_selectors_say_which_are_read_over_a_range() -> None:
+    expr = (
+        'rate(a_total[$__rate_interval]) + max_over_time(b[${__range}:1m]) + c{x="$y"}'
+        ' + {__name__="d"}'
+    )
+    found = sorted(promql_selectors(expr))
+    assert found == [("a_total", True), ("b", True), ("c", False), ("d", False)], found
 
 
 def test_dashboard_uses_only_metrics_that_exist() -> None:

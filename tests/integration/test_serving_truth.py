@@ -298,3 +298,91 @@ def test_the_rollout_in_progress_is_on_metrics_while_it_runs_and_gone_after(
                    15, "no rollout in progress on /metrics after the pass")  # fmt: skip
     finally:
         service.stop()
+
+
+def index_of_echo(triton: LocalTriton) -> str:
+    """What the test reads of echo in ``triton``'s index itself, on a channel of its own:
+    "READY" (a version of it READY), "empty" (the index answers, no version READY), or
+    "unreadable" (the server is down, or starting)."""
+    try:
+        return "READY" if ready_versions(triton, "echo") else "empty"
+    except Exception:
+        return "unreadable"
+
+
+class RestartSampler:
+    """Every 100 ms, what a load balancer's health check would read, between two reads of
+    the index by the test: (seconds since ``mark``, the index before, ``/serving/edge-a``'s
+    status, the gauge, the index after). A sample whose index read the same before and
+    after says what the index was while the service answered (a restart passes through
+    down and empty to READY, never back)."""
+
+    EVERY = 0.1
+
+    def __init__(self, service: Service, triton: LocalTriton) -> None:
+        self.service, self.triton = service, triton
+        self.mark = time.monotonic()
+        self.samples: list[tuple[float, str, int, float | None, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        gauge = 'triton_gitops_server_serving{server="edge-a"}'
+        while not self._stop.wait(self.EVERY):
+            before = index_of_echo(self.triton)
+            status, _ = self.service.get("/serving/edge-a")
+            serving = self.service.metrics().get(gauge)
+            after = index_of_echo(self.triton)
+            self.samples.append((time.monotonic() - self.mark, before, status, serving, after))
+
+    def serving_while(self, index: str) -> list[tuple[float, str, int, float | None, str]]:
+        """The samples that said serving (200, or the gauge at 1) while the index read
+        ``index`` before and after."""
+        return [
+            s for s in self.samples
+            if s[1] == s[4] == index and (s[2] == 200 or s[3] == 1)
+        ]  # fmt: skip
+
+    def __enter__(self) -> RestartSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_restarted_empty_server_is_out_of_service_at_every_sample_until_restored(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    # The watch at its shipped interval (3 s), as a user runs it: before issue 41 (point 3)
+    # the service heard of the restart only at its next index read, and answered 200 from
+    # the old reading for up to that long while Triton, restarted, held nothing.
+    extra = ("--watch-interval", "3")
+    with echo_service(manifests, triton, model_repository, tmp_path / "service", extra) as service:
+        wait_until(lambda: truth(service)[0] == 200, 15, "edge-a serving echo 1")
+        with RestartSampler(service, triton) as sampler:
+            time.sleep(1.0)
+            sampler.mark = restarted = time.monotonic()
+            triton.kill()
+            triton.start()
+            wait_until(lambda: ready_versions(triton, "echo") == {1}, 60, "echo 1 restored")
+            wait_until(lambda: truth(service)[0] == 200, 15, "serving again")
+            time.sleep(0.3)
+        after = [s for s in sampler.samples if s[0] > 0]
+        empty = [s for s in after if s[1] == s[4] == "empty"]
+        assert empty, f"no sample read the restarted server empty: {sampler.samples}"
+        wrong = sampler.serving_while("empty")
+        window = (wrong[-1][0] - wrong[0][0] + RestartSampler.EVERY) if wrong else 0.0
+        print(
+            f"restart at 0 s: {len(empty)} samples read echo empty, {len(wrong)} of them "
+            f"said serving (a window of {window:.1f} s); "
+            f"{len(sampler.serving_while('unreadable'))} said serving while Triton was down; "
+            f"restored {time.monotonic() - restarted:.1f} s after the restart"
+        )
+        assert not wrong, (
+            f"{len(wrong)} of {len(empty)} samples said serving (/serving 200 or the gauge "
+            f"at 1) while the restarted server's index held no echo READY, over "
+            f"{window:.1f} s: {wrong}"
+        )
+        assert sampler.samples[-1][1:] == ("READY", 200, 1.0, "READY"), sampler.samples[-5:]

@@ -5,6 +5,8 @@ given as the watch hands them over; test_serving_truth.py (integration) reads a 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import ClassVar
 
@@ -19,7 +21,8 @@ from reconciler.model.serving import ModelInterface, ModelState, TensorSignature
 from reconciler.model.spec import ModelDeployment, SmokeCase, Tensor
 from reconciler.model.spec import ServingProbes as Spec
 from reconciler.service import serving_probes
-from reconciler.service.serving import ServingBoard
+from reconciler.service.connections import ServerConnections
+from reconciler.service.serving import DROPPED, ServingBoard
 from reconciler.service.serving_probes import ServingProbes
 from reconciler.service.telemetry import ReconcilerMetrics
 from reconciler.service.unloading import RESEND, StuckUnloads
@@ -197,3 +200,110 @@ def test_a_version_stuck_unloading_is_alerted_again_while_it_lasts_and_resolved_
         and sent.events[-1].summary == "echo version 4 on edge-a is unloaded"
     )
     assert metrics.registry.get_sample_value(stuck_gauge, labels) is None
+
+
+class Connection:
+    """A kept connection to one server, as the client library reports it."""
+
+    def __init__(self, server: str, address: str) -> None:
+        self.address, self.up, self.closed = address, True, False
+        self.dropped: list[Callable[[], None]] = []
+
+    def version_states(self) -> dict[str, dict[int, str]]:
+        return {}
+
+    def connected(self) -> bool:
+        return self.up
+
+    def when_dropped(self, dropped: Callable[[], None]) -> None:
+        self.dropped.append(dropped)
+
+    def drop(self) -> None:
+        self.up = False
+        for dropped in self.dropped:
+            dropped()
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Connections:
+    """``ServerConnections`` over ``Connection``s, keeping every one it opened."""
+
+    def __init__(self) -> None:
+        self.heard: list[str] = []
+        self.opened: list[Connection] = []
+
+        def connect(server: str, address: str) -> Connection:
+            self.opened.append(Connection(server, address))
+            return self.opened[-1]
+
+        self.kept = ServerConnections(self.heard.append, connect)
+
+
+def test_a_dropped_connection_is_out_until_a_reading_begun_after_the_drop() -> None:
+    metrics, publisher, connections = ReconcilerMetrics(), Publisher(), Connections()
+    board = ServingBoard(metrics, publisher, connections.kept)
+    edge_a = connections.kept.to("edge-a", "10.0.0.5:8001")
+    connections.kept.to("edge-b", "10.0.0.6:8001")
+    began = time.monotonic()
+    board.read(REPORT, SERVING, began=began)
+    assert board.answer("edge-a")[0] == 200
+
+    edge_a.drop()  # the server restarted: the library tells, from a thread of its own
+    assert connections.heard == ["edge-a"]
+    board.connection_dropped("edge-a")
+    status, body = board.answer("edge-a")
+    assert (status, body["reasons"]) == (503, [DROPPED]), f"{status} after the drop: {body}"
+    assert gauge(metrics, "triton_gitops_server_serving", "edge-a") == 0
+    assert publisher.calls[-1] == ("edge-a", False, "10.0.0.5:8001")
+    assert board.answer("edge-b")[0] == 200  # the other server is unaffected
+
+    # A reading begun before the drop read the old process, whatever it says.
+    board.read(REPORT, SERVING, began=began)
+    status, body = board.answer("edge-a")
+    assert (status, body["reasons"]) == (503, [DROPPED]), (
+        f"{status} from a reading begun before the drop: {body}"
+    )
+    # One begun after it says what the server holds now (the connection is up again).
+    edge_a.up = True
+    board.read(REPORT, {**SERVING, "edge-a": {}}, began=time.monotonic())
+    status, body = board.answer("edge-a")
+    assert (status, body["reasons"]) == (503, ["model counter: version(s) 1 not READY"]), body
+    board.read(REPORT, SERVING, began=time.monotonic())
+    assert board.answer("edge-a")[0] == 200
+    assert gauge(metrics, "triton_gitops_server_serving", "edge-a") == 1
+
+
+def test_an_answer_asks_the_connection_before_the_drop_is_heard() -> None:
+    # The library's event comes milliseconds after the socket closed; a restarted Triton
+    # answers, empty, tens of milliseconds after. The answer asks the connection itself.
+    metrics, connections = ReconcilerMetrics(), Connections()
+    board = ServingBoard(metrics, None, connections.kept)
+    connections.kept.to("edge-a", "10.0.0.5:8001")
+    connections.kept.to("edge-b", "10.0.0.6:8001")
+    board.read(REPORT, SERVING, began=time.monotonic())
+    connections.opened[0].up = False  # down, not yet told
+    status, body = board.answer("edge-a")
+    assert (status, body["reasons"]) == (503, [DROPPED]), (
+        f"{status} while the connection its reading went over is down: {body}"
+    )
+    assert gauge(metrics, "triton_gitops_server_serving", "edge-a") == 0
+    assert board.answer(None)[0] == 503 and board.answer("edge-b")[0] == 200
+
+
+def test_the_watch_keeps_one_connection_per_server_and_hears_only_the_current_one() -> None:
+    connections = Connections()
+    kept = connections.kept
+    first = kept.to("edge-a", "10.0.0.5:8001")
+    assert kept.to("edge-a", "10.0.0.5:8001") is first and kept.up("edge-a")
+    moved = kept.to("edge-a", "10.0.0.7:8001")  # another address: another connection
+    assert moved is not first and first.closed and not moved.closed
+    first.drop()  # the replaced connection's own end is not the server's
+    assert connections.heard == []
+    moved.drop()
+    assert connections.heard == ["edge-a"] and not kept.up("edge-a")
+    kept.to("edge-b", "10.0.0.6:8001")
+    kept.keep_only(["edge-b"])  # edge-a left the pass
+    assert moved.closed and not kept.up("edge-a") and kept.up("edge-b")
+    assert [c.closed for c in connections.opened] == [True, True, False]
