@@ -70,7 +70,7 @@ def test_a_named_ref_is_read_from_a_remote_whose_head_dangles(
     assert source.revision("main").sha == sha
     assert source.revision(sha).sha == sha
     # With no ref named, the remote's HEAD is what was asked for: its absence is the error.
-    with pytest.raises(SourceUnavailable, match="cannot fetch .*HEAD"):
+    with pytest.raises(SourceUnavailable, match=r"cannot fetch .*HEAD"):
         source.revision()
 
 
