@@ -392,10 +392,18 @@ class TrafficRouter(Protocol):
         raises)."""
         ...
 
-    def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+    def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> str | None:
         """Route by ``weights`` (every pool of the route named) and mirror ``mirror``'s
-        shares, in one update, without dropping a request; RouterUnavailable when the
-        router does not take it."""
+        shares, in one update, without dropping a request; the identity of the router that
+        took the update (see ``identity``), None when this kind of router has none;
+        RouterUnavailable when the router does not take it."""
+        ...
+
+    def identity(self) -> str | None:
+        """Which running router answers now: what ``route`` returned as long as the router
+        that took that update still holds it, something else once it restarted (or another
+        writer routed since); None when this kind of router has none, and then no identity
+        check applies. RouterUnavailable when it does not answer."""
         ...
 
     def figures(self, pools: Iterable[str]) -> Mapping[str, PoolFigures] | None:

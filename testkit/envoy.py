@@ -9,20 +9,27 @@ FractionalPercent such as ``{"numerator":2000,"denominator":"TEN_THOUSAND"}``: a
 integer is read by Envoy as a percent), the ``grpc_stats`` filter
 for per-cluster gRPC outcomes, and a runtime ``admin_layer`` so that weights change live
 through ``POST /runtime_modify``. ``examples/envoy/envoy.yaml`` is the same bootstrap,
-written out. Every process started here is ended by its pid (``LocalEnvoy.stop``).
+written out. Every process started here is ended by its pid (``LocalEnvoy.stop``), and
+``LocalEnvoy.hot_restart`` hands over to a new process as Envoy's hot restart does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testkit.local_triton import free_port
+from testkit.local_triton import end_process_group, free_port
 from testkit.services import ServiceError, _Service
 
 WEIGHT_SCALE = 10_000  # a pool's weight out of this; 100 is 1% of the route's requests
@@ -179,6 +186,7 @@ class LocalEnvoy(_Service):
     admin_port: int = 0
     # Envoy's shared-memory name: distinct per instance so that several run at once.
     base_id: int = field(default_factory=lambda: next(_BASE_IDS))
+    restart_epoch: int = 0  # the running process's hot-restart generation
 
     name = "envoy"
 
@@ -212,14 +220,57 @@ class LocalEnvoy(_Service):
         return bootstrap(self.address, admin, self.pools, self.weights, self.route, self.mirrors)
 
     def command(self, config_file: Path) -> list[str]:
+        # On a hot restart the new process tells the old one to drain for 1 s and exit
+        # after 2 s (Envoy's defaults: 600 s and 900 s).
         return [self.binary, "-c", str(config_file), "--base-id", str(self.base_id),
-                "-l", "warning"]  # fmt: skip
+                "--restart-epoch", str(self.restart_epoch), "--drain-time-s", "1",
+                "--parent-shutdown-time-s", "2", "-l", "warning"]  # fmt: skip
 
     def start(self, ready_timeout: float = 30.0) -> LocalEnvoy:
         """Start (or start again, on the same ports) and wait until the admin API answers."""
         self.admin_port = self.admin_port or free_port(self.host)
+        if self.process is None:
+            self.restart_epoch = 0  # a cold start: no process to take over from
         super().start(ready_timeout)
         return self
+
+    def hot_restart(self, timeout: float = 30.0) -> LocalEnvoy:
+        """Envoy's hot restart: a new process (the next restart epoch, the same base id and
+        bootstrap) takes the listeners and the admin port over from the running one, which
+        drains and exits. Statistics carry over, and the admin API answers throughout but
+        for a moment; the runtime starts again from the bootstrap. Returns once the old
+        process has exited."""
+        parent = self.process
+        assert parent is not None, "hot_restart needs a running Envoy"
+        self.restart_epoch += 1
+        with open(self.log_file, "ab") as log:
+            self.process = subprocess.Popen(
+                self.command(self.workdir / f"{self.name}.yml"),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while self._epoch() != self.restart_epoch:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                end_process_group(parent, 10.0)
+                self.stop()
+                raise ServiceError(f"envoy's hot restart did not take over:\n{self.log_tail()}")
+            time.sleep(0.01)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            parent.wait(max(1.0, deadline - time.monotonic()))
+        end_process_group(parent, 10.0)  # by its pid, if it has not exited by then
+        return self
+
+    def _epoch(self) -> int | None:
+        """The restart epoch of the process answering on the admin port, if one does."""
+        try:
+            with urllib.request.urlopen(f"{self.admin_url}/server_info", timeout=1) as answer:
+                info = json.loads(answer.read())
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return None
+        return int(info.get("command_line_options", {}).get("restart_epoch", -1))
 
     def __enter__(self) -> LocalEnvoy:
         return self.start()

@@ -140,7 +140,7 @@ class GatewayRouter:
     def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
         """Set every pool's weight and mirror share in one ``PUT`` of the route. A 409
         Conflict (the route changed since it was read) is read and made again, up to
-        ``conflict_retries`` times."""
+        ``conflict_retries`` times. No identity (see ``identity``)."""
         pools = {p.name for p in self.spec.pools}
         if set(weights) != pools or not set(mirror) <= set(self.spec.mirror_targets):
             # A caller's mistake, not the router's: the plan always names every pool.
@@ -180,6 +180,14 @@ class GatewayRouter:
                     f"{_unanswered(exc)}"
                 ) from exc
             return
+
+    def identity(self) -> None:
+        """None: no identity check applies. The weights live in the route object, which
+        the API server keeps; a restart of the Gateway's controller or data plane reads
+        the same object again and routes by it, so no restart undoes a phase's route here
+        (Envoy's runtime, by contrast, is lost with its process). A change to the route by
+        someone else during a phase is what the read-back after the phase catches."""
+        return None
 
     def figures(self, pools: Iterable[str]) -> Mapping[str, PoolFigures] | None:
         """None: the API server holds a route's configuration, not its traffic. Requests

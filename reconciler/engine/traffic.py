@@ -4,7 +4,9 @@ blue-green switch) and the analysis watches the new pool under it, reading the r
 statistics for that pool beside Triton's counters and the probes; then the old pool's
 servers take the new versions and the route is set to its final form. Any failure sets
 the route back to the old pool in one router update, before anything else is put back.
-Called by ``engine/apply.py``; everything it runs is planned (``RolloutPlan.traffic``).
+A phase fails when the router that took its route is not the one answering any more
+(``RouterIdentity``). Called by ``engine/apply.py``; everything it runs is planned
+(``RolloutPlan.traffic``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from reconciler.engine.stages import (
     through_stages,
 )
 from reconciler.model.analysis import Figures
-from reconciler.model.errors import RouterUnavailable
+from reconciler.model.errors import RouterRestarted, RouterUnavailable
 from reconciler.model.plan import Action, Step
 from reconciler.model.results import (
     ChangeResult,
@@ -38,20 +40,57 @@ from reconciler.model.traffic import TrafficPhase, TrafficPlan
 from reconciler.ports import FiguresSource, ShadowComparison, TrafficRouter
 
 
+class RouterIdentity:
+    """Which router took a phase's route (the identity ``TrafficRouter.route`` returned),
+    checked at every reading of the phase's analyses (``RoutedFigures``) and once more
+    before the phase passes. Why by identity: a restarted Envoy comes back at its
+    bootstrap's weights with its statistics started again, which reading the route back
+    tells only when the phase set other weights (not so a canary's phase at no traffic),
+    and reading the statistics only when a read falls within the restart (0.12 s); else
+    the analysis judged a share the router no longer routed by, without the router's
+    statistics (a counter that went backwards reads as no reading) and passed."""
+
+    def __init__(self, router: TrafficRouter, name: str, phase: str) -> None:
+        self.router, self.name, self.phase = router, name, phase
+        # Set by ``took`` once the phase's route is set, before its analyses start, and
+        # only read after. Until then (the readings taken before the route changes), and
+        # for a router with no identity: nothing to check.
+        self.taken: str | None = None
+
+    def took(self, identity: str | None) -> None:
+        self.taken = identity
+
+    def check(self) -> None:
+        """RouterRestarted when the router answering is not the one that took the route;
+        RouterUnavailable when none answers."""
+        if self.taken is None:
+            return
+        now = self.router.identity()
+        if now != self.taken:
+            raise RouterRestarted(
+                f"router {self.name} restarted since the route of {self.phase} was set (or "
+                f"another writer routed since; its identity was {self.taken!r}, now "
+                f"{now!r}): the analysis did not watch the share it was set for"
+            )
+
+
 @dataclass(frozen=True)
 class RoutedFigures:
     """A server's figures with the router's statistics for its pool beside them: what the
-    pool's clients saw. RouterUnavailable when the router does not answer."""
+    pool's clients saw. RouterUnavailable when the router does not answer, RouterRestarted
+    when it is not the one that took the phase's route (checked after the statistics are
+    read, so that they are the taking router's)."""
 
     source: FiguresSource
-    router: TrafficRouter
     pool: str
+    identity: RouterIdentity  # its router is the one read
 
     def figures(
         self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = {}
     ) -> Figures:
         figures = self.source.figures(model, versions, queries)
-        routed = self.router.figures((self.pool,))
+        routed = self.identity.router.figures((self.pool,))
+        self.identity.check()
         return replace(figures, routed=routed[self.pool]) if routed else figures
 
 
@@ -68,16 +107,20 @@ def set_route(
     step: Step,
     timing: Timing,
     reverting: bool = False,
+    identity: RouterIdentity | None = None,
 ) -> StepResult:
+    """Set the route; ``identity`` (a phase's) told which router took it."""
     started = timing.clock()
     try:
-        router.route(weights, mirror)
+        taken = router.route(weights, mirror)
     except RouterUnavailable as exc:
         ended = timing.clock()
         return StepResult(
             step, False, ended - started, str(exc), exc.failure, reverting, ended_at=ended
         )
     ended = timing.clock()
+    if identity is not None:
+        identity.took(taken)
     if step.router is not None:
         timing.events.routed(step.router, weights, mirror)
     return StepResult(step, True, ended - started, reverting=reverting, ended_at=ended)
@@ -193,8 +236,9 @@ def _phases(
         # Everything the analyses need is read before the route changes (the counters'
         # origin, the probes' requests tried on the old version): from the moment the new
         # pool takes its share, the first probes are out within milliseconds.
+        identity = RouterIdentity(router, plan.router, phase.name)
         prepared = [
-            _prepare(run, plan, router, phase, step, evidence[step.server], index == last)
+            _prepare(run, plan, identity, phase, step, evidence[step.server], index == last)
             for step in analyses
         ]
         shadow: ShadowComparison | None = None
@@ -208,7 +252,7 @@ def _phases(
             for _, context in prepared:
                 context.shadow = shadow
         try:
-            failure = _watched_phase(run, plan, router, phase, prepared, evidence, done)
+            failure = _watched_phase(run, plan, identity, phase, prepared, evidence, done)
         finally:
             if shadow is not None:
                 shadow.end()
@@ -239,20 +283,22 @@ def _comparison(
 def _watched_phase(
     run: Rollout,
     plan: TrafficPlan,
-    router: TrafficRouter,
+    identity: RouterIdentity,
     phase: TrafficPhase,
     prepared: list[tuple[Step, ChangeContext]],
     evidence: dict[str, float],
     done: dict[str, list[StepResult]],
 ) -> StepResult | None:
-    """One phase once prepared: the route set, the analyses under it, the route read back."""
+    """One phase once prepared: the route set, the analyses under it, the router's
+    identity checked and the route read back."""
     analyses = run.plan.analyses
     routed = set_route(
-        router,
+        identity.router,
         phase.weights,
         phase.mirror,
         _route_step(plan, analyses[0].server, run.plan.model, phase.name),
         run.timing,
+        identity=identity,
     )
     for step in analyses:
         done[step.server].append(_on(routed, step.server))
@@ -271,7 +317,7 @@ def _watched_phase(
             failure = failure or results[-1]
     if failure is not None:
         return failure
-    drift = _drifted(router, plan, phase, analyses[0])
+    drift = _drifted(identity, plan, phase, analyses[0])
     if drift is not None:
         for step in analyses:
             done[step.server].append(_on(drift, step.server))
@@ -305,7 +351,7 @@ def _drop_old(
 def _prepare(
     run: Rollout,
     plan: TrafficPlan,
-    router: TrafficRouter,
+    identity: RouterIdentity,
     phase: TrafficPhase,
     step: Step,
     evidence_before: float,
@@ -320,7 +366,7 @@ def _prepare(
     old = run.plan.baselines[0] if run.plan.baselines else ()
     pool = tuple(m for s in old if (m := run.metrics.get(s)) is not None)
     context = ChangeContext(
-        RoutedFigures(source, router, plan.new_pool) if source is not None else None,
+        RoutedFigures(source, plan.new_pool, identity) if source is not None else None,
         baseline=PooledFigures(pool) if pool else None,
         hooks=run.hooks,
         evidence_before=evidence_before,
@@ -346,13 +392,18 @@ def _analyse(run: Rollout, prepared: tuple[Step, ChangeContext]) -> list[StepRes
 
 
 def _drifted(
-    router: TrafficRouter, plan: TrafficPlan, phase: TrafficPhase, step: Step
+    identity: RouterIdentity, plan: TrafficPlan, phase: TrafficPhase, step: Step
 ) -> StepResult | None:
-    """A failure when the router no longer routes as the phase set it (restarted: its
-    runtime starts again from the config's defaults; or changed by hand): what the analysis
-    watched is not what was set, so nothing is known against the versions."""
-    state = router.observe()
+    """A failure when the router that took the phase's route is not the one answering (the
+    last reading of the analyses may have come before a restart), or no longer routes as
+    the phase set it (changed by hand): what the analysis watched is not what was set, so
+    nothing is known against the versions."""
     what = _route_step(plan, step.server, step.model, f"{phase.name}: read back")
+    try:
+        identity.check()
+    except RouterUnavailable as exc:
+        return StepResult(what, False, 0.0, str(exc), exc.failure)
+    state = identity.router.observe()
     if not state.reachable:
         return StepResult(what, False, 0.0, state.error, FailureKind.SERVER_LOST)
     if not routes_as(state, phase.weights, phase.mirror):

@@ -5,6 +5,9 @@
     │                                  (carries every Problem found: file, line, message)
     ├── SourceUnavailable              the Git remote or ref cannot be read (transient)
     ├── ServerUnavailable              a Triton server does not answer (transient)
+    ├── RouterUnavailable              a router does not answer or refuses a change (transient)
+    │   └── RouterRestarted            it restarted under a traffic phase's analysis (put
+    │                                  back, not held)
     ├── DiscoveryFailed                a server's DNS name does not resolve; nothing applied
     ├── TrustedKeysError               --trusted-keys gives no keyring (configuration)
     ├── StateFileRefused               the state file cannot be used as it is; left as it is
@@ -98,6 +101,12 @@ class RouterUnavailable(ReconcileError):
     nothing is known against the versions."""
 
     failure = FailureKind.SERVER_LOST
+
+
+class RouterRestarted(RouterUnavailable):
+    """The router that took a traffic phase's route is not the one answering any more (it
+    restarted, or another writer set the route): the analysis did not watch the share the
+    phase set, so nothing is known against the versions."""
 
 
 class UnsafeRevision(ReconcileError):

@@ -81,6 +81,28 @@ def test_a_restarted_envoy_is_read_back_at_its_defaults(envoy: LocalEnvoy) -> No
     assert dict(router.observe().weights) == {"stable": 10_000, "canary": 0}
 
 
+@pytest.mark.parametrize("restart", ["cold", "hot"])
+def test_the_identity_a_route_was_taken_under_changes_with_any_restart(
+    envoy: LocalEnvoy, restart: str
+) -> None:
+    router = EnvoyRouter(_spec(envoy))
+    # At the bootstrap's defaults: after a restart Envoy routes exactly as set, and only
+    # its identity tells the difference.
+    taken = router.route({"stable": 10_000, "canary": 0}, {})
+    assert taken and router.identity() == taken
+    assert router.identity() == taken  # the same Envoy, read again
+    if restart == "cold":
+        envoy.stop()
+        envoy.start()
+    else:
+        envoy.hot_restart()  # the admin port answers throughout but for a moment
+    assert dict(router.observe().weights) == {"stable": 10_000, "canary": 0}
+    assert router.identity() != taken
+    # Another update: another identity, which the Envoy that took it holds.
+    again = router.route({"stable": 10_000, "canary": 0}, {})
+    assert again != taken and router.identity() == again
+
+
 def test_per_pool_grpc_outcomes_and_latency_as_clients_saw_them(envoy: LocalEnvoy) -> None:
     router = EnvoyRouter(_spec(envoy))
     router.route({"stable": 5_000, "canary": 5_000}, {})

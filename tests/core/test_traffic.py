@@ -60,26 +60,44 @@ CANARY = TrafficSpec("edge", Strategy.CANARY, ("stable", "canary"), (100, 5_000)
 
 class FakeRouter:
     """A TrafficRouter in memory: every update recorded; ``failing``: the share of routed
-    requests to the canary pool that fail, as the router counts them."""
+    requests to the canary pool that fail, as the router counts them. Its identity is
+    Envoy's: a marker each update writes, which ``restart`` loses with the weights set and
+    the statistics."""
 
     def __init__(self, weights: Mapping[str, int], failing: float = 0.0) -> None:
+        self.defaults = dict(weights)
         self.weights = dict(weights)
         self.mirror = {p: 0 for p in weights}
         self.updates: list[tuple[dict[str, int], dict[str, int]]] = []
         self.failing = failing
         self.down = False
         self.reads = 0
+        self.marker = ""
+        self.identities_read = 0
+
+    def restart(self) -> None:
+        """Back at the config's defaults, nothing mirrored, the statistics started again."""
+        self.weights, self.mirror = dict(self.defaults), {p: 0 for p in self.defaults}
+        self.marker, self.reads = "", 0
 
     def observe(self) -> RouteState:
         if self.down:
             return RouteState("edge", False, error="router edge: not reachable (refused)")
         return RouteState("edge", True, dict(self.weights), dict(self.mirror))
 
-    def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+    def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> str | None:
         if self.down:
             raise RouterUnavailable("router edge: not reachable (refused)")
         self.weights, self.mirror = dict(weights), {**self.mirror, **mirror}
         self.updates.append((dict(weights), dict(mirror)))
+        self.marker = f"update {len(self.updates)}"
+        return self.marker
+
+    def identity(self) -> str | None:
+        self.identities_read += 1
+        if self.down:
+            raise RouterUnavailable("router edge: not reachable (refused)")
+        return self.marker
 
     def close(self) -> None:
         pass
@@ -483,6 +501,102 @@ def test_a_router_lost_mid_rollout_stops_it_as_transient() -> None:
     c = next(r for r in result.changes if r.change.server == "c")
     assert c.outcome is Outcome.REVERTED
     assert c.failure is FailureKind.SERVER_LOST  # nothing known against version 2: no hold
+
+
+class RestartAt:
+    """Apply's step events and its clock, restarting the router at a moment of the canary's
+    phase at no traffic (the route there is the router's default: a restarted router routes
+    exactly as that phase set it): ``between_reads``, at the first sleep of its analysis;
+    else right after its last evaluation, before the phase passes."""
+
+    def __init__(self, run: Pass, between_reads: bool) -> None:
+        self.run, self.between_reads, self.restarted = run, between_reads, False
+
+    def _at_no_traffic(self) -> bool:
+        return len(self.run.router.updates) == 2  # the route at rest, then this phase's
+
+    def sleep(self, seconds: float) -> None:
+        self.run.clock.sleep(seconds)
+        if self.between_reads and self._at_no_traffic() and not self.restarted:
+            self.restarted = True
+            self.run.router.restart()
+
+    def started(self, step: Step, reverting: bool) -> None:
+        pass
+
+    def evaluated(self, step: Step, evaluation: object, seconds_left: float) -> None:
+        if not self.between_reads and self._at_no_traffic() and not self.restarted:
+            assert seconds_left == 0  # its only evaluation: the analysis passes on it
+            self.restarted = True
+            self.run.router.restart()
+
+    def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        pass
+
+
+def _restarted_at_no_traffic(between_reads: bool) -> tuple[Pass, ApplyResult]:
+    state = replace_traffic(desired(), replace(CANARY, mirror=0))
+    probed = replace(state.deployments["m"], analysis=replace(ANALYSIS, probes=ProbeSpec()))
+    run = Pass(DesiredState.build(list(state.servers.values()), [probed], [ROUTER]), fakes(),
+               at_rest())  # fmt: skip
+    restart = RestartAt(run, between_reads)
+    timing = Timing(clock=run.clock.clock, sleep=restart.sleep, events=restart)
+    metrics = {name: Counters() for name in run.fakes}
+    planned = run.plan()
+    traffic = planned.rollouts[0].traffic
+    assert traffic is not None and traffic.phases[0].name == "canary at no traffic (probes)"
+    result = apply(planned, run.fakes, timing=timing, metrics=metrics, routers={"edge": run.router})
+    assert restart.restarted
+    return run, result
+
+
+@pytest.mark.parametrize("between_reads", [True, False], ids=["mid-analysis", "before-passing"])
+def test_a_router_restarted_under_a_phase_stops_the_rollout_though_it_routes_as_set(
+    between_reads: bool,
+) -> None:
+    # Issue 41, point 5: a restarted Envoy comes back at its defaults, which is what the
+    # phase at no traffic set, and its statistics start again; read between two of the
+    # analysis's readings (or after its last), nothing but its identity tells.
+    run, result = _restarted_at_no_traffic(between_reads)
+    assert not result.ok
+    c = next(r for r in result.changes if r.change.server == "c")
+    assert c.outcome is Outcome.REVERTED
+    assert c.failure is FailureKind.SERVER_LOST  # nothing known against version 2: no hold
+    error = c.error or ""
+    assert "router edge restarted since the route of canary at no traffic (probes)" in error
+    failed = c.steps[-1]
+    # Mid-analysis: at its next reading, an evaluation's or an early abort's poll; after
+    # its last evaluation: by the check before the phase passes.
+    assert failed.step.action is (Action.ANALYZE if between_reads else Action.ROUTE), failed
+    assert between_reads or "read back" in failed.step.reason
+    # No further phase: at rest, at no traffic, then the switch back.
+    assert [w["canary"] for w, _ in run.router.updates] == [0, 0, 0]
+    for fake in run.fakes.values():
+        assert observe(fake).model("m").ready == {1}
+
+
+def test_the_same_router_answering_throughout_passes_each_phase_on_its_identity() -> None:
+    run = Pass(replace_traffic(desired(), replace(CANARY, mirror=0)), fakes(), at_rest())
+    _, result = run.run()
+    assert result.ok, [c.error for c in result.changes]
+    # Read at every reading of each phase's analysis, and once more before it passed.
+    assert run.router.identities_read >= 2 * 2
+
+
+def test_a_router_with_no_identity_is_not_checked_for_one() -> None:
+    # The Gateway API's: its route is an object the API server keeps, which no restart of
+    # the Gateway undoes.
+    class Declarative(FakeRouter):
+        def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+            super().route(weights, mirror)
+
+        def identity(self) -> None:
+            raise AssertionError("no identity to read")
+
+    run = Pass(replace_traffic(desired(), replace(CANARY, mirror=0)), fakes(),
+               Declarative({"stable": 10_000, "canary": 0}))  # fmt: skip
+    _, result = run.run()
+    assert result.ok, [c.error for c in result.changes]
 
 
 def replace_traffic(state: DesiredState, traffic: TrafficSpec) -> DesiredState:
