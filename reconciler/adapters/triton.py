@@ -12,10 +12,8 @@ either, the error names the store and its cause first, since Triton waits on it.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import queue
 import random
 import threading
 import time
@@ -32,6 +30,7 @@ from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.model_repository import read_model, store_trouble
+from reconciler.adapters.triton_stream import StreamRequest, stream_once
 from reconciler.core.exchange import MAX_RESPONSES, Reply
 from reconciler.core.smoke import as_array
 from reconciler.credentials import redact
@@ -545,65 +544,25 @@ class TritonServerClient:
         timeout: float | None = None,
         max_responses: int = MAX_RESPONSES,
     ) -> Reply:
-        """One request over gRPC ModelStreamInfer, pinned to ``version``, with
-        ``triton_enable_empty_final_response`` set so that the end of the stream is always
-        flagged: the responses until the final flag. A client of its own per stream
-        (tritonclient holds one stream per client, and probes may run side by side), closed
-        at the end, the request cancelled if it has not ended."""
-        deadline = timeout or self.call_timeout
-        doing = f"streaming {model} version {version}"
-        events: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
-        client = triton_grpc.InferenceServerClient(self.address)
-        responses: list[dict[str, npt.NDArray[np.generic]]] = []
-        seconds: list[float] = []
-        started = time.monotonic()
+        """One request over gRPC ModelStreamInfer, pinned to ``version``, until Triton's
+        final flag (``adapters/triton_stream.py``)."""
+        request = StreamRequest(
+            model,
+            version,
+            infer_inputs(inputs),
+            outputs,
+            timeout or self.call_timeout,
+            max_responses,
+        )
         try:
-            client.start_stream(callback=lambda result, error: events.put((result, error)))
-            client.async_stream_infer(
-                model,
-                infer_inputs(inputs),
-                model_version=str(version),
-                outputs=[triton_grpc.InferRequestedOutput(name) for name in outputs] or None,
-                enable_empty_final_response=True,
+            return stream_once(
+                self.address,
+                request,
+                f"server {self.name}",
+                lambda error: _unreachable(error) and not _not_ready(error),
             )
-            while True:
-                left = started + deadline - time.monotonic()
-                try:
-                    result, error = events.get(timeout=max(left, 0.0))
-                except queue.Empty:
-                    raise ProbeTimedOut(
-                        f"server {self.name}: {doing}: {len(responses)} response(s) and no "
-                        f"final flag within {deadline:g}s"
-                    ) from None
-                if error is not None:
-                    if _unreachable(error) and not _not_ready(error) and not responses:
-                        raise self._error(error, doing) from error
-                    raise VerifyFailed(
-                        f"server {self.name}: {doing}: an error in the stream after "
-                        f"{len(responses)} response(s): {error.message()}"
-                    )
-                response = result.get_response()
-                if response.outputs:  # the final flag may come alone, with no tensor
-                    answer = {}
-                    for output in response.outputs:
-                        array = result.as_numpy(output.name)
-                        if array is not None:
-                            answer[output.name] = array
-                    responses.append(answer)
-                    seconds.append(time.monotonic() - started)
-                final = response.parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
-                    return Reply(tuple(responses), tuple(seconds), streamed=True)
-                if len(responses) > max_responses:
-                    raise VerifyFailed(
-                        f"server {self.name}: {doing}: more than {max_responses} responses "
-                        "and no final flag: the stream was cut"
-                    )
         except InferenceServerException as exc:
+            doing = f"streaming {model} version {version}"
             if _unreachable(exc) and not _not_ready(exc):
                 raise self._error(exc, doing) from exc
             raise VerifyFailed(f"server {self.name}: {doing}: {exc.message()}") from exc
-        finally:
-            with contextlib.suppress(Exception):  # ending it must not hide why it ended
-                client.stop_stream(cancel_requests=True)
-            client.close()

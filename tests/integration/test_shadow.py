@@ -254,15 +254,18 @@ def test_a_right_but_twice_slower_candidate_fails_the_latency_part(
     code, _, _, why, _ = _roll(manifests, serving, fleet, slowed)
     assert code == 0, why
     shadow = (
-        f"{{{FAST}, minRequests: 60, compare: {{maxLatencyIncrease: 0.5, latencyQuantile: p99}}}}"
+        f"{{{FAST}, minRequests: 60, compare: {{maxLatencyIncrease: 0.5, latencyQuantile: p50}}}}"
     )
+    # The median of the interleaved calls: on a machine shared by three test processes one
+    # stalled call among ~60 made the serving version's p99 five times the candidate's
+    # (shadow-latency -0.82, a clean-clone CI run), whatever the versions' delays.
     doc = _deployment(2, delays, shadow)
     code, report, load, why, canary = _roll(manifests, serving, fleet, doc)
     assert code != 0, why
     assert load.failures == [] and canary == 0, (load.failures[:3], canary)
     checks = _shadow_checks(report)
     latency = [c for c in checks if c["check"] == "shadow-latency" and c["verdict"] == "fail"]
-    assert latency and "p99 latency" in latency[-1]["detail"], why
+    assert latency and "p50 latency" in latency[-1]["detail"], why
     answers = [c for c in checks if c["check"] == "shadow" and c["verdict"] != "skipped"]
     assert answers and all(c["verdict"] == "pass" for c in answers), why  # right answers
     assert ready_versions(fleet.tritons["c"], "echo") == {1}
@@ -339,7 +342,7 @@ def test_a_sequence_model_mirrored_by_envoy_is_compared_by_whole_sequences(
     manifests.commit("counter 2, its sums three times too large")
     # The plan knows it from the repository's config (sequence_batching): its steps would
     # split sequences in flight between the pools; the shadow phase does not.
-    planned = serving.plan()
+    planned = serving.plan("--comparator-listen", fleet.listen)
     assert "(a sequence model: each step sends the later requests" in planned.out, planned.out
     before = fleet.canary_requests()
     with SequenceClient(fleet.envoy.address) as client:

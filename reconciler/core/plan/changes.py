@@ -15,6 +15,7 @@ from typing import Any
 from reconciler.core.interface import config_interface, interface_part
 from reconciler.core.plan.heal import heal_change
 from reconciler.core.plan.revert import put_back_unloaded, revert_steps, sorted_versions
+from reconciler.core.plan.verify import verify_step
 from reconciler.core.triton_config import (
     config_drift,
     is_complete,
@@ -389,7 +390,7 @@ def _load_and_verify(delta: _Delta) -> list[Step]:
     )
     old_serving = ready - desired
     steps.append(
-        _verify_step(
+        verify_step(
             server,
             deployment,
             desired,
@@ -485,65 +486,6 @@ def _drain_step(server: str, model: str, ready: frozenset[int], policy: Sequence
     )
 
 
-def _verify_step(
-    server: str,
-    deployment: ModelDeployment,
-    desired: frozenset[int],
-    smoke_versions: frozenset[int],
-    check_interface: bool,
-    old_version: int | None = None,
-    streaming: bool = False,
-) -> Step:
-    notes = [f"{', '.join(map(str, sorted(desired)))} READY"]
-    if deployment.smoke:
-        notes.append(
-            f"{len(deployment.smoke)} smoke case(s) against "
-            f"{', '.join(map(str, sorted(smoke_versions)))}"
-        )
-    interface = check_interface and not deployment.allow_interface_change
-    if interface:
-        notes.append("inputs and outputs as the old versions'")
-    shadow = deployment.shadow if old_version is not None else None
-    if shadow is not None:
-        notes.append(
-            f"replay {len(shadow.requests)} recorded request(s) on {old_version} and the new "
-            f"version(s): agreement >= {shadow.min_agreement:g}"
-        )
-    # Nothing else declared asks the new versions a question: one request synthesized from
-    # the model's inputs, which the old version answers, must be answered (an analysis
-    # probes on its own, from its start).
-    probe = (
-        old_version
-        if old_version is not None
-        and not deployment.smoke
-        and shadow is None
-        and deployment.analysis is None
-        else None
-    )
-    if probe is not None:
-        notes.append(
-            f"a {'stream' if streaming else 'request'} synthesized from the inputs, if {probe} "
-            f"answers it, answered by {', '.join(map(str, sorted(smoke_versions)))}"
-        )
-    if streaming:
-        notes.append("a streaming model: asked by gRPC streams")
-    return Step(
-        server,
-        deployment.model,
-        Action.VERIFY,
-        sorted_versions(desired),
-        "; ".join(notes),
-        smoke=deployment.smoke,
-        smoke_versions=sorted_versions(smoke_versions),
-        timeout=deployment.verify_timeout,
-        interface_check=interface,
-        shadow=shadow,
-        shadow_against=old_version if shadow is not None else None,
-        probe_against=probe,
-        streaming=streaming,
-    )
-
-
 def _swap_in_place(
     server: str,
     deployment: ModelDeployment,
@@ -598,7 +540,7 @@ def _swap_in_place(
         )
     )
     steps.append(
-        _verify_step(server, deployment, desired, desired, False, streaming=streams(target))
+        verify_step(server, deployment, desired, desired, False, streaming=streams(target))
     )
     return ModelChange(
         server,

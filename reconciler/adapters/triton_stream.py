@@ -1,0 +1,102 @@
+"""One streamed exchange with a model version over gRPC ModelStreamInfer (a decoupled
+model, which refuses a unary call): the request pinned by version, with
+``triton_enable_empty_final_response`` set so that the end of every stream is flagged, its
+responses read until that final flag. Used by the Triton adapter's ``stream``
+(``adapters/triton.py``), which maps what this raises onto the error tree.
+
+A client of its own per stream: tritonclient holds one stream per client object, and probes
+may run side by side. It is closed at the end, the request cancelled if it has not ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
+
+from reconciler.core.exchange import Reply
+from reconciler.model.errors import ProbeTimedOut, VerifyFailed
+
+
+@dataclass(frozen=True)
+class StreamRequest:
+    model: str
+    version: int
+    inputs: list[triton_grpc.InferInput]
+    outputs: tuple[str, ...]  # none named: every output
+    deadline: float  # seconds for the whole stream, to its final flag
+    max_responses: int
+
+
+def stream_once(
+    address: str,
+    request: StreamRequest,
+    who: str,
+    unreachable: Callable[[InferenceServerException], bool],
+) -> Reply:
+    """The responses to ``request`` from the server at ``address`` until the final flag.
+    ProbeTimedOut when it has not come by the deadline; VerifyFailed for an error inside the
+    stream (with how many responses came first) or more than ``max_responses``; an error
+    that says the server is ``unreachable``, before any response, as tritonclient raises it.
+    ``who`` names the server in messages."""
+    doing = f"{who}: streaming {request.model} version {request.version}"
+    events: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
+    client = triton_grpc.InferenceServerClient(address)
+    responses: list[dict[str, npt.NDArray[np.generic]]] = []
+    seconds: list[float] = []
+    started = time.monotonic()
+    try:
+        # tritonclient calls back with keywords: result=, error=.
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        client.async_stream_infer(
+            request.model,
+            request.inputs,
+            model_version=str(request.version),
+            outputs=[triton_grpc.InferRequestedOutput(name) for name in request.outputs] or None,
+            enable_empty_final_response=True,
+        )
+        while True:
+            left = started + request.deadline - time.monotonic()
+            try:
+                result, error = events.get(timeout=max(left, 0.0))
+            except queue.Empty:
+                raise ProbeTimedOut(
+                    f"{doing}: {len(responses)} response(s) and no final flag within "
+                    f"{request.deadline:g}s"
+                ) from None
+            if error is not None:
+                if not responses and unreachable(error):
+                    raise error  # the server, not the version: the adapter says so
+                raise VerifyFailed(
+                    f"{doing}: an error in the stream after {len(responses)} response(s): "
+                    f"{error.message()}"
+                )
+            response = result.get_response()
+            if response.outputs:  # the final flag may come alone, with no tensor
+                answer = {}
+                for output in response.outputs:
+                    array = result.as_numpy(output.name)
+                    if array is not None:
+                        answer[output.name] = array
+                responses.append(answer)
+                seconds.append(time.monotonic() - started)
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                return Reply(tuple(responses), tuple(seconds), streamed=True)
+            if len(responses) > request.max_responses:
+                raise VerifyFailed(
+                    f"{doing}: more than {request.max_responses} responses and no final flag: "
+                    "the stream was cut"
+                )
+    finally:
+        with contextlib.suppress(Exception):  # ending it must not hide why it ended
+            client.stop_stream(cancel_requests=True)
+        client.close()
