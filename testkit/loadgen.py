@@ -8,9 +8,12 @@ its message, a response without OUTPUT0 (a renamed output) included.
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as triton_grpc
@@ -162,3 +165,78 @@ class SequenceClient:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(30)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One generation streamed by ``StreamClient``: when it was sent, the version of each
+    response (``model_version``: a pool's version tells the pool during a rollout), the
+    tokens, and how it ended (None: with its final flag)."""
+
+    started: float  # time.monotonic()
+    versions: tuple[str, ...]
+    tokens: tuple[int, ...]
+    error: str | None
+
+
+class StreamClient:
+    """Threads streaming generations from a streaming (decoupled) model one after another
+    over gRPC ModelStreamInfer, each stream on a client of its own (a new connection: a
+    router places it anew), unversioned; every stream recorded (``Stream``)."""
+
+    def __init__(self, address: str, model: str, threads: int = 1) -> None:
+        self.address, self.model = address, model
+        self.streams: list[Stream] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def __enter__(self) -> StreamClient:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+
+    def _run(self) -> None:
+        prompt = triton_grpc.InferInput("PROMPT", [3], "INT32")
+        prompt.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+        while not self._stop.is_set():
+            stream = self._one(prompt)
+            with self._lock:
+                self.streams.append(stream)
+
+    def _one(self, prompt: triton_grpc.InferInput) -> Stream:
+        events: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        versions: list[str] = []
+        tokens: list[int] = []
+        error = None
+        started = time.monotonic()
+        with triton_grpc.InferenceServerClient(self.address) as client:
+            # tritonclient calls back with keywords: result=, error=.
+            client.start_stream(callback=partial(_put, events))
+            client.async_stream_infer(self.model, [prompt], enable_empty_final_response=True)
+            while True:
+                try:
+                    result, failed = events.get(timeout=30)
+                except queue.Empty:
+                    error = "no final flag within 30s"
+                    break
+                if failed is not None:
+                    error = str(failed)
+                    break
+                response = result.get_response()
+                if response.outputs:
+                    versions.append(response.model_version)
+                    tokens.append(int(result.as_numpy("TOKEN")[0]))
+                if response.parameters["triton_final_response"].bool_param:
+                    break
+            client.stop_stream()
+        return Stream(started, tuple(versions), tuple(tokens), error)
+
+
+def _put(events: queue.Queue[tuple[Any, Any]], result: Any, error: Any) -> None:
+    events.put((result, error))

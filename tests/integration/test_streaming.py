@@ -11,19 +11,15 @@ inconclusive. Each check here is the reconciler's own: no client streams.
 from __future__ import annotations
 
 import json
-import queue
-import threading
 import time
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
 from testkit.cli_run import Reconciler, cli
+from testkit.loadgen import StreamClient
 from testkit.local_triton import LocalTriton
 from testkit.manifests import GENERATOR, ManifestRepo, server_doc, write_generator_repository
 from tests.integration.flows import ready_versions
@@ -158,59 +154,6 @@ def test_an_analysis_without_client_streams_judges_by_streaming_probes(
     assert ready_versions(generator_server, GENERATOR) == {2}
 
 
-def _put(events: queue.Queue[tuple[Any, Any]], result: Any, error: Any) -> None:
-    events.put((result, error))
-
-
-class Streamer:
-    """A client streaming generations one after another (unversioned: the highest READY
-    version answers), each stream's responses and how it ended recorded."""
-
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.streams: list[tuple[list[str], list[int], str | None]] = []  # versions, tokens
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Streamer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=60)
-
-    def _run(self) -> None:
-        prompt = triton_grpc.InferInput("PROMPT", [3], "INT32")
-        prompt.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
-        while not self._stop.is_set():
-            events: queue.Queue[tuple[Any, Any]] = queue.Queue()
-            versions: list[str] = []
-            tokens: list[int] = []
-            error = None
-            with triton_grpc.InferenceServerClient(self.address) as client:
-                # tritonclient calls back with keywords: result=, error=.
-                client.start_stream(callback=partial(_put, events))
-                client.async_stream_infer(GENERATOR, [prompt], enable_empty_final_response=True)
-                while True:
-                    try:
-                        result, err = events.get(timeout=30)
-                    except queue.Empty:
-                        error = "no final flag within 30s"
-                        break
-                    if err is not None:
-                        error = str(err)
-                        break
-                    response = result.get_response()
-                    if response.outputs:
-                        versions.append(response.model_version)
-                        tokens.append(int(result.as_numpy("TOKEN")[0]))
-                    if response.parameters["triton_final_response"].bool_param:
-                        break
-                client.stop_stream()
-            self.streams.append((versions, tokens, error))
-
-
 def test_a_stream_in_flight_during_a_swap_ends_on_the_version_that_started_it(
     generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
 ) -> None:
@@ -223,16 +166,16 @@ def test_a_stream_in_flight_during_a_swap_ends_on_the_version_that_started_it(
     )
     code, why, _ = _roll(manifests, reconciler, _gen(1, slow))
     assert code == 0, why
-    with Streamer(generator_server.grpc_address) as streamer:
+    with StreamClient(generator_server.grpc_address, GENERATOR) as streamer:
         time.sleep(0.5)  # a stream under way on version 1
         code, why, report = _roll(manifests, reconciler, _gen(2, slow))
         time.sleep(0.5)
     assert code == 0, why
-    cut = [(v, t, e) for v, t, e in streamer.streams if e is not None or len(t) != 60]
+    cut = [s for s in streamer.streams if s.error is not None or len(s.tokens) != 60]
     assert cut == [], f"streams cut or short: {cut}"
-    mixed = [set(v) for v, _, _ in streamer.streams if len(set(v)) != 1]
+    mixed = [set(s.versions) for s in streamer.streams if len(set(s.versions)) != 1]
     assert mixed == [], f"streams answered by two versions: {mixed}"
-    assert streamer.streams and streamer.streams[0][0][0] == "1", streamer.streams[:1]
+    assert streamer.streams and streamer.streams[0].versions[0] == "1", streamer.streams[:1]
     (change,) = report["result"]["changes"]
     unload = next(s for s in change["steps"] if s["action"] == "unload")
     assert "the streams in flight on them end there first" in unload["reason"], unload
