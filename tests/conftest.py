@@ -65,6 +65,8 @@ LONGEST_FIRST = (
     "tests/integration/test_operator_verbs.py",
     "tests/integration/test_daemon.py",
     "tests/integration/test_model_safety.py",
+    "tests/integration/test_streaming_traffic.py",
+    "tests/integration/test_streaming.py",
     "tests/adapters/test_envoy.py",
 )
 LAST = ("tests/integration/test_image.py",)

@@ -15,16 +15,25 @@ import json
 import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import tritonclient.grpc as triton_grpc
 
 from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec
+from testkit.cli_run import Reconciler
 from testkit.envoy import LocalEnvoy
 from testkit.loadgen import Stream, StreamClient
 from testkit.local_triton import LocalTriton
-from testkit.manifests import GENERATOR, write_generator_repository
+from testkit.manifests import (
+    GENERATOR,
+    ManifestRepo,
+    router_doc,
+    server_doc,
+    write_generator_repository,
+)
+from tests.integration.flows import ready_versions
 from tests.services import envoy_or_skip
 
 pytestmark = pytest.mark.triton
@@ -123,3 +132,68 @@ def test_a_weight_is_a_share_of_streams_and_no_stream_is_cut_by_a_change(pools: 
         shares.append((percent, n, on_canary / n if n else None, allowed))
         assert n >= 20, f"too few streams at {percent}%: {shares}"
         assert abs(on_canary / n - p) <= allowed, f"share of streams off the weight: {shares}"
+
+
+def _deployment(version: int) -> str:
+    return (
+        "apiVersion: triton-gitops.dev/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        "metadata: {name: gen}\n"
+        "spec:\n"
+        "  servers: {names: [a, c]}\n"
+        f"  versions: [{version}]\n"
+        "  config:\n"
+        "    parameters: {tokens: {string_value: '20'}, token_ms: {string_value: '10'}}\n"
+        "    instance_group: [{kind: KIND_CPU, count: 2}]\n"
+        "  verify:\n"
+        "    analysis:\n"
+        "      interval: 1s\n"
+        "      duration: 3s\n"
+        "      probes: {maxShare: 0.5, timeout: 5s}\n"
+        "      checks:\n"
+        "        - name: success-rate\n"
+        "          successRate: {min: 0.99}\n"
+        "  rollout:\n"
+        "    traffic: {router: edge, strategy: canary, stablePool: stable, canaryPool: canary,"
+        " steps: [50%]}\n"
+    )
+
+
+def test_the_reconciler_rolls_a_streaming_model_through_envoy_without_cutting_a_stream(
+    pools: Pools, manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    """A canary rollout of the streaming model by the reconciler itself, clients streaming
+    through Envoy all along: the good version is promoted with no client stream cut; one
+    that errors in every stream is caught by the streaming probes before any client is
+    moved to it, and the serving version stays."""
+    for name, server in (("a", pools.stable), ("c", pools.canary)):
+        with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+            client.unload_model(GENERATOR)
+        manifests.write(
+            f"servers/{name}.yaml",
+            server_doc(
+                name, server.grpc_address, server.model_repository, metrics=server.metrics_url
+            ),
+        )
+    manifests.write(
+        "router.yaml", router_doc(pools.envoy.admin_url, {"stable": ["a"], "canary": ["c"]})
+    )
+    manifests.write("gen.yaml", _deployment(1))
+    manifests.commit("gen 1 through the router")
+    reconciler = Reconciler(manifests.url, tmp_path / "reconciler")
+    first = reconciler.apply()
+    assert first.code == 0, first.explain()
+    for version, expected in ((2, 0), (3, 1)):
+        manifests.write("gen.yaml", _deployment(version))
+        manifests.commit(f"gen {version}")
+        with StreamClient(pools.envoy.address, GENERATOR, threads=2) as clients:
+            time.sleep(0.5)
+            result = reconciler.apply("--output", "json")
+            time.sleep(0.5)
+        assert result.code == expected, result.explain()
+        cut = [s for s in clients.streams if s.error is not None or len(s.tokens) != 20]
+        assert cut == [], f"{len(cut)} of {len(clients.streams)} client streams cut: {cut[:2]}"
+    served = {s.versions[0] for s in clients.streams}
+    assert served == {"2"}, f"clients reached {served} while version 3 was tried"
+    assert ready_versions(pools.stable, GENERATOR) == {2}
+    assert ready_versions(pools.canary, GENERATOR) == {2}
