@@ -39,12 +39,17 @@ class ProbeRequest:
     relative: bool = False
 
     def limits(self, timeout: float | None) -> tuple[float | None, int]:
-        """The deadline and the cap on responses of an exchange of this request: those of a
-        smoke case's ``stream``, else ``timeout`` and MAX_RESPONSES."""
-        stream = self.case.stream if self.case is not None else None
-        if stream is None:
-            return timeout, MAX_RESPONSES
-        return stream.deadline, stream.cap
+        """The deadline and the cap on responses of an exchange of this request."""
+        return limits(self.case, timeout)
+
+
+def limits(case: SmokeCase | None, timeout: float | None) -> tuple[float | None, int]:
+    """The deadline and the cap on responses of an exchange: those of a smoke case's
+    ``stream``, else ``timeout`` and MAX_RESPONSES."""
+    stream = case.stream if case is not None else None
+    if stream is None:
+        return timeout, MAX_RESPONSES
+    return stream.deadline, stream.cap
 
 
 def _zero(datatype: str) -> object:

@@ -19,7 +19,7 @@ from reconciler.core.comparison import (
     judged,
     unjudgeable,
 )
-from reconciler.core.probes import ProbeRequest, synthesized, wrong
+from reconciler.core.probes import limits, synthesized, wrong
 from reconciler.core.readings import footprint, free_memory, room_in_all
 from reconciler.core.smoke import reply_mismatches
 from reconciler.engine.analyze import analyze_step
@@ -84,7 +84,7 @@ def _verify(control: ModelControl, step: Step, timing: Timing, context: ChangeCo
         # A streaming model's stream is judged reassembled (core/exchange.py): its outputs
         # from every response, in order; and by the case's ``stream``, response by response.
         outputs = () if step.streaming else tuple(e.name for e in case.expect)
-        deadline, cap = ProbeRequest(case.name, case.inputs, outputs, case).limits(None)
+        deadline, cap = limits(case, None)
         for version in step.smoke_versions:
             reply = ask(
                 control,
