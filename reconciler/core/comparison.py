@@ -241,13 +241,12 @@ def discounted(comparison: Comparison, tolerance: Tolerance) -> NoiseDiscount:
         )
     names = sorted({name for pair in pairs for side in pair for name in side.size})
     floors: dict[str, float] = {}
-    learned: dict[str, float] = {}
     for name in names:
         sizes = [noise.size.get(name, 0.0) for noise, _ in pairs if not noise.unanswered]
         p99 = quantile(sizes, NOISE_QUANTILE) or 0.0
         floors[name] = 1.0 if p99 <= 1.0 else p99 * NOISE_MARGIN
-        if p99 > 1.0:
-            learned[name] = floors[name]
+    # Learned where the noise lifted the floor above the declared tolerance.
+    learned = {name: floor for name, floor in floors.items() if floor > 1.0}
     candidate = noise = 0
     first = ""
     for itself, theirs in pairs:

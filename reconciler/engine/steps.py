@@ -269,8 +269,8 @@ def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
         deviations, primary_s, candidate_s = [], [], []
         pinned = {"primary": old, "secondary": old, "candidate": version}
         for inputs in shadow.requests:
-            ask = partial(_pinned_call, control, step.model, pinned, inputs, outputs)
-            answers, seconds = interleaved(order, ask, timing.clock)
+            call = partial(_pinned_call, control, step.model, pinned, inputs, outputs)
+            answers, seconds = interleaved(order, call, timing.clock)
             primary_s.append(seconds["primary"])
             candidate_s.append(seconds["candidate"])
             deviations.append(deviations_of(answers, tolerance))
