@@ -114,7 +114,7 @@ def echo_repository(root: Path, *versions: int) -> Path:
 # Good 1 and 2; 3 errors in every stream; 4 fails midway; 5 sends its first token late; 9
 # does not load.
 GENERATOR = "gen"
-GENERATOR_VERSIONS = (1, 2, 3, 4, 5, 9)
+GENERATOR_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
 def write_generator_repository(root: Path) -> Path:

@@ -23,7 +23,7 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from reconciler.core.exchange import Reply
-from reconciler.model.errors import ProbeTimedOut, VerifyFailed
+from reconciler.model.errors import ProbeTimedOut, StreamCut, VerifyFailed
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,13 @@ def stream_once(
                     f"{request.deadline:g}s"
                 ) from None
             if error is not None:
-                if not responses and unreachable(error):
-                    raise error  # the server, not the version: the adapter says so
+                if unreachable(error):
+                    if not responses:
+                        raise error  # the server, not the version: the adapter says so
+                    raise StreamCut(
+                        f"{doing}: the stream was closed after {len(responses)} response(s) "
+                        f"without its final flag: {error.message()}"
+                    )
                 raise VerifyFailed(
                     f"{doing}: an error in the stream after {len(responses)} response(s): "
                     f"{error.message()}"
@@ -94,7 +99,7 @@ def stream_once(
                 ended = True
                 return Reply(tuple(responses), tuple(seconds), streamed=True)
             if len(responses) > request.max_responses:
-                raise VerifyFailed(
+                raise StreamCut(
                     f"{doing}: more than {request.max_responses} responses and no final flag: "
                     "the stream was cut"
                 )

@@ -30,7 +30,13 @@ from __future__ import annotations
 import math
 from statistics import NormalDist
 
-from reconciler.core.latency import PINNED, latency_check, pinned_latency_check
+from reconciler.core.latency import (
+    BETWEEN_RESPONSES,
+    PINNED,
+    between_responses_check,
+    latency_check,
+    pinned_latency_check,
+)
 from reconciler.core.readings import delta, finite, routed_since
 from reconciler.model.analysis import (
     AnalysisSpec,
@@ -209,6 +215,12 @@ def evaluate(
             results.append(_success_rate(check, counters, probes, routed))
         elif unread:
             results.append(CheckResult(check.name, Verdict.NO_DATA, None, _bound(check), unread))
+        elif check.kind == "latency" and check.of == BETWEEN_RESPONSES:
+            results.append(
+                between_responses_check(
+                    check, pinned, baseline.has_old, latency_pending, at < spec.duration
+                )
+            )
         elif check.kind == "latency" and pinned is not None:
             results.append(
                 pinned_latency_check(check, pinned, pinned_why, latency_pending, at < spec.duration)
@@ -271,6 +283,13 @@ def judge(
         # the bound that waits for confirmation: the next one confirms it (a failure) or
         # not, never the clock.
         return RolloutVerdict.RUNNING
+    if awaiting_probes(counted[-1]):
+        # A latency check judged by the probes alone never had enough of them (a streaming
+        # model's long generations, paced by maxShare): no pass. Watched on for at most
+        # another ``duration``, then inconclusive, saying what the probes could send.
+        if elapsed < spec.duration * (1 + EVIDENCE_EXTENSION):
+            return RolloutVerdict.RUNNING
+        return RolloutVerdict.INCONCLUSIVE
     if evidence is not None and evidence < spec.min_evidence:
         # Every evaluation passed but too few requests reached the new versions: a slow
         # model's probes, or a quiet hour's clients, may need longer. Watched on, evaluation
@@ -295,6 +314,11 @@ def concluded(
     if verdict is RolloutVerdict.INCONCLUSIVE and unreadable:
         return RolloutVerdict.METRICS_UNAVAILABLE
     return verdict
+
+
+def awaiting_probes(evaluation: Evaluation) -> tuple[CheckResult, ...]:
+    """The checks of ``evaluation`` skipped until their probes are enough."""
+    return tuple(r for r in evaluation.results if r.awaiting)
 
 
 def unconfirmed(

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import median
 
 import numpy as np
 
 from reconciler.core.exchange import MAX_RESPONSES, Reply, answer_of
 from reconciler.core.smoke import reply_mismatches
+from reconciler.model.analysis import ProbeOutcome
 from reconciler.model.serving import ModelInterface
 from reconciler.model.spec import ShadowSpec, SmokeCase, Tensor
 
@@ -113,3 +115,17 @@ def wrong(request: ProbeRequest, reply: Reply) -> str | None:
         if problems:
             return f"{request.name}: {'; '.join(problems)}"
     return None
+
+
+def outcome(request: ProbeRequest, reply: Reply, version: int, elapsed: float) -> ProbeOutcome:
+    """An answered probe as the analysis counts it: failed as ``wrong`` says; its latency the
+    exchange's (a stream's time to its first response; ``elapsed``, the whole exchange, for
+    one that brought none), and for a stream the median time between its responses."""
+    why = wrong(request, reply)
+    first = reply.first_seconds
+    return ProbeOutcome(
+        f"{why} (version {version})" if why else None,
+        elapsed if first is None else first,
+        streamed=reply.streamed,
+        gap=median(reply.gaps) if reply.gaps else None,
+    )

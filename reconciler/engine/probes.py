@@ -1,13 +1,19 @@
 """The analysis's probes: the reconciler's own requests to the new versions, while they are
 watched. What to send and what counts as a failure is ``core/probes.py``; this module sends
-them, paced, and keeps the count (``ProbeFigures``) the analysis judges.
+them, paced, and keeps the count (``ProbeFigures``) the analysis judges. A probe is one
+exchange with a version (``engine/exchange.py``): a unary call, or a stream for a model that
+streams; only a round's shape depends on which.
 
-Pacing: at most ``rate`` probe rounds a second, each of ``concurrency`` probes at once, and a
-probe slot never keeps the server busy more than ``max_share`` of the time (after probes
-that took t, the lower median of the last PACE_ROUNDS rounds, the next waits t / max_share - t),
-so a slow server gets fewer probes, and one probe delayed by a busy machine does not stop
-them. One probe
-in ``OLD_EVERY`` goes to an old version instead, for a baseline. The first probes (the
+Four parts: ``chosen`` (which requests probe), ``ProbeSender`` (one probe sent and timed),
+``Pace`` (when the next round may go) and ``Prober``, which runs the rounds and counts.
+
+Pacing: at most ``rate`` probe rounds a second, each of ``concurrency`` probes at once,
+and a probe slot never keeps the server busy more than ``max_share`` of the time (after
+probes that took t, the lower median of the last PACE_ROUNDS rounds, the next waits
+t / max_share - t), so a slow server gets fewer probes, and one probe delayed by a busy
+machine does not stop them. A stream keeps the server busy until its final flag. One probe
+in ``OLD_EVERY`` goes to an old version instead, for a baseline; a streaming model's round
+is one stream to each new version and one to the old, at once. The first probes (the
 volley) are sent back to back as soon as the analysis starts, so a version that fails every
 request is caught within a few requests of becoming READY.
 """
@@ -20,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from statistics import median_low
 
-from reconciler.core.probes import ProbeRequest, declared, synthesized, wrong
+from reconciler.core.probes import ProbeRequest, declared, outcome, synthesized
 from reconciler.engine.exchange import ask
-from reconciler.model.analysis import ProbeFigures, ProbeSpec
-from reconciler.model.errors import ProbeTimedOut, VerifyFailed
+from reconciler.model.analysis import ProbeFigures, ProbeOutcome, ProbeSpec
+from reconciler.model.errors import ProbeTimedOut, StreamCut, VerifyFailed
 from reconciler.model.plan import Step
 from reconciler.model.serving import ModelInterface
 from reconciler.ports import ModelControl
@@ -37,20 +43,154 @@ VOLLEY_MAX = 16  # at most this many (request, version) pairs in the first volle
 
 
 @dataclass(frozen=True)
-class _Outcome:
-    error: str | None  # why the probe failed; None: it passed
-    seconds: float
+class Sent:
+    """One probe sent: how it counts, and what the pace needs to know of it."""
+
+    counted: ProbeOutcome
+    # How long the exchange kept the server busy: a unary call's time, a stream's until
+    # its final flag (its latency, ``counted.seconds``, is the time to the first response).
+    busy: float
     # Time spent on a probe sent before it and not counted: a wake-up probe
-    # (``Prober.warm``), or one that missed its deadline and was sent again.
+    # (``ProbeSender.warm``), or one that missed its deadline and was sent again.
     wake_seconds: float = 0.0
-    timed_out: bool = False  # no answer within the probe's deadline
-    # How long the exchange kept the server busy, where it differs from ``seconds`` (a
-    # stream: ``seconds`` is its time to the first response).
-    busy: float | None = None
+    timed_out: bool = False  # no answer (no final flag) within the probe's deadline
 
     @property
     def server_seconds(self) -> float:
-        return (self.seconds if self.busy is None else self.busy) + self.wake_seconds
+        return self.busy + self.wake_seconds
+
+
+class ProbeSender:
+    """Sends one probe to one version of the step's model and judges what came back."""
+
+    def __init__(
+        self, control: ModelControl, step: Step, timeout: float, clock: Callable[[], float]
+    ) -> None:
+        self.control, self.step, self.timeout, self.clock = control, step, timeout, clock
+
+    def send(self, request: ProbeRequest, version: int) -> Sent:
+        """One probe; one that got no answer within its deadline is sent again at once and
+        fails only if that one does too: on a CPU-starved machine a probe of a good version
+        timed out while Triton counted it answered (bench.false_verdicts, with a burner:
+        1 of 2 probes failed, 0 of 2 requests in Triton's counters), and one such probe among
+        few failed the rollout. A version that hangs misses both deadlines."""
+        first = self._once(request, version)
+        if not first.timed_out:
+            return first
+        again = self._once(request, version)
+        if again.counted.error is not None:
+            error = f"{again.counted.error} (twice in a row)"
+            return replace(again, counted=replace(again.counted, error=error))
+        return replace(again, wake_seconds=first.server_seconds)
+
+    def warm(self, request: ProbeRequest, version: int) -> Sent:
+        """A wake-up probe, then the probe that counts, back to back to the same version. A
+        version that takes only the probes sleeps between them (an idle Python stub, woken
+        by each), while the version it is compared with serves clients and stays awake: on
+        a busy machine the wake-up alone made a good idle version 60-120% slower than a busy
+        one (bench.false_verdicts). Timed after a wake-up, both are measured awake (with both
+        cores held by a burner the idle one still read 50-150% slower on a 1.5 ms model:
+        BENCHMARKS.md, not closed). A wake-up that fails counts as the probe."""
+        wake = self.send(request, version)
+        if wake.counted.error is not None:
+            return wake
+        measured = self.send(request, version)
+        return replace(measured, wake_seconds=measured.wake_seconds + wake.server_seconds)
+
+    def _once(self, request: ProbeRequest, version: int) -> Sent:
+        started = self.clock()
+        deadline, cap = request.limits(self.timeout)
+        streaming = self.step.streaming
+        try:
+            reply = ask(
+                self.control,
+                self.step.model,
+                version,
+                request.inputs,
+                request.outputs,
+                streaming=streaming,
+                timeout=deadline,
+                max_responses=cap,
+                clock=self.clock,
+            )
+        except VerifyFailed as exc:
+            took = self.clock() - started
+            timed_out = isinstance(exc, ProbeTimedOut)
+            failed = ProbeOutcome(
+                f"{request.name} on version {version}: {exc}",
+                took,
+                streamed=streaming,
+                # A stream that never ended, not one the version ended with an error.
+                cut=streaming and (timed_out or isinstance(exc, StreamCut)),
+            )
+            return Sent(failed, took, timed_out=timed_out)
+        busy = self.clock() - started
+        return Sent(outcome(request, reply, version, busy), busy)
+
+
+def chosen(
+    step: Step, interface: ModelInterface | None, sender: ProbeSender
+) -> tuple[tuple[ProbeRequest, ...], ProbeFigures]:
+    """The probe requests, and the figures they start from (what was left out, and why
+    there are none, when none): declared ones, else one synthesized from ``interface`` (the
+    old versions'). A request judged against the old version is tried on it now, and left
+    out if the old version fails it too; with no old version, only smoke cases: a request
+    with no expected answer is judged against the old version, and with none (a first
+    deployment) its failure says nothing about the new one (a model may reject zeros)."""
+    outputs = tuple(t.name for t in interface.outputs) if interface else ()
+    requests = declared(step.smoke, step.shadow, outputs)
+    if not requests and interface is not None:
+        made = synthesized(interface)
+        requests = (made,) if made is not None else ()
+    if not requests:
+        return (), ProbeFigures(
+            note="no old version to judge a synthesized request against; declare smoke cases "
+            "to probe a first deployment"
+            if not step.baseline
+            else "the model's inputs could not be read to synthesize a request"
+            if interface is None
+            else "an input's datatype is unknown: no request could be synthesized"
+        )
+    if not any(r.relative for r in requests):
+        return requests, ProbeFigures()
+    if not step.baseline:
+        kept = tuple(r for r in requests if not r.relative)
+        first = (
+            "no old version to judge a synthesized or recorded request against; "
+            "declare smoke cases to probe a first deployment"
+        )
+        return kept, ProbeFigures(note=None if kept else first)
+    old = max(step.baseline)
+    kept = tuple(r for r in requests if not r.relative or sender.send(r, old).counted.error is None)
+    skipped = len(requests) - len(kept)
+    note = (
+        None
+        if kept
+        else f"version {old} fails the {skipped} synthesized or recorded request(s) too; "
+        "declare smoke cases to probe this model"
+    )
+    return kept, ProbeFigures(skipped=skipped, note=note)
+
+
+class Pace:
+    """When the next probe round may be sent: at most ``rate`` a second, and a round's
+    server time at most ``max_share`` of the time, by the lower median of the last rounds."""
+
+    def __init__(self, spec: ProbeSpec, clock: Callable[[], float]) -> None:
+        self.spec, self.clock = spec, clock
+        self.next_at: float | None = None  # None: at once
+        self._recent: deque[float] = deque(maxlen=PACE_ROUNDS)  # the last rounds' seconds
+
+    def due(self) -> float:
+        return self.next_at if self.next_at is not None else self.clock()
+
+    def after(self, started: float, server_seconds: float) -> None:
+        """A round that began at ``started`` kept the server busy ``server_seconds``."""
+        self._recent.append(server_seconds)
+        took = median_low(self._recent)
+        self.next_at = max(
+            started + 1.0 / self.spec.rate, self.clock() + took / self.spec.max_share - took
+        )
 
 
 class Prober:
@@ -60,24 +200,26 @@ class Prober:
 
     def __init__(
         self,
-        control: ModelControl,
-        step: Step,
+        sender: ProbeSender,
         spec: ProbeSpec,
         requests: tuple[ProbeRequest, ...],
-        clock: Callable[[], float],
-        skipped: int = 0,
-        note: str | None = None,  # why there are no probes, when there are none
+        figures: ProbeFigures | None = None,
     ) -> None:
-        self.control, self.step, self.spec, self.clock = control, step, spec, clock
+        self.sender, self.step, self.spec = sender, sender.step, spec
         self.requests = requests
-        self.figures = ProbeFigures(skipped=skipped, note=note)
+        self.figures = figures or ProbeFigures()
+        self.pace = Pace(spec, sender.clock)
         self._turn = 0
-        self._next_at: float | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._recent: deque[float] = deque(maxlen=PACE_ROUNDS)  # the last rounds' seconds
-        # Each probe after a wake-up probe to the same version (``_warm_send``): set by the
-        # analysis when latency is judged by the probes alone.
+        # Each probe after a wake-up probe to the same version (``ProbeSender.warm``): set
+        # by the analysis when latency is judged by the probes alone.
         self.warm = False
+        # A streaming model's round sends one stream to each new version and one to the old
+        # version side by side: never two streams at once to one version (a stream holds an
+        # instance, or a slot of its batch, for the whole generation), and the old version's
+        # baseline measured in the same moment, in every round rather than one in OLD_EVERY
+        # (streams are long, so rounds are few: five each side took 25 rounds).
+        self.side_by_side = self.step.streaming
 
     @classmethod
     def prepare(
@@ -88,145 +230,10 @@ class Prober:
         clock: Callable[[], float],
         interface: ModelInterface | None,
     ) -> Prober:
-        """The probe requests: declared ones, else one synthesized from ``interface`` (the
-        old versions'). A request judged against the old version is tried on it now, and
-        left out if the old version fails it too; with no old version, only smoke cases."""
-        outputs = tuple(t.name for t in interface.outputs) if interface else ()
-        requests = declared(step.smoke, step.shadow, outputs)
-        if not requests and interface is not None:
-            made = synthesized(interface)
-            requests = (made,) if made is not None else ()
-        note = None
-        if not requests:
-            note = (
-                "no old version to judge a synthesized request against; declare smoke cases "
-                "to probe a first deployment"
-                if not step.baseline
-                else "the model's inputs could not be read to synthesize a request"
-                if interface is None
-                else "an input's datatype is unknown: no request could be synthesized"
-            )
-        prober = cls(control, step, spec, requests, clock, note=note)
-        prober._against_old()
-        prober._no_old_version()
-        return prober
-
-    def _against_old(self) -> None:
-        old = max(self.step.baseline) if self.step.baseline else None
-        if old is None or not any(r.relative for r in self.requests):
-            return
-        kept = []
-        for request in self.requests:
-            if request.relative and self._send(request, old).error is not None:
-                continue
-            kept.append(request)
-        skipped = len(self.requests) - len(kept)
-        self.requests = tuple(kept)
-        note = (
-            f"version {old} fails the {skipped} synthesized or recorded request(s) too; "
-            "declare smoke cases to probe this model"
-            if not kept
-            else None
-        )
-        self.figures = replace(self.figures, skipped=skipped, note=note)
-
-    def _no_old_version(self) -> None:
-        # A request with no expected answer is judged against the old version: with none
-        # (a first deployment) its failure says nothing about the new one (a model may reject
-        # zeros), so only declared smoke cases probe a first deployment.
-        if self.step.baseline or not any(r.relative for r in self.requests):
-            return
-        self.requests = tuple(r for r in self.requests if not r.relative)
-        if not self.requests:
-            self.figures = replace(
-                self.figures,
-                note="no old version to judge a synthesized or recorded request against; "
-                "declare smoke cases to probe a first deployment",
-            )
-
-    # -- sending -------------------------------------------------------------------------------
-
-    def _send(self, request: ProbeRequest, version: int) -> _Outcome:
-        """One probe; one that got no answer within its deadline is sent again at once and
-        fails only if that one does too: on a CPU-starved machine a probe of a good version
-        timed out while Triton counted it answered (bench.false_verdicts, with a burner:
-        1 of 2 probes failed, 0 of 2 requests in Triton's counters), and one such probe among
-        few failed the rollout. A version that hangs misses both deadlines."""
-        first = self._send_once(request, version)
-        if not first.timed_out:
-            return first
-        again = self._send_once(request, version)
-        if again.error is not None:
-            return replace(again, error=f"{again.error} (twice in a row)")
-        return replace(again, wake_seconds=first.server_seconds)
-
-    def _send_once(self, request: ProbeRequest, version: int) -> _Outcome:
-        started = self.clock()
-        deadline, cap = request.limits(self.spec.timeout)
-        try:
-            reply = ask(
-                self.control,
-                self.step.model,
-                version,
-                request.inputs,
-                request.outputs,
-                streaming=self.step.streaming,
-                timeout=deadline,
-                max_responses=cap,
-                clock=self.clock,
-            )
-        except VerifyFailed as exc:
-            return _Outcome(
-                f"{request.name} on version {version}: {exc}",
-                self.clock() - started,
-                timed_out=isinstance(exc, ProbeTimedOut),
-            )
-        busy = self.clock() - started
-        why = wrong(request, reply)
-        # A stream's latency is its time to the first response; the whole of it keeps the
-        # server busy, and paces the probes.
-        latency = reply.first_seconds if reply.streamed else None
-        return _Outcome(
-            f"{why} (version {version})" if why else None,
-            busy if latency is None else latency,
-            busy=busy,
-        )
-
-    def _warm_send(self, request: ProbeRequest, version: int) -> _Outcome:
-        """A wake-up probe, then the probe that counts, back to back to the same version. A
-        version that takes only the probes sleeps between them (an idle Python stub, woken
-        by each), while the version it is compared with serves clients and stays awake: on
-        a busy machine the wake-up alone made a good idle version 60-120% slower than a busy
-        one (bench.false_verdicts). Timed after a wake-up, both are measured awake (with both
-        cores held by a burner the idle one still read 50-150% slower on a 1.5 ms model:
-        BENCHMARKS.md, not closed). A wake-up that fails counts as the probe."""
-        wake = self._send(request, version)
-        if wake.error is not None:
-            return wake
-        measured = self._send(request, version)
-        return replace(measured, wake_seconds=measured.wake_seconds + wake.server_seconds)
-
-    def _count(self, outcome: _Outcome, old: bool) -> None:
-        f = self.figures
-        if old:
-            self.figures = replace(
-                f,
-                old_sent=f.old_sent + 1,
-                old_failed=f.old_failed + (outcome.error is not None),
-                old_seconds=f.old_seconds + outcome.seconds,
-                old_latencies=(*f.old_latencies, outcome.seconds),
-            )
-            return
-        failed = outcome.error is not None
-        self.figures = replace(
-            f,
-            sent=f.sent + 1,
-            failed=f.failed + failed,
-            seconds=f.seconds + outcome.seconds,
-            latencies=(*f.latencies, outcome.seconds),
-            consecutive=f.consecutive + 1 if failed else 0,
-            last_error=outcome.error if failed else f.last_error,
-        )
+        """The prober of ``step``, its requests ``chosen`` (``interface``: the old versions')."""
+        sender = ProbeSender(control, step, spec.timeout, clock)
+        requests, figures = chosen(step, interface, sender)
+        return cls(sender, spec, requests, figures)
 
     def volley(self, limit: int) -> None:
         """Each request once on each new version, back to back; a failed one again at once,
@@ -234,42 +241,48 @@ class Prober:
         pairs = [(r, v) for v in self.step.versions for r in self.requests][:VOLLEY_MAX]
         for request, version in pairs:
             while True:
-                outcome = self._send(request, version)
-                self._count(outcome, old=False)
-                if outcome.error is None or self.figures.consecutive >= limit:
+                sent = self.sender.send(request, version)
+                self.figures = self.figures.counted(sent.counted, old=False)
+                if sent.counted.error is None or self.figures.consecutive >= limit:
                     break
             if self.figures.consecutive >= limit:
                 return
-        self._next_at = self.clock()
+        self.pace.next_at = self.sender.clock()
 
     def due(self) -> float | None:
         """When the next round may be sent (None: no probes to send)."""
-        if not self.requests:
-            return None
-        return self._next_at if self._next_at is not None else self.clock()
+        return self.pace.due() if self.requests else None
 
     def round(self) -> None:
         """One paced round: ``concurrency`` probes at once, round robin over the new
-        versions and requests, one in ``OLD_EVERY`` to an old version."""
+        versions and requests, one in ``OLD_EVERY`` to an old version; a streaming model's
+        one stream to each new version and one to the old, at once."""
         if not self.requests:
             return
-        started = self.clock()
-        jobs = [self._next_job() for _ in range(self.spec.concurrency)]
-        send = self._warm_send if self.warm else self._send
+        started = self.sender.clock()
+        jobs = self._jobs()
+        send = self.sender.warm if self.warm else self.sender.send
         if len(jobs) == 1:
-            outcomes = [send(jobs[0][0], jobs[0][1])]
+            sent = [send(jobs[0][0], jobs[0][1])]
         else:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.spec.concurrency, "probe")
-            outcomes = list(self._pool.map(lambda job: send(job[0], job[1]), jobs))
-        for (_, _, old), outcome in zip(jobs, outcomes, strict=True):
-            self._count(outcome, old)
+                self._pool = ThreadPoolExecutor(len(jobs), "probe")
+            sent = list(self._pool.map(lambda job: send(job[0], job[1]), jobs))
+        for (_, _, old), one in zip(jobs, sent, strict=True):
+            self.figures = self.figures.counted(one.counted, old)
         # The server's time for the round: a wake-up probe's too.
-        self._recent.append(max(o.server_seconds for o in outcomes))
-        took = median_low(self._recent)
-        self._next_at = max(
-            started + 1.0 / self.spec.rate, self.clock() + took / self.spec.max_share - took
-        )
+        self.pace.after(started, max(s.server_seconds for s in sent))
+
+    def _jobs(self) -> list[tuple[ProbeRequest, int, bool]]:
+        """The next round's probes: (request, version, to an old version)."""
+        if not self.side_by_side:
+            return [self._next_job() for _ in range(self.spec.concurrency)]
+        self._turn += 1
+        request = self.requests[self._turn % len(self.requests)]
+        jobs = [(request, v, False) for v in sorted(set(self.step.versions))]
+        if self.step.baseline:
+            jobs.append((request, max(self.step.baseline), True))
+        return jobs
 
     def _next_job(self) -> tuple[ProbeRequest, int, bool]:
         self._turn += 1

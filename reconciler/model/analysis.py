@@ -6,8 +6,9 @@ judging is in ``core/analysis.py``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from statistics import median
 
 
 class Verdict(StrEnum):
@@ -51,6 +52,8 @@ class Check:
     max_increase: float | None = None  # latency: relative to the old versions' mean
     max_increase_bytes: float | None = None  # memory: growth since the analysis started
     query: str | None = None  # promql
+    # latency: the time to the (first) response, or a stream's time between responses.
+    of: str = "firstResponse"
 
 
 @dataclass(frozen=True)
@@ -164,10 +167,28 @@ class Figures:
 
 
 @dataclass(frozen=True)
+class ProbeOutcome:
+    """One probe as the analysis counts it: one exchange with a version, a unary call or a
+    stream (``core/exchange.py``). ``seconds`` is its latency: a unary call's time, a
+    stream's time to its first response. For a stream, ``gap`` is the median time between
+    its responses (None with fewer than two), and ``cut`` says it did not end with Triton's
+    final flag (none by its deadline, more responses than its cap, the server closing it)
+    rather than with an error the version sent."""
+
+    error: str | None  # why it failed; None: it passed
+    seconds: float
+    streamed: bool = False
+    gap: float | None = None
+    cut: bool = False
+
+
+@dataclass(frozen=True)
 class ProbeFigures:
     """The reconciler's own probes so far (cumulative), to the new versions and, for a
     baseline, to an old one. ``consecutive`` is the current run of failures on the new
-    versions; ``last_error`` says why the last failed probe failed."""
+    versions; ``last_error`` says why the last failed probe failed. A streaming model's
+    probes are streams: ``cut`` of the failed ones did not end (``ProbeOutcome.cut``), and
+    ``gaps`` holds each stream's median time between responses."""
 
     sent: int = 0
     failed: int = 0
@@ -183,30 +204,70 @@ class ProbeFigures:
     # compare new with old by their medians (``core/analysis``).
     latencies: tuple[float, ...] = field(default=(), repr=False)
     old_latencies: tuple[float, ...] = field(default=(), repr=False)
+    streamed: bool = False
+    cut: int = 0
+    old_cut: int = 0
+    gaps: tuple[float, ...] = field(default=(), repr=False)
+    old_gaps: tuple[float, ...] = field(default=(), repr=False)
+
+    def counted(self, outcome: ProbeOutcome, old: bool) -> ProbeFigures:
+        """These figures with one more probe, to an old version or to the new ones."""
+        failed = outcome.error is not None
+        gap = () if outcome.gap is None else (outcome.gap,)
+        if old:
+            return replace(
+                self,
+                old_sent=self.old_sent + 1,
+                old_failed=self.old_failed + failed,
+                old_seconds=self.old_seconds + outcome.seconds,
+                old_latencies=(*self.old_latencies, outcome.seconds),
+                old_cut=self.old_cut + outcome.cut,
+                old_gaps=(*self.old_gaps, *gap),
+                streamed=self.streamed or outcome.streamed,
+            )
+        return replace(
+            self,
+            sent=self.sent + 1,
+            failed=self.failed + failed,
+            seconds=self.seconds + outcome.seconds,
+            latencies=(*self.latencies, outcome.seconds),
+            consecutive=self.consecutive + 1 if failed else 0,
+            last_error=outcome.error if failed else self.last_error,
+            cut=self.cut + outcome.cut,
+            gaps=(*self.gaps, *gap),
+            streamed=self.streamed or outcome.streamed,
+        )
 
     def since(self, before: ProbeFigures) -> ProbeFigures:
         """The probes between ``before`` and these."""
-        return ProbeFigures(
+        return replace(
+            self,
             sent=self.sent - before.sent,
             failed=self.failed - before.failed,
             seconds=self.seconds - before.seconds,
             old_sent=self.old_sent - before.old_sent,
             old_failed=self.old_failed - before.old_failed,
             old_seconds=self.old_seconds - before.old_seconds,
-            consecutive=self.consecutive,
-            last_error=self.last_error,
-            skipped=self.skipped,
-            note=self.note,
             latencies=self.latencies[len(before.latencies) :],
             old_latencies=self.old_latencies[len(before.old_latencies) :],
+            cut=self.cut - before.cut,
+            old_cut=self.old_cut - before.old_cut,
+            gaps=self.gaps[len(before.gaps) :],
+            old_gaps=self.old_gaps[len(before.old_gaps) :],
         )
 
     def __str__(self) -> str:
         if self.note and not self.sent:
             return f"probes: none sent ({self.note})"
-        text = f"probes: {self.failed} of {self.sent} failed"
+        what = "probe streams" if self.streamed else "probes"
+        text = f"{what}: {self.failed} of {self.sent} failed"
+        if self.cut:
+            text += f" ({self.cut} cut: no final flag)"
         if self.sent:
-            text += f", mean {self.seconds / self.sent * 1e3:.1f}ms"
+            first = " to the first response" if self.streamed else ""
+            text += f", mean {self.seconds / self.sent * 1e3:.1f}ms{first}"
+        if self.gaps:
+            text += f", {median(self.gaps) * 1e3:.1f}ms between responses"
         if self.old_sent:
             text += f" (old version {self.old_seconds / self.old_sent * 1e3:.1f}ms"
             text += f", {self.old_failed} of {self.old_sent} failed)"
@@ -237,6 +298,9 @@ class CheckResult:
     value: float | None
     threshold: str
     detail: str = ""
+    # Skipped only until the probes it is judged by are enough: not a pass, so an analysis
+    # that ends with it so runs on, then ends inconclusive (``core.analysis.judge``).
+    awaiting: bool = False
 
     def __str__(self) -> str:
         value = "n/a" if self.value is None else f"{self.value:.6g}"

@@ -32,7 +32,8 @@
     └── StepFailed                     one step of a model's change failed; the model goes back
         ├── LoadFailed                 Triton refused or failed the load (its own message)
         ├── VerifyFailed               a version did not become READY or a smoke case failed
-        │   └── ProbeTimedOut          a probe got no answer within its own deadline
+        │   ├── ProbeTimedOut          a probe got no answer within its own deadline
+        │   └── StreamCut              a stream ended without its final flag
         ├── AnalysisFailed             the new versions' metrics failed the analysis
         │   ├── MetricsUnavailable     inconclusive: the metrics could not be read (not held)
         │   └── Interrupted            shutdown came during the analysis (put back, not held)
@@ -127,6 +128,11 @@ class VerifyFailed(StepFailed):
 
 class ProbeTimedOut(VerifyFailed):
     """A request with a deadline of its own (an analysis's probe) got no answer in time."""
+
+
+class StreamCut(VerifyFailed):
+    """A stream ended without Triton's final flag, not by an error the version sent: more
+    responses than its cap, or the server closing it midway."""
 
 
 class AnalysisFailed(StepFailed):

@@ -312,6 +312,12 @@ def _probes_json(probes: ProbeFigures | None) -> dict[str, Any] | None:
         "old_median_ms": (
             round(median(probes.old_latencies) * 1e3, 3) if probes.old_latencies else None
         ),
+        # A streaming model's probes are streams: those that did not end with Triton's
+        # final flag, and the median of each stream's median time between responses.
+        "streamed": probes.streamed,
+        "cut": probes.cut,
+        "gap_median_ms": round(median(probes.gaps) * 1e3, 3) if probes.gaps else None,
+        "old_gap_median_ms": round(median(probes.old_gaps) * 1e3, 3) if probes.old_gaps else None,
         "skipped": probes.skipped,
         "last_error": probes.last_error if probes.failed else None,
         "note": probes.note,

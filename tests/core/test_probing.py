@@ -108,12 +108,17 @@ class Streams(Clients):
         first: float,
         gap: float,
         slow_first: Mapping[int, float] | None = None,
+        slow_gap: Mapping[int, float] | None = None,
+        unended: frozenset[int] = frozenset(),
         **kwargs: Any,
     ) -> None:
         super().__init__(clock, **kwargs)
         self.first, self.gap = first, gap
         self.slow_first = dict(slow_first or {})  # version -> its time to the first response
+        self.slow_gap = dict(slow_gap or {})  # version -> its time between responses
+        self.unended = unended  # versions whose streams never send the final flag
         self.unary: list[int] = []
+        self.streams: list[int] = []  # the version of every stream, in order
 
     def infer(self, model: str, version: int, *args: Any, **kwargs: Any) -> Any:
         self.unary.append(version)
@@ -131,9 +136,17 @@ class Streams(Clients):
         timeout: float | None = None,
         max_responses: int = 4096,
     ) -> Reply:
+        self.streams.append(version)
         answer = super().infer(model, version, inputs, outputs, timeout)  # the clock moves
+        if version in self.unended:
+            self.clock.now += timeout or 1.0
+            raise ProbeTimedOut(
+                f"server s1: streaming {model} version {version}: 4 response(s) and no final "
+                f"flag within {timeout or 1.0:g}s"
+            )
         first = self.slow_first.get(version, self.first)
-        seconds = tuple(first + i * self.gap for i in range(4))
+        gap = self.slow_gap.get(version, self.gap)
+        seconds = tuple(first + i * gap for i in range(4))
         self.clock.now += seconds[-1]
         return Reply((answer,) * 4, seconds, streamed=True)
 
@@ -404,8 +417,8 @@ def test_a_streaming_version_slow_to_its_first_response_fails_latency_by_the_pro
     fake = Streams(clock, first=0.010, gap=0.002, slow_first={2: 0.300})
     source = Traffic(fake, clock, rate=1000.0, failing=0.0)  # counters: as fast as the old
     latency = Check("latency", "latency", max_increase=0.5)
-    # Streams keep the server busy longer: probes paced at half its time, to have five of
-    # the old version's (one probe in five) within the duration.
+    # Streams keep the server busy longer: probes paced at half its time, for five rounds
+    # (each streams to the new and the old version side by side) within the duration.
     paced = spec(checks=(SUCCESS, latency), duration=60.0, probes=ProbeSpec(max_share=0.5))
     change = rollout(fake, clock, paced, source, config=DECOUPLED)
     assert change.outcome is Outcome.REVERTED, change.error

@@ -49,7 +49,7 @@ MANIFESTS = textwrap.dedent(
             expect: {Y: {data: [1]}}
             stream: {each: [{Y: {data: [1]}}]}
         analysis:
-          checks: [{name: ok, successRate: {min: 0.9}}]
+          checks: [{name: ok, successRate: {min: 0.9}}, {name: slow, latency: {maxIncrease: 0.5}}]
         shadow: {requests: r.jsonl, compare: {}}
         gate: {maxMemoryIncrease: 30%}
       sequence: {}
@@ -114,6 +114,7 @@ def test_left_out_fields_take_the_defaults_they_always_had() -> None:
     assert deployment.analysis.duration == 60.0
     assert deployment.analysis.failure_limit == 0
     assert deployment.analysis.no_traffic is NoTraffic.WAIT
+    assert deployment.analysis.checks[1].of == "firstResponse"
     assert deployment.shadow is not None
     assert (deployment.shadow.tolerance, deployment.shadow.min_agreement) == (0.0, 1.0)
     assert deployment.suspend is False

@@ -182,3 +182,83 @@ def test_a_stream_in_flight_during_a_swap_ends_on_the_version_that_started_it(
     # It waited for the stream on version 1, which ended there whole.
     assert unload["seconds"] >= 1.0, unload
     assert ready_versions(generator_server, GENERATOR) == {2}
+
+
+# Five tokens 10 ms apart; version 6 sends each after the first 50 ms apart (a slow decode).
+PACED = (
+    "  config: {parameters: {tokens: {string_value: '5'}, token_ms: {string_value: '10'}}}\n"
+    "  verify:\n"
+    "    analysis:\n"
+    "      interval: 1s\n"
+    "      duration: 6s\n"
+    "      minEvidence: 5\n"
+    "      probes: {maxShare: 0.5}\n"
+    "      checks:\n"
+    "        - name: success-rate\n"
+    "          successRate: {min: 0.99}\n"
+    "        - name: first-response\n"
+    "          latency: {maxIncrease: 1.0}\n"
+    "        - name: between-responses\n"
+    "          latency: {maxIncrease: 1.0, of: betweenResponses}\n"
+)
+
+
+def test_time_between_responses_is_judged_by_the_probe_streams(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    """Issue 42, point 3: a streaming version's time between responses, new against old, by
+    the probes' streams (Triton 2.51 has no such figure: its ``response_stats`` are empty for
+    a Python model). A good version passes both latency checks on their figures; one whose
+    first token comes as fast but every next one five times slower is reverted by the time
+    between responses alone, with the figures in its message."""
+    code, why, _ = _roll(manifests, reconciler, _gen(1, PACED.split("  verify:")[0]))
+    assert code == 0, why
+    code, why, report = _roll(manifests, reconciler, _gen(2, PACED))
+    assert code == 0, why
+    (change,) = report["result"]["changes"]
+    last = change["analysis"]["evaluations"][-1]
+    verdicts = {c["check"]: (c["verdict"], c.get("detail")) for c in last["checks"]}
+    assert verdicts["between-responses"][0] == "pass", verdicts
+    assert verdicts["first-response"][0] == "pass", verdicts
+    probes = [e["probes"] for e in change["analysis"]["evaluations"] if e.get("probes")]
+    assert any(p["streamed"] and p["gap_median_ms"] for p in probes), probes
+    code, why, report = _roll(manifests, reconciler, _gen(6, PACED))
+    assert code == 1, why
+    assert "between-responses=" in why and "time between responses" in why, why
+    assert "first-response=" not in why.split("failed after")[-1].split(";")[0], why
+    assert ready_versions(generator_server, GENERATOR) == {2}
+
+
+def test_a_stream_without_its_final_flag_is_cut_and_fails_the_version(
+    tmp_path: Path, manifests: ManifestRepo
+) -> None:
+    """Issue 42, point 2: version 7 streams its tokens and never sends the final flag (as a
+    backend can: server#7626). Its probe streams reach their deadline and count as cut, not
+    as answered; the version is reverted and the old one serves. On a server of its own:
+    Triton keeps version 7 UNLOADING for ever after it."""
+    models = write_generator_repository(tmp_path / "models")
+    server = LocalTriton(models, log_file=tmp_path / "triton.log").start()
+    try:
+        manifests.write(
+            "servers/a.yaml",
+            server_doc(
+                "a", server.grpc_address, server.model_repository, metrics=server.metrics_url
+            ),
+        )
+        reconciler = Reconciler(manifests.url, tmp_path / "reconciler")
+        code, why, _ = _roll(manifests, reconciler, _gen(1))
+        assert code == 0, why
+        analysis = ANALYSIS.replace("      minEvidence: 5\n", "      probes: {timeout: 2s}\n")
+        manifests.write("gen.yaml", _gen(7, analysis))
+        manifests.commit("gen 7")
+        result = reconciler.apply("--output", "json")
+        code, why = result.code, result.explain()
+        assert code == 1, why
+        report = json.loads(result.out)
+        assert "no final flag" in why, why
+        (change,) = report["result"]["changes"]
+        probes = [e["probes"] for e in change["analysis"]["evaluations"] if e.get("probes")]
+        assert probes and probes[-1]["cut"] >= 1, probes
+        assert ready_versions(server, GENERATOR) == {1}
+    finally:
+        server.stop()

@@ -77,6 +77,7 @@ def _bytes(value: int | str) -> int:
 _SERVER, _DEPLOYMENT, _ROUTER = "TritonServer", "ModelDeployment", "Router"
 _VERIFY = ("spec", "verify")
 _ANALYSIS = (*_VERIFY, "analysis")
+_CHECKS = (*_ANALYSIS, "checks", ANY)
 
 
 def _or_default(values: Mapping[str, Any], kind: str, *path: str) -> Any:
@@ -546,9 +547,10 @@ def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
         if "successRate" in check:
             checks.append(Check(check["name"], "successRate", min=check["successRate"]["min"]))
         elif "latency" in check:
-            checks.append(
-                Check(check["name"], "latency", max_increase=check["latency"]["maxIncrease"])
-            )
+            latency = check["latency"]
+            of = str(_or_default(latency, _DEPLOYMENT, *_CHECKS, "latency", "of"))
+            bound = latency["maxIncrease"]
+            checks.append(Check(check["name"], "latency", max_increase=bound, of=of))
         elif "memory" in check:
             checks.append(
                 Check(

@@ -10,6 +10,11 @@ folder; some versions misbehave on purpose, each as a real generator can:
   4  streams two tokens, then an error (a generation that fails midway)
   5  sends its first token 300 ms late, or as many milliseconds as the parameter
      ``first_ms`` says (a slow prefill), then the rest at the usual pace
+  6  sends its first token at once and each next one ``slow_ms`` (default 50) later (a
+     slow decode)
+  7  sends its tokens and never the final flag (a backend that never ends its streams:
+     the version stays UNLOADING once unloaded, server#7626)
+  8  fails one stream in twenty after two tokens (5% of generations fail midway)
   9  fails in initialize: Triton refuses to load it
 """
 
@@ -19,7 +24,9 @@ import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-FAILING, FAILS_MIDWAY, SLOW_FIRST, BROKEN = 3, 4, 5, 9
+FAILING, FAILS_MIDWAY, SLOW_FIRST, SLOW_DECODE = 3, 4, 5, 6
+UNENDING, SOMETIMES_FAILS, BROKEN = 7, 8, 9
+EVERY = 20  # version 8 fails one stream in this many
 
 
 class TritonPythonModel:
@@ -32,6 +39,10 @@ class TritonPythonModel:
         self.token_delay = float(parameters.get("token_ms", {}).get("string_value") or 0) / 1000
         first_ms = parameters.get("first_ms", {}).get("string_value")
         self.first_delay = float(first_ms or 300) / 1000 if self.version == SLOW_FIRST else 0.0
+        if self.version == SLOW_DECODE:
+            slow_ms = parameters.get("slow_ms", {}).get("string_value")
+            self.token_delay = float(slow_ms or 50) / 1000
+        self.requests = 0
 
     def execute(self, requests):
         for request in requests:
@@ -45,12 +56,16 @@ class TritonPythonModel:
                     flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                 )
                 continue
+            self.requests += 1
+            midway = self.version == FAILS_MIDWAY or (
+                self.version == SOMETIMES_FAILS and self.requests % EVERY == 0
+            )
             for i in range(self.tokens):
                 if i == 0 and self.first_delay:
                     time.sleep(self.first_delay)
                 elif i and self.token_delay:
                     time.sleep(self.token_delay)
-                if self.version == FAILS_MIDWAY and i == 2:
+                if midway and i == 2:
                     error = pb_utils.TritonError(f"version {self.version} failed at token {i}")
                     sender.send(
                         pb_utils.InferenceResponse(error=error),
@@ -61,5 +76,6 @@ class TritonPythonModel:
                 output = pb_utils.Tensor("TOKEN", token)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[output]))
             else:
-                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                if self.version != UNENDING:
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
