@@ -21,7 +21,13 @@ import tritonclient.grpc as triton_grpc
 from testkit.cli_run import Reconciler, cli
 from testkit.loadgen import StreamClient
 from testkit.local_triton import LocalTriton
-from testkit.manifests import GENERATOR, ManifestRepo, server_doc, write_generator_repository
+from testkit.manifests import (
+    GENERATOR,
+    ManifestRepo,
+    echo_repository,
+    server_doc,
+    write_generator_repository,
+)
 from tests.integration.flows import ready_versions
 
 pytestmark = pytest.mark.triton
@@ -30,7 +36,8 @@ pytestmark = pytest.mark.triton
 @pytest.fixture(scope="module")
 def generator_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     root = tmp_path_factory.mktemp("streaming")
-    models = write_generator_repository(root / "models")
+    # echo (a unary model) beside gen: a stream expected of it is refused by the plan.
+    models = echo_repository(write_generator_repository(root / "models"), 1)
     server = LocalTriton(models, log_file=root / "triton.log").start()
     try:
         yield server
@@ -182,3 +189,34 @@ def test_a_stream_in_flight_during_a_swap_ends_on_the_version_that_started_it(
     # It waited for the stream on version 1, which ended there whole.
     assert unload["seconds"] >= 1.0, unload
     assert ready_versions(generator_server, GENERATOR) == {2}
+
+
+def test_a_stream_expected_of_a_model_that_does_not_stream_is_refused_by_plan(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    """Issue 42, bad input: echo answers by one response (its config.pbtxt on the server's
+    repository says so; validate, which reads no repository, cannot know): refused by the
+    plan, naming the file and the case's line, and nothing is loaded."""
+    doc = (
+        _gen(1).replace("name: gen", "name: echo") + "  verify:\n"
+        "    smoke:\n"
+        "      - name: counts\n"
+        "        inputs: {INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}}\n"
+        "        stream: {responses: 3}\n"
+    )
+    manifests.write("echo.yaml", doc)
+    manifests.commit("echo with a stream expected")
+    assert cli("validate", str(manifests.work)).code == 0, "validate cannot see config.pbtxt"
+
+    planned = reconciler.plan()
+    applied = reconciler.apply()
+
+    case = doc.splitlines().index("      - name: counts") + 1
+    refusal = (
+        f"server a, model echo: echo.yaml:{case}: smoke case 'counts' expect(s) a stream "
+        "(stream:), but echo does not stream: config.pbtxt in the model repository has no "
+        "model_transaction_policy { decoupled: true }"
+    )
+    assert refusal in planned.out + planned.err, f"plan did not refuse it: {planned.explain()}"
+    assert applied.code != 0 and refusal in applied.out + applied.err, applied.explain()
+    assert ready_versions(generator_server, "echo") == set(), "echo was loaded"
