@@ -11,13 +11,18 @@ inconclusive. Each check here is the reconciler's own: no client streams.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from testkit.alert_receiver import AlertReceiver
 from testkit.cli_run import Reconciler, cli
 from testkit.loadgen import StreamClient
 from testkit.local_triton import LocalTriton
@@ -186,8 +191,9 @@ def test_a_stream_in_flight_during_a_swap_ends_on_the_version_that_started_it(
     (change,) = report["result"]["changes"]
     unload = next(s for s in change["steps"] if s["action"] == "unload")
     assert "the streams in flight on them end there first" in unload["reason"], unload
-    # It waited for the stream on version 1, which ended there whole.
+    # It waited for the stream on version 1, which ended there whole, and says how long.
     assert unload["seconds"] >= 1.0, unload
+    assert unload["stream_wait_seconds"] >= 0.5, f"the wait for the stream is not shown: {unload}"
     assert ready_versions(generator_server, GENERATOR) == {2}
 
 
@@ -220,3 +226,64 @@ def test_a_stream_expected_of_a_model_that_does_not_stream_is_refused_by_plan(
     assert refusal in planned.out + planned.err, f"plan did not refuse it: {planned.explain()}"
     assert applied.code != 0 and refusal in applied.out + applied.err, applied.explain()
     assert ready_versions(generator_server, "echo") == set(), "echo was loaded"
+
+
+def _long_stream(address: str, tokens: int, ended: list[str]) -> None:
+    """One client stream of ``tokens`` tokens, unversioned; ``ended`` gets how it ended."""
+    events: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    prompt = triton_grpc.InferInput("PROMPT", [3], "INT32")
+    prompt.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+    with triton_grpc.InferenceServerClient(address) as client:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        client.async_stream_infer(
+            GENERATOR, [prompt], parameters={"tokens": tokens}, enable_empty_final_response=True
+        )
+        count, versions = 0, set()
+        while True:
+            result, error = events.get(timeout=60)
+            if error is not None:
+                ended.append(f"error after {count}: {error}")
+                break
+            response = result.get_response()
+            if response.outputs:
+                count, versions = count + 1, versions | {response.model_version}
+            if response.parameters["triton_final_response"].bool_param:
+                ended.append(f"{count} tokens on version(s) {', '.join(sorted(versions))}")
+                break
+        client.stop_stream()
+
+
+def test_an_unload_past_its_stream_deadline_fails_and_alerts_the_version(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    """Issue 42, point 5: a client stream on version 1 outlives the unload's deadline (the
+    smoke case's 2 s): the unload fails naming the version still UNLOADING, the alert names
+    server, model and version, version 2 serves on, and the stream ends whole on 1."""
+    slow = "  config: {parameters: {token_ms: {string_value: '100'}}}\n"
+    short = SMOKE.replace("deadline: 10s", "deadline: 2s")
+    code, why, _ = _roll(manifests, reconciler, _gen(1, slow + short))
+    assert code == 0, why
+    ended: list[str] = []
+    # 150 tokens 100 ms apart: 15 s on version 1, far past the unload's 2 s.
+    streamer = threading.Thread(
+        target=_long_stream, args=(generator_server.grpc_address, 150, ended)
+    )
+    with AlertReceiver() as receiver:
+        streamer.start()
+        time.sleep(0.5)
+        manifests.write("gen.yaml", _gen(2, slow + short))
+        manifests.commit("gen 2")
+        result = reconciler.apply("--output", "json", *receiver.hook)
+        streamer.join(timeout=60)
+    assert result.code == 1, f"the unload past its deadline did not fail: {result.explain()}"
+    (change,) = json.loads(result.out)["result"]["changes"]
+    unload = next(s for s in change["steps"] if s["action"] == "unload")
+    assert not unload["ok"] and "version(s) 1 still UNLOADING after 2s" in unload["error"], unload
+    assert ready_versions(generator_server, GENERATOR) == {2}, "version 2 should serve on"
+    assert ended == ["150 tokens on version(s) 1"], f"the client stream was cut: {ended}"
+    failed = [e for e in receiver.events if e["kind"] == "unload-failed"]
+    assert len(failed) == 1, f"expected one unload-failed alert: {receiver.events}"
+    alert = failed[0]
+    assert (alert["server"], alert["model"]) == ("a", GENERATOR), alert
+    assert "the old version(s) 1 could not be unloaded" in alert["summary"], alert
+    assert "version(s) 1 still UNLOADING" in json.dumps(alert["details"]), alert
