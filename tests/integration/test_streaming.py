@@ -34,6 +34,7 @@ from testkit.manifests import (
     write_generator_repository,
 )
 from tests.integration.flows import ready_versions
+from tests.integration.test_daemon import service_process, wait_until
 
 pytestmark = pytest.mark.triton
 
@@ -287,3 +288,47 @@ def test_an_unload_past_its_stream_deadline_fails_and_alerts_the_version(
     assert (alert["server"], alert["model"]) == ("a", GENERATOR), alert
     assert "the old version(s) 1 could not be unloaded" in alert["summary"], alert
     assert "version(s) 1 still UNLOADING" in json.dumps(alert["details"]), alert
+
+
+def test_the_probe_streams_between_rollouts_give_each_version_its_stream_timings(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler, tmp_path: Path
+) -> None:
+    """Issue 42, point 6: the service's probes between rollouts stream to gen version 1
+    (5 tokens 50 ms apart); its /metrics give the version's time to the first response and
+    between responses as histograms, which the dashboard's streaming panels read."""
+    paced = (
+        "  config: {parameters: {token_ms: {string_value: '50'}}}\n"
+        "  servingProbes: {interval: 1s}\n"
+    )
+    manifests.write("gen.yaml", _gen(1, paced))
+    manifests.commit("gen 1, probed every second")
+    service = service_process(manifests.url, tmp_path / "service", ("--watch-interval", "1"))
+    service.start()
+    labels = '{model="gen",server="a",version="1"}'
+    first, gap = (
+        "triton_gitops_probe_first_response_seconds",
+        "triton_gitops_probe_response_gap_seconds",
+    )
+    try:
+        try:
+            wait_until(
+                lambda: service.metrics().get(f"{first}_count{labels}", 0) >= 3,
+                30,
+                "three probe streams to gen 1 on the service's /metrics",
+            )
+        except AssertionError as exc:
+            series = {k: v for k, v in service.metrics().items() if "probe" in k}
+            said = service.events()[-6:]
+            raise AssertionError(f"{exc}; its probe series: {series}; its log: {said}") from exc
+        metrics = service.metrics()
+    finally:
+        service.stop()
+    streams = metrics[f"{first}_count{labels}"]
+    gaps = metrics[f"{gap}_count{labels}"]
+    assert gaps == 4 * streams, f"5 responses a stream make 4 gaps: {gaps} for {streams} streams"
+    mean_gap = metrics[f"{gap}_sum{labels}"] / gaps
+    mean_first = metrics[f"{first}_sum{labels}"] / streams
+    assert 0.045 <= mean_gap <= 0.5, f"the gap does not follow the model's 50 ms: {mean_gap}"
+    assert 0 < mean_first < 0.5, f"time to the first response out of range: {mean_first}"
+    print(f"probe streams: {streams:g}, first response {mean_first * 1e3:.1f} ms, gap "
+          f"{mean_gap * 1e3:.1f} ms")  # fmt: skip
