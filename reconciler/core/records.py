@@ -304,16 +304,19 @@ def _alert_of(change: ChangeResult, revision: str, revert_action: str) -> AlertE
             server,
             {"revision": revision, "error": change.error},
         )
-    if any(r.step.action is Action.UNLOAD and not r.ok for r in change.steps):
+    unload = next((r for r in change.steps if r.step.action is Action.UNLOAD and not r.ok), None)
+    if unload is not None:
+        # The versions the unload dropped: those serving before that the spec keeps stay.
+        old = ", ".join(map(str, unload.step.dropped)) or serving
         return AlertEvent(
             "unload-failed",
             "warning",
-            f"{model} {to} serves on {server}, but the old versions {serving} could not be "
+            f"{model} {to} serves on {server}, but the old version(s) {old} could not be "
             "unloaded; the next pass retries",
             revision,
             model,
             server,
-            {"revision": revision, "error": change.error},
+            {"revision": revision, "error": change.error, "versions": old},
         )
     return _failed_alert(change, revision, revert_action)
 

@@ -79,6 +79,7 @@ def run_steps(
                 verdict=verdict,
                 footprint=context.footprint if step.action is Action.LOAD else None,
                 version_costs=context.version_costs if step.action is Action.LOAD else {},
+                stream_wait=context.stream_wait if step.action is Action.UNLOAD else None,
             )
         )
         progress(results[-1])

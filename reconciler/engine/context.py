@@ -106,6 +106,9 @@ class ChangeContext:
     source: FiguresSource | None = None
     interface: ModelInterface | None = None  # the old versions' inputs and outputs
     footprint: float | None = None
+    # unload of a streaming model: the seconds it waited for the streams in flight on the
+    # dropped versions to end there (None: it did not wait for streams)
+    stream_wait: float | None = None
     # version -> what it holds as Triton's statistics report it (backends that report it)
     version_costs: Mapping[int, float] = field(default_factory=dict)
     # Where the analysis reads the old versions' figures: the servers the plan names as the

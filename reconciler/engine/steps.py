@@ -168,7 +168,7 @@ def _probe_synthesized(control: ModelControl, step: Step, old: int, context: Cha
 def _unload(control: ModelControl, step: Step, timing: Timing, context: ChangeContext) -> StepDone:
     fault_point("apply.unload")
     try:
-        _drop(control, step, timing)
+        context.stream_wait = _drop(control, step, timing)
         if step.needs_free is not None and context.source is not None:
             _wait_for_room(context.source, step, timing)
     except ReconcileError as exc:
@@ -208,7 +208,9 @@ def _wait_for_room(source: FiguresSource, step: Step, timing: Timing) -> None:
         timing.sleep(timing.poll_interval)
 
 
-def _drop(control: ModelControl, step: Step, timing: Timing) -> None:
+def _drop(control: ModelControl, step: Step, timing: Timing) -> float | None:
+    """Unload, and wait until the dropped versions are gone from READY; for a streaming
+    model, the seconds it then waited for their streams in flight (None: no such wait)."""
     if step.versions:
         assert step.config is not None
         control.load(step.model, step.config)
@@ -225,16 +227,19 @@ def _drop(control: ModelControl, step: Step, timing: Timing) -> None:
     # Dropped versions leave READY at once (UNLOADING while in-flight requests finish).
     _wait_for(control, step, gone, lambda _: None, timing.unload_wait, timing)
     if step.streaming and dropped:
-        _drain_streams(control, step, timing)
+        return _drain_streams(control, step, timing)
+    return None
 
 
-def _drain_streams(control: ModelControl, step: Step, timing: Timing) -> None:
+def _drain_streams(control: ModelControl, step: Step, timing: Timing) -> float:
     """Wait for the streams in flight on the dropped versions to end there: Triton keeps a
     version UNLOADING until its last stream sends its final flag, and has no deadline of its
     own (server#7626: some backends never send it). Up to ``step.timeout``; past it the
     unload fails naming the versions (the new ones serve on; the service's unload-stuck
-    alert follows a version that never goes), and their memory is not counted free."""
+    alert follows a version that never goes), and their memory is not counted free.
+    Returns the seconds it waited."""
     dropped = set(step.dropped)
+    began = timing.clock()
 
     def unloading(state: ModelState) -> list[int]:
         return sorted(
@@ -243,6 +248,7 @@ def _drain_streams(control: ModelControl, step: Step, timing: Timing) -> None:
 
     try:
         _wait_for(control, step, lambda s: not unloading(s), lambda _: None, step.timeout, timing)
+        return timing.clock() - began
     except VerifyFailed as exc:
         still = ", ".join(map(str, unloading(control.model_state(step.model))))
         raise UnloadFailed(

@@ -61,6 +61,9 @@ class StepResult:
     evaluations: tuple[Evaluation, ...] = ()  # analyze: every evaluation made
     verdict: RolloutVerdict | None = None  # analyze: how it ended
     footprint: float | None = None  # load beside old: server memory added per new version
+    # unload of a streaming model: seconds waited for the streams in flight on the old
+    # versions to end there (how many streams Triton does not say)
+    stream_wait: float | None = None
     # load: what each version holds as Triton's statistics report it (where the backend does)
     version_costs: Mapping[int, float] = field(default_factory=dict)
 

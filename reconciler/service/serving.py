@@ -275,7 +275,8 @@ class ServingWatch:
         passes send theirs; ``read_soon`` brings the watch's next round forward."""
         gate = readiness_gate(settings, run.readiness_gate) if run.readiness_gate else None
         unloads = StuckUnloads(run.unload_deadline, alerter(settings), metrics)
-        return cls(ServingBoard(metrics, gate), memory, unloads, read_soon=read_soon)
+        probes = ServingProbes(metrics=metrics)
+        return cls(ServingBoard(metrics, gate), memory, unloads, probes, read_soon)
 
     def round(self, report: PassReport, watch: Watch) -> str | None:
         """Read every server's index (``watch``), probe what is due, read the truth and the

@@ -9,7 +9,9 @@ probe on), else a request synthesized from the version's inputs (any answer pass
 only once the version has answered one, as a model may reject zeros); it is pinned to the
 version, with the deployment's timeout. A server that does not answer at all is the
 backoff's business, not the version's: its probes are not counted. Run from the watch
-(``Daemon.watch``), never during a pass.
+(``Daemon.watch``), never during a pass. A probe stream to a streaming model gives its
+version's time to the first response and between responses to ``ReconcilerMetrics``
+(``triton_gitops_probe_first_response_seconds``, ``..._response_gap_seconds``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from reconciler.model.errors import ServerUnavailable, StepFailed
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 from reconciler.model.spec import ModelDeployment
-from reconciler.ports import ModelControl
+from reconciler.ports import TritonClient
+from reconciler.service.telemetry import ReconcilerMetrics
 from reconciler.service.watch import Reading
 from reconciler.wiring import watch_client
 
@@ -34,8 +37,13 @@ Key = tuple[str, str, int]  # server, model, version
 
 
 class ServingProbes:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        metrics: ReconcilerMetrics | None = None,
+    ) -> None:
         self.clock = clock
+        self.metrics = metrics
         self._records: dict[Key, Answering] = {}
         # Each version's probe, and whether its model answers by streams.
         self._requests: dict[Key, tuple[ProbeRequest, bool] | None] = {}
@@ -63,7 +71,8 @@ class ServingProbes:
         with self._lock:
             for gone in set(self._records) - seen:
                 self._records.pop(gone)
-                self._requests.pop(gone, None)
+                if self._requests.pop(gone, None) and self.metrics is not None:
+                    self.metrics.probes_forgotten(*gone)
         for server, keys in due.items():
             address = report.servers.get(server)
             if address is not None:
@@ -82,6 +91,8 @@ class ServingProbes:
                     if probe is None:
                         continue  # nothing to ask it: not judged
                     request, streaming = probe
+                    if streaming and self.metrics is not None:
+                        self.metrics.probe_streams_of(server, model, version)
                     if request.case is not None:
                         # A smoke case is a request the version must answer: judged from
                         # the first probe, not only once it has answered one.
@@ -99,6 +110,10 @@ class ServingProbes:
                             timeout=deployment.serving_probes.timeout,
                         )
                         error = wrong(request, reply)
+                        if reply.streamed and reply.first_seconds is not None and self.metrics:
+                            self.metrics.probe_streamed(
+                                server, model, version, reply.first_seconds, reply.gaps
+                            )
                     except StepFailed as exc:
                         error = str(exc)
                     with self._lock:
@@ -153,13 +168,16 @@ class ServingProbes:
 
 
 def _request(
-    client: ModelControl, model: str, version: int, deployment: ModelDeployment
+    client: TritonClient, model: str, version: int, deployment: ModelDeployment
 ) -> tuple[ProbeRequest, bool] | None:
     """The probe of a version: its deployment's first smoke case, else one synthesized from
-    its inputs, and whether the model answers by streams (its live config); None when no
-    probe can be made."""
+    its inputs, and whether the model answers by streams (its live config: ``observe`` reads
+    it, the index alone does not); None when no probe can be made."""
+    observed = client.observe((model,))
+    if observed.error is not None:
+        raise ServerUnavailable(observed.server, observed.error)  # asked again next round
     try:
-        streaming = streams(client.model_state(model).loaded_config)
+        streaming = streams(observed.model(model).loaded_config)
         smoke = declared(deployment.smoke[:1], None, ())
         made = smoke[0] if smoke else synthesized(client.interface(model, version))
     except StepFailed:

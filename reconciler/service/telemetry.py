@@ -11,17 +11,20 @@ models and deployments come from the manifests, exported after each pass for wha
 (``after_pass``). The gauges of a rollout in flight (``triton_gitops_rollout_step``, the
 analysis's checks) exist only while it runs, and a route's share only once the reconciler
 has set it: 0 would say something false; no rule reads them, and no panel takes their rate
-(tests/integration/test_alert_rules.py holds both).
+(tests/integration/test_alert_rules.py holds both). The probe stream histograms of a
+version of a streaming model exist from the probes' first look at it, at 0, until it is
+no longer served.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import platform
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -63,6 +66,11 @@ _M_ARENA_MAX = -8  # mallopt's parameter number, from glibc's malloc.h
 def log_event(message: str, level: int = logging.INFO, **fields: Any) -> None:
     log.log(level, message, extra={"fields": fields})
 
+
+# Seconds: a generator's first response (its prefill) takes from milliseconds to seconds; a
+# response follows the one before it within milliseconds (a token) to a second or so.
+PROBE_FIRST_RESPONSE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+PROBE_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 # What ``triton_gitops_model_state`` reports, per model and server.
 MODEL_STATES = ("in-sync", "progressing", "held", "suspended", "failed")
@@ -252,6 +260,25 @@ class ReconcilerMetrics:
         self._named: dict[Counter, set[tuple[str, ...]]] = {}  # what after_pass exported
         # The watch sets the stuck unloads, a pass's end the placements.
         self._stuck_lock = threading.Lock()
+        # The probes between rollouts' streams to a streaming model (service/serving_probes.py),
+        # per version: Triton 2.51 times no stream, so these are the version's only figures of
+        # time to first response and between responses outside a rollout.
+        self.probe_first_response = Histogram(
+            "triton_gitops_probe_first_response_seconds",
+            "Time to the first response of the probe streams sent between rollouts to each "
+            "version of a streaming model",
+            ["server", "model", "version"],
+            buckets=PROBE_FIRST_RESPONSE_BUCKETS,
+            registry=r,
+        )
+        self.probe_response_gap = Histogram(
+            "triton_gitops_probe_response_gap_seconds",
+            "Time between two responses of the probe streams sent between rollouts to each "
+            "version of a streaming model",
+            ["server", "model", "version"],
+            buckets=PROBE_GAP_BUCKETS,
+            registry=r,
+        )
         self.webhook_reads = Gauge(
             "triton_gitops_webhook_reads_in_progress",
             "Webhook bodies being read now (bounded by the webhook read cap)",
@@ -301,6 +328,28 @@ class ReconcilerMetrics:
     def shadow_compared(self, deployment: str, outcome: str) -> None:
         """One mirrored request's outcome at the comparator (``adapters/comparator.py``)."""
         self.shadow_requests.labels(deployment, outcome).inc()
+
+    def probe_streams_of(self, server: str, model: str, version: int) -> None:
+        """A version of a streaming model the probes between rollouts ask: its series, at 0."""
+        self.probe_first_response.labels(server, model, str(version))
+        self.probe_response_gap.labels(server, model, str(version))
+
+    def probe_streamed(
+        self, server: str, model: str, version: int, first: float, gaps: Sequence[float]
+    ) -> None:
+        """A probe stream between rollouts ended: its time to the first response and the
+        times between its responses."""
+        labels = (server, model, str(version))
+        self.probe_first_response.labels(*labels).observe(first)
+        gap = self.probe_response_gap.labels(*labels)
+        for seconds in gaps:
+            gap.observe(seconds)
+
+    def probes_forgotten(self, server: str, model: str, version: int) -> None:
+        """A version no longer served: its probe stream series leave the metrics."""
+        for histogram in (self.probe_first_response, self.probe_response_gap):
+            with contextlib.suppress(KeyError):
+                histogram.remove(server, model, str(version))
 
     def set_stuck_unloads(self, counts: Mapping[tuple[str, str], int]) -> None:
         """Versions stuck UNLOADING per (server, model): 0 for the other pairs the last pass

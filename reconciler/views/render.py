@@ -198,7 +198,7 @@ def _change_result_text(result: ChangeResult) -> list[str]:
     for r in result.steps:
         mark = "ok" if r.ok else "FAILED"
         versions = _list(r.step.versions)
-        lines.append(f"    {r.step.action:<7} {versions:<10} {mark} ({r.seconds:.2f}s)")
+        lines.append(f"    {r.step.action:<7} {versions:<10} {mark} ({_took(r)})")
         for evaluation in r.evaluations:
             lines.append(
                 f"      evaluation {evaluation.index + 1} at {evaluation.at:.1f}s: "
@@ -231,7 +231,17 @@ def progress_line(result: StepResult) -> str:
     what = "revert " if result.reverting else ""
     return (
         f"{step.server}/{step.model}: {what}{step.action} {_list(step.versions)} "
-        f"{mark} ({result.seconds:.2f}s)"
+        f"{mark} ({_took(result)})"
+    )
+
+
+def _took(result: StepResult) -> str:
+    """A step's time; an unload's wait for the streams in flight on the versions it drops."""
+    if result.stream_wait is None:
+        return f"{result.seconds:.2f}s"
+    return (
+        f"{result.seconds:.2f}s; waited {result.stream_wait:.2f}s for the streams in flight on "
+        f"{_list(result.step.dropped)} to end"
     )
 
 
@@ -259,6 +269,11 @@ def result_json(result: ApplyResult) -> dict[str, Any]:
                         **step_json(r.step),
                         "ok": r.ok,
                         "seconds": round(r.seconds, 4),
+                        **(
+                            {"stream_wait_seconds": round(r.stream_wait, 4)}
+                            if r.stream_wait is not None
+                            else {}
+                        ),
                         "error": r.error,
                         # Each phase's analysis of a traffic rollout (its shadow comparison
                         # among them), not only the last.

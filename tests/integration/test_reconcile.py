@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
 
+from testkit.alert_receiver import AlertReceiver
 from testkit.cli_run import Reconciler, cli
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
@@ -268,28 +266,11 @@ def test_validate_command(tmp_path: Path, model_repository: Path) -> None:
     assert "bad.yml:2: unknown kind 'Model'" in invalid.err
 
 
-class _Receiver(BaseHTTPRequestHandler):
-    events: ClassVar[list[dict[str, object]]] = []
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).events.append(json.loads(body))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_failed_loads_and_invalid_revisions_are_alerted(
     manifests: ManifestRepo, reconciler: Reconciler, triton: LocalTriton, model_repository: Path
 ) -> None:
-    _Receiver.events = []
-    receiver = ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
-    thread = threading.Thread(target=receiver.serve_forever, daemon=True)
-    thread.start()
-    hook = ("--alert-webhook", f"http://127.0.0.1:{receiver.server_address[1]}/events")
-    try:
+    with AlertReceiver() as receiver:
+        hook = receiver.hook
         _one_server(manifests, triton, model_repository)
         manifests.write("models/echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
         manifests.commit("deploy")
@@ -300,12 +281,9 @@ def test_failed_loads_and_invalid_revisions_are_alerted(
         manifests.write("models/echo.yaml", "apiVersion: [\n")
         broken = manifests.commit("a broken manifest on the tracked branch")
         assert reconciler.apply(*hook).code == 1
-    finally:
-        receiver.shutdown()
-        receiver.server_close()
-    kinds = [(e["kind"], e["revision"]) for e in _Receiver.events]
+    kinds = [(e["kind"], e["revision"]) for e in receiver.events]
     assert ("load-failed", failing) in kinds
     assert ("validation-failed", broken) in kinds
-    load_failed = next(e for e in _Receiver.events if e["kind"] == "load-failed")
+    load_failed = next(e for e in receiver.events if e["kind"] == "load-failed")
     assert load_failed["model"] == "echo" and load_failed["server"] == "edge-a"
     assert "broken on purpose" in json.dumps(load_failed["details"])

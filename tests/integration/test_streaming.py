@@ -11,18 +11,30 @@ inconclusive. Each check here is the reconciler's own: no client streams.
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from testkit.alert_receiver import AlertReceiver
 from testkit.cli_run import Reconciler, cli
 from testkit.loadgen import StreamClient
 from testkit.local_triton import LocalTriton
-from testkit.manifests import GENERATOR, ManifestRepo, server_doc, write_generator_repository
+from testkit.manifests import (
+    GENERATOR,
+    ManifestRepo,
+    echo_repository,
+    server_doc,
+    write_generator_repository,
+)
 from tests.integration.flows import ready_versions
+from tests.integration.test_daemon import service_process, wait_until
 
 pytestmark = pytest.mark.triton
 
@@ -30,7 +42,8 @@ pytestmark = pytest.mark.triton
 @pytest.fixture(scope="module")
 def generator_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalTriton]:
     root = tmp_path_factory.mktemp("streaming")
-    models = write_generator_repository(root / "models")
+    # echo (a unary model) beside gen: a stream expected of it is refused by the plan.
+    models = echo_repository(write_generator_repository(root / "models"), 1)
     server = LocalTriton(models, log_file=root / "triton.log").start()
     try:
         yield server
@@ -179,8 +192,9 @@ def test_a_stream_in_flight_during_a_swap_ends_on_the_version_that_started_it(
     (change,) = report["result"]["changes"]
     unload = next(s for s in change["steps"] if s["action"] == "unload")
     assert "the streams in flight on them end there first" in unload["reason"], unload
-    # It waited for the stream on version 1, which ended there whole.
+    # It waited for the stream on version 1, which ended there whole, and says how long.
     assert unload["seconds"] >= 1.0, unload
+    assert unload["stream_wait_seconds"] >= 0.5, f"the wait for the stream is not shown: {unload}"
     assert ready_versions(generator_server, GENERATOR) == {2}
 
 
@@ -262,3 +276,139 @@ def test_a_stream_without_its_final_flag_is_cut_and_fails_the_version(
         assert ready_versions(server, GENERATOR) == {1}
     finally:
         server.stop()
+
+
+def test_a_stream_expected_of_a_model_that_does_not_stream_is_refused_by_plan(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    """Issue 42, bad input: echo answers by one response (its config.pbtxt on the server's
+    repository says so; validate, which reads no repository, cannot know): refused by the
+    plan, naming the file and the case's line, and nothing is loaded."""
+    doc = (
+        _gen(1).replace("name: gen", "name: echo") + "  verify:\n"
+        "    smoke:\n"
+        "      - name: counts\n"
+        "        inputs: {INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}}\n"
+        "        stream: {responses: 3}\n"
+    )
+    manifests.write("echo.yaml", doc)
+    manifests.commit("echo with a stream expected")
+    assert cli("validate", str(manifests.work)).code == 0, "validate cannot see config.pbtxt"
+
+    planned = reconciler.plan()
+    applied = reconciler.apply()
+
+    case = doc.splitlines().index("      - name: counts") + 1
+    refusal = (
+        f"server a, model echo: echo.yaml:{case}: smoke case 'counts' expect(s) a stream "
+        "(stream:), but echo does not stream: config.pbtxt in the model repository has no "
+        "model_transaction_policy { decoupled: true }"
+    )
+    assert refusal in planned.out + planned.err, f"plan did not refuse it: {planned.explain()}"
+    assert applied.code != 0 and refusal in applied.out + applied.err, applied.explain()
+    assert ready_versions(generator_server, "echo") == set(), "echo was loaded"
+
+
+def _long_stream(address: str, tokens: int, ended: list[str]) -> None:
+    """One client stream of ``tokens`` tokens, unversioned; ``ended`` gets how it ended."""
+    events: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    prompt = triton_grpc.InferInput("PROMPT", [3], "INT32")
+    prompt.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+    with triton_grpc.InferenceServerClient(address) as client:
+        client.start_stream(callback=lambda result, error: events.put((result, error)))
+        client.async_stream_infer(
+            GENERATOR, [prompt], parameters={"tokens": tokens}, enable_empty_final_response=True
+        )
+        count, versions = 0, set()
+        while True:
+            result, error = events.get(timeout=60)
+            if error is not None:
+                ended.append(f"error after {count}: {error}")
+                break
+            response = result.get_response()
+            if response.outputs:
+                count, versions = count + 1, versions | {response.model_version}
+            if response.parameters["triton_final_response"].bool_param:
+                ended.append(f"{count} tokens on version(s) {', '.join(sorted(versions))}")
+                break
+        client.stop_stream()
+
+
+def test_an_unload_past_its_stream_deadline_fails_and_alerts_the_version(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    """Issue 42, point 5: a client stream on version 1 outlives the unload's deadline (the
+    smoke case's 2 s): the unload fails naming the version still UNLOADING, the alert names
+    server, model and version, version 2 serves on, and the stream ends whole on 1."""
+    slow = "  config: {parameters: {token_ms: {string_value: '100'}}}\n"
+    short = SMOKE.replace("deadline: 10s", "deadline: 2s")
+    code, why, _ = _roll(manifests, reconciler, _gen(1, slow + short))
+    assert code == 0, why
+    ended: list[str] = []
+    # 150 tokens 100 ms apart: 15 s on version 1, far past the unload's 2 s.
+    streamer = threading.Thread(
+        target=_long_stream, args=(generator_server.grpc_address, 150, ended)
+    )
+    with AlertReceiver() as receiver:
+        streamer.start()
+        time.sleep(0.5)
+        manifests.write("gen.yaml", _gen(2, slow + short))
+        manifests.commit("gen 2")
+        result = reconciler.apply("--output", "json", *receiver.hook)
+        streamer.join(timeout=60)
+    assert result.code == 1, f"the unload past its deadline did not fail: {result.explain()}"
+    (change,) = json.loads(result.out)["result"]["changes"]
+    unload = next(s for s in change["steps"] if s["action"] == "unload")
+    assert not unload["ok"] and "version(s) 1 still UNLOADING after 2s" in unload["error"], unload
+    assert ready_versions(generator_server, GENERATOR) == {2}, "version 2 should serve on"
+    assert ended == ["150 tokens on version(s) 1"], f"the client stream was cut: {ended}"
+    failed = [e for e in receiver.events if e["kind"] == "unload-failed"]
+    assert len(failed) == 1, f"expected one unload-failed alert: {receiver.events}"
+    alert = failed[0]
+    assert (alert["server"], alert["model"]) == ("a", GENERATOR), alert
+    assert "the old version(s) 1 could not be unloaded" in alert["summary"], alert
+    assert "version(s) 1 still UNLOADING" in json.dumps(alert["details"]), alert
+
+
+def test_the_probe_streams_between_rollouts_give_each_version_its_stream_timings(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler, tmp_path: Path
+) -> None:
+    """Issue 42, point 6: the service's probes between rollouts stream to gen version 1
+    (5 tokens 50 ms apart); its /metrics give the version's time to the first response and
+    between responses as histograms, which the dashboard's streaming panels read."""
+    paced = (
+        "  config: {parameters: {token_ms: {string_value: '50'}}}\n"
+        "  servingProbes: {interval: 1s}\n"
+    )
+    manifests.write("gen.yaml", _gen(1, paced))
+    manifests.commit("gen 1, probed every second")
+    service = service_process(manifests.url, tmp_path / "service", ("--watch-interval", "1"))
+    service.start()
+    labels = '{model="gen",server="a",version="1"}'
+    first, gap = (
+        "triton_gitops_probe_first_response_seconds",
+        "triton_gitops_probe_response_gap_seconds",
+    )
+    try:
+        try:
+            wait_until(
+                lambda: service.metrics().get(f"{first}_count{labels}", 0) >= 3,
+                30,
+                "three probe streams to gen 1 on the service's /metrics",
+            )
+        except AssertionError as exc:
+            series = {k: v for k, v in service.metrics().items() if "probe" in k}
+            said = service.events()[-6:]
+            raise AssertionError(f"{exc}; its probe series: {series}; its log: {said}") from exc
+        metrics = service.metrics()
+    finally:
+        service.stop()
+    streams = metrics[f"{first}_count{labels}"]
+    gaps = metrics[f"{gap}_count{labels}"]
+    assert gaps == 4 * streams, f"5 responses a stream make 4 gaps: {gaps} for {streams} streams"
+    mean_gap = metrics[f"{gap}_sum{labels}"] / gaps
+    mean_first = metrics[f"{first}_sum{labels}"] / streams
+    assert 0.045 <= mean_gap <= 0.5, f"the gap does not follow the model's 50 ms: {mean_gap}"
+    assert 0 < mean_first < 0.5, f"time to the first response out of range: {mean_first}"
+    print(f"probe streams: {streams:g}, first response {mean_first * 1e3:.1f} ms, gap "
+          f"{mean_gap * 1e3:.1f} ms")  # fmt: skip

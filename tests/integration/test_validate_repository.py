@@ -227,3 +227,27 @@ def test_the_example_repository_is_valid_as_it_is_written() -> None:
     result = cli("validate", str(examples))
     assert (result.code, result.err) == (0, "")
     assert result.out.startswith("valid: ")
+
+
+def test_a_stream_expected_of_a_model_spec_config_says_does_not_stream_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Issue 42, bad input: the file and the line of the case's ``stream``."""
+    files = ours()
+    files["models/echo.yaml"] += (
+        "  config: {model_transaction_policy: {decoupled: false}}\n"
+        "  verify:\n"
+        "    smoke:\n"
+        "      - name: counts\n"
+        "        inputs: {INPUT0: {datatype: FP32, shape: [1], data: [1]}}\n"
+        "        stream: {responses: 3}\n"
+    )
+    write(tmp_path, files)
+    line = files["models/echo.yaml"].splitlines().index("        stream: {responses: 3}") + 1
+
+    result = cli("validate", str(tmp_path))
+
+    assert result.code == 1, f"validate passed a stream: on a unary model: {result.out}"
+    assert result.err.startswith(
+        f"models/echo.yaml:{line}: ModelDeployment 'echo': smoke case 'counts' expects a stream"
+    ), f"the problem must name the file and the line of stream: ({line}): {result.err}"

@@ -6,7 +6,7 @@ given as the watch hands them over; test_serving_truth.py (integration) reads a 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import ClassVar
 
@@ -17,7 +17,7 @@ from reconciler.model.errors import VerifyFailed
 from reconciler.model.history import AlertEvent
 from reconciler.model.plan import Action, Plan, Step
 from reconciler.model.reports import PassReport
-from reconciler.model.serving import ModelInterface, ModelState, TensorSignature
+from reconciler.model.serving import ModelInterface, ModelState, ServerState, TensorSignature
 from reconciler.model.spec import ModelDeployment, SmokeCase, Tensor
 from reconciler.model.spec import ServingProbes as Spec
 from reconciler.service import serving_probes
@@ -122,8 +122,9 @@ class DeadStub:
         return ModelInterface((TensorSignature("INPUT0", "FP32", (-1, 4)),),
                               (TensorSignature("OUTPUT0", "FP32", (-1, 4)),))  # fmt: skip
 
-    def model_state(self, model: str) -> ModelState:
-        return ModelState(model)  # unary: its live config says nothing of streams
+    def observe(self, models: Iterable[str]) -> ServerState:
+        # unary: its live config says nothing of streams
+        return ServerState("edge-a", {model: ModelState(model) for model in models})
 
     def infer(self, model: str, version: int, *args: object) -> dict[str, object]:
         DeadStub.calls.append(f"{model} {version}")

@@ -15,6 +15,7 @@ from typing import Any
 from reconciler.core.interface import config_interface, interface_part
 from reconciler.core.plan.heal import heal_change
 from reconciler.core.plan.revert import put_back_unloaded, revert_steps, sorted_versions
+from reconciler.core.plan.stream_cases import stream_case_refusal
 from reconciler.core.plan.verify import verify_step
 from reconciler.core.triton_config import (
     config_drift,
@@ -250,6 +251,10 @@ def plan_model(
     base, why_not = _base_config(model, deployment)
     if base is None:
         return PlanProblem(server, deployment.model, why_not or "no base config")
+    target = merge(base, deployment.config)
+    wrong_shape = stream_case_refusal(server, deployment, model, target)
+    if wrong_shape is not None:
+        return wrong_shape  # the probes between rollouts ask by the first case too
     ready = model.ready
     desired = frozenset(deployment.versions)
     drift = (
@@ -266,8 +271,7 @@ def plan_model(
     )
     if desired == ready and not drift and not backend_change:
         # Serving as declared; versions whose probes stopped being answered are reloaded.
-        return heal_change(server, deployment, model, merge(base, deployment.config))
-    target = merge(base, deployment.config)
+        return heal_change(server, deployment, model, target)
     gate = _interface_refusal(server, deployment, model, target, desired)
     if gate is not None:
         return gate  # before anything is sent: the serving versions keep their config

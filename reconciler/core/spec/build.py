@@ -190,7 +190,8 @@ def build_deployment(
     )
 
 
-# The keys of a ModelDeployment whose lines reports point at (gate annotations).
+# The keys of a ModelDeployment whose lines reports point at (gate annotations; and each
+# smoke case, "verify.smoke.0", ...: the plan's refusals of a case).
 _POINTED_AT = (
     ("versions",),
     ("config",),
@@ -215,6 +216,8 @@ def _lines(doc: Document, body: dict[str, Any]) -> tuple[tuple[str, int], ...]:
             node = node.get(key) if isinstance(node, dict) else None
         if node is not None:
             found.append((".".join(path), doc.line(("spec", *path))))
+    for index, _ in enumerate(body.get("verify", {}).get("smoke", [])):
+        found.append((f"verify.smoke.{index}", doc.line(("spec", "verify", "smoke", index))))
     return tuple(found)
 
 

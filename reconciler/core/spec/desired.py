@@ -23,6 +23,7 @@ from reconciler.core.spec.rules import (
     dependency_problems,
     evidence_warnings,
     sequence_split_warnings,
+    stream_case_problems,
     traffic_problems,
 )
 from reconciler.core.spec.schema import (
@@ -113,6 +114,7 @@ def read_manifests(
     problems.extend(cross_check(servers, deployments, unbuilt))
     problems.extend(dependency_problems(deployments, unbuilt))
     problems.extend(traffic_problems(servers, deployments, routers, unbuilt))
+    problems.extend(stream_case_problems(deployments))
     warnings.extend(evidence_warnings(deployments))
     warnings.extend(sequence_split_warnings(deployments))
     desired = DesiredState.build(

@@ -11,6 +11,7 @@ from itertools import pairwise
 from typing import Any
 
 from reconciler.core.spec.yaml import Document
+from reconciler.core.triton_config import streams
 from reconciler.model.problems import Problem
 from reconciler.model.servers import TritonServer
 from reconciler.model.spec import DesiredState, ModelDeployment
@@ -470,3 +471,26 @@ def _evidence_time(deployment: ModelDeployment) -> float:
     # The probe-only phase: one interval for a canary, the whole duration for blue-green.
     first = analysis.duration if traffic.strategy is Strategy.BLUE_GREEN else analysis.interval
     return first + steps
+
+
+def stream_case_problems(deployments: Iterable[tuple[Document, ModelDeployment]]) -> list[Problem]:
+    """A smoke case that expects a stream (``stream:``) where spec.config declares the model
+    does not (a ``model_transaction_policy`` without ``decoupled: true``): Triton answers such
+    a model with one response, which ``stream`` cannot judge. Where spec.config does not say,
+    the plan decides from the config it knows (``core/plan/stream_cases.py``)."""
+    problems = []
+    for doc, deployment in deployments:
+        if "model_transaction_policy" not in deployment.config or streams(deployment.config):
+            continue
+        for index, case in enumerate(deployment.smoke):
+            if case.stream is not None:
+                problems.append(
+                    doc.problem(
+                        ("spec", "verify", "smoke", index, "stream"),
+                        f"ModelDeployment {deployment.name!r}: smoke case {case.name!r} expects "
+                        "a stream, but spec.config declares a model that does not stream "
+                        "(model_transaction_policy without decoupled: true): Triton answers it "
+                        "with one response; remove stream: or declare decoupled: true",
+                    )
+                )
+    return problems

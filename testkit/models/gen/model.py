@@ -4,8 +4,10 @@ stream of tokens, one per response, then Triton's final flag.
 Token i of a prompt is (sum of the prompt + i) % 1000, the same for every good version, so a
 smoke case can expect the generated sequence. The config parameters (string values)
 ``tokens`` set how many (default 5), ``token_ms`` the milliseconds between two (default 0:
-a long generation is many tokens slowly). The fixture copies this file into every version
-folder; some versions misbehave on purpose, each as a real generator can:
+a long generation is many tokens slowly); a request's own parameter ``tokens`` (an integer)
+sets how many for that request alone (a long generation among short ones). The fixture
+copies this file into every version folder; some versions misbehave on purpose, each as a
+real generator can:
   3  answers every request with an error inside the stream
   4  streams two tokens, then an error (a generation that fails midway)
   5  sends its first token 300 ms late, or as many milliseconds as the parameter
@@ -49,6 +51,7 @@ class TritonPythonModel:
             sender = request.get_response_sender()
             prompt = pb_utils.get_input_tensor_by_name(request, "PROMPT").as_numpy()
             start = int(prompt.sum())
+            tokens = int(json.loads(request.parameters() or "{}").get("tokens", self.tokens))
             if self.version == FAILING:
                 error = pb_utils.TritonError(f"version {self.version} fails every request")
                 sender.send(
@@ -60,7 +63,7 @@ class TritonPythonModel:
             midway = self.version == FAILS_MIDWAY or (
                 self.version == SOMETIMES_FAILS and self.requests % EVERY == 0
             )
-            for i in range(self.tokens):
+            for i in range(tokens):
                 if i == 0 and self.first_delay:
                     time.sleep(self.first_delay)
                 elif i and self.token_delay:
