@@ -162,7 +162,8 @@ def test_a_weight_is_a_share_of_streams_and_no_stream_is_cut_by_a_change(pools: 
     clients = StreamClient(pools.envoy.address, GENERATOR, threads=4)
     windows = _through_steps(pools, clients, steps, 5.0)
     _whole_and_one_pool(clients.streams)
-    _shares_follow_the_weights(clients.streams, windows)
+    shares = _shares_follow_the_weights(clients.streams, windows)
+    print(f"{len(clients.streams)} gRPC streams; per window (share, n, on canary): {shares}")
 
 
 def test_an_sse_stream_is_one_request_placed_once_by_the_weights_and_none_is_cut(
@@ -177,7 +178,7 @@ def test_an_sse_stream_is_one_request_placed_once_by_the_weights_and_none_is_cut
     windows = _through_steps(pools, clients, (0, 50, 100, 0), 5.0)
     _whole_and_one_pool(clients.streams)
     shares = _shares_follow_the_weights(clients.streams, windows)
-    print(f"SSE requests per window (share, n, on canary, allowed): {shares}")
+    print(f"{len(clients.streams)} SSE requests; per window (share, n, on canary): {shares}")
 
 
 CANARY = "{router: edge, strategy: canary, stablePool: stable, canaryPool: canary, steps: [50%]}"
