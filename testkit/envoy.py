@@ -73,7 +73,7 @@ def _cluster(name: str, grpc: Sequence[str], http: Sequence[str]) -> dict[str, A
         else {"explicit_http_config": {"http2_protocol_options": {}}}
     )
     endpoints = [
-        {"endpoint": {"address": _socket(a)}, "metadata": _protocol(kind)}
+        {"endpoint": {"address": _socket(a)}, **({"metadata": _protocol(kind)} if http else {})}
         for kind, addresses in (("grpc", grpc), ("http", http))
         for a in addresses
     ]
