@@ -5,8 +5,11 @@ response's ``model_version`` tells the pool.
 
 Envoy keeps a gRPC stream on the backend that started it: a route weight is a share of the
 streams started, and a change of weights (a canary step, a blue-green switch, a switch back)
-moves only the streams that start after it. Measured here, with the reconciler's own router
-adapter setting the weights and clients streaming all along.
+moves only the streams that start after it. An HTTP ``generate_stream`` request (server-sent
+events, through the same Envoy's HTTP listener and the same weights) is placed once too.
+Measured here, with the reconciler's own router adapter setting the weights and clients
+streaming all along, and with the reconciler's own rollouts (canary; blue-green, switched
+and then switched back by the on-call's ``abort``).
 """
 
 from __future__ import annotations
