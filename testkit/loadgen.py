@@ -8,6 +8,8 @@ its message, a response without OUTPUT0 (a renamed output) included.
 
 from __future__ import annotations
 
+import http.client
+import json
 import queue
 import threading
 import time
@@ -182,10 +184,12 @@ class Stream:
 class StreamClient:
     """Threads streaming generations from a streaming (decoupled) model one after another
     over gRPC ModelStreamInfer, each stream on a client of its own (a new connection: a
-    router places it anew), unversioned; every stream recorded (``Stream``)."""
+    router places it anew), unversioned; every stream recorded (``Stream``). With ``sse``,
+    ``address`` is Triton's HTTP API (or a router's listener for it) and each generation is
+    one HTTP ``generate_stream`` request, answered in server-sent events."""
 
-    def __init__(self, address: str, model: str, threads: int = 1) -> None:
-        self.address, self.model = address, model
+    def __init__(self, address: str, model: str, threads: int = 1, sse: bool = False) -> None:
+        self.address, self.model, self.sse = address, model, sse
         self.streams: list[Stream] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -205,7 +209,7 @@ class StreamClient:
         prompt = triton_grpc.InferInput("PROMPT", [3], "INT32")
         prompt.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
         while not self._stop.is_set():
-            stream = self._one(prompt)
+            stream = self._event_stream() if self.sse else self._one(prompt)
             with self._lock:
                 self.streams.append(stream)
 
@@ -235,6 +239,43 @@ class StreamClient:
                 if response.parameters["triton_final_response"].bool_param:
                     break
             client.stop_stream()
+        return Stream(started, tuple(versions), tuple(tokens), error)
+
+    def _event_stream(self) -> Stream:
+        """One ``generate_stream`` request on a connection of its own. Triton 2.51 takes the
+        inputs as the JSON body's members by name (PROMPT a flat list: shape [3]), sends
+        ``data: {"TOKEN":6,"model_name":...,"model_version":"2"}`` per response, no event
+        for the final flag and no end sentinel: the stream is whole when the response
+        ends cleanly, and an ``error`` member inside it is a failure (the status was 200)."""
+        versions: list[str] = []
+        tokens: list[int] = []
+        error = None
+        started = time.monotonic()
+        connection = http.client.HTTPConnection(self.address, timeout=30)
+        try:
+            connection.request(
+                "POST",
+                f"/v2/models/{self.model}/generate_stream",
+                body=json.dumps({"PROMPT": [1, 2, 3]}),
+                headers={"Content-Type": "application/json"},
+            )
+            answer = connection.getresponse()
+            if answer.status != 200:
+                error = f"HTTP {answer.status}: {answer.read()[:200]!r}"
+            for line in answer if error is None else ():
+                if not line.startswith(b"data: "):
+                    continue
+                event = json.loads(line[len(b"data: ") :])
+                if "error" in event:
+                    error = f"in the stream: {event['error']}"
+                    break
+                versions.append(str(event["model_version"]))
+                tokens.append(int(event["TOKEN"]))
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            # A connection cut mid-body is IncompleteRead (an HTTPException).
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            connection.close()
         return Stream(started, tuple(versions), tuple(tokens), error)
 
 

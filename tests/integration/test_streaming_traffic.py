@@ -5,15 +5,25 @@ response's ``model_version`` tells the pool.
 
 Envoy keeps a gRPC stream on the backend that started it: a route weight is a share of the
 streams started, and a change of weights (a canary step, a blue-green switch, a switch back)
-moves only the streams that start after it. Measured here, with the reconciler's own router
-adapter setting the weights and clients streaming all along.
+moves only the streams that start after it. An HTTP ``generate_stream`` request (server-sent
+events, through the same Envoy's HTTP listener and the same weights) is placed once too.
+Measured here, with the reconciler's own router adapter setting the weights and clients
+streaming all along, and with the reconciler's own rollouts (canary; blue-green, switched
+and then switched back by the on-call's ``abort``).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+import subprocess
+import sys
+import threading
 import time
+import urllib.parse
+import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +31,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from reconciler.adapters.envoy import EnvoyRouter
+from reconciler.model.errors import RouterUnavailable
 from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec
 from testkit.cli_run import Reconciler
 from testkit.envoy import LocalEnvoy
@@ -92,6 +103,8 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
             root / "envoy",
             {"stable": [stable.grpc_address], "canary": [canary.grpc_address]},
             {"stable": 10_000},
+            # Triton's HTTP API over the same pools, by the same weights (SSE streams).
+            http={"stable": [stable.http_address], "canary": [canary.http_address]},
         ).start()
         yield Pools(stable, canary, envoy)
     finally:
@@ -105,23 +118,34 @@ def _between(streams: list[Stream], start: float, end: float) -> list[Stream]:
     return [s for s in streams if start <= s.started < end]
 
 
-def test_a_weight_is_a_share_of_streams_and_no_stream_is_cut_by_a_change(pools: Pools) -> None:
-    _load(pools.stable, 1, LONG)
-    _load(pools.canary, 2, LONG)
-    steps = (0, 10, 50, 100, 0)  # canary steps, the switch to the new pool, the switch back
+def _through_steps(
+    pools: Pools, clients: StreamClient, steps: tuple[int, ...], seconds: float
+) -> list[tuple[int, float, float]]:
+    """Each canary share of ``steps`` in turn for ``seconds``, ``clients`` streaming all
+    along: (share, start, end) of each window."""
     windows: list[tuple[int, float, float]] = []
-    with StreamClient(pools.envoy.address, GENERATOR, threads=4) as clients:
+    with clients:
         for percent in steps:
             pools.weights(percent)
             began = time.monotonic()
-            time.sleep(5.0)
+            time.sleep(seconds)
             windows.append((percent, began, time.monotonic()))
-    streams = clients.streams
+    return windows
+
+
+def _whole_and_one_pool(streams: list[Stream]) -> None:
     cut = [s for s in streams if s.error is not None or len(s.tokens) != TOKENS]
     assert cut == [], f"{len(cut)} of {len(streams)} streams cut or short, first: {cut[:2]}"
     mixed = [s.versions for s in streams if len(set(s.versions)) != 1]
     assert mixed == [], f"streams answered by both pools: {mixed[:3]}"
-    shares = []
+
+
+def _shares_follow_the_weights(
+    streams: list[Stream], windows: list[tuple[int, float, float]]
+) -> list[tuple[int, int, float | None, float]]:
+    """(share, streams started, share of them on the canary, allowed error) per window,
+    each within max(3 SE, 2 pp) of its weight."""
+    shares: list[tuple[int, int, float | None, float]] = []
     for percent, start, end in windows:
         # Streams that started after the change (and a stream's setup) took the new weights.
         placed = _between(streams, start + 0.2, end)
@@ -132,9 +156,45 @@ def test_a_weight_is_a_share_of_streams_and_no_stream_is_cut_by_a_change(pools: 
         shares.append((percent, n, on_canary / n if n else None, allowed))
         assert n >= 20, f"too few streams at {percent}%: {shares}"
         assert abs(on_canary / n - p) <= allowed, f"share of streams off the weight: {shares}"
+    return shares
 
 
-def _deployment(version: int) -> str:
+def test_a_weight_is_a_share_of_streams_and_no_stream_is_cut_by_a_change(pools: Pools) -> None:
+    _load(pools.stable, 1, LONG)
+    _load(pools.canary, 2, LONG)
+    steps = (0, 10, 50, 100, 0)  # canary steps, the switch to the new pool, the switch back
+    clients = StreamClient(pools.envoy.address, GENERATOR, threads=4)
+    windows = _through_steps(pools, clients, steps, 5.0)
+    _whole_and_one_pool(clients.streams)
+    shares = _shares_follow_the_weights(clients.streams, windows)
+    print(f"{len(clients.streams)} gRPC streams; per window (share, n, on canary): {shares}")
+
+
+def test_an_sse_stream_is_one_request_placed_once_by_the_weights_and_none_is_cut(
+    pools: Pools,
+) -> None:
+    """HTTP ``generate_stream`` (server-sent events) through the same Envoy, by the same
+    weights that the reconciler's adapter sets: each SSE request is placed once, when it
+    starts, and answered whole by the pool that took it, whatever the weights do meanwhile."""
+    _load(pools.stable, 1, LONG)
+    _load(pools.canary, 2, LONG)
+    clients = StreamClient(pools.envoy.http_address, GENERATOR, threads=4, sse=True)
+    windows = _through_steps(pools, clients, (0, 50, 100, 0), 5.0)
+    _whole_and_one_pool(clients.streams)
+    shares = _shares_follow_the_weights(clients.streams, windows)
+    print(f"{len(clients.streams)} SSE requests; per window (share, n, on canary): {shares}")
+
+
+CANARY = "{router: edge, strategy: canary, stablePool: stable, canaryPool: canary, steps: [50%]}"
+
+
+def _blue_green(keep_old: str) -> str:
+    # The module's Envoy names its two clusters stable and canary: in blue-green they take
+    # turns, the one without traffic taking the new versions.
+    return f"{{router: edge, strategy: blueGreen, pools: [stable, canary], keepOld: {keep_old}}}"
+
+
+def _deployment(version: int, traffic: str = CANARY) -> str:
     return (
         "apiVersion: triton-gitops.dev/v1alpha1\n"
         "kind: ModelDeployment\n"
@@ -154,18 +214,16 @@ def _deployment(version: int) -> str:
         "        - name: success-rate\n"
         "          successRate: {min: 0.99}\n"
         "  rollout:\n"
-        "    traffic: {router: edge, strategy: canary, stablePool: stable, canaryPool: canary,"
-        " steps: [50%]}\n"
+        f"    traffic: {traffic}\n"
     )
 
 
-def test_the_reconciler_rolls_a_streaming_model_through_envoy_without_cutting_a_stream(
-    pools: Pools, manifests: ManifestRepo, tmp_path: Path
-) -> None:
-    """A canary rollout of the streaming model by the reconciler itself, clients streaming
-    through Envoy all along: the good version is promoted with no client stream cut; one
-    that errors in every stream is caught by the streaming probes before any client is
-    moved to it, and the serving version stays."""
+def _applied(
+    pools: Pools, manifests: ManifestRepo, workdir: Path, traffic: str = CANARY
+) -> Reconciler:
+    """gen 1 deployed by the reconciler on both servers, from nothing loaded, the route at
+    rest on stable: the reconciler that applied it."""
+    pools.weights(0)
     for name, server in (("a", pools.stable), ("c", pools.canary)):
         with triton_grpc.InferenceServerClient(server.grpc_address) as client:
             client.unload_model(GENERATOR)
@@ -178,11 +236,22 @@ def test_the_reconciler_rolls_a_streaming_model_through_envoy_without_cutting_a_
     manifests.write(
         "router.yaml", router_doc(pools.envoy.admin_url, {"stable": ["a"], "canary": ["c"]})
     )
-    manifests.write("gen.yaml", _deployment(1))
+    manifests.write("gen.yaml", _deployment(1, traffic))
     manifests.commit("gen 1 through the router")
-    reconciler = Reconciler(manifests.url, tmp_path / "reconciler")
+    reconciler = Reconciler(manifests.url, workdir)
     first = reconciler.apply()
     assert first.code == 0, first.explain()
+    return reconciler
+
+
+def test_the_reconciler_rolls_a_streaming_model_through_envoy_without_cutting_a_stream(
+    pools: Pools, manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    """A canary rollout of the streaming model by the reconciler itself, clients streaming
+    through Envoy all along: the good version is promoted with no client stream cut; one
+    that errors in every stream is caught by the streaming probes before any client is
+    moved to it, and the serving version stays."""
+    reconciler = _applied(pools, manifests, tmp_path / "reconciler")
     for version, expected in ((2, 0), (3, 1)):
         manifests.write("gen.yaml", _deployment(version))
         manifests.commit(f"gen {version}")
@@ -197,3 +266,157 @@ def test_the_reconciler_rolls_a_streaming_model_through_envoy_without_cutting_a_
     assert served == {"2"}, f"clients reached {served} while version 3 was tried"
     assert ready_versions(pools.stable, GENERATOR) == {2}
     assert ready_versions(pools.canary, GENERATOR) == {2}
+
+
+class RouteLog:
+    """The route as the reconciler's own adapter reads it back from Envoy, every 50 ms
+    while a rollout runs, beside each cluster's count of requests sent upstream (clients'
+    only: the probes go to Triton directly). With ``abort_on`` (a pool and a state store),
+    the on-call's ``abort`` is given, as a command of its own, ``abort_after`` seconds after
+    the route first sends every request to that pool."""
+
+    def __init__(
+        self, pools: Pools, abort_on: tuple[str, Path] | None = None, abort_after: float = 1.0
+    ) -> None:
+        self.pools, self.abort_on, self.abort_after = pools, abort_on, abort_after
+        self.readings: list[tuple[float, str, dict[str, int]]] = []  # when, live pool, totals
+        self.abort: subprocess.Popen[str] | None = None
+        self.abort_given: float | None = None
+        self.missed: list[str] = []  # readings that failed
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> RouteLog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        if self.abort is not None:
+            self.abort.communicate(timeout=30)
+
+    def _totals(self) -> dict[str, int]:
+        query = urllib.parse.urlencode({"filter": r"^cluster\.\w+\.upstream_rq_total$"})
+        url = f"{self.pools.envoy.admin_url}/stats?{query}"
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            lines = answer.read().decode().splitlines()
+        return {line.split(".")[1]: int(line.rsplit(":", 1)[1]) for line in lines if ":" in line}
+
+    def _watch(self) -> None:
+        since: float | None = None
+        while not self._stop.is_set():
+            try:
+                weights = self.pools.router.observe().weights
+                totals = self._totals()
+            except (RouterUnavailable, OSError) as exc:
+                # A reading missed on a busy host only widens the window around a switch
+                # that no stream is judged in (``switches``).
+                self.missed.append(str(exc))
+                time.sleep(0.05)
+                continue
+            live = max(sorted(weights), key=lambda pool: weights[pool])
+            now = time.monotonic()
+            self.readings.append((now, live, totals))
+            if self.abort_on is not None and self.abort is None and live == self.abort_on[0]:
+                since = now if since is None else since
+                if now - since >= self.abort_after:
+                    self.abort_given = time.monotonic()
+                    state = str(self.abort_on[1])
+                    self.abort = subprocess.Popen(
+                        [sys.executable, "-m", "reconciler", "abort", GENERATOR,
+                         "--state", state, "--reason", "on call: switch back"],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                    )  # fmt: skip
+            time.sleep(0.05)
+
+    def switches(self) -> list[tuple[float, float, str]]:
+        """Each change of the pool with every request: (the last reading before it, the
+        first after it, the pool it went to)."""
+        return [
+            (before, after, live)
+            for (before, was, _), (after, live, _) in itertools.pairwise(self.readings)
+            if live != was
+        ]
+
+    def upstream_since(self, moment: float, pool: str) -> int:
+        """Requests ``pool`` was sent from ``moment`` on."""
+        totals = [t.get(pool, 0) for when, _, t in self.readings if when >= moment]
+        return totals[-1] - totals[0] if totals else 0
+
+
+def _versions(streams: list[Stream], start: float, end: float) -> dict[str, int]:
+    """How many streams started in [start, end) each version answered."""
+    return dict(Counter(s.versions[0] for s in _between(streams, start, end) if s.versions))
+
+
+def test_the_reconciler_switches_a_streaming_model_blue_green_and_back_without_a_cut(
+    pools: Pools, manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    """A blue-green rollout of the streaming model by the reconciler itself through Envoy,
+    clients streaming all along: the idle pool takes version 2 at no traffic, then every
+    new stream; the streams in flight at the switch end where they started. Then a
+    rollout back to version 1, switched to and aborted by the on-call within its keepOld:
+    the route goes back to the pool still on version 2 in one update, and again no stream
+    is cut."""
+    reconciler = _applied(pools, manifests, tmp_path / "reconciler", _blue_green("3s"))
+    weights = pools.router.observe().weights
+    old = max(sorted(weights), key=lambda pool: weights[pool])  # the live pool, on version 1
+    new = next(pool for pool in weights if pool != old)
+    manifests.write("gen.yaml", _deployment(2, _blue_green("3s")))
+    manifests.commit("gen 2, blue-green")
+    with StreamClient(pools.envoy.address, GENERATOR, threads=4) as clients, RouteLog(pools) as log:
+        time.sleep(0.5)
+        result = reconciler.apply("--output", "json")
+        time.sleep(0.5)
+    _whole_and_one_pool(clients.streams)
+    assert result.code == 0, result.explain()
+    switches = log.switches()
+    assert [live for *_, live in switches] == [new], (old, switches, log.missed, result.explain())
+    before, after, _ = switches[0]
+    end = clients.streams[-1].started + 1
+    # Before the switch the old pool served version 1; after it every new stream went to
+    # the new pool, on version 2, while the old pool kept version 1 for keepOld and then
+    # took 2 with no traffic.
+    placed = (_versions(clients.streams, 0, before - 0.2), _versions(clients.streams, after, end))
+    assert placed == ({"1": placed[0].get("1", 0)}, {"2": placed[1].get("2", 0)}), placed
+    assert min(placed[0]["1"], placed[1]["2"]) >= 5, f"too few streams each side: {placed}"
+    assert log.upstream_since(after + 1.0, old) == 0, f"{old} took streams after the switch"
+    assert ready_versions(pools.stable, GENERATOR) == {2}
+    assert ready_versions(pools.canary, GENERATOR) == {2}
+    first = (len(clients.streams), placed)
+
+    # Back to version 1: the old pool, idle now, takes it and every new stream; the on-call
+    # aborts a second after the switch, and the route goes back to the new pool (on 2).
+    manifests.write("gen.yaml", _deployment(1, _blue_green("20s")))
+    manifests.commit("gen back to 1, blue-green")
+    state = tmp_path / "reconciler" / "state.db"
+    with (
+        StreamClient(pools.envoy.address, GENERATOR, threads=4) as clients,
+        RouteLog(pools, abort_on=(old, state)) as log,
+    ):
+        time.sleep(0.5)
+        result = reconciler.apply("--output", "json")
+        time.sleep(0.5)
+    _whole_and_one_pool(clients.streams)
+    assert log.abort is not None, f"no switch to {old} to abort: {log.switches()}"
+    assert log.abort.returncode == 0, log.abort.stdout
+    assert result.code != 0, result.explain()
+    assert "abort" in result.out + result.err, result.explain()
+    switches = log.switches()
+    assert [live for *_, live in switches] == [old, new], (switches, log.missed, result.explain())
+    (before, after, _), (back_before, back_after, _) = switches
+    end = clients.streams[-1].started + 1
+    placed = (
+        _versions(clients.streams, 0, before - 0.2),
+        _versions(clients.streams, after, back_before - 0.2),
+        _versions(clients.streams, back_after, end),
+    )
+    expected = tuple({v: p.get(v, 0)} for v, p in zip(("2", "1", "2"), placed, strict=True))
+    assert placed == expected, f"streams by version before, during and after: {placed}"
+    assert min(p[v] for v, p in zip(("2", "1", "2"), placed, strict=True)) >= 3, placed
+    assert ready_versions(pools.stable, GENERATOR) == {2}
+    assert ready_versions(pools.canary, GENERATOR) == {2}
+    back = back_after - (log.abort_given or 0.0)
+    print(f"switch: {first}; back: {len(clients.streams)} streams {placed}, route back "
+          f"{back:.2f}s after the abort was given")  # fmt: skip
