@@ -14,6 +14,7 @@ and then switched back by the on-call's ``abort``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
@@ -79,8 +80,9 @@ def _load(server: LocalTriton, version: int, parameters: dict[str, str]) -> None
         "model_transaction_policy": {"decoupled": True},
         "input": [{"name": "PROMPT", "data_type": "TYPE_INT32", "dims": [-1]}],
         "output": [{"name": "TOKEN", "data_type": "TYPE_INT32", "dims": [1]}],
-        # Two instances: a Python generator runs one request at a time per instance.
-        "instance_group": [{"kind": "KIND_CPU", "count": 2}],
+        # Four instances: a Python generator runs one request at a time per instance, and
+        # eight clients (gRPC and SSE) stream through one pool at 0% and 100%.
+        "instance_group": [{"kind": "KIND_CPU", "count": 4}],
         "parameters": {k: {"string_value": v} for k, v in parameters.items()},
         "version_policy": {"specific": {"versions": [version]}},
     }
@@ -119,12 +121,14 @@ def _between(streams: list[Stream], start: float, end: float) -> list[Stream]:
 
 
 def _through_steps(
-    pools: Pools, clients: StreamClient, steps: tuple[int, ...], seconds: float
+    pools: Pools, steps: tuple[int, ...], seconds: float, *clients: StreamClient
 ) -> list[tuple[int, float, float]]:
     """Each canary share of ``steps`` in turn for ``seconds``, ``clients`` streaming all
     along: (share, start, end) of each window."""
     windows: list[tuple[int, float, float]] = []
-    with clients:
+    with contextlib.ExitStack() as running:
+        for client in clients:
+            running.enter_context(client)
         for percent in steps:
             pools.weights(percent)
             began = time.monotonic()
@@ -159,30 +163,23 @@ def _shares_follow_the_weights(
     return shares
 
 
-def test_a_weight_is_a_share_of_streams_and_no_stream_is_cut_by_a_change(pools: Pools) -> None:
+def test_a_weight_is_a_share_of_streams_and_of_sse_requests_and_none_is_cut(
+    pools: Pools,
+) -> None:
+    """gRPC streams and HTTP ``generate_stream`` requests (server-sent events) side by side
+    through the same Envoy, by the weights the reconciler's adapter sets: a gRPC stream and
+    an SSE request alike are placed once, when they start, and answered whole by the pool
+    that took them, whatever the weights do meanwhile."""
     _load(pools.stable, 1, LONG)
     _load(pools.canary, 2, LONG)
     steps = (0, 10, 50, 100, 0)  # canary steps, the switch to the new pool, the switch back
-    clients = StreamClient(pools.envoy.address, GENERATOR, threads=4)
-    windows = _through_steps(pools, clients, steps, 5.0)
-    _whole_and_one_pool(clients.streams)
-    shares = _shares_follow_the_weights(clients.streams, windows)
-    print(f"{len(clients.streams)} gRPC streams; per window (share, n, on canary): {shares}")
-
-
-def test_an_sse_stream_is_one_request_placed_once_by_the_weights_and_none_is_cut(
-    pools: Pools,
-) -> None:
-    """HTTP ``generate_stream`` (server-sent events) through the same Envoy, by the same
-    weights that the reconciler's adapter sets: each SSE request is placed once, when it
-    starts, and answered whole by the pool that took it, whatever the weights do meanwhile."""
-    _load(pools.stable, 1, LONG)
-    _load(pools.canary, 2, LONG)
-    clients = StreamClient(pools.envoy.http_address, GENERATOR, threads=4, sse=True)
-    windows = _through_steps(pools, clients, (0, 50, 100, 0), 5.0)
-    _whole_and_one_pool(clients.streams)
-    shares = _shares_follow_the_weights(clients.streams, windows)
-    print(f"{len(clients.streams)} SSE requests; per window (share, n, on canary): {shares}")
+    grpc = StreamClient(pools.envoy.address, GENERATOR, threads=4)
+    sse = StreamClient(pools.envoy.http_address, GENERATOR, threads=4, sse=True)
+    windows = _through_steps(pools, steps, 5.0, grpc, sse)
+    for name, clients in (("gRPC streams", grpc), ("SSE requests", sse)):
+        _whole_and_one_pool(clients.streams)
+        shares = _shares_follow_the_weights(clients.streams, windows)
+        print(f"{len(clients.streams)} {name}; per window (share, n, on canary): {shares}")
 
 
 CANARY = "{router: edge, strategy: canary, stablePool: stable, canaryPool: canary, steps: [50%]}"
