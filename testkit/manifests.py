@@ -111,20 +111,27 @@ def echo_repository(root: Path, *versions: int) -> Path:
 
 
 # The streaming test model (models/gen/model.py): a decoupled generator, one token a response.
-# Good 1 and 2; 3 errors in every stream; 4 fails midway; 5 sends its first token late; 9
-# does not load.
+# Good 1 and 2; 3 errors in every stream; 4 fails midway; 5 sends its first token late; 6
+# decodes slowly; 7 never sends the final flag; 8 fails one stream in twenty; 9 does not load;
+# 10 diverges from token 20 on one prompt in fifty.
 GENERATOR = "gen"
-GENERATOR_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
+GENERATOR_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+# The test model with the vLLM backend's inputs and outputs (models/llm/model.py), for LLM
+# benchmark clients: good 1 and 2; 3 errors; 5 sends its first token late.
+LLM = "llm"
+LLM_VERSIONS = (1, 2, 3, 5)
 
 
 def write_generator_repository(root: Path) -> Path:
-    """A model repository of the streaming test model alone, compiled ahead."""
-    folder = root / GENERATOR
-    folder.mkdir(parents=True)
-    shutil.copy(MODELS / GENERATOR / "config.pbtxt", folder / "config.pbtxt")
-    for version in GENERATOR_VERSIONS:
-        (folder / str(version)).mkdir()
-        shutil.copy(MODELS / GENERATOR / "model.py", folder / str(version) / "model.py")
+    """A model repository of the streaming test models (``gen`` and ``llm``), compiled
+    ahead."""
+    for name, versions in ((GENERATOR, GENERATOR_VERSIONS), (LLM, LLM_VERSIONS)):
+        folder = root / name
+        folder.mkdir(parents=True)
+        shutil.copy(MODELS / name / "config.pbtxt", folder / "config.pbtxt")
+        for version in versions:
+            (folder / str(version)).mkdir()
+            shutil.copy(MODELS / name / "model.py", folder / str(version) / "model.py")
     compileall.compile_dir(root, quiet=1)
     return root
 

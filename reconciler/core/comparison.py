@@ -124,8 +124,12 @@ def deviation(primary: Answer, other: Answer, tolerance: Tolerance) -> Deviation
     with ``disagreement``'s reason."""
     sizes: dict[str, float] = {}
     reordered: set[str] = set()
+    diverged: dict[str, int] = {}
     for name, want in primary.items():
         got = other.get(name)
+        at = None if got is None else first_divergence(want, got, tolerance)
+        if at is not None:
+            diverged[name] = at
         if got is None or got.shape != want.shape:
             sizes[name] = math.inf
             continue
@@ -139,7 +143,50 @@ def deviation(primary: Answer, other: Answer, tolerance: Tolerance) -> Deviation
             sizes[name] = _size(want, got, tolerance)
         else:
             sizes[name] = 0.0 if want.tolist() == got.tolist() else math.inf
-    return Deviation(sizes, frozenset(reordered), why=disagreement(primary, other, tolerance) or "")
+    why = disagreement(primary, other, tolerance) or ""
+    return Deviation(sizes, frozenset(reordered), why=why, diverged_at=diverged)
+
+
+def first_divergence(
+    want: npt.NDArray[np.generic], got: npt.NDArray[np.generic], tolerance: Tolerance
+) -> int | None:
+    """The first position along the first axis where ``got`` differs from ``want`` (floats
+    beyond the tolerance, anything else exactly), the shorter length where one is a prefix
+    of the other; None where they agree. For a stream reassembled, one token a response,
+    the first generated token that differs."""
+    a, b = np.atleast_1d(want), np.atleast_1d(got)
+    if a.shape[1:] != b.shape[1:]:
+        return 0
+    common = min(len(a), len(b))
+    head_a, head_b = a[:common], b[:common]
+    if np.issubdtype(a.dtype, np.floating) or np.issubdtype(b.dtype, np.floating):
+        x, y = head_a.astype(np.float64), head_b.astype(np.float64)
+        same = np.isclose(y, x, rtol=tolerance.rtol, atol=tolerance.atol, equal_nan=True)
+    else:
+        same = np.asarray(head_a == head_b)
+    rows = same.reshape(common, -1).all(axis=1) if common else np.ones(0, dtype=bool)
+    differing = np.flatnonzero(~rows)
+    if differing.size:
+        return int(differing[0])
+    return None if len(a) == len(b) else common
+
+
+def divergences(comparison: Comparison) -> str:
+    """Where the candidate's and the serving version's own answers first diverged from the
+    primary's, for a shadow report: the earliest and the median position over the requests
+    that diverged (a generated sequence: the first token that differs). Empty where none
+    did."""
+    sides = []
+    for label, index in (("the candidate", 1), ("the serving version itself", 0)):
+        firsts = [
+            min(pair[index].diverged_at.values())
+            for pair in comparison.deviations
+            if pair[index].diverged_at
+        ]
+        if firsts:
+            middle = sorted(firsts)[len(firsts) // 2]
+            sides.append(f"{label} from position {min(firsts)} (median {middle}) on {len(firsts)}")
+    return f"first divergence: {'; '.join(sides)}" if sides else ""
 
 
 def _top_changed(want: npt.NDArray[np.generic], got: npt.NDArray[np.generic], k: int) -> bool:
@@ -326,22 +373,25 @@ def judged(
     max_latency_increase: float | None = None,
     latency_quantile: str = "p95",
     tolerance: Tolerance | None = None,
+    streamed: bool = False,
 ) -> str | None:
     """Why the candidate fails the comparison, or None when it does not fail: its
     disagreement rate beyond the noise rate (``discounted`` by what the serving version's
     own differences teach, with ``tolerance`` the declared one) must stay within
     ``1 - min_agreement``; its latency at ``latency_quantile`` within
     ``max_latency_increase`` of the primary's (None: not judged). Not failing is not
-    passing: see ``unjudgeable``."""
+    passing: see ``unjudgeable``. ``streamed``: the answers are streams reassembled, and the
+    reason says where the generated sequences first diverged."""
     net = discounted(comparison, tolerance or Tolerance())
     budget = 1.0 - min_agreement
     if net.excess > budget + 1e-12:
         learned = f" ({net})" if net.learned else ""
+        where = divergences(comparison) if streamed else ""
         return (
             f"disagrees on {net.candidate_count / net.requests:.1%} of {net.requests} "
             f"request(s), the serving version with itself on {net.noise_count / net.requests:.1%}"
             f"{learned}: {net.excess:.1%} beyond the noise, at most {budget:.1%} allowed; "
-            f"first: {net.first}"
+            f"first: {net.first}{f'; {where}' if where else ''}"
         )
     if max_latency_increase is None:
         return None

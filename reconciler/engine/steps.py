@@ -12,13 +12,13 @@ from collections.abc import Callable, Mapping
 from functools import partial
 
 from reconciler.core.comparison import (
-    Answer,
     compared,
     deviations_of,
     interleaved,
     judged,
     unjudgeable,
 )
+from reconciler.core.exchange import Reply, answer_of
 from reconciler.core.probes import limits, synthesized, wrong
 from reconciler.core.readings import footprint, free_memory, room_in_all
 from reconciler.core.smoke import reply_mismatches
@@ -36,7 +36,7 @@ from reconciler.model.plan import Action, Step
 from reconciler.model.results import FailureKind
 from reconciler.model.serving import ModelState, interface_difference, version_cost
 from reconciler.model.shadow import Tolerance
-from reconciler.model.spec import Tensor
+from reconciler.model.spec import StreamExpectation, Tensor
 from reconciler.ports import FiguresSource, ModelControl
 
 
@@ -275,14 +275,20 @@ def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
         deviations, primary_s, candidate_s = [], [], []
         pinned = {"primary": old, "secondary": old, "candidate": version}
         for inputs in shadow.requests:
-            call = partial(_pinned_call, control, step.model, pinned, inputs, outputs)
-            answers, seconds = interleaved(order, call, timing.clock)
-            primary_s.append(seconds["primary"])
-            candidate_s.append(seconds["candidate"])
+            call = partial(_pinned_call, control, step, pinned, inputs, outputs, timing.clock)
+            replies, _ = interleaved(order, call, timing.clock)
+            # An exchange's latency: a unary call's time, a stream's to its first response.
+            primary_s.append(replies["primary"].first_seconds or 0.0)
+            candidate_s.append(replies["candidate"].first_seconds or 0.0)
+            answers = {role: answer_of(reply) for role, reply in replies.items()}
             deviations.append(deviations_of(answers, tolerance))
         comparison = compared(deviations, tuple(primary_s), tuple(candidate_s))
         failed = judged(
-            comparison, shadow.min_agreement, shadow.max_latency_increase, tolerance=tolerance
+            comparison,
+            shadow.min_agreement,
+            shadow.max_latency_increase,
+            tolerance=tolerance,
+            streamed=step.streaming,
         ) or unjudgeable(comparison, tolerance)
         if failed is not None:
             raise VerifyFailed(
@@ -293,14 +299,26 @@ def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
 
 def _pinned_call(
     control: ModelControl,
-    model: str,
+    step: Step,
     pinned: dict[str, int],
     inputs: tuple[Tensor, ...],
     outputs: tuple[str, ...],
+    clock: Callable[[], float],
     role: str,
-) -> Answer:
-    """One role's call of a replayed request: the version ``pinned`` gives that role."""
-    return control.infer(model, pinned[role], inputs, outputs)
+) -> Reply:
+    """One role's exchange of a replayed request (a unary call, or a stream for a model
+    that streams, to its final flag, within the schema's stream deadline): the version
+    ``pinned`` gives that role."""
+    return ask(
+        control,
+        step.model,
+        pinned[role],
+        inputs,
+        outputs,
+        streaming=step.streaming,
+        timeout=StreamExpectation().deadline if step.streaming else None,
+        clock=clock,
+    )
 
 
 def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeContext) -> StepDone:

@@ -48,6 +48,10 @@ class Deviation:
     reordered: frozenset[str] = frozenset()
     unanswered: bool = False
     why: str = ""
+    # Per output that differs: the first position along its first axis where it does (a
+    # generated sequence's first divergence: the stream reassembled, one token a response);
+    # the shorter length where one is a prefix of the other.
+    diverged_at: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ from reconciler.core.comparison import (
     deviations_of,
     disagreement,
     discounted,
+    divergences,
+    first_divergence,
     interleaved,
     judged,
     unjudgeable,
@@ -233,3 +235,45 @@ def test_deviation_measures_in_tolerances_and_marks_exact_differences_infinite()
     assert deviation(old, nan, rtol).size["OUT"] == math.inf
     assert deviation(nan, nan, Tolerance()).size["OUT"] == 0.0
     assert deviation(old, {"LABEL": np.array([3])}, rtol).size["OUT"] == math.inf
+
+
+# -- generated sequences (a stream reassembled, one token a response) ---------------------------
+
+
+def test_the_first_divergence_of_two_generated_sequences() -> None:
+    tokens = np.arange(30, dtype=np.int32)
+    changed = tokens.copy()
+    changed[20:] += 500
+    exact = Tolerance()
+    assert first_divergence(tokens, tokens, exact) is None
+    assert first_divergence(tokens, changed, exact) == 20
+    assert first_divergence(tokens, tokens[:25], exact) == 25  # a prefix: cut short
+    assert first_divergence(tokens[:25], tokens, exact) == 25  # a longer generation
+    floats = np.linspace(0.0, 1.0, 10)
+    assert first_divergence(floats, floats + 1e-9, Tolerance(1e-6)) is None
+    assert first_divergence(floats, floats + np.r_[np.zeros(4), np.ones(6)], Tolerance(1e-6)) == 4
+
+
+def test_a_generation_that_diverges_on_two_percent_of_prompts_fails_and_says_where() -> None:
+    exact = Tolerance()
+    tokens = np.arange(30, dtype=np.int32)
+    changed = tokens.copy()
+    changed[20:] += 500
+    pairs = []
+    for n in range(200):
+        candidate = changed if n % 50 == 0 else tokens
+        answers = {
+            "primary": {"T": tokens},
+            "secondary": {"T": tokens},
+            "candidate": {"T": candidate},
+        }
+        pairs.append(deviations_of(answers, exact))
+    comparison = compared(pairs)
+    why = judged(comparison, 0.99, tolerance=exact, streamed=True)
+    assert why is not None and "disagrees on 2.0% of 200" in why, why
+    assert "first divergence: the candidate from position 20 (median 20) on 4" in why, why
+    unary = judged(comparison, 0.99, tolerance=exact)
+    assert unary is not None and "first divergence" not in unary, unary
+    assert divergences(comparison) == (
+        "first divergence: the candidate from position 20 (median 20) on 4"
+    ), divergences(comparison)

@@ -28,6 +28,7 @@ from testkit.loadgen import StreamClient
 from testkit.local_triton import LocalTriton
 from testkit.manifests import (
     GENERATOR,
+    LLM,
     ManifestRepo,
     echo_repository,
     server_doc,
@@ -57,6 +58,7 @@ def reconciler(
 ) -> Reconciler:
     with triton_grpc.InferenceServerClient(generator_server.grpc_address) as client:
         client.unload_model(GENERATOR)
+        client.unload_model(LLM)
     manifests.write(
         "servers/a.yaml",
         server_doc(
@@ -412,3 +414,101 @@ def test_the_probe_streams_between_rollouts_give_each_version_its_stream_timings
     assert 0 < mean_first < 0.5, f"time to the first response out of range: {mean_first}"
     print(f"probe streams: {streams:g}, first response {mean_first * 1e3:.1f} ms, gap "
           f"{mean_gap * 1e3:.1f} ms")  # fmt: skip
+
+
+LLM_VERIFY = (
+    "  verify:\n"
+    "    smoke:\n"
+    "      - name: streams-four-words\n"
+    "        inputs:\n"
+    "          text_input: {datatype: BYTES, shape: [1], data: [hello]}\n"
+    "          stream: {datatype: BOOL, shape: [1], data: [true]}\n"
+    "          sampling_parameters: {datatype: BYTES, shape: [1], data: ['{\"max_tokens\": 4}']}\n"
+    "        stream: {responses: 4, deadline: 10s}\n"
+    "    analysis:\n"
+    "      interval: 1s\n"
+    "      duration: 3s\n"
+    "      minEvidence: 5\n"
+    "      probes: {maxShare: 0.5}\n"
+    "      checks:\n"
+    "        - name: success-rate\n"
+    "          successRate: {min: 0.99}\n"
+)
+
+
+def test_a_model_with_the_vllm_backends_interface_is_rolled_out_by_its_streams(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    """The test model with the vLLM backend's inputs and outputs (``text_input``, ``stream``,
+    ``sampling_parameters`` as a JSON string; ``text_output``): a smoke case streams a
+    prompt and expects four responses, the probes stream it to the new version, and a version
+    that errors on every request is reverted."""
+    doc = (
+        "apiVersion: triton-gitops.dev/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        "metadata: {name: llm}\n"
+        "spec:\n"
+        "  servers: {names: [a]}\n"
+    )
+    manifests.write("llm.yaml", doc + "  versions: [1]\n" + LLM_VERIFY)
+    manifests.commit("llm 1")
+    first = reconciler.apply("--output", "json")
+    assert first.code == 0, first.explain()
+    manifests.write("llm.yaml", doc + "  versions: [2]\n" + LLM_VERIFY)
+    manifests.commit("llm 2")
+    second = reconciler.apply("--output", "json")
+    assert second.code == 0, second.explain()
+    (change,) = json.loads(second.out)["result"]["changes"]
+    probes = [e["probes"] for e in change["analysis"]["evaluations"] if e.get("probes")]
+    assert probes and probes[0]["streamed"] and probes[0]["failed"] == 0, probes
+    manifests.write("llm.yaml", doc + "  versions: [3]\n" + LLM_VERIFY)
+    manifests.commit("llm 3")
+    third = reconciler.apply("--output", "json")
+    assert third.code == 1 and "fails every request" in third.explain(), third.explain()
+    assert ready_versions(generator_server, LLM) == {2}
+
+
+def _prompts(count: int) -> str:
+    """A recorded prompt set, one request a line: prompt [n] for n below ``count``; version
+    10 of the generator diverges on those whose sum is a multiple of 50 (one in fifty)."""
+    lines = (
+        json.dumps({"inputs": {"PROMPT": {"datatype": "INT32", "shape": [1], "data": [n]}}})
+        for n in range(count)
+    )
+    return "\n".join(lines) + "\n"
+
+
+def _shadowed(version: int, noise: str, min_agreement: str) -> str:
+    return _gen(
+        version,
+        "  config: {parameters: {tokens: {string_value: '30'}, noise: {string_value: '"
+        f"{noise}'}}}}}}\n"
+        "  verify:\n"
+        "    shadow:\n"
+        "      requests: shadow/prompts.jsonl\n"
+        f"      compare: {{minAgreement: {min_agreement}}}\n",
+    )
+
+
+def test_a_replayed_prompt_set_compares_generated_streams_against_the_noise(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler
+) -> None:
+    """Issue 43, point 1 (a recorded prompt set): each prompt streamed to the serving version
+    twice and to the candidate once, each stream reassembled and compared token by token.
+    A candidate whose generation diverges from token 20 on 2% of prompts (4 of 200) is
+    caught before it serves alone, the report saying where it diverged; a candidate as
+    nondeterministic as the serving version (one token in a tenth of its streams changed at
+    random, both versions alike) passes, its differences within the serving version's own."""
+    manifests.write("shadow/prompts.jsonl", _prompts(200))
+    code, why, _ = _roll(manifests, reconciler, _shadowed(1, "0", "0.99"))
+    assert code == 0, why
+    code, why, _ = _roll(manifests, reconciler, _shadowed(10, "0", "0.99"))
+    assert code == 1, why
+    assert "disagrees on 2.0% of 200 request(s)" in why, why
+    assert "first divergence: the candidate from position 20 (median 20) on 4" in why, why
+    assert ready_versions(generator_server, GENERATOR) == {1}
+    code, why, _ = _roll(manifests, reconciler, _shadowed(1, "0.1", "0.9"))
+    assert code == 0, why
+    code, why, _ = _roll(manifests, reconciler, _shadowed(2, "0.1", "0.9"))
+    assert code == 0, why
+    assert ready_versions(generator_server, GENERATOR) == {2}

@@ -18,16 +18,23 @@ real generator can:
      the version stays UNLOADING once unloaded, server#7626)
   8  fails one stream in twenty after two tokens (5% of generations fail midway)
   9  fails in initialize: Triton refuses to load it
+  10 generates as the good versions do, except on one prompt in fifty (prompts whose sum is
+     a multiple of 50), whose tokens from position ``diverge_at`` (default 20) on differ
+     (a candidate that changed the generation a little)
+The config parameter ``noise`` (a share, default 0) makes every version nondeterministic
+alike, as batched generation is at temperature 0: that share of its streams has one token,
+at a random position from 10 on, changed.
 """
 
 import json
+import random
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
 FAILING, FAILS_MIDWAY, SLOW_FIRST, SLOW_DECODE = 3, 4, 5, 6
-UNENDING, SOMETIMES_FAILS, BROKEN = 7, 8, 9
+UNENDING, SOMETIMES_FAILS, BROKEN, DIVERGES = 7, 8, 9, 10
 EVERY = 20  # version 8 fails one stream in this many
 
 
@@ -45,6 +52,9 @@ class TritonPythonModel:
             slow_ms = parameters.get("slow_ms", {}).get("string_value")
             self.token_delay = float(slow_ms or 50) / 1000
         self.requests = 0
+        self.noise = float(parameters.get("noise", {}).get("string_value") or 0)
+        self.diverge_at = int(parameters.get("diverge_at", {}).get("string_value") or 20)
+        self.random = random.Random()
 
     def execute(self, requests):
         for request in requests:
@@ -63,6 +73,10 @@ class TritonPythonModel:
             midway = self.version == FAILS_MIDWAY or (
                 self.version == SOMETIMES_FAILS and self.requests % EVERY == 0
             )
+            diverges = self.diverge_at if self.version == DIVERGES and start % 50 == 0 else None
+            noisy = self.random.randrange(10, max(tokens, 11)) if self.noise else None
+            if noisy is not None and self.random.random() >= self.noise:
+                noisy = None
             for i in range(tokens):
                 if i == 0 and self.first_delay:
                     time.sleep(self.first_delay)
@@ -75,7 +89,10 @@ class TritonPythonModel:
                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
                     )
                     break
-                token = np.array([(start + i) % 1000], dtype=np.int32)
+                value = (start + i) % 1000
+                if (diverges is not None and i >= diverges) or i == noisy:
+                    value = (value + 500) % 1000
+                token = np.array([value], dtype=np.int32)
                 output = pb_utils.Tensor("TOKEN", token)
                 sender.send(pb_utils.InferenceResponse(output_tensors=[output]))
             else:
