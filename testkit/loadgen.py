@@ -9,6 +9,7 @@ its message, a response without OUTPUT0 (a renamed output) included.
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import queue
 import threading
@@ -188,8 +189,13 @@ class StreamClient:
     ``address`` is Triton's HTTP API (or a router's listener for it) and each generation is
     one HTTP ``generate_stream`` request, answered in server-sent events."""
 
-    def __init__(self, address: str, model: str, threads: int = 1, sse: bool = False) -> None:
+    def __init__(
+        self, address: str, model: str, threads: int = 1, sse: bool = False, varied: bool = False
+    ) -> None:
         self.address, self.model, self.sse = address, model, sse
+        # ``varied``: prompt [n] for the n-th stream (over gRPC), not [1, 2, 3] every time.
+        self.varied = varied
+        self._numbers = itertools.count()
         self.streams: list[Stream] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -206,9 +212,11 @@ class StreamClient:
             thread.join(timeout=60)
 
     def _run(self) -> None:
-        prompt = triton_grpc.InferInput("PROMPT", [3], "INT32")
-        prompt.set_data_from_numpy(np.array([1, 2, 3], dtype=np.int32))
+        fixed = np.array([1, 2, 3], dtype=np.int32)
         while not self._stop.is_set():
+            data = np.array([next(self._numbers)], dtype=np.int32) if self.varied else fixed
+            prompt = triton_grpc.InferInput("PROMPT", [len(data)], "INT32")
+            prompt.set_data_from_numpy(data)
             stream = self._event_stream() if self.sse else self._one(prompt)
             with self._lock:
                 self.streams.append(stream)

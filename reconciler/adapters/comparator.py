@@ -30,17 +30,23 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
-import numpy as np
-import numpy.typing as npt
 from google.protobuf.message import DecodeError
-from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
+from reconciler.adapters.comparator_calls import (
+    Exchanged,
+    Failed,
+    StreamFailed,
+    Unreadable,
+    call,
+    outputs,
+)
 from reconciler.core.comparison import ROLES, deviation, interleaved
 from reconciler.model.shadow import (
     Comparison,
@@ -66,10 +72,6 @@ class ComparatorError(RuntimeError):
     """The comparator could not listen where it was told to."""
 
 
-class _Uncomparable(Exception):
-    pass
-
-
 @dataclass(frozen=True)
 class _Route:
     """Where one request's three calls go: the servers, and for a request of a sampled
@@ -80,6 +82,7 @@ class _Route:
     secondary: str
     candidate: str
     sequence_ids: tuple[int, int, int] | None = None  # primary, secondary, candidate
+    streamed: bool = False  # mirrored from a gRPC stream: each side asked by a stream
 
 
 class ShadowSession:
@@ -110,6 +113,7 @@ class ShadowSession:
             QUEUE
         )
         self._turn = 0
+        self._streamed = False  # requests came mirrored from gRPC streams
         # The sampled sequences in flight (the client's sequence id -> their route), and
         # those cut short (a request dropped: the rest of it is not sent either).
         self._sequences: dict[str, _Route] = {}
@@ -123,7 +127,9 @@ class ShadowSession:
 
     # -- fed by the server ----------------------------------------------------------------
 
-    def offer(self, request: service_pb2.ModelInferRequest) -> None:
+    def offer(self, request: service_pb2.ModelInferRequest, streamed: bool = False) -> None:
+        """A mirrored request; ``streamed``: it came in a gRPC stream (ModelStreamInfer),
+        and each side is asked by a stream of its own, to its final flag."""
         if request.model_name != self.target.model:
             self._count("other_model")
             return
@@ -138,7 +144,8 @@ class ShadowSession:
             if not self._sampled():
                 self._count("not_sampled")
                 return
-            self._enqueue(request, self._route())
+            self._streamed = self._streamed or streamed
+            self._enqueue(request, replace(self._route(), streamed=streamed))
 
     def _received_one(self) -> None:
         with self._lock:
@@ -207,6 +214,7 @@ class ShadowSession:
                     tuple(self._primary_s),
                     tuple(self._candidate_s),
                     tuple(self._deviations),
+                    self._streamed,
                 ),
                 samples={k: tuple(v) for k, v in self._samples.items()},
             )
@@ -273,25 +281,28 @@ class ShadowSession:
             "candidate": target.candidate_version,
         }
 
-        def ask(role: str) -> service_pb2.ModelInferResponse | grpc.RpcError:
+        def ask(role: str) -> Exchanged | grpc.RpcError | StreamFailed:
             pinned = service_pb2.ModelInferRequest()
             pinned.CopyFrom(request)
             pinned.model_version = str(version[role])
             if ids[role] is not None:
                 pinned.parameters["sequence_id"].Clear()
                 pinned.parameters["sequence_id"].int64_param = ids[role]
+            stub = self._channels.stub(address[role])
             try:
-                answer: service_pb2.ModelInferResponse = self._channels.stub(
-                    address[role]
-                ).ModelInfer(pinned, timeout=spec.timeout)
-            except grpc.RpcError as exc:
+                return call(stub, pinned, spec.timeout, route.streamed)
+            except Failed as exc:
                 return exc
-            return answer
 
-        answers, seconds = interleaved(self._random, ask, time.monotonic)
+        answers, took = interleaved(self._random, ask, time.monotonic)
         busy: dict[str, float] = {}
-        for role, took in seconds.items():
-            busy[address[role]] = busy.get(address[role], 0.0) + took
+        for role, spent in took.items():
+            busy[address[role]] = busy.get(address[role], 0.0) + spent
+        # The latency compared: a unary call's time, a stream's to its first response.
+        seconds = {
+            role: answer.first if isinstance(answer, Exchanged) else took[role]
+            for role, answer in answers.items()
+        }
         # One server kept busy at most maxShare of the time (as the probes are).
         spent = max(busy.values())
         with self._lock:
@@ -300,29 +311,28 @@ class ShadowSession:
 
     def _judge(
         self,
-        answers: dict[str, service_pb2.ModelInferResponse | grpc.RpcError],
+        answers: dict[str, Exchanged | grpc.RpcError | StreamFailed],
         seconds: dict[str, float],
     ) -> None:
         for role in ("primary", "secondary"):
             answer = answers[role]
-            if isinstance(answer, grpc.RpcError):
+            if not isinstance(answer, Exchanged):
                 self._count("primary_failed", f"{role}: {_status(answer)}")
                 return
+        answered = {role: a for role, a in answers.items() if isinstance(a, Exchanged)}
         candidate_answer = answers["candidate"]
         try:
-            primary = _outputs(answers["primary"])
-            secondary = _outputs(answers["secondary"])
-            candidate = (
-                None if isinstance(candidate_answer, grpc.RpcError) else _outputs(candidate_answer)
-            )
-        except _Uncomparable as exc:
+            primary = outputs(answered["primary"])
+            secondary = outputs(answered["secondary"])
+            candidate = outputs(answered["candidate"]) if "candidate" in answered else None
+        except Unreadable as exc:
             if self.spec.uncomparable is Uncomparable.SKIP:
                 self._count("uncomparable", str(exc))
                 return
             self._compared_one(Deviation(), Deviation(unanswered=True, why=str(exc)), seconds)
             return
         noise = deviation(primary, secondary, self.spec.tolerance)
-        if isinstance(candidate_answer, grpc.RpcError):
+        if not isinstance(candidate_answer, Exchanged):
             timed_out = candidate_answer.code() == grpc.StatusCode.DEADLINE_EXCEEDED
             if timed_out:
                 self._count("candidate_timeouts")
@@ -359,7 +369,7 @@ class ShadowSession:
             self._observer(self.target.deployment, "noise")
 
 
-def _status(error: grpc.RpcError) -> str:
+def _status(error: grpc.RpcError | StreamFailed) -> str:
     code = error.code() if hasattr(error, "code") else None
     details = error.details() if hasattr(error, "details") else str(error)
     return f"{code.name if code is not None else 'error'}: {details}"
@@ -382,28 +392,6 @@ def _flag(request: service_pb2.ModelInferRequest, name: str) -> bool:
 def _fresh_id() -> int:
     """A sequence id no client uses: random, 62 bits (Triton takes int64 and uint64)."""
     return random.getrandbits(62) | 1
-
-
-def _outputs(response: service_pb2.ModelInferResponse) -> dict[str, npt.NDArray[np.generic]]:
-    """Every output of ``response`` as an array; _Uncomparable names an output that cannot
-    be read, and why."""
-    result = InferResult(response)
-    outputs: dict[str, npt.NDArray[np.generic]] = {}
-    for output in response.outputs:
-        try:
-            array = result.as_numpy(output.name)
-        except Exception as exc:
-            raise _Uncomparable(
-                f"output {output.name} ({output.datatype}, shape {list(output.shape)}): "
-                f"cannot be read: {exc}"
-            ) from None
-        if array is None:
-            raise _Uncomparable(
-                f"output {output.name} ({output.datatype}): no data in the answer "
-                "(shared memory, or a datatype this client cannot read)"
-            )
-        outputs[output.name] = array
-    return outputs
 
 
 class _Channels:
@@ -473,7 +461,15 @@ class LiveComparator:
                             self._mirrored,
                             request_deserializer=None,  # raw bytes: parsed here, counted
                             response_serializer=service_pb2.ModelInferResponse.SerializeToString,
-                        )
+                        ),
+                        # Envoy mirrors a bidirectional gRPC stream too (measured, 1.40).
+                        "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(
+                            self._mirrored_stream,
+                            request_deserializer=None,
+                            response_serializer=(
+                                service_pb2.ModelStreamInferResponse.SerializeToString
+                            ),
+                        ),
                     },
                 )
             ],
@@ -490,6 +486,20 @@ class LiveComparator:
         return server
 
     def _mirrored(self, raw: bytes, context: grpc.ServicerContext) -> Any:
+        request = self._offered(raw, streamed=False)
+        # The router discards a mirrored request's answer: an empty one, at once.
+        if request is None:
+            return service_pb2.ModelInferResponse()
+        return service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+
+    def _mirrored_stream(self, raws: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        """A mirrored stream: each request in it offered, nothing answered (the router
+        discards a mirror's answers); it ends when the client's side does."""
+        for raw in raws:
+            self._offered(raw, streamed=True)
+        return iter(())
+
+    def _offered(self, raw: bytes, streamed: bool) -> service_pb2.ModelInferRequest | None:
         with self._lock:
             sessions = list(self._sessions)
         try:
@@ -497,11 +507,10 @@ class LiveComparator:
         except DecodeError as exc:
             for session in sessions:
                 session.unparsable(f"not a ModelInferRequest ({len(raw)} bytes): {exc}")
-            return service_pb2.ModelInferResponse()
+            return None
         for session in sessions:
-            session.offer(request)
-        # The router discards a mirrored request's answer: an empty one, at once.
-        return service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+            session.offer(request, streamed)
+        return request
 
     def _ended(self, session: ShadowSession) -> None:
         with self._lock:

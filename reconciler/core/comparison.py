@@ -91,9 +91,10 @@ def compared(
     deviations: Sequence[tuple[Deviation, Deviation]],
     primary_seconds: tuple[float, ...] = (),
     candidate_seconds: tuple[float, ...] = (),
+    streamed: bool = False,
 ) -> Comparison:
     """The comparison of the requests whose deviations (the secondary's, the candidate's)
-    these are, counted at the declared tolerance."""
+    these are, counted at the declared tolerance; ``streamed``: of streams reassembled."""
     candidate = [theirs for _, theirs in deviations if theirs.why or theirs.unanswered]
     return Comparison(
         len(deviations),
@@ -103,6 +104,7 @@ def compared(
         primary_seconds,
         candidate_seconds,
         tuple(deviations),
+        streamed,
     )
 
 
@@ -373,20 +375,19 @@ def judged(
     max_latency_increase: float | None = None,
     latency_quantile: str = "p95",
     tolerance: Tolerance | None = None,
-    streamed: bool = False,
 ) -> str | None:
     """Why the candidate fails the comparison, or None when it does not fail: its
     disagreement rate beyond the noise rate (``discounted`` by what the serving version's
     own differences teach, with ``tolerance`` the declared one) must stay within
     ``1 - min_agreement``; its latency at ``latency_quantile`` within
     ``max_latency_increase`` of the primary's (None: not judged). Not failing is not
-    passing: see ``unjudgeable``. ``streamed``: the answers are streams reassembled, and the
+    passing: see ``unjudgeable``. Of streams reassembled (``Comparison.streamed``), the
     reason says where the generated sequences first diverged."""
     net = discounted(comparison, tolerance or Tolerance())
     budget = 1.0 - min_agreement
     if net.excess > budget + 1e-12:
         learned = f" ({net})" if net.learned else ""
-        where = divergences(comparison) if streamed else ""
+        where = divergences(comparison) if comparison.streamed else ""
         return (
             f"disagrees on {net.candidate_count / net.requests:.1%} of {net.requests} "
             f"request(s), the serving version with itself on {net.noise_count / net.requests:.1%}"

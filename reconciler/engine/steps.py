@@ -282,13 +282,9 @@ def _shadow(control: ModelControl, step: Step, timing: Timing) -> None:
             candidate_s.append(replies["candidate"].first_seconds or 0.0)
             answers = {role: answer_of(reply) for role, reply in replies.items()}
             deviations.append(deviations_of(answers, tolerance))
-        comparison = compared(deviations, tuple(primary_s), tuple(candidate_s))
+        comparison = compared(deviations, tuple(primary_s), tuple(candidate_s), step.streaming)
         failed = judged(
-            comparison,
-            shadow.min_agreement,
-            shadow.max_latency_increase,
-            tolerance=tolerance,
-            streamed=step.streaming,
+            comparison, shadow.min_agreement, shadow.max_latency_increase, tolerance=tolerance
         ) or unjudgeable(comparison, tolerance)
         if failed is not None:
             raise VerifyFailed(

@@ -72,6 +72,9 @@ class Comparison:
     # serving version asked again, and the candidate, lay from the primary's answer. What the
     # noise discount learns from (core/comparison.py); without them the counts are judged.
     deviations: tuple[tuple[Deviation, Deviation], ...] = field(default=(), repr=False)
+    # The answers were streams reassembled (a streaming model's generations): where they
+    # first diverged is reported.
+    streamed: bool = False
 
     @property
     def candidate_rate(self) -> float:

@@ -268,11 +268,11 @@ def test_a_generation_that_diverges_on_two_percent_of_prompts_fails_and_says_whe
             "candidate": {"T": candidate},
         }
         pairs.append(deviations_of(answers, exact))
-    comparison = compared(pairs)
-    why = judged(comparison, 0.99, tolerance=exact, streamed=True)
+    comparison = compared(pairs, streamed=True)
+    why = judged(comparison, 0.99, tolerance=exact)
     assert why is not None and "disagrees on 2.0% of 200" in why, why
     assert "first divergence: the candidate from position 20 (median 20) on 4" in why, why
-    unary = judged(comparison, 0.99, tolerance=exact)
+    unary = judged(compared(pairs), 0.99, tolerance=exact)
     assert unary is not None and "first divergence" not in unary, unary
     assert divergences(comparison) == (
         "first divergence: the candidate from position 20 (median 20) on 4"

@@ -37,7 +37,7 @@ from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec
 from testkit.cli_run import Reconciler
 from testkit.envoy import LocalEnvoy
 from testkit.loadgen import Stream, StreamClient
-from testkit.local_triton import LocalTriton
+from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import (
     GENERATOR,
     ManifestRepo,
@@ -57,8 +57,11 @@ LONG = {"tokens": str(TOKENS), "token_ms": "10"}
 
 
 class Pools:
-    def __init__(self, stable: LocalTriton, canary: LocalTriton, envoy: LocalEnvoy) -> None:
+    def __init__(
+        self, stable: LocalTriton, canary: LocalTriton, envoy: LocalEnvoy, listen: str
+    ) -> None:
         self.stable, self.canary, self.envoy = stable, canary, envoy
+        self.listen = listen  # where the reconciler's comparator listens (Envoy mirrors to it)
         spec = RouterSpec(
             "edge",
             (Pool("stable", server_names=("a",)), Pool("canary", server_names=("c",))),
@@ -101,14 +104,16 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
         for server in servers:
             server.start()
         stable, canary = servers
+        listen = f"127.0.0.1:{free_port('127.0.0.1')}"
         envoy = LocalEnvoy.of(
             root / "envoy",
             {"stable": [stable.grpc_address], "canary": [canary.grpc_address]},
             {"stable": 10_000},
+            mirrors={"comparator": [listen]},
             # Triton's HTTP API over the same pools, by the same weights (SSE streams).
             http={"stable": [stable.http_address], "canary": [canary.http_address]},
         ).start()
-        yield Pools(stable, canary, envoy)
+        yield Pools(stable, canary, envoy, listen)
     finally:
         if envoy is not None:
             envoy.stop()
@@ -417,3 +422,92 @@ def test_the_reconciler_switches_a_streaming_model_blue_green_and_back_without_a
     back = back_after - (log.abort_given or 0.0)
     print(f"switch: {first}; back: {len(clients.streams)} streams {placed}, route back "
           f"{back:.2f}s after the abort was given")  # fmt: skip
+
+
+def _shadowed(version: int) -> str:
+    """gen through the router with a shadow phase before any client stream reaches the new
+    version: 30 tokens a generation, version 10 diverging from token 20 on one prompt in
+    ten (``diverge_every``: one in fifty, the replay test's share, would be caught by 100
+    sampled streams only about 6 times in 10; the benchmark measures how many it takes)."""
+    return (
+        "apiVersion: triton-gitops.dev/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        "metadata: {name: gen}\n"
+        "spec:\n"
+        "  servers: {names: [a, c]}\n"
+        f"  versions: [{version}]\n"
+        "  config:\n"
+        "    parameters: {tokens: {string_value: '30'}, diverge_every: {string_value: '10'}}\n"
+        "    instance_group: [{kind: KIND_CPU, count: 4}]\n"
+        "  verify:\n"
+        "    analysis:\n"
+        "      interval: 1s\n"
+        "      duration: 4s\n"
+        "      probes: {maxShare: 0.5, timeout: 5s}\n"
+        "      checks:\n"
+        "        - name: success-rate\n"
+        "          successRate: {min: 0.99}\n"
+        "  rollout:\n"
+        "    traffic:\n"
+        "      router: edge\n"
+        "      strategy: canary\n"
+        "      stablePool: stable\n"
+        "      canaryPool: canary\n"
+        "      steps: [50%]\n"
+        "      shadow: {share: 100%, rate: 200, maxShare: 0.9, minRequests: 100,"
+        " timeout: 5s}\n"
+    )
+
+
+def test_live_streams_mirrored_by_envoy_are_compared_and_a_divergent_candidate_is_caught(
+    pools: Pools, manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    """Issue 43, point 1, live: Envoy mirrors each client's gRPC stream to the reconciler's
+    comparator, which streams the prompt to the serving version twice and to the candidate
+    once and compares the generations. Version 10, whose generation changes from token 20
+    on for one prompt in ten, is caught in the shadow phase: no client stream reaches
+    the canary pool, none fails, and the report says where the generations diverged."""
+    pools.weights(0)
+    for name, server in (("a", pools.stable), ("c", pools.canary)):
+        with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+            client.unload_model(GENERATOR)
+        manifests.write(
+            f"servers/{name}.yaml",
+            server_doc(
+                name, server.grpc_address, server.model_repository, metrics=server.metrics_url
+            ),
+        )
+    manifests.write(
+        "router.yaml",
+        router_doc(pools.envoy.admin_url, {"stable": ["a"], "canary": ["c"]}, "comparator"),
+    )
+    manifests.write("gen.yaml", _shadowed(1))
+    manifests.commit("gen 1 through the router, shadowed")
+    reconciler = Reconciler(manifests.url, tmp_path / "reconciler")
+    first = reconciler.apply("--comparator-listen", pools.listen)
+    assert first.code == 0, first.explain()
+    manifests.write("gen.yaml", _shadowed(10))
+    manifests.commit("gen 10")
+    with StreamClient(pools.envoy.address, GENERATOR, threads=4, varied=True) as clients:
+        result = reconciler.apply("--output", "json", "--comparator-listen", pools.listen)
+    assert result.code == 1, result.explain()
+    report = json.loads(result.out)
+    checks = [
+        check
+        for change in report["result"]["changes"]
+        if change.get("analysis")
+        for evaluation in change["analysis"]["evaluations"]
+        for check in evaluation["checks"]
+        if check["check"] == "shadow"
+    ]
+    failed = [c for c in checks if c["verdict"] == "fail"]
+    assert failed, f"no shadow check failed: {[(c['verdict'], c.get('detail')) for c in checks]}"
+    detail = failed[-1].get("detail") or ""
+    assert "first divergence: the candidate from position 20" in detail, detail
+    streams = clients.streams
+    broken = [s for s in streams if s.error is not None or len(s.tokens) != 30]
+    assert broken == [], f"{len(broken)} of {len(streams)} client streams broken: {broken[:2]}"
+    on_canary = [s for s in streams if s.versions and s.versions[0] == "10"]
+    assert on_canary == [], f"{len(on_canary)} client streams reached version 10"
+    assert ready_versions(pools.canary, GENERATOR) == {1}, ready_versions(pools.canary, GENERATOR)
+    print(f"{len(streams)} client streams, none broken or on version 10; caught: {detail}")

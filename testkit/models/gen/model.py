@@ -19,8 +19,8 @@ real generator can:
   8  fails one stream in twenty after two tokens (5% of generations fail midway)
   9  fails in initialize: Triton refuses to load it
   10 generates as the good versions do, except on one prompt in fifty (prompts whose sum is
-     a multiple of 50), whose tokens from position ``diverge_at`` (default 20) on differ
-     (a candidate that changed the generation a little)
+     a multiple of ``diverge_every``, default 50), whose tokens from position ``diverge_at``
+     (default 20) on differ (a candidate that changed the generation a little)
 The config parameter ``noise`` (a share, default 0) makes every version nondeterministic
 alike, as batched generation is at temperature 0: that share of its streams has one token,
 at a random position from 10 on, changed.
@@ -54,6 +54,7 @@ class TritonPythonModel:
         self.requests = 0
         self.noise = float(parameters.get("noise", {}).get("string_value") or 0)
         self.diverge_at = int(parameters.get("diverge_at", {}).get("string_value") or 20)
+        self.diverge_every = int(parameters.get("diverge_every", {}).get("string_value") or 50)
         self.random = random.Random()
 
     def execute(self, requests):
@@ -73,7 +74,11 @@ class TritonPythonModel:
             midway = self.version == FAILS_MIDWAY or (
                 self.version == SOMETIMES_FAILS and self.requests % EVERY == 0
             )
-            diverges = self.diverge_at if self.version == DIVERGES and start % 50 == 0 else None
+            diverges = (
+                self.diverge_at
+                if self.version == DIVERGES and start % self.diverge_every == 0
+                else None
+            )
             noisy = self.random.randrange(10, max(tokens, 11)) if self.noise else None
             if noisy is not None and self.random.random() >= self.noise:
                 noisy = None
