@@ -8,7 +8,7 @@ before ``minRequests`` were compared; short of them, it waits up to ``maxWait`` 
 
 from __future__ import annotations
 
-from reconciler.core.comparison import discounted, judged, unjudgeable
+from reconciler.core.comparison import discounted, divergences, judged, unjudgeable
 from reconciler.model.analysis import CheckResult, RolloutVerdict, Verdict
 from reconciler.model.shadow import LiveShadow, ShadowFigures, WhenShort
 
@@ -34,6 +34,8 @@ def shadow_checks(spec: LiveShadow, figures: ShadowFigures) -> tuple[CheckResult
             f"{net.requests}, serving version with itself {net.noise_count} ({net}); at the "
             f"declared tolerance: {rates}"
         )
+    if comparison.streamed and (where := divergences(comparison)):
+        rates += f"; {where}"  # generations: where they first diverged, both sides
     if short:
         answers = CheckResult(
             ANSWERS,

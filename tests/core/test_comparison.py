@@ -23,7 +23,9 @@ from reconciler.core.comparison import (
     judged,
     unjudgeable,
 )
-from reconciler.model.shadow import Comparison, Tolerance, quantile
+from reconciler.core.shadow import shadow_checks
+from reconciler.model.analysis import Verdict
+from reconciler.model.shadow import Comparison, LiveShadow, ShadowFigures, Tolerance, quantile
 
 
 def answer(values: list[float], dtype: str = "float32") -> dict[str, np.ndarray]:
@@ -277,3 +279,25 @@ def test_a_generation_that_diverges_on_two_percent_of_prompts_fails_and_says_whe
     assert divergences(comparison) == (
         "first divergence: the candidate from position 20 (median 20) on 4"
     ), divergences(comparison)
+
+
+def test_a_live_shadow_check_of_streams_shows_where_generations_diverged_while_it_passes() -> None:
+    exact = Tolerance()
+    tokens = np.arange(30, dtype=np.int32)
+    noisy = tokens.copy()
+    noisy[25] += 1
+    pairs = [
+        deviations_of(
+            {"primary": {"T": tokens}, "secondary": {"T": noisy if n == 7 else tokens},
+             "candidate": {"T": noisy if n == 3 else tokens}},
+            exact,
+        )
+        for n in range(100)
+    ]  # fmt: skip
+    figures = ShadowFigures(received=100, comparison=compared(pairs, streamed=True))
+    (answers,) = shadow_checks(LiveShadow(share=10_000, min_requests=100), figures)
+    assert answers.verdict is Verdict.PASS, answers
+    assert (
+        "first divergence: the candidate from position 25 (median 25) on 1; the serving "
+        "version itself from position 25 (median 25) on 1" in answers.detail
+    ), answers.detail
