@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from statistics import median
 
+from reconciler.model.shadow import quantile
+
 
 class Verdict(StrEnum):
     PASS = "pass"
@@ -266,8 +268,12 @@ class ProbeFigures:
         if self.sent:
             first = " to the first response" if self.streamed else ""
             text += f", mean {self.seconds / self.sent * 1e3:.1f}ms{first}"
+        if self.streamed and len(self.latencies) >= 2:
+            text += f" (p50 {_ms(self.latencies, 0.5)}, p95 {_ms(self.latencies, 0.95)})"
         if self.gaps:
-            text += f", {median(self.gaps) * 1e3:.1f}ms between responses"
+            gap = median(self.gaps)
+            text += f", {gap * 1e3:.1f}ms between responses"
+            text += f" ({1 / gap:.0f}/s)" if gap > 0 else ""
         if self.old_sent:
             text += f" (old version {self.old_seconds / self.old_sent * 1e3:.1f}ms"
             text += f", {self.old_failed} of {self.old_sent} failed)"
@@ -276,6 +282,11 @@ class ProbeFigures:
         if self.failed and self.last_error:
             text += f"; last failure: {self.last_error}"
         return text
+
+
+def _ms(values: tuple[float, ...], q: float) -> str:
+    """The ``q`` quantile (nearest rank) of ``values`` (seconds), in milliseconds."""
+    return f"{(quantile(values, q) or 0.0) * 1e3:.1f}ms"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from reconciler.model.history import ALL_DEPLOYMENTS, OperatorAction, Rollout
 from reconciler.model.plan import Action, ModelChange, Plan, Step
 from reconciler.model.reports import Condition, PassReport, StatusReport
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome, StepResult
+from reconciler.model.shadow import quantile
 from reconciler.model.traffic import TrafficPlan
 from reconciler.views.steps import step_json
 
@@ -332,6 +333,9 @@ def _probes_json(probes: ProbeFigures | None) -> dict[str, Any] | None:
         "streamed": probes.streamed,
         "cut": probes.cut,
         "gap_median_ms": round(median(probes.gaps) * 1e3, 3) if probes.gaps else None,
+        "p95_ms": (
+            round((quantile(probes.latencies, 0.95) or 0.0) * 1e3, 3) if probes.latencies else None
+        ),
         "old_gap_median_ms": round(median(probes.old_gaps) * 1e3, 3) if probes.old_gaps else None,
         "skipped": probes.skipped,
         "last_error": probes.last_error if probes.failed else None,

@@ -41,7 +41,8 @@ def test_a_stream_counts_its_time_between_responses_and_a_cut_stream_counts_cut(
     assert (window.sent, window.cut, window.gaps) == (1, 0, (0.004,)), window
     text = str(figures)
     assert "probe streams: 1 of 2 failed (1 cut: no final flag)" in text, text
-    assert "2.0ms between responses" in text, text
+    assert "2.0ms between responses (500/s)" in text, text
+    assert "to the first response (p50 10.0ms, p95 1000.0ms)" in text, text
 
 
 def test_time_between_responses_is_judged_new_against_old_by_the_probe_streams() -> None:
