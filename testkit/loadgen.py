@@ -180,6 +180,7 @@ class Stream:
     versions: tuple[str, ...]
     tokens: tuple[int, ...]
     error: str | None
+    first: float | None = None  # seconds to the first response (over gRPC)
 
 
 class StreamClient:
@@ -226,6 +227,7 @@ class StreamClient:
         versions: list[str] = []
         tokens: list[int] = []
         error = None
+        first: float | None = None
         started = time.monotonic()
         with triton_grpc.InferenceServerClient(self.address) as client:
             # tritonclient calls back with keywords: result=, error=.
@@ -242,12 +244,13 @@ class StreamClient:
                     break
                 response = result.get_response()
                 if response.outputs:
+                    first = time.monotonic() - started if first is None else first
                     versions.append(response.model_version)
                     tokens.append(int(result.as_numpy("TOKEN")[0]))
                 if response.parameters["triton_final_response"].bool_param:
                     break
             client.stop_stream()
-        return Stream(started, tuple(versions), tuple(tokens), error)
+        return Stream(started, tuple(versions), tuple(tokens), error, first)
 
     def _event_stream(self) -> Stream:
         """One ``generate_stream`` request on a connection of its own. Triton 2.51 takes the
