@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,8 @@ class PerfAnalyzer:
         concurrency: int,
         count: int,
         batched: bool = False,
+        *,
+        streaming: bool = False,
     ) -> LoadFigures:
         data = self._data_file(requests, batched)
         report = self.workdir / f"{model}-{version}-c{concurrency}.csv"
@@ -127,6 +130,9 @@ class PerfAnalyzer:
             "--input-data", str(data),
             "-f", str(report),
         ]  # fmt: skip
+        if streaming:
+            # gRPC streams; on a decoupled model its latency is the first response's.
+            command.append("--streaming")
         try:
             done = subprocess.run(
                 command, capture_output=True, text=True, timeout=self.timeout, check=False
@@ -141,7 +147,7 @@ class PerfAnalyzer:
         rows = list(csv.DictReader(report.open())) if report.exists() else []
         said = f"{done.stdout}\n{done.stderr}"
         if done.returncode == 0 and rows:
-            return _figures(concurrency, rows[-1], said, count)
+            return replace(_figures(concurrency, rows[-1], said, count), streamed=streaming)
         failed = [m.group(0).strip() for m in _FAILED_REQUEST.finditer(said)]
         if failed:
             return failed_requests(concurrency, failed, done.returncode)
