@@ -13,6 +13,7 @@ import compileall
 import shutil
 import subprocess
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -117,14 +118,24 @@ GENERATOR = "gen"
 GENERATOR_VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
-def write_generator_repository(root: Path) -> Path:
-    """A model repository of the streaming test model alone, compiled ahead."""
-    folder = root / GENERATOR
-    folder.mkdir(parents=True)
-    shutil.copy(MODELS / GENERATOR / "config.pbtxt", folder / "config.pbtxt")
-    for version in GENERATOR_VERSIONS:
-        (folder / str(version)).mkdir()
-        shutil.copy(MODELS / GENERATOR / "model.py", folder / str(version) / "model.py")
+def write_generator_repository(
+    root: Path, names: tuple[str, ...] = (GENERATOR,), parameters: Mapping[str, str] | None = None
+) -> Path:
+    """A model repository of the streaming test model alone, under each of ``names`` (one
+    model per scenario, so one gate run can judge several), with ``parameters`` added to its
+    config (``token_ms``, ``first_ms``...: testkit/models/gen/model.py), compiled ahead."""
+    config = (MODELS / GENERATOR / "config.pbtxt").read_text()
+    config += "".join(
+        f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+        for key, value in (parameters or {}).items()
+    )
+    for name in names:
+        folder = root / name
+        folder.mkdir(parents=True)
+        (folder / "config.pbtxt").write_text(config.replace(f'"{GENERATOR}"', f'"{name}"'))
+        for version in GENERATOR_VERSIONS:
+            (folder / str(version)).mkdir()
+            shutil.copy(MODELS / GENERATOR / "model.py", folder / str(version) / "model.py")
     compileall.compile_dir(root, quiet=1)
     return root
 
