@@ -456,10 +456,14 @@ class LoadTester(Protocol):
         concurrency: int,
         count: int,
         batched: bool = False,
+        *,
+        streaming: bool = False,
     ) -> LoadFigures:
         """``count`` requests (the given ones, round robin), ``concurrency`` at a time, after
         a short warm-up; failures are counted, never raised. ``batched``: the model's config
-        has a batch dimension (the requests' first dimension)."""
+        has a batch dimension (the requests' first dimension). ``streaming``: the model is
+        decoupled; each request is one gRPC stream, read to Triton's final flag, and its
+        latency the time to the first response."""
         ...
 
 

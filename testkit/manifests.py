@@ -13,6 +13,7 @@ import compileall
 import shutil
 import subprocess
 import textwrap
+from collections.abc import Mapping
 from pathlib import Path
 
 MODELS = Path(__file__).resolve().parent / "models"
@@ -122,16 +123,31 @@ LLM = "llm"
 LLM_VERSIONS = (1, 2, 3, 5)
 
 
-def write_generator_repository(root: Path) -> Path:
-    """A model repository of the streaming test models (``gen`` and ``llm``), compiled
-    ahead."""
-    for name, versions in ((GENERATOR, GENERATOR_VERSIONS), (LLM, LLM_VERSIONS)):
+def write_generator_repository(
+    root: Path, names: tuple[str, ...] = (GENERATOR,), parameters: Mapping[str, str] | None = None
+) -> Path:
+    """A model repository of the streaming test models: ``gen`` under each of ``names`` (one
+    model per scenario, so one gate run can judge several), with ``parameters`` added to its
+    config (``token_ms``, ``first_ms``...: testkit/models/gen/model.py), and ``llm`` (the
+    vLLM backend's interface), compiled ahead."""
+    config = (MODELS / GENERATOR / "config.pbtxt").read_text()
+    config += "".join(
+        f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}\n'
+        for key, value in (parameters or {}).items()
+    )
+    for name in names:
         folder = root / name
         folder.mkdir(parents=True)
-        shutil.copy(MODELS / name / "config.pbtxt", folder / "config.pbtxt")
-        for version in versions:
+        (folder / "config.pbtxt").write_text(config.replace(f'"{GENERATOR}"', f'"{name}"'))
+        for version in GENERATOR_VERSIONS:
             (folder / str(version)).mkdir()
-            shutil.copy(MODELS / name / "model.py", folder / str(version) / "model.py")
+            shutil.copy(MODELS / GENERATOR / "model.py", folder / str(version) / "model.py")
+    llm = root / LLM
+    llm.mkdir(parents=True)
+    shutil.copy(MODELS / LLM / "config.pbtxt", llm / "config.pbtxt")
+    for version in LLM_VERSIONS:
+        (llm / str(version)).mkdir()
+        shutil.copy(MODELS / LLM / "model.py", llm / str(version) / "model.py")
     compileall.compile_dir(root, quiet=1)
     return root
 

@@ -7,6 +7,13 @@ so the workers do not queue behind one connection; all of them warm up first and
 starts when the last is ready. A failed request is counted and the worker goes on (the gate
 wants the error rate, not the first error). Used when perf_analyzer is not there or not
 wanted (``adapters/perf_analyzer.py``).
+
+A streaming (decoupled) model is driven by streams (``streaming``): each request is one gRPC
+stream read to Triton's final flag by ``adapters/triton_stream.stream_on`` (the reader the
+probes and verify use), on the worker's own client. Either way an exchange comes back as the
+seconds from sending it to each of its responses, and one function makes the figures of
+both: the latency is the time to the first response, and for streams the times between
+responses and the responses per second come with it.
 """
 
 from __future__ import annotations
@@ -21,7 +28,9 @@ import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.triton import infer_inputs
-from reconciler.model.errors import StepFailed
+from reconciler.adapters.triton_stream import StreamRequest, stream_on
+from reconciler.core.exchange import MAX_RESPONSES
+from reconciler.model.errors import ReconcileError, StepFailed
 from reconciler.model.gate import LoadFigures
 from reconciler.model.spec import Tensor
 
@@ -46,8 +55,10 @@ class GrpcLoadTester:
         concurrency: int,
         count: int,
         batched: bool = False,  # the requests carry their batch dimension as they are
+        *,
+        streaming: bool = False,  # a decoupled model: each request is one stream
     ) -> LoadFigures:
-        latencies: list[float] = []
+        exchanges: list[tuple[float, ...]] = []
         errors: list[str] = []
         lock = threading.Lock()
         ready = threading.Barrier(concurrency + 1)
@@ -64,19 +75,30 @@ class GrpcLoadTester:
                 # Inputs are built per worker: an InferInput is not shared between threads.
                 prepared = [infer_inputs(request) for request in requests]
 
-                def send(index: int) -> tuple[float, str | None]:
+                def send(index: int) -> tuple[tuple[float, ...], str | None]:
+                    """The seconds to each response of one exchange, or why it failed."""
+                    inputs = prepared[index % len(prepared)]
                     started = time.perf_counter()
                     try:
+                        if streaming:
+                            asked = StreamRequest(
+                                model, version, inputs, outputs, self.request_timeout,
+                                MAX_RESPONSES,
+                            )  # fmt: skip
+                            reply = stream_on(client, asked, self.address, lambda _: False)
+                            return reply.seconds, None
                         client.infer(
                             model,
-                            prepared[index % len(prepared)],
+                            inputs,
                             model_version=str(version),
                             outputs=wanted,
                             client_timeout=self.request_timeout,
                         )
                     except InferenceServerException as exc:
-                        return time.perf_counter() - started, exc.message() or str(exc)
-                    return time.perf_counter() - started, None
+                        return (), exc.message() or str(exc)
+                    except ReconcileError as exc:  # a stream that failed, was cut or timed out
+                        return (), str(exc)
+                    return (time.perf_counter() - started,), None
 
                 for index in range(WARMUP_PER_WORKER):
                     send(index)
@@ -84,7 +106,7 @@ class GrpcLoadTester:
                     ready.wait()
                 except threading.BrokenBarrierError:
                     return  # another worker could not start: the caller reports it
-                mine: list[float] = []
+                mine: list[tuple[float, ...]] = []
                 failed: list[str] = []
                 while (index := next(numbers)) < count:
                     seconds, error = send(index)
@@ -93,7 +115,7 @@ class GrpcLoadTester:
                     else:
                         failed.append(error)
                 with lock:
-                    latencies.extend(mine)
+                    exchanges.extend(mine)
                     errors.extend(failed)
             except BaseException:
                 ready.abort()
@@ -117,16 +139,24 @@ class GrpcLoadTester:
         for thread in threads:
             thread.join()
         elapsed = time.perf_counter() - started
-        return figures(concurrency, latencies, errors, elapsed)
+        return figures(concurrency, exchanges, errors, elapsed, streamed=streaming)
 
 
 def figures(
-    concurrency: int, latencies: Sequence[float], errors: Sequence[str], elapsed: float
+    concurrency: int,
+    exchanges: Sequence[tuple[float, ...]],
+    errors: Sequence[str],
+    elapsed: float,
+    *,
+    streamed: bool = False,
 ) -> LoadFigures:
-    """One measurement's figures from per-request latencies (seconds) and failures."""
-    ms = np.array(latencies, dtype=np.float64) * 1000.0
-    answered = len(ms)
-    if answered:
+    """One measurement's figures from the exchanges that were answered (for each, the seconds
+    from sending it to each of its responses: one for a unary call) and the failures. The
+    latency is the time to the first response; for streams, the median time between two
+    responses (every gap of every stream pooled) and the responses per second too."""
+    answered = len(exchanges)
+    ms = np.array([s[0] for s in exchanges if s], dtype=np.float64) * 1000.0
+    if len(ms):
         levels = np.arange(1, 100, dtype=np.float64)
         values = np.percentile(ms, levels)
         quantiles = tuple((float(p), float(v)) for p, v in zip(levels, values, strict=True))
@@ -134,6 +164,8 @@ def figures(
     else:
         quantiles, p50, p95, p99 = (), float("nan"), float("nan"), float("nan")
     note = f"{len(errors)} failed, first: {errors[0]}" if errors else ""
+    gaps = [b - a for s in exchanges for a, b in itertools.pairwise(s)]
+    responses = sum(len(s) for s in exchanges)
     return LoadFigures(
         concurrency=concurrency,
         requests=answered + len(errors),
@@ -144,4 +176,7 @@ def figures(
         p99_ms=p99,
         quantiles=quantiles,
         note=note,
+        streamed=streamed,
+        gap_ms=float(np.median(gaps)) * 1000.0 if streamed and gaps else None,
+        responses_per_second=responses / elapsed if streamed and elapsed > 0 else None,
     )

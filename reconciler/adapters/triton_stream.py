@@ -6,6 +6,8 @@ responses read until that final flag. Used by the Triton adapter's ``stream``
 
 A client of its own per stream: tritonclient holds one stream per client object, and probes
 may run side by side. It is closed at the end, the request cancelled if it has not ended.
+The gate's load generator (``adapters/triton_load.py``) reads its streams with ``stream_on``,
+one after another on each worker's own client.
 """
 
 from __future__ import annotations
@@ -47,9 +49,23 @@ def stream_once(
     stream (with how many responses came first) or more than ``max_responses``; an error
     that says the server is ``unreachable``, before any response, as tritonclient raises it.
     ``who`` names the server in messages."""
+    client = triton_grpc.InferenceServerClient(address)
+    try:
+        return stream_on(client, request, who, unreachable)
+    finally:
+        client.close()
+
+
+def stream_on(
+    client: triton_grpc.InferenceServerClient,
+    request: StreamRequest,
+    who: str,
+    unreachable: Callable[[InferenceServerException], bool],
+) -> Reply:
+    """``stream_once`` on a client the caller holds (and closes): one stream at a time on
+    it, stopped at the end (cancelled if it did not end), so the next may start."""
     doing = f"{who}: streaming {request.model} version {request.version}"
     events: queue.Queue[tuple[Any, InferenceServerException | None]] = queue.Queue()
-    client = triton_grpc.InferenceServerClient(address)
     responses: list[dict[str, npt.NDArray[np.generic]]] = []
     seconds: list[float] = []
     ended = False  # the final flag came: the stream is closed, not cancelled
@@ -110,4 +126,3 @@ def stream_once(
         # One that did not end (deadline, cut, error) is cancelled.
         with contextlib.suppress(Exception):  # ending it must not hide why it ended
             client.stop_stream(cancel_requests=not ended)
-        client.close()

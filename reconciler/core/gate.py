@@ -16,6 +16,12 @@ inside is INCONCLUSIVE: the rounds disagree by more than the difference judged, 
 "noisy, measure again", not "the new version is worse". A median within the bound passes,
 however noisy (nothing says the new version is worse). Errors and memory are judged on their
 medians as they are: a failed request is no noise, and a version's memory does not swing.
+
+A streaming (decoupled) model's measurements are judged by the same checks, not by checks of
+their own: an exchange's latency is the time to its first response (a stream's whole length
+measures the generation, not the version), its throughput the streams completed per second,
+its errors the streams that failed. The median time between a stream's responses is one
+more ratio check (``between-responses``), under the same round rule.
 """
 
 from __future__ import annotations
@@ -41,6 +47,8 @@ def _ratios(pairs: Sequence[tuple[float | None, float | None]]) -> list[float]:
         if old is not None and new is not None and _known(old) and _known(new) and old > 0
     ]
 
+
+Pair = tuple[float | None, float | None]  # one round's figure: old, new
 
 COVERAGE = 0.9  # of the interval the median lies in (two-sided: a failure is 95% sure)
 
@@ -107,8 +115,12 @@ def judge(
 ) -> tuple[GateCheck, ...]:
     """Every bound the spec sets, at every concurrency level measured (a figure with no
     bound is reported as unbounded): ``old`` and ``new`` are the rounds' measurements, in
-    the same order (round by round, level by level)."""
+    the same order (round by round, level by level). A streaming model's figures go the
+    same way: its latency is the time to the first response; the time between responses is
+    one more ratio check, judged by the same rule, where it was measured or is bounded."""
     checks: list[GateCheck] = []
+    streamed = any(f.streamed for f in (*old, *new))
+    p95 = "p95 to the first response" if streamed else "p95"
     for level in sorted({f.concurrency for f in old} | {f.concurrency for f in new}):
         rounds = [
             (o, n)
@@ -116,34 +128,33 @@ def judge(
             if o.concurrency == level and n.concurrency == level
         ]
         checks.append(_errors(spec, level, [o for o, _ in rounds], [n for _, n in rounds]))
-        latency, throughput = spec.max_latency_increase, spec.min_throughput_ratio
-        checks.append(
-            _unbounded(
-                _check(
-                    "latency",
-                    level,
-                    [(o.p95_ms, n.p95_ms) for o, n in rounds],
-                    f"p95 increase <= {latency:g}" if latency is not None else "no bound",
-                    latency if latency is not None else math.inf,
-                    at_most=True,
-                    shift=1.0,
-                ),
-                latency is None,
+        ratios: list[tuple[str, list[Pair], float | None, str, bool]] = [
+            ("latency", [(o.p95_ms, n.p95_ms) for o, n in rounds], spec.max_latency_increase,
+             f"{p95} increase <= ", True),
+            ("between-responses", [(o.gap_ms, n.gap_ms) for o, n in rounds],
+             spec.max_between_responses_increase, "median increase <= ", True),
+            ("throughput", [(o.throughput, n.throughput) for o, n in rounds],
+             spec.min_throughput_ratio, "ratio >= ", False),
+        ]  # fmt: skip
+        for name, pairs, bound, words, increase in ratios:
+            if name == "between-responses" and not streamed and bound is None:
+                continue  # a unary model has no time between responses to report
+            unbounded = bound is None
+            limit = (math.inf if increase else -math.inf) if bound is None else bound
+            checks.append(
+                _unbounded(
+                    _check(
+                        name,
+                        level,
+                        pairs,
+                        "no bound" if unbounded else f"{words}{limit:g}",
+                        limit,
+                        at_most=increase,
+                        shift=1.0 if increase else 0.0,
+                    ),
+                    unbounded,
+                )
             )
-        )
-        checks.append(
-            _unbounded(
-                _check(
-                    "throughput",
-                    level,
-                    [(o.throughput, n.throughput) for o, n in rounds],
-                    f"ratio >= {throughput:g}" if throughput is not None else "no bound",
-                    throughput if throughput is not None else -math.inf,
-                    at_most=False,
-                ),
-                throughput is None,
-            )
-        )
     bounded = spec.max_memory_increase is not None or spec.max_memory_increase_bytes is not None
     checks.append(_unbounded(_memory(spec, old, new), not bounded))
     return tuple(checks)

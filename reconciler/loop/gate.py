@@ -31,10 +31,12 @@ from typing import Any
 
 from reconciler.core.gate import judge, judge_alone
 from reconciler.core.plan import plan
-from reconciler.core.probes import synthesized
+from reconciler.core.probes import limits, synthesized
 from reconciler.core.review_diff import Change, diff
-from reconciler.core.smoke import mismatches
+from reconciler.core.smoke import reply_mismatches
+from reconciler.core.triton_config import streams
 from reconciler.engine.context import ChangeContext, Timing
+from reconciler.engine.exchange import ask
 from reconciler.engine.steps import execute_step
 from reconciler.loop.observation import observe_servers
 from reconciler.model.errors import ReconcileError, VerifyFailed
@@ -59,6 +61,7 @@ GATE_SERVER = "gate"  # the isolated server's name in plans and messages
 _CHECK_LINES = {
     "errors": ("verify.gate.maxErrorRate", "verify.gate", "versions"),
     "latency": ("verify.gate.maxLatencyIncrease", "verify.gate", "versions"),
+    "between-responses": ("verify.gate.maxBetweenResponsesIncrease", "verify.gate", "versions"),
     "throughput": ("verify.gate.minThroughputRatio", "verify.gate", "versions"),
     "memory": ("verify.gate.maxMemoryIncrease", "verify.gate", "versions"),
 }
@@ -222,17 +225,21 @@ def _measure(
     requests: list[tuple[Tensor, ...]],
     batched: bool,
     first: int = 0,
+    *,
+    streaming: bool = False,
 ) -> dict[int, list[LoadFigures]]:
     """Every version at every level, ``spec.rounds`` times (rounds ``first`` on),
-    interleaved: the order of the versions flips from round to round."""
+    interleaved: the order of the versions flips from round to round. ``streaming``: by
+    streams (a decoupled model)."""
     measured: dict[int, list[LoadFigures]] = {v: [] for v in versions}
     for number in range(first, first + spec.rounds):
         order = versions if number % 2 == 0 else tuple(reversed(versions))
         for level in spec.concurrency:
             for version in order:
                 figures = server.load_tester.measure(
-                    model, version, requests, (), level, spec.requests, batched
-                )
+                    model, version, requests, (), level, spec.requests, batched,
+                    streaming=streaming,
+                )  # fmt: skip
                 memory = server.memory.version_memory(model, version)
                 measured[version].append(replace(figures, memory_bytes=memory))
     return measured
@@ -246,6 +253,8 @@ def ab_test(
     requests: list[tuple[Tensor, ...]],
     batched: bool,
     memory: tuple[int | None, int | None, int | None],
+    *,
+    streaming: bool = False,
 ) -> tuple[list[LoadFigures], list[LoadFigures], tuple[GateCheck, ...], int]:
     """The old version (``versions[0]``) against the new, ``spec.rounds`` interleaved rounds,
     judged; when a check is inconclusive, as many rounds again, once, and all of them judged
@@ -253,14 +262,16 @@ def ab_test(
     is reported so). ``memory``: the server's before anything, after the base, after the
     head. The old's and the new's figures, the checks, and how many rounds were measured."""
     old, new = versions
-    measured = _measure(server, model, versions, spec, requests, batched)
+    measured = _measure(server, model, versions, spec, requests, batched, streaming=streaming)
     rounds = spec.rounds
     while True:
         old_figures, new_figures = _with_memory_fallback(measured[old], measured[new], *memory)
         checks = judge(spec, old_figures, new_figures)
         if rounds > spec.rounds or all(c.verdict is not GateVerdict.INCONCLUSIVE for c in checks):
             return old_figures, new_figures, checks, rounds
-        more = _measure(server, model, versions, spec, requests, batched, first=rounds)
+        more = _measure(
+            server, model, versions, spec, requests, batched, rounds, streaming=streaming
+        )
         measured = {v: measured[v] + more[v] for v in versions}
         rounds += spec.rounds
 
@@ -340,15 +351,18 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
         return [verdict(None, old, note)]
     load_config = next((s.config for s in planned.steps if s.action is Action.LOAD), None) or {}
     batched = int(load_config.get("max_batch_size", 0) or 0) > 0
+    # A decoupled model refuses unary calls: driven by streams. The plan knows it from the
+    # config it has (the live one, once loaded), the load step's config says it too.
+    streaming = any(s.streaming for s in planned.steps) or streams(load_config)
     spec = head.gate or GateSpec()
     memory = (before_any, after_base, after_head)
     results = []
     for new in new_versions:
-        notes = _old_smoke(head, server, old)
+        notes = _old_smoke(head, server, old, streaming)
         requests, source = _requests(head, server, new)
         if old is not None:
             old_figures, new_figures, checks, rounds = ab_test(
-                server, model, (old, new), spec, requests, batched, memory
+                server, model, (old, new), spec, requests, batched, memory, streaming=streaming
             )
             if rounds > spec.rounds:
                 notes.append(
@@ -363,7 +377,9 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
                 )
         else:
             old_figures = []
-            new_figures = _measure(server, model, (new,), spec, requests, batched)[new]
+            new_figures = _measure(
+                server, model, (new,), spec, requests, batched, streaming=streaming
+            )[new]
             checks = judge_alone(spec, new_figures)
         results.append(
             ModelGate(
@@ -384,16 +400,24 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
     return results
 
 
-def _old_smoke(head: ModelDeployment, server: IsolatedServer, old: int | None) -> list[GateFinding]:
+def _old_smoke(
+    head: ModelDeployment, server: IsolatedServer, old: int | None, streaming: bool
+) -> list[GateFinding]:
     """The head's smoke cases on the old version too: one the old fails as well says the case
-    (or the environment), not the new version, is off. Notes, never a failure."""
+    (or the environment), not the new version, is off. Notes, never a failure. Asked as
+    verify asks them (``engine/exchange.ask``): a streaming model's by a stream."""
     notes: list[GateFinding] = []
     if old is None:
         return notes
     for case in head.smoke:
-        outputs = tuple(e.name for e in case.expect)
+        outputs = () if streaming else tuple(e.name for e in case.expect)
+        deadline, cap = limits(case, None)
         try:
-            wrong = mismatches(case, server.control.infer(head.model, old, case.inputs, outputs))
+            reply = ask(
+                server.control, head.model, old, case.inputs, outputs,
+                streaming=streaming, timeout=deadline, max_responses=cap,
+            )  # fmt: skip
+            wrong = reply_mismatches(case, reply)
         except ReconcileError as exc:
             wrong = [str(exc)]
         if wrong:

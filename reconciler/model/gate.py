@@ -8,12 +8,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+# The keys of ``spec.verify.gate`` that bound a check: reports point at their lines.
+GATE_BOUND_KEYS = (
+    "maxLatencyIncrease",
+    "maxBetweenResponsesIncrease",
+    "minThroughputRatio",
+    "maxMemoryIncrease",
+    "maxErrorRate",
+)
+
 
 @dataclass(frozen=True)
 class GateSpec:
     """``spec.verify.gate``: each bound None when the manifest sets none."""
 
-    max_latency_increase: float | None = None  # p95 new / old - 1
+    # p95 new / old - 1; for a streaming model the p95 of the time to the first response
+    max_latency_increase: float | None = None
+    # A streaming model's median time between two responses of a stream, new / old - 1
+    max_between_responses_increase: float | None = None
     min_throughput_ratio: float | None = None  # throughput new / old
     max_memory_increase: float | None = None  # a share of the old's memory (0.3: 30%)
     max_memory_increase_bytes: int | None = None  # or a size
@@ -25,12 +37,19 @@ class GateSpec:
 
 @dataclass(frozen=True)
 class LoadFigures:
-    """One measurement of one version at one concurrency level."""
+    """One measurement of one version at one concurrency level.
+
+    An exchange is one request and what came back: one response, or for a streaming
+    (decoupled) model a stream of them ended by Triton's final flag. Its latency is the time
+    to its first response (``core/exchange.Reply.first_seconds``), so for a stream the
+    percentiles are of the time to the first response and ``throughput`` counts the streams
+    completed; ``errors`` counts the streams that failed (an error inside, cut, or no final
+    flag by the deadline)."""
 
     concurrency: int
     requests: int
     errors: int
-    throughput: float  # answered requests per second
+    throughput: float  # answered requests (completed streams) per second
     p50_ms: float
     p95_ms: float
     p99_ms: float
@@ -39,6 +58,16 @@ class LoadFigures:
     # percentile from the built-in generator, p50/p90/p95/p99 from perf_analyzer.
     quantiles: tuple[tuple[float, float], ...] = ()
     note: str = ""  # what the generator said when the measurement stopped early
+    streamed: bool = False  # the exchanges were streams (a decoupled model)
+    # Streams only (None otherwise, or not measured): the median time between two responses
+    # of a stream, every gap of every completed stream pooled; responses per second.
+    gap_ms: float | None = None
+    responses_per_second: float | None = None
+
+    @property
+    def success_rate(self) -> float | None:
+        """The share of the exchanges (streams) that completed; None: none were sent."""
+        return (self.requests - self.errors) / self.requests if self.requests else None
 
 
 class GateVerdict(StrEnum):
@@ -58,7 +87,7 @@ class GateCheck:
     in (at 90%, from the rounds themselves: ``core/gate.py``), which decides between a
     failure and an inconclusive check."""
 
-    name: str  # latency | throughput | memory | errors
+    name: str  # latency | between-responses | throughput | memory | errors
     concurrency: int
     old: float | None
     new: float | None

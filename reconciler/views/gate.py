@@ -10,11 +10,19 @@ starts with ``<!-- triton-gitops gate -->`` so a workflow can edit its previous 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
+from statistics import median
 from typing import Any
 
-from reconciler.model.gate import GateCheck, GateFinding, GateReport, GateVerdict, ModelGate
+from reconciler.model.gate import (
+    GateCheck,
+    GateFinding,
+    GateReport,
+    GateVerdict,
+    LoadFigures,
+    ModelGate,
+)
 from reconciler.model.problems import Problem
 from reconciler.views.render import FORMAT_VERSION
 from reconciler.views.review import (
@@ -27,7 +35,14 @@ from reconciler.views.review import (
 
 GATE_MARKER = "<!-- triton-gitops gate -->"
 
-_UNITS = {"latency": "ms", "throughput": "/s", "memory": "B", "errors": ""}
+_UNITS = {
+    "latency": "ms",
+    "between-responses": "ms",
+    "throughput": "/s",
+    "memory": "B",
+    "errors": "",
+}
+_INCREASES = ("latency", "between-responses")  # judged as a change: +12.3%
 _MARKS = {GateVerdict.PASS: "✅", GateVerdict.UNBOUNDED: "·", GateVerdict.INCONCLUSIVE: "⚠️"}
 
 
@@ -49,7 +64,7 @@ def _ratio(check: GateCheck) -> str:
         return "n/a"
     if check.name == "memory" and check.threshold.endswith("bytes"):
         return f"{check.value / (1 << 20):+.1f} MiB"  # a size bound: the growth itself
-    if check.name in ("latency", "memory"):
+    if check.name in (*_INCREASES, "memory"):
         return f"{check.value:+.1%}"
     if check.name == "errors":
         return f"{check.value:.2%}"
@@ -62,7 +77,7 @@ def _spread(check: GateCheck) -> str:
 
 def _between(check: GateCheck, bounds: tuple[float, float]) -> str:
     low, high = bounds
-    if check.name == "latency":
+    if check.name in _INCREASES:
         return f"{low:+.1%} … {high:+.1%}"
     if check.name == "errors":
         return f"{low:.2%} … {high:.2%}"
@@ -125,6 +140,59 @@ def _summary(report: GateReport) -> str:
     return ", ".join([*parts, f"{passed} passed"])
 
 
+# A streaming model's figures, per version and level: (JSON key, column title, unit, figure).
+_STREAM_FIGURES: tuple[tuple[str, str, str, Callable[[LoadFigures], float | None]], ...] = (
+    ("first_response_p50_ms", "first response p50", "ms", lambda f: f.p50_ms),
+    ("first_response_p95_ms", "first response p95", "ms", lambda f: f.p95_ms),
+    ("between_responses_ms", "between responses (median)", "ms", lambda f: f.gap_ms),
+    ("responses_per_second", "responses/s", "/s", lambda f: f.responses_per_second),
+    ("success_rate", "streams completed", "%", lambda f: f.success_rate),
+)
+
+
+def _spread_of(values: Sequence[float | None]) -> dict[str, float] | None:
+    """The median over the rounds and the lowest and highest round (None: not measured)."""
+    known = [v for v in values if v is not None and math.isfinite(v)]
+    if not known:
+        return None
+    return {"median": median(known), "low": min(known), "high": max(known)}
+
+
+def stream_figures(gate: ModelGate) -> list[dict[str, Any]]:
+    """A streaming model's figures of each version at each level, each as its median over
+    the rounds with the lowest and highest round; [] for a model that does not stream."""
+    rows: list[dict[str, Any]] = []
+    sides = ((gate.old_version, gate.old_figures), (gate.new_version, gate.new_figures))
+    for version, measured in sides:
+        if not any(f.streamed for f in measured):
+            continue
+        for level in sorted({f.concurrency for f in measured}):
+            at = [f for f in measured if f.concurrency == level]
+            row: dict[str, Any] = {"version": version, "concurrency": level, "rounds": len(at)}
+            for key, _title, _unit, figure in _STREAM_FIGURES:
+                row[key] = _spread_of([figure(f) for f in at])
+            rows.append(row)
+    return rows
+
+
+def _spread_cell(found: dict[str, float] | None, unit: str) -> str:
+    if found is None:
+        return "n/a"
+    if unit == "%":
+        return f"{found['median']:.1%} ({found['low']:.1%} … {found['high']:.1%})"
+    low, high = _number(found["low"], unit), _number(found["high"], unit)
+    return f"{_number(found['median'], unit)} ({low} … {high})"
+
+
+def _stream_rows(gate: ModelGate) -> list[tuple[str, ...]]:
+    rows = []
+    for row in stream_figures(gate):
+        side = "old" if row["version"] == gate.old_version else "new"
+        cells = [_spread_cell(row[key], unit) for key, _t, unit, _f in _STREAM_FIGURES]
+        rows.append((f"{row['version']} ({side})", str(row["concurrency"]), *cells))
+    return rows
+
+
 def gate_text(report: GateReport) -> str:
     lines = [f"gate {short(report.base)} -> {short(report.head)}: {_summary(report)}"]
     for gate in report.models:
@@ -145,6 +213,10 @@ def gate_text(report: GateReport) -> str:
             lines.append(text)
             if check.verdict is GateVerdict.INCONCLUSIVE:
                 lines.append(f"    {_noisy(check)}")
+        for row in _stream_rows(gate):
+            titles = [title for _k, title, _u, _f in _STREAM_FIGURES]
+            named = ", ".join(f"{t} {c}" for t, c in zip(titles, row[2:], strict=True))
+            lines.append(f"  streams of version {row[0]} @{row[1]}: {named}")
         for figures in gate.new_figures:
             if figures.note:
                 lines.append(f"  load test of version {gate.new_version}: {figures.note}")
@@ -205,6 +277,17 @@ def gate_markdown(report: GateReport, charts: Sequence[str] = ()) -> str:
                 ("check", "concurrency", "old", "new", "change", "bound", "rounds", "verdict"),
                 _check_rows(gate.checks),
             )
+            streams = _stream_rows(gate)
+            if streams:
+                lines += [
+                    "Streams: each figure the median over the rounds (lowest … highest round); "
+                    "latency is the time to the first response.",
+                    "",
+                    *markdown_table(
+                        ("version", "concurrency", *(t for _k, t, _u, _f in _STREAM_FIGURES)),
+                        streams,
+                    ),
+                ]
             noisy = [c for c in gate.checks if c.verdict is GateVerdict.INCONCLUSIVE]
             lines += [f"- {c.name} at {c.concurrency}: {plain_md(_noisy(c))}" for c in noisy]
             if noisy:
@@ -238,9 +321,10 @@ def _check_json(check: GateCheck) -> dict[str, Any]:
     }
 
 
-def _figures_json(figures: Any) -> dict[str, Any]:
+def _figures_json(figures: LoadFigures) -> dict[str, Any]:
     found = asdict(figures)
     found["quantiles"] = [list(q) for q in figures.quantiles]
+    found["success_rate"] = figures.success_rate
     return found
 
 
@@ -280,6 +364,7 @@ def gate_json(report: GateReport) -> dict[str, Any]:
                 "checks": [_check_json(c) for c in gate.checks],
                 "old_figures": [_figures_json(f) for f in gate.old_figures],
                 "new_figures": [_figures_json(f) for f in gate.new_figures],
+                "streams": stream_figures(gate),
             }
             for gate in report.models
         ],

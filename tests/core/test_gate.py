@@ -207,7 +207,7 @@ class _NoisyThenQuiet:
     def __init__(self) -> None:
         self.calls = 0
 
-    def measure(self, model, version, requests, outputs, concurrency, count, batched=False):  # type: ignore[no-untyped-def]
+    def measure(self, model, version, requests, outputs, concurrency, count, batched=False, **_):  # type: ignore[no-untyped-def]
         self.calls += 1
         noisy = (1.5, 0.9, 1.4, 1.3, 1.0)
         factor = noisy[(self.calls - 1) // 2] if self.calls <= 10 and version == 2 else 1.0

@@ -110,7 +110,7 @@ class _Tester:
     def __init__(self) -> None:
         self.calls: list[tuple[int, int]] = []
 
-    def measure(self, model, version, requests, outputs, concurrency, count, batched=False):  # type: ignore[no-untyped-def]
+    def measure(self, model, version, requests, outputs, concurrency, count, batched=False, **_):  # type: ignore[no-untyped-def]
         self.calls.append((concurrency, version))
         return LoadFigures(concurrency, count, 0, 100.0, 1.0, 2.0, 3.0)
 

@@ -20,7 +20,7 @@ from reconciler.core.spec.schema import ANY, JsonPath, default, schema_documents
 from reconciler.core.spec.yaml import Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
-from reconciler.model.gate import GateSpec
+from reconciler.model.gate import GATE_BOUND_KEYS, GateSpec
 from reconciler.model.problems import Problem
 from reconciler.model.repository import parse_repository
 from reconciler.model.servers import Discovery, Location, TritonServer
@@ -201,10 +201,7 @@ _POINTED_AT = (
     ("verify", "smoke"),
     ("verify", "shadow"),
     ("verify", "gate"),
-    *(
-        ("verify", "gate", key)
-        for key in ("maxLatencyIncrease", "minThroughputRatio", "maxMemoryIncrease", "maxErrorRate")
-    ),
+    *(("verify", "gate", key) for key in GATE_BOUND_KEYS),
 )
 
 
@@ -417,6 +414,7 @@ def _gate(gate: dict[str, Any]) -> GateSpec:
     share = float(memory.rstrip("%")) / 100 if isinstance(memory, str) and "%" in memory else None
     return GateSpec(
         max_latency_increase=gate.get("maxLatencyIncrease"),
+        max_between_responses_increase=gate.get("maxBetweenResponsesIncrease"),
         min_throughput_ratio=gate.get("minThroughputRatio"),
         max_memory_increase=share,
         max_memory_increase_bytes=_bytes(memory) if memory is not None and share is None else None,
