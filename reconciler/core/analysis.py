@@ -283,13 +283,13 @@ def judge(
         # the bound that waits for confirmation: the next one confirms it (a failure) or
         # not, never the clock.
         return RolloutVerdict.RUNNING
-    if awaiting_probes(counted[-1]):
-        # A latency check judged by the probes alone never had enough of them (a streaming
-        # model's long generations, paced by maxShare): no pass. Watched on for at most
-        # another ``duration``, then inconclusive, saying what the probes could send.
-        if elapsed < spec.duration * (1 + EVIDENCE_EXTENSION):
-            return RolloutVerdict.RUNNING
-        return RolloutVerdict.INCONCLUSIVE
+    if awaiting_probes(counted[-1]) and elapsed < spec.duration * (1 + EVIDENCE_EXTENSION):
+        # A latency check judged by the probes alone has not had enough of them yet (a
+        # streaming model's long generations, paced by maxShare): watched on for at most
+        # another ``duration``, then passed with the check shown skipped. Ending it
+        # inconclusive instead reverted every good canary of a streaming model at its
+        # no-traffic phase, one interval long (bench.streaming, 20 of 20).
+        return RolloutVerdict.RUNNING
     if evidence is not None and evidence < spec.min_evidence:
         # Every evaluation passed but too few requests reached the new versions: a slow
         # model's probes, or a quiet hour's clients, may need longer. Watched on, evaluation

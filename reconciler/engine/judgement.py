@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from reconciler.core.analysis import (
-    awaiting_probes,
     concluded,
     early_abort,
     evaluate,
@@ -146,6 +145,19 @@ class Judgement:
         say where the next window starts: here, unless this reading was not fresh."""
         spec = self.spec
         fresh = self.fresh(current)
+        # The window starts at a reading with no series of the new versions (counting could
+        # not start at READY, and the source had not scraped them when the analysis began:
+        # Prometheus just restarted, under load): the first reading that shows them starts
+        # the count, shown, not counted. Else that first window had no data and, with
+        # inconclusiveLimit 0, ended a good version inconclusive (a clean-clone CI run).
+        first_sighting = (
+            fresh
+            and previous.error is None
+            and previous.success is None
+            and current.success is not None
+        )
+        if first_sighting and (self.origin is None or self.origin.success is None):
+            self.origin = current  # the evidence and the early abort count from here too
         self.unreadable = (
             self.unreadable or current.error is not None or current.scrape_failed is not None
         )
@@ -166,7 +178,7 @@ class Judgement:
                 current,
                 replace(self.baseline, same_time_latency_us=self._old_meanwhile()),
                 window,
-                counted=elapsed >= spec.initial_delay and fresh,
+                counted=elapsed >= spec.initial_delay and fresh and not first_sighting,
                 # Latency over everything since the analysis began, not the window:
                 # one noisy second on a busy host is not a slower version.
                 latency_from=self.latency_from,
@@ -184,6 +196,8 @@ class Judgement:
                 ),
             )
         )
+        if first_sighting and (self.latency_from is None or self.latency_from.success is None):
+            self.latency_from = current  # latency too counts from the first sighting
         return current if fresh else previous
 
     def verdict(
@@ -278,14 +292,6 @@ def analysis_failed(
         why = (
             f"{no_data} evaluation(s) without data (inconclusiveLimit {spec.inconclusive_limit};"
             f" last: {'; '.join(str(r) for r in last.results)})"
-        )
-    elif last.counted and awaiting_probes(last):
-        waiting = "; ".join(str(r) for r in awaiting_probes(last))
-        why = (
-            f"{waiting} after {last.at:g}s: the probes alone judge it and too few were sent; "
-            f"raise probes.maxShare or the duration (a probe keeps the server busy until its "
-            f"last response, and the probes keep to maxShare {spec.probes.max_share:g} of "
-            "its time)"
         )
     elif (
         evidence is not None

@@ -11,6 +11,7 @@ from reconciler.core.probes import ProbeRequest
 from reconciler.engine.probes import Prober, ProbeSender
 from reconciler.model.analysis import (
     Check,
+    Figures,
     ProbeFigures,
     ProbeOutcome,
     ProbeSpec,
@@ -21,7 +22,16 @@ from reconciler.model.plan import Action, Step
 from reconciler.model.results import Outcome
 from reconciler.model.spec import Tensor
 from tests.core.fakes import FakeClock
-from tests.core.test_probing import DECOUPLED, SUCCESS, Streams, Traffic, rollout, spec
+from tests.core.test_probing import (
+    DECOUPLED,
+    NO_QUERIES,
+    SUCCESS,
+    Clients,
+    Streams,
+    Traffic,
+    rollout,
+    spec,
+)
 
 BETWEEN = Check("between", "latency", max_increase=0.5, of="betweenResponses")
 FIRST = Check("first", "latency", max_increase=0.5)
@@ -125,19 +135,57 @@ def test_a_streaming_models_round_is_one_stream_to_each_version_side_by_side() -
     assert (figures.sent, figures.old_sent) == (10, 5), figures
 
 
-def test_a_latency_check_its_probes_never_judged_is_no_pass() -> None:
+def test_a_latency_check_short_of_probes_runs_on_before_it_passes_unjudged() -> None:
     """Long generations paced by the default maxShare: too few probe streams to judge the
-    time to the first response in the duration. Before, the check ended skipped and the
-    rollout passed, a check that could not fail; now the analysis runs on for another
-    duration, then ends inconclusive saying what to change."""
+    time to the first response in the duration. The analysis runs on for up to another
+    duration for them, then passes with the check shown skipped (a limit: ending it
+    inconclusive reverted every good canary at its one-interval no-traffic phase)."""
     clock = FakeClock()
     fake = Streams(clock, first=0.300, gap=0.300)  # 1.2 s generations, new and old alike
     source = Traffic(fake, clock, rate=0.0, failing=0.0)
-    change = rollout(fake, clock, spec(checks=(SUCCESS, FIRST), duration=5.0), source,
-                     config=DECOUPLED)  # fmt: skip
-    assert change.outcome is Outcome.REVERTED, change.error
+    # minEvidence 1: the probes' evidence is not what is shown here.
+    paced = spec(checks=(SUCCESS, FIRST), duration=5.0, min_evidence=1)
+    change = rollout(fake, clock, paced, source, config=DECOUPLED)
+    assert change.outcome is Outcome.CONVERGED, change.error
     analysis = change.analysis
-    assert analysis is not None and analysis.verdict is RolloutVerdict.INCONCLUSIVE, change.error
+    assert analysis is not None and analysis.verdict is RolloutVerdict.PASSED, change.error
     assert analysis.evaluations[-1].at >= 10.0, [e.at for e in analysis.evaluations]
-    error = change.error or ""
-    assert "too few probes yet" in error and "raise probes.maxShare" in error, error
+    last = {r.check: r for r in analysis.evaluations[-1].results}
+    assert last["first"].verdict is Verdict.SKIPPED and last["first"].awaiting, last
+
+
+class LaggingSource(Traffic):
+    """Triton's counters as a Prometheus just restarted shows them: unreadable before the
+    load (so counting cannot start at READY), then no series of the new version until its
+    first scrape, then the counters."""
+
+    def __init__(self, *args: object, lag: int = 3) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.lag, self.new_reads = lag, 0
+
+    def figures(self, model, versions, queries=NO_QUERIES):  # type: ignore[no-untyped-def]
+        if versions == (2,):
+            self.new_reads += 1
+            if self.new_reads == 1:
+                return Figures(error="cannot query Prometheus: connection refused")
+            if self.new_reads <= self.lag:
+                return Figures()
+        return super().figures(model, versions, queries)
+
+
+def test_a_window_that_starts_before_the_first_scrape_counts_from_the_first_sighting() -> None:
+    """Counting could not start at READY (the source unreadable before the load) and the
+    analysis began before the source had scraped the new version: the first reading with
+    its series starts the count, shown, not counted. Before, that first window read "no
+    success counter", was counted as an evaluation without data, and a good version ended
+    inconclusive (clean-clone CI, test_dependencies' Prometheus restart)."""
+    clock = FakeClock()
+    fake = Clients(clock)
+    source = LaggingSource(fake, clock, 100.0, 0.0)
+    change = rollout(fake, clock, spec(probes=ProbeSpec(enabled=False)), source)
+    assert change.outcome is Outcome.CONVERGED, change.error
+    analysis = change.analysis
+    assert analysis is not None
+    shown = [(e.counted, e.verdict) for e in analysis.evaluations]
+    assert shown[0] == (False, Verdict.NO_DATA), shown  # the first sighting: shown only
+    assert (True, Verdict.NO_DATA) not in shown, shown

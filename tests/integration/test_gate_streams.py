@@ -4,7 +4,7 @@ test model (testkit/models/gen) driven by gRPC streams.
 
 One change gives two deployments of the generator a new version each: ``same`` goes from
 version 1 to version 2 (the same code), ``slow`` from version 1 to version 5, which sends its
-first token ``FIRST_MS`` late (a slow prefill) and the rest at the usual pace: about 1.5x
+first token ``FIRST_MS`` late (a slow prefill) and the rest at the usual pace: about twice
 version 1's time to the first response under the gate's load (measured: see FIRST_MS).
 """
 
@@ -30,9 +30,11 @@ pytestmark = [pytest.mark.triton, pytest.mark.alone]
 # one request at a time). Measured here at concurrency 2 (3 rounds of 40 streams each, the
 # built-in generator): version 1's time to the first response 22 ms p50, 23-28 ms p95; version
 # 5 with its first token 6 ms late (12 ms later in all: it waits for the other's too) 34 ms
-# p50, p95 1.40-1.64x version 1's.
+# p50, p95 1.40-1.64x version 1's. At 1.5x, a clean-clone CI run with another benchmark
+# beside it (load average 5 to 10 on 2 CPUs) ended inconclusive, the rounds disagreeing; 10 ms
+# late (about 20 ms later in all, near 2x) leaves the verdict room on a busy machine.
 TOKEN_MS = "5"
-FIRST_MS = "6"
+FIRST_MS = "10"
 SCENARIOS = {"same": 2, "slow": 5}  # model -> its version at head (the base serves 1)
 GATE = (
     "    gate: {maxLatencyIncrease: 0.2, maxBetweenResponsesIncrease: 0.5,\n"
@@ -130,7 +132,9 @@ def test_the_streaming_figures_of_both_versions_are_in_the_reports_with_their_sp
     report = json.loads((reports / "gate.json").read_text())
     slow = _model(report, "slow")
     old, new = slow["streams"]
-    assert (old["version"], new["version"], old["concurrency"], old["rounds"]) == (1, 5, 2, 3)
+    # 3 rounds declared; the gate adds rounds when they disagree (a busy machine).
+    assert (old["version"], new["version"], old["concurrency"]) == (1, 5, 2), old
+    assert old["rounds"] >= 3, old
     for row in (old, new):
         assert row["success_rate"] == {"median": 1.0, "low": 1.0, "high": 1.0}, row
         first = row["first_response_p95_ms"]
