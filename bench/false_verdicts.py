@@ -80,7 +80,6 @@ from __future__ import annotations
 import argparse
 import compileall
 import contextlib
-import json
 import math
 import os
 import random
@@ -94,7 +93,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness.burner import BURNER_LIMIT_S, burning
+from bench.harness.burner import BURNER_LIMIT_S, burner_plan, burning
 from bench.harness.cli import markdown_main
 from bench.harness.errors import BenchError
 from bench.harness.provenance import busy_processes, machine, other_tritonservers, provenance
@@ -257,14 +256,6 @@ def good_counts(total: int, arms: Sequence[Arm]) -> dict[str, int]:
         share = total * arm.weight / weights
         counts[arm.name] = max(2, 2 * math.ceil(share / 2 - 1e-9))
     return counts
-
-
-def burner_plan(count: int, rng: random.Random) -> list[bool]:
-    """Which of ``count`` rollouts run with the burner: half of them (the extra one of an
-    odd count without), in an order ``rng`` shuffles."""
-    flags = [False] * (count - count // 2) + [True] * (count // 2)
-    rng.shuffle(flags)
-    return flags
 
 
 # -- the manifests ------------------------------------------------------------------------------
@@ -981,11 +972,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    code = markdown_main(args, run, markdown)
-    if code == 0 and args.report is None:
-        write_section(json.loads(args.output.read_text()), args.output.with_suffix(".md"))
-    return code
+    return markdown_main(parse_args(argv), run, markdown, beside=True)
 
 
 if __name__ == "__main__":

@@ -188,15 +188,24 @@ class StreamClient:
     over gRPC ModelStreamInfer, each stream on a client of its own (a new connection: a
     router places it anew), unversioned; every stream recorded (``Stream``). With ``sse``,
     ``address`` is Triton's HTTP API (or a router's listener for it) and each generation is
-    one HTTP ``generate_stream`` request, answered in server-sent events."""
+    one HTTP ``generate_stream`` request, answered in server-sent events. ``tokens``: the
+    request parameter of the test generator (gRPC only), a generation's length for these
+    clients alone (the model's config sets it for every other caller)."""
 
     def __init__(
-        self, address: str, model: str, threads: int = 1, sse: bool = False, varied: bool = False
+        self,
+        address: str,
+        model: str,
+        threads: int = 1,
+        sse: bool = False,
+        varied: bool = False,
+        tokens: int | None = None,
     ) -> None:
         self.address, self.model, self.sse = address, model, sse
         # ``varied``: prompt [n] for the n-th stream (over gRPC), not [1, 2, 3] every time.
         self.varied = varied
         self._numbers = itertools.count()
+        self.parameters = {"tokens": tokens} if tokens is not None else None
         self.streams: list[Stream] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -232,7 +241,12 @@ class StreamClient:
         with triton_grpc.InferenceServerClient(self.address) as client:
             # tritonclient calls back with keywords: result=, error=.
             client.start_stream(callback=partial(_put, events))
-            client.async_stream_infer(self.model, [prompt], enable_empty_final_response=True)
+            client.async_stream_infer(
+                self.model,
+                [prompt],
+                parameters=self.parameters,
+                enable_empty_final_response=True,
+            )
             while True:
                 try:
                     result, failed = events.get(timeout=30)

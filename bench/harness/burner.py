@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import subprocess
 import sys
 import time
@@ -81,3 +82,11 @@ def burning(on: bool, use: dict[str, Any]) -> Iterator[None]:
         held = burner.stop()
         if held:
             use.update(held)
+
+
+def burner_plan(count: int, rng: random.Random) -> list[bool]:
+    """Which of ``count`` rollouts run with the burner: half of them (the extra one of an
+    odd count without), in an order ``rng`` shuffles."""
+    flags = [False] * (count - count // 2) + [True] * (count // 2)
+    rng.shuffle(flags)
+    return flags

@@ -36,8 +36,8 @@ def phase(report: Mapping[str, Any]) -> str | None:
 def verdict_text(report: Mapping[str, Any], limit: int = 400) -> str:
     """Why an apply did not converge, in the reconciler's words: each change that failed and
     its error (the servers skipped because of it, by name), the plan's problems."""
-    parts = []
-    skipped = []
+    parts: list[str] = []
+    skipped: list[str] = []
     for change in _unconverged(report):
         if change.get("outcome") == "skipped" and parts:
             skipped.append(str(change["server"]))
