@@ -45,7 +45,11 @@ end every analysis inconclusive, a good version's as a bad one's. Generations: 2
    2 -> 1) without analysis: streams cut, and the unload step's ``stream_wait_seconds``.
 
     python -m bench.streaming [--quick] [--rollouts N] [--bad-rollouts N] [--no-client N]
-        [--swaps N] [--seed S] [--parts ...] [--output PATH] [--report JSON]
+        [--swaps N] [--seed S] [--parts ...] [--checks all|success-rate] [--output PATH]
+        [--report JSON]
+
+``--checks success-rate``: every analysis with the success rate alone (no latency check),
+to see the client streams through the canary's steps when the latency checks revert first.
 
 ``--quick``: 4 good rollouts, each bad version once, 2 without clients, 1 swap. Every
 process started here (tritonservers, Envoys, burners) is ended by its pid in ``finally``.
@@ -123,12 +127,14 @@ def deployment_doc(
     flip: bool = False,
     analysis: bool = True,
     probes: bool = True,
+    latency: bool = True,
     traffic: str | None = None,
     swap: bool = False,
 ) -> str:
     """gen's ModelDeployment; ``flip`` adds the default ``failureLimit: 0`` (a new spec, the
     same behaviour: a held spec is tried again only after a commit changes it); ``swap``:
-    the in-flight arm's config (20 instances, 5 tokens 100 ms apart)."""
+    the in-flight arm's config (20 instances, 5 tokens 100 ms apart); ``latency``: the two
+    latency checks (only with the probes, which alone judge them)."""
     tokens, token_ms = (SWAP_CONFIG_TOKENS, SWAP_TOKEN_MS) if swap else (TOKENS, TOKEN_MS)
     lines = [
         "apiVersion: triton-gitops.dev/v1alpha1",
@@ -156,7 +162,7 @@ def deployment_doc(
             "        - name: success-rate",
             f"          successRate: {{min: {MIN_SUCCESS:g}}}",
         ]
-        if probes:
+        if probes and latency:
             lines += [
                 "        - name: first-response",
                 f"          latency: {{maxIncrease: {LATENCY_MAX_INCREASE:g}}}",
@@ -254,8 +260,11 @@ class Bed:
     """Servers (one, or a and c behind an Envoy with ``pools``), a manifest remote, a
     reconciler."""
 
-    def __init__(self, root: Path, repository: Path, servers: int, pools: Sequence[str] = ()):
+    def __init__(
+        self, root: Path, repository: Path, servers: int, pools: Sequence[str], latency: bool
+    ) -> None:
         self.root, self.repository, self.pools = root, repository, tuple(pools)
+        self.latency = latency  # the latency checks in every analysis
         self.names = ("a", "c")[:servers]
         self.servers = [
             LocalTriton(repository, log_file=root / f"triton-{n}.log") for n in self.names
@@ -305,6 +314,7 @@ class Bed:
     def apply(self, version: int, message: str, **options: Any) -> tuple[CliRun, dict[str, Any]]:
         """Commit gen at ``version`` (``deployment_doc``'s options) and apply it."""
         self.flip = not self.flip
+        options.setdefault("latency", self.latency)
         self.repo.write("gen.yaml", deployment_doc(version, self.names, flip=self.flip, **options))
         self.repo.commit(message)
         run = self.reconciler.apply("--output", "json")
@@ -368,7 +378,9 @@ def good_rollout(bed: Bed, arm: str, index: int, old: int, burner: bool) -> dict
     }  # fmt: skip
     print(f"  {arm:<10} {index:>2} {old}->{new} burner {'on ' if burner else 'off'} exit "
           f"{run.code} {'converged' if converged else 'FALSE REVERT'}, {client['streams']} "
-          f"streams, failed {client['failed']}, cut {client['cut']}", file=sys.stderr)  # fmt: skip
+          f"streams, failed {client['failed']}, cut {client['cut']}"
+          + (f": {str(record['verdict'])[:300]}" if not converged else ""),
+          file=sys.stderr)  # fmt: skip
     return record
 
 
@@ -383,8 +395,8 @@ def bad_rollout(bed: Bed, arm: str, bad: Bad, index: int, old: int) -> dict[str,
     caught = run.code == 1 and all(s == {old} for s in serving)
     if caught:
         bed.settle(old)
-    else:  # not caught: the old version back
-        bed.deploy(old, traffic=traffic)
+    else:  # not caught: the old version back on every server, in place, the route as it is
+        bed.deploy(old, analysis=False)
     client = stream_figures(done["streams"], TOKENS, bad)
     record = {
         "arm": arm, "version": bad.version, "index": index, "exit": run.code, "caught": caught,
@@ -394,7 +406,8 @@ def bad_rollout(bed: Bed, arm: str, bad: Bad, index: int, old: int) -> dict[str,
     }  # fmt: skip
     print(f"  {arm:<16} {bad.version} ({index}) exit {run.code} "
           f"{'caught' if caught else 'NOT CAUGHT'} by {record['caught_by']}; affected "
-          f"{client['affected']} of {client['streams']}", file=sys.stderr)  # fmt: skip
+          f"{client['affected']} of {client['streams']}; serving after {record['serving_after']}: "
+          f"{record['verdict'][:200]}", file=sys.stderr)  # fmt: skip
     return record
 
 
@@ -432,6 +445,7 @@ def swap_in_flight(bed: Bed, index: int, old: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
+    latency = args.checks == "all"
     result: dict[str, Any] = {"good": [], "bad": [], "no_client": [], "swaps": []}
     info: dict[str, Any] = {}
     began = time.time()
@@ -448,7 +462,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "busy_processes_at_start": busy_processes()})  # fmt: skip
 
         if {"bad", "no-client", "swap"} & set(args.parts):
-            with Bed(root / "single", repository, 1) as bed:
+            with Bed(root / "single", repository, 1, (), latency) as bed:
                 note(bed)
                 print("one server: gen 1", file=sys.stderr)
                 bed.deploy(1, analysis=False)
@@ -471,7 +485,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             "new" if result["swaps"][-1]["exit"] == 0 else "old"
                         ]
         if "bad" in args.parts:
-            with Bed(root / "unending", repository, 1) as bed:
+            with Bed(root / "unending", repository, 1, (), latency) as bed:
                 note(bed)
                 print("a server of its own for gen 7", file=sys.stderr)
                 bed.deploy(1, analysis=False)
@@ -481,7 +495,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if "good" not in args.parts and (arm != "canary" or "bad" not in args.parts):
                 continue
             traffic = CANARY if arm == "canary" else BLUE_GREEN
-            with Bed(root / arm, repository, 2, pools) as bed:
+            with Bed(root / arm, repository, 2, pools, latency) as bed:
                 note(bed)
                 print(f"{arm}: servers a, c behind Envoy", file=sys.stderr)
                 bed.deploy(1, traffic=traffic)
@@ -504,6 +518,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "streaming",
         "command": " ".join(["python -m bench.streaming", *sys.argv[1:]]),
         "settings": {"quick": args.quick, "seed": args.seed, "parts": args.parts,
+                     "checks": args.checks,
                      "rollouts": args.rollouts, "bad_rollouts": args.bad_rollouts,
                      "no_client": args.no_client, "swaps": args.swaps,
                      "interval_s": INTERVAL_S, "duration_s": DURATION_S,
@@ -537,6 +552,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--seed", type=int, default=42, help="which good rollouts burn (default 42)"
     )
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument(
+        "--checks",
+        choices=("all", "success-rate"),
+        default="all",
+        help="the analysis's checks: all (success rate, first response, between responses; "
+        "the default) or the success rate alone",
+    )
     parser.add_argument(
         "--output", type=Path, default=RESULTS / "streaming.json", help="JSON result"
     )

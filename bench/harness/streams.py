@@ -50,7 +50,8 @@ def stream_figures(
             for s in streams
             if (s.versions and s.versions[0] == mark) or f"version {mark} " in (s.error or "")
         ]
-        late = [s for s in on_bad if s.error is None] if bad.effect == "slow" else []
+        whole = [s for s in on_bad if s.error is None and len(s.tokens) == tokens]
+        late = whole if bad.effect == "slow" else []
         figures |= {"on_bad": len(on_bad), "affected": len(failed) + len(cut) + len(late)}
     return figures
 
