@@ -356,7 +356,7 @@ def streamed_apply(
         time.sleep(WINDOW_TAIL_S)
     if not clients.streams:
         raise BenchError(f"no client stream ended around {message!r}")
-    return {"run": run, "report": report, "streams": clients.streams,
+    return {"run": run, "report": report, "streams": clients.streams, "ended": ended,
             "apply_seconds": round(ended - started, 3), "burner_use": use or None}  # fmt: skip
 
 
@@ -430,11 +430,19 @@ def swap_in_flight(bed: Bed, index: int, old: int) -> dict[str, Any]:
         analysis=False, swap=True,
     )  # fmt: skip
     run, report = done["run"], done["report"]
-    bed.settle(new if run.code == 0 else old)
+    # A failed unload (streams past its deadline) leaves the new version serving: settle there.
+    now = new if run.code == 0 or bed.serving() == [{new}] else old
+    bed.settle(now)
     client = stream_figures(done["streams"], SWAP_TOKENS)
-    on_old = sum(1 for s in done["streams"] if s.versions and s.versions[0] == str(old))
-    record = {"index": index, "old": old, "new": new, "exit": run.code, "client": client,
+    olds = [s for s in done["streams"] if s.versions and s.versions[0] == str(old)]
+    on_old = len(olds)
+    # When the last stream on the old version ended, in seconds before the apply's end: what
+    # of the unload's wait was for streams, and what for Triton ending the version.
+    last_old = round(done["ended"] - max(s.ended for s in olds), 3) if olds else None
+    record = {"index": index, "old": old, "new": new, "exit": run.code, "now": now,
+              "client": client,
               "streams_on_old": on_old, "unload": unload_wait(report),
+              "last_old_stream_ended_before_apply_end_s": last_old,
               "apply_seconds": done["apply_seconds"],
               "verdict": None if run.code == 0 else verdict_text(report)}  # fmt: skip
     print(f"  swap {index} {old}->{new} exit {run.code}, {client['streams']} streams "
@@ -481,9 +489,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     bed.deploy(serving, analysis=False, swap=True)
                     for i in range(args.swaps):
                         result["swaps"].append(swap_in_flight(bed, i, serving))
-                        serving = result["swaps"][-1][
-                            "new" if result["swaps"][-1]["exit"] == 0 else "old"
-                        ]
+                        serving = result["swaps"][-1]["now"]
         if "bad" in args.parts:
             with Bed(root / "unending", repository, 1, (), latency) as bed:
                 note(bed)

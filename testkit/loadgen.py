@@ -181,6 +181,7 @@ class Stream:
     tokens: tuple[int, ...]
     error: str | None
     first: float | None = None  # seconds to the first response (over gRPC)
+    ended: float = 0.0  # time.monotonic() when it ended (its final flag, error or cut)
 
 
 class StreamClient:
@@ -264,7 +265,7 @@ class StreamClient:
                 if response.parameters["triton_final_response"].bool_param:
                     break
             client.stop_stream()
-        return Stream(started, tuple(versions), tuple(tokens), error, first)
+        return Stream(started, tuple(versions), tuple(tokens), error, first, time.monotonic())
 
     def _event_stream(self) -> Stream:
         """One ``generate_stream`` request on a connection of its own. Triton 2.51 takes the
@@ -301,7 +302,7 @@ class StreamClient:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             connection.close()
-        return Stream(started, tuple(versions), tuple(tokens), error)
+        return Stream(started, tuple(versions), tuple(tokens), error, None, time.monotonic())
 
 
 def _put(events: queue.Queue[tuple[Any, Any]], result: Any, error: Any) -> None:
