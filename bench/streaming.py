@@ -45,11 +45,9 @@ end every analysis inconclusive, a good version's as a bad one's. Generations: 2
    2 -> 1) without analysis: streams cut, and the unload step's ``stream_wait_seconds``.
 
     python -m bench.streaming [--quick] [--rollouts N] [--bad-rollouts N] [--no-client N]
-        [--swaps N] [--seed S] [--parts ...] [--checks all|success-rate] [--output PATH]
-        [--report JSON]
+        [--swaps N] [--seed S] [--parts ...] [--arms ...] [--checks all|success-rate]
 
-``--checks success-rate``: every analysis with the success rate alone (no latency check),
-to see the client streams through the canary's steps when the latency checks revert first.
+``--checks success-rate``: every analysis with the success rate alone (no latency check).
 
 ``--quick``: 4 good rollouts, each bad version once, 2 without clients, 1 swap. Every
 process started here (tritonservers, Envoys, burners) is ended by its pid in ``finally``.
@@ -99,6 +97,9 @@ CANARY = (
 BLUE_GREEN = "{router: edge, strategy: blueGreen, pools: [blue, green], keepOld: 3s}"
 POOLS = {"canary": ("stable", "canary"), "blue-green": ("blue", "green")}
 PARTS = ("good", "bad", "no-client", "swap")
+ARMS = ("in-place", "canary", "blue-green", "envoy-probes-off", "envoy-probes-on")
+# Left UNLOADING for ever by Triton: 7 (no final flag); 3 once, after a canary with probes.
+STUCK = (3, 7)
 
 
 @dataclass(frozen=True)
@@ -229,15 +230,13 @@ def summarize(result: Mapping[str, Any]) -> dict[str, Any]:
             "no client: promoted on its probes' evidence": (
                 None if not quiet else all(r["passed"] for r in quiet)
             ),
-            "swap with 20 streams in flight: 0 cut, the unload waits": (
-                None
-                if not swaps
-                else all(
-                    s["client"]["cut"] + s["client"]["failed"] + s["client"]["mixed"] == 0
-                    and s["exit"] == 0
-                    and any((u["stream_wait_seconds"] or 0) > 0 for u in s["unload"])
-                    for s in swaps
-                )
+            "swap with 20 streams in flight: 0 cut, the unload waits": None
+            if not swaps
+            else all(
+                s["client"]["cut"] + s["client"]["failed"] + s["client"]["mixed"] == 0
+                and s["exit"] == 0
+                and any(u["stream_wait_seconds"] for u in s["unload"])
+                for s in swaps
             ),
         },
         "good_rollouts": len(good),
@@ -325,7 +324,7 @@ class Bed:
 
     def settle(self, version: int) -> None:
         for index in self.indexes:
-            index.settle(GENERATOR, version, timeout=90.0, stuck_unloading=(UNENDING,))
+            index.settle(GENERATOR, version, timeout=90.0, stuck_unloading=STUCK)
 
     def serving(self) -> list[set[int]]:
         return [index.ready(GENERATOR) for index in self.indexes]
@@ -454,7 +453,7 @@ def swap_in_flight(bed: Bed, index: int, old: int) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     latency = args.checks == "all"
-    result: dict[str, Any] = {"good": [], "bad": [], "no_client": [], "swaps": []}
+    result: dict[str, Any] = {"good": [], "bad": [], "no_client": [], "swaps": [], "stopped": []}
     info: dict[str, Any] = {}
     began = time.time()
     with tempfile.TemporaryDirectory(prefix="bench-streaming-") as tmp:
@@ -469,62 +468,75 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "other_tritonservers_at_start": other_tritonservers(pid),
                     "busy_processes_at_start": busy_processes()})  # fmt: skip
 
-        if {"bad", "no-client", "swap"} & set(args.parts):
+        def single() -> None:
             with Bed(root / "single", repository, 1, (), latency) as bed:
                 note(bed)
                 print("one server: gen 1", file=sys.stderr)
                 bed.deploy(1, analysis=False)
                 serving = 1
                 for i in range(args.no_client if "no-client" in args.parts else 0):
-                    result["no_client"].append(no_client_rollout(bed, i, serving))
-                    serving = result["no_client"][-1][
-                        "new" if result["no_client"][-1]["passed"] else "old"
-                    ]
-                for version in (3, 4, 5, 8) if "bad" in args.parts else ():
+                    quiet = no_client_rollout(bed, i, serving)
+                    result["no_client"].append(quiet)
+                    serving = quiet["new" if quiet["passed"] else "old"]
+                in_place = "bad" in args.parts and "in-place" in args.arms
+                for version in (3, 4, 5, 8) if in_place else ():
                     for i in range(args.bad_rollouts):
-                        result["bad"].append(
-                            bad_rollout(bed, "in-place", BADS[version], i, serving)
-                        )
+                        bad = bad_rollout(bed, "in-place", BADS[version], i, serving)
+                        result["bad"].append(bad)
                 if "swap" in args.parts:
                     bed.deploy(serving, analysis=False, swap=True)
                     for i in range(args.swaps):
                         result["swaps"].append(swap_in_flight(bed, i, serving))
                         serving = result["swaps"][-1]["now"]
-        if "bad" in args.parts:
+
+        def unending() -> None:
             with Bed(root / "unending", repository, 1, (), latency) as bed:
                 note(bed)
                 print("a server of its own for gen 7", file=sys.stderr)
                 bed.deploy(1, analysis=False)
                 for i in range(args.bad_rollouts):
                     result["bad"].append(bad_rollout(bed, "in-place", BADS[UNENDING], i, 1))
-        for arm, pools in POOLS.items():
-            if "good" not in args.parts and (arm != "canary" or "bad" not in args.parts):
-                continue
+
+        def routed(arm: str, pools: Sequence[str], probe_arms: Sequence[str]) -> None:
             traffic = CANARY if arm == "canary" else BLUE_GREEN
             with Bed(root / arm, repository, 2, pools, latency) as bed:
                 note(bed)
                 print(f"{arm}: servers a, c behind Envoy", file=sys.stderr)
                 bed.deploy(1, traffic=traffic)
                 serving = 1
-                count = args.rollouts // 2 if "good" in args.parts else 0
-                for i, burner in enumerate(burner_plan(count, rng)):
+                good = "good" in args.parts and arm in args.arms
+                for i, burner in enumerate(burner_plan(args.rollouts // 2 if good else 0, rng)):
                     record = good_rollout(bed, arm, i, serving, burner)
                     result["good"].append(record)
                     serving = record["old"] if record["false_revert"] else record["new"]
-                if arm == "canary" and "bad" in args.parts:
-                    for probes in ("envoy-probes-off", "envoy-probes-on"):
-                        for version in (3, 4, 5, 8):
-                            for i in range(args.bad_rollouts):
-                                result["bad"].append(
-                                    bad_rollout(bed, probes, BADS[version], i, serving)
-                                )
+                for probes in probe_arms:
+                    for version in (3, 4, 5, 8):
+                        for i in range(args.bad_rollouts):
+                            bad = bad_rollout(bed, probes, BADS[version], i, serving)
+                            result["bad"].append(bad)
+
+        in_place = "bad" in args.parts and "in-place" in args.arms
+        beds: list[tuple[str, Any]] = [("one server", single)] * bool(
+            in_place or {"no-client", "swap"} & set(args.parts)
+        ) + [("gen 7's server", unending)] * in_place
+        for arm, pools in POOLS.items():
+            probe_arms = [a for a in GOALS if a.startswith("envoy") and a in args.arms]
+            probe_arms = probe_arms if arm == "canary" and "bad" in args.parts else []
+            if ("good" in args.parts and arm in args.arms) or probe_arms:
+                beds.append((arm, lambda a=arm, p=pools, b=probe_arms: routed(a, p, b)))
+        for name, part in beds:
+            try:  # a bed that stops voids its own remaining rollouts, not the others' figures
+                part()
+            except BenchError as exc:
+                print(f"{name} stopped: {exc}", file=sys.stderr)
+                result["stopped"].append(f"{name}: {exc}")
     info |= {"load_average_at_end": os.getloadavg(), "busy_processes_at_end": busy_processes(),
              "wall_minutes": (time.time() - began) / 60}  # fmt: skip
     result |= {
         "benchmark": "streaming",
         "command": " ".join(["python -m bench.streaming", *sys.argv[1:]]),
         "settings": {"quick": args.quick, "seed": args.seed, "parts": args.parts,
-                     "checks": args.checks,
+                     "arms": args.arms, "checks": args.checks,
                      "rollouts": args.rollouts, "bad_rollouts": args.bad_rollouts,
                      "no_client": args.no_client, "swaps": args.swaps,
                      "interval_s": INTERVAL_S, "duration_s": DURATION_S,
@@ -558,6 +570,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--seed", type=int, default=42, help="which good rollouts burn (default 42)"
     )
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
     parser.add_argument(
         "--checks",
         choices=("all", "success-rate"),
