@@ -98,8 +98,7 @@ BLUE_GREEN = "{router: edge, strategy: blueGreen, pools: [blue, green], keepOld:
 POOLS = {"canary": ("stable", "canary"), "blue-green": ("blue", "green")}
 PARTS = ("good", "bad", "no-client", "swap")
 ARMS = ("in-place", "canary", "blue-green", "envoy-probes-off", "envoy-probes-on")
-# Left UNLOADING for ever by Triton: 7 (no final flag); 3 once, after a canary with probes.
-STUCK = (3, 7)
+STUCK = (3, 4, 5, 7, 8)  # Triton may leave these UNLOADING for ever: each bad rollout says which
 
 
 @dataclass(frozen=True)
@@ -256,8 +255,7 @@ def markdown(result: Mapping[str, Any]) -> str:
 
 
 class Bed:
-    """Servers (one, or a and c behind an Envoy with ``pools``), a manifest remote, a
-    reconciler."""
+    """Servers (one, or a and c behind an Envoy with ``pools``), Git remote, reconciler."""
 
     def __init__(
         self, root: Path, repository: Path, servers: int, pools: Sequence[str], latency: bool
@@ -401,6 +399,8 @@ def bad_rollout(bed: Bed, arm: str, bad: Bad, index: int, old: int) -> dict[str,
         "arm": arm, "version": bad.version, "index": index, "exit": run.code, "caught": caught,
         "caught_by": caught_by(report), "phase": phase(report), "verdict": verdict_text(report),
         "serving_after": [sorted(s) for s in serving], "apply_seconds": done["apply_seconds"],
+        "unloading_after": [sorted(v for v, st in i.states(GENERATOR).items()
+                                   if st == "UNLOADING") for i in bed.indexes],
         "client": client,
     }  # fmt: skip
     print(f"  {arm:<16} {bad.version} ({index}) exit {run.code} "
