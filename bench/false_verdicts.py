@@ -80,13 +80,11 @@ from __future__ import annotations
 import argparse
 import compileall
 import contextlib
-import json
 import math
 import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -95,17 +93,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.harness.burner import BURNER_LIMIT_S, burner_plan, burning
 from bench.harness.cli import markdown_main
 from bench.harness.errors import BenchError
-from bench.harness.procfs import cpu_seconds
 from bench.harness.provenance import busy_processes, machine, other_tritonservers, provenance
 from bench.harness.report import render
 from bench.harness.rollouts import smoke_case_lines
 from bench.harness.triton import Index
+from bench.harness.verdicts import caught_by, outcomes, phase, verdict_text
 from testkit.cli_run import CliRun, Reconciler
 from testkit.envoy import LocalEnvoy
 from testkit.loadgen import LoadGenerator, Sample
-from testkit.local_triton import LocalTriton, end_process_group
+from testkit.local_triton import LocalTriton
 from testkit.manifests import MODELS, ManifestRepo, server_doc, write_model_repository
 
 RESULTS = Path(__file__).parent / "results"
@@ -117,7 +116,6 @@ LATENCY_MAX_INCREASE = 0.5
 MIN_EVIDENCE = 10
 PACED_SLEEP_MS = 100
 BLAST_GOAL = 50  # failed client requests per bad rollout, at most
-BURNER_LIMIT_S = 180.0  # a burner process stops itself after this, whatever happens
 WINDOW_TAIL_S = 0.3  # client requests counted after the apply's end
 RAISING = 90  # echo's version from this benchmark's own model: raises on every request
 STUCK_UNLOADING = (RAISING,)  # Triton 2.51 never finishes unloading a version that raised
@@ -163,14 +161,6 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=[output]))
         return responses
 '''
-
-BURNER_CODE = (
-    "import sys, time\n"
-    "end = time.monotonic() + float(sys.argv[1])\n"
-    "while time.monotonic() < end:\n"
-    "    pass\n"
-)
-
 
 # -- the arms and the bad versions --------------------------------------------------------------
 
@@ -266,14 +256,6 @@ def good_counts(total: int, arms: Sequence[Arm]) -> dict[str, int]:
         share = total * arm.weight / weights
         counts[arm.name] = max(2, 2 * math.ceil(share / 2 - 1e-9))
     return counts
-
-
-def burner_plan(count: int, rng: random.Random) -> list[bool]:
-    """Which of ``count`` rollouts run with the burner: half of them (the extra one of an
-    odd count without), in an order ``rng`` shuffles."""
-    flags = [False] * (count - count // 2) + [True] * (count // 2)
-    rng.shuffle(flags)
-    return flags
 
 
 # -- the manifests ------------------------------------------------------------------------------
@@ -480,79 +462,6 @@ def evidence(report: Mapping[str, Any], min_evidence: int = MIN_EVIDENCE) -> dic
     return {"evidence": least, "min": min_evidence, "margin": least - min_evidence}
 
 
-def outcomes(report: Mapping[str, Any]) -> dict[str, str]:
-    result = report.get("result") or {}
-    return {f"{c['server']}/{c['model']}": c["outcome"] for c in result.get("changes", [])}
-
-
-def _unconverged(report: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The changes that did not converge, the ones that failed first (reverted, failed),
-    then those skipped because another server's failure stopped the rollout."""
-    result = report.get("result") or {}
-    changes = [c for c in result.get("changes", []) if c.get("outcome") != "converged"]
-    return sorted(changes, key=lambda c: c.get("outcome") == "skipped")
-
-
-def phase(report: Mapping[str, Any]) -> str | None:
-    """In a traffic rollout, the route its failing change had last set (the reason of its
-    last route step that succeeded: the phase the analysis failed under); None outside one."""
-    for change in _unconverged(report):
-        routes = [s for s in change.get("steps", []) if s.get("action") == "route" and s.get("ok")]
-        if routes:
-            return str(routes[-1].get("reason", ""))
-    return None
-
-
-def verdict_text(report: Mapping[str, Any], limit: int = 400) -> str:
-    """Why an apply did not converge, in the reconciler's words: each change that failed and
-    its error (the servers skipped because of it, by name), the plan's problems."""
-    parts = []
-    skipped = []
-    for change in _unconverged(report):
-        if change.get("outcome") == "skipped" and parts:
-            skipped.append(str(change["server"]))
-            continue
-        error = (change.get("error") or "").strip()
-        parts.append(f"{change['server']}: {change.get('outcome')}: {error}"[:limit])
-    if skipped:
-        parts.append(f"skipped: {', '.join(skipped)}")
-    for problem in report.get("problems", []):
-        parts.append(f"problem: {problem.get('message', '')}"[:limit])
-    return " | ".join(parts)
-
-
-def caught_by(report: Mapping[str, Any]) -> str:
-    """The rule that stopped a rollout: a plan problem (refused before any load), a failed
-    verify, the early abort, or an evaluation's failing checks; "not caught" otherwise."""
-    result = report.get("result") or {}
-    changes = result.get("changes", [])
-    if not changes and report.get("problems"):
-        message = report["problems"][0].get("message", "")
-        kind = "interface change" if "interface" in message else "plan problem"
-        return f"refused before any load ({kind})"
-    for change in _unconverged(report):
-        failed = next((s for s in change.get("steps", []) if not s.get("ok", True)), None)
-        action = failed.get("action") if failed else None
-        if action == "verify":
-            error = (failed or {}).get("error") or ""
-            return "verify: smoke case" if "smoke" in error else "verify"
-        evaluations = (change.get("analysis") or {}).get("evaluations", [])
-        if action == "analyze" and evaluations:
-            last = evaluations[-1]
-            failing = [c for c in last.get("checks", []) if c.get("verdict") == "fail"]
-            if last.get("aborted"):
-                detail = " ".join(c.get("detail") or "" for c in last.get("checks", []))
-                if "in a row" in detail:
-                    return "early abort: probes in a row"
-                return "early abort: rate"
-            if failing:
-                names = ", ".join(c.get("check", "?") for c in failing)
-                return f"evaluation {last.get('index', 0) + 1}: {names}"
-            return f"analysis {(change.get('analysis') or {}).get('verdict')}"
-        return f"{action or change.get('outcome')} step"
-    return "not caught"
-
-
 def client_figures(
     samples: Sequence[Sample], since: float, until: float, effect: str, version: int
 ) -> dict[str, Any]:
@@ -684,63 +593,6 @@ def write_section(result: Mapping[str, Any], path: Path) -> None:
     """The Markdown section, written to ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(markdown(result))
-
-
-# -- the machine --------------------------------------------------------------------------------
-
-
-@dataclass
-class Burner:
-    """One busy-loop process per core while on; each stops itself after ``limit_s``."""
-
-    cores: int
-    limit_s: float = BURNER_LIMIT_S
-    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    started: float = 0.0
-
-    def start(self) -> None:
-        self.started = time.monotonic()
-        for _ in range(self.cores):
-            self.processes.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", BURNER_CODE, f"{self.limit_s:g}"],
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
-
-    def stop(self) -> dict[str, float] | None:
-        """End every process by its pid; how many cores they held on average."""
-        if not self.processes:
-            return None
-        wall = time.monotonic() - self.started
-        used = 0.0
-        for process in self.processes:
-            with contextlib.suppress(OSError):
-                used += cpu_seconds(process.pid)[0]
-        for process in self.processes:
-            end_process_group(process, 2.0)
-        self.processes = []
-        return {"seconds": round(wall, 3), "cpu_seconds": round(used, 3),
-                "cores": round(used / wall, 3) if wall > 0 else 0.0}  # fmt: skip
-
-
-@contextlib.contextmanager
-def burning(on: bool, use: dict[str, Any]) -> Iterator[None]:
-    """The burner for the block when ``on``; what it held goes into ``use``."""
-    if not on:
-        yield
-        return
-    burner = Burner(os.cpu_count() or 1)
-    try:
-        burner.start()
-        yield
-    finally:
-        held = burner.stop()
-        if held:
-            use.update(held)
 
 
 # -- the run ------------------------------------------------------------------------------------
@@ -1120,11 +972,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    code = markdown_main(args, run, markdown)
-    if code == 0 and args.report is None:
-        write_section(json.loads(args.output.read_text()), args.output.with_suffix(".md"))
-    return code
+    return markdown_main(parse_args(argv), run, markdown, beside=True)
 
 
 if __name__ == "__main__":

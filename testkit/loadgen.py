@@ -181,6 +181,7 @@ class Stream:
     tokens: tuple[int, ...]
     error: str | None
     first: float | None = None  # seconds to the first response (over gRPC)
+    ended: float = 0.0  # time.monotonic() when it ended (its final flag, error or cut)
 
 
 class StreamClient:
@@ -188,15 +189,24 @@ class StreamClient:
     over gRPC ModelStreamInfer, each stream on a client of its own (a new connection: a
     router places it anew), unversioned; every stream recorded (``Stream``). With ``sse``,
     ``address`` is Triton's HTTP API (or a router's listener for it) and each generation is
-    one HTTP ``generate_stream`` request, answered in server-sent events."""
+    one HTTP ``generate_stream`` request, answered in server-sent events. ``tokens``: the
+    request parameter of the test generator (gRPC only), a generation's length for these
+    clients alone (the model's config sets it for every other caller)."""
 
     def __init__(
-        self, address: str, model: str, threads: int = 1, sse: bool = False, varied: bool = False
+        self,
+        address: str,
+        model: str,
+        threads: int = 1,
+        sse: bool = False,
+        varied: bool = False,
+        tokens: int | None = None,
     ) -> None:
         self.address, self.model, self.sse = address, model, sse
         # ``varied``: prompt [n] for the n-th stream (over gRPC), not [1, 2, 3] every time.
         self.varied = varied
         self._numbers = itertools.count()
+        self.parameters = {"tokens": tokens} if tokens is not None else None
         self.streams: list[Stream] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -232,7 +242,12 @@ class StreamClient:
         with triton_grpc.InferenceServerClient(self.address) as client:
             # tritonclient calls back with keywords: result=, error=.
             client.start_stream(callback=partial(_put, events))
-            client.async_stream_infer(self.model, [prompt], enable_empty_final_response=True)
+            client.async_stream_infer(
+                self.model,
+                [prompt],
+                parameters=self.parameters,
+                enable_empty_final_response=True,
+            )
             while True:
                 try:
                     result, failed = events.get(timeout=30)
@@ -250,7 +265,7 @@ class StreamClient:
                 if response.parameters["triton_final_response"].bool_param:
                     break
             client.stop_stream()
-        return Stream(started, tuple(versions), tuple(tokens), error, first)
+        return Stream(started, tuple(versions), tuple(tokens), error, first, time.monotonic())
 
     def _event_stream(self) -> Stream:
         """One ``generate_stream`` request on a connection of its own. Triton 2.51 takes the
@@ -287,7 +302,7 @@ class StreamClient:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             connection.close()
-        return Stream(started, tuple(versions), tuple(tokens), error)
+        return Stream(started, tuple(versions), tuple(tokens), error, None, time.monotonic())
 
 
 def _put(events: queue.Queue[tuple[Any, Any]], result: Any, error: Any) -> None:

@@ -12,5 +12,8 @@ and ``testkit`` only: never each other, never ``tests``.
 - ``stats``: percentiles, summaries, slopes, a paired bootstrap;
 - ``report``: Markdown and fixed-width tables;
 - ``cli``: what every ``main`` does around its run;
+- ``burner``: a CPU burner, one busy loop per core, around a measured step;
+- ``verdicts``: what an ``apply --output json`` report says about a rollout;
+- ``streams``: what a streaming rollout's client streams and report say;
 - ``errors``: ``BenchError``, the run is void.
 """

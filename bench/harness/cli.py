@@ -48,9 +48,12 @@ def markdown_main(
     args: argparse.Namespace,
     run: Callable[[argparse.Namespace], dict[str, Any]],
     markdown: Callable[[dict[str, Any]], str],
+    *,
+    beside: bool = False,
 ) -> int:
     """The ``main`` of a scenario whose report is a Markdown section: with ``--report JSON``
-    the section again from a saved result; else run, save the JSON, print the section."""
+    the section again from a saved result; else run, save the JSON, print the section (and
+    with ``beside``, write it next to the JSON: ``<output>.md``)."""
     if args.report is not None:
         print(markdown(read_json(args.report)))
         return 0
@@ -59,6 +62,10 @@ def markdown_main(
     if result is None:
         return 1
     write_json(args.output, result)
-    print(markdown(result))
+    section = markdown(result)
+    if beside:
+        text = section if section.endswith("\n") else section + "\n"
+        args.output.with_suffix(".md").write_text(text)
+    print(section)
     print(f"JSON result: {args.output}", file=sys.stderr)
     return 0
