@@ -48,7 +48,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -111,6 +111,27 @@ def binomial_caught(p: float, n: int, min_agreement: float) -> float:
     return 1.0 - below
 
 
+def outcome_recorder() -> tuple[
+    list[tuple[bool, bool]], threading.Lock, Callable[[str, str], None]
+]:
+    """Every comparison the comparator's observer hears of, as (the candidate disagreed, the
+    serving version disagreed with itself), in order; the lock that guards the list; the
+    observer to give ``LiveComparator``."""
+    outcomes: list[tuple[bool, bool]] = []
+    lock = threading.Lock()
+
+    def observe(_deployment: str, outcome: str) -> None:
+        with lock:
+            if outcome == "compared":
+                outcomes.append((False, False))
+            elif outcome == "candidate_disagreed":
+                outcomes[-1] = (True, outcomes[-1][1])
+            elif outcome == "noise":
+                outcomes[-1] = (outcomes[-1][0], True)
+
+    return outcomes, lock, observe
+
+
 def smallest(caught: dict[int, float], share: float = 0.95) -> int | None:
     return next((n for n in sorted(caught) if caught[n] >= share), None)
 
@@ -145,18 +166,7 @@ def catch_run(
 ) -> dict[str, Any]:
     _load(stable, {"scale": "1"}, [1])
     _load(canary, {"scale": "1", "skew_every": "2:50"}, [1, 2])
-    outcomes: list[tuple[bool, bool]] = []
-    lock = threading.Lock()
-
-    def observe(_deployment: str, outcome: str) -> None:
-        with lock:
-            if outcome == "compared":
-                outcomes.append((False, False))
-            elif outcome == "candidate_disagreed":
-                outcomes[-1] = (True, outcomes[-1][1])
-            elif outcome == "noise":
-                outcomes[-1] = (outcomes[-1][0], True)
-
+    outcomes, lock, observe = outcome_recorder()
     comparator = LiveComparator(listen, observe)
     spec = LiveShadow(share=10_000, tolerance=Tolerance(rtol=1e-4), rate=200, max_share=1.0)
     target = ShadowTarget("echo", "echo", (canary,), 1, (canary,), 2, spec, "canary")

@@ -41,7 +41,6 @@ import math
 import multiprocessing
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -50,13 +49,21 @@ import tritonclient.grpc as triton_grpc
 
 from bench.harness.provenance import host, provenance
 from bench.harness.stats import percentile
-from bench.shadow import AGREEMENTS, SIZES, _router, binomial_caught, caught_share, smallest
+from bench.shadow import (
+    AGREEMENTS,
+    SIZES,
+    _router,
+    binomial_caught,
+    caught_share,
+    outcome_recorder,
+    smallest,
+)
 from reconciler.adapters.comparator import LiveComparator
 from reconciler.model.shadow import LiveShadow, ShadowTarget
 from testkit.envoy import LocalEnvoy
 from testkit.loadgen import StreamClient
 from testkit.local_triton import LocalTriton, free_port
-from testkit.manifests import GENERATOR, write_generator_repository
+from testkit.manifests import GENERATOR, generator_config, write_generator_repository
 
 TOKENS = "30"
 NOISY_AGREEMENTS = (0.99, 0.95, 0.9)
@@ -64,16 +71,7 @@ WINDOW = 100  # comparisons a shadow phase's minRequests would judge
 
 
 def _load(address: str, versions: list[int], noise: str = "0") -> None:
-    config = {
-        "backend": "python",
-        "max_batch_size": 0,
-        "model_transaction_policy": {"decoupled": True},
-        "input": [{"name": "PROMPT", "data_type": "TYPE_INT32", "dims": [-1]}],
-        "output": [{"name": "TOKEN", "data_type": "TYPE_INT32", "dims": [1]}],
-        "instance_group": [{"kind": "KIND_CPU", "count": 2}],
-        "parameters": {"tokens": {"string_value": TOKENS}, "noise": {"string_value": noise}},
-        "version_policy": {"specific": {"versions": versions}},
-    }
+    config = generator_config(versions, {"tokens": TOKENS, "noise": noise}, instances=2)
     with triton_grpc.InferenceServerClient(address) as client:
         client.load_model(GENERATOR, config=json.dumps(config))
 
@@ -83,18 +81,7 @@ def _compare(
 ) -> tuple[list[tuple[bool, bool]], dict[str, Any], str]:
     """Every mirrored stream compared until ``count`` are: each (the candidate disagreed,
     the serving version disagreed with itself), the comparator's counts, the first reason."""
-    outcomes: list[tuple[bool, bool]] = []
-    lock = threading.Lock()
-
-    def observe(_deployment: str, outcome: str) -> None:
-        with lock:
-            if outcome == "compared":
-                outcomes.append((False, False))
-            elif outcome == "candidate_disagreed":
-                outcomes[-1] = (True, outcomes[-1][1])
-            elif outcome == "noise":
-                outcomes[-1] = (outcomes[-1][0], True)
-
+    outcomes, lock, observe = outcome_recorder()
     comparator = LiveComparator(listen, observe)
     spec = LiveShadow(share=10_000, rate=200, max_share=1.0, timeout=10.0)
     target = ShadowTarget(GENERATOR, GENERATOR, (canary,), 1, (canary,), candidate, spec, "canary")

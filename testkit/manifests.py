@@ -13,8 +13,9 @@ import compileall
 import shutil
 import subprocess
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 MODELS = Path(__file__).resolve().parent / "models"
 # Versions written for every test model; see model.py for how 3, 4, 5, 6 and 9 misbehave.
@@ -177,6 +178,25 @@ ECHO_CONFIG = {
     "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1, 4]}],
     "instance_group": [{"kind": "KIND_CPU", "count": 1}],
 }
+
+
+def generator_config(
+    versions: Sequence[int], parameters: Mapping[str, str], instances: int = 1
+) -> dict[str, Any]:
+    """The streaming test model's config in Triton's JSON form, whole (a load's config
+    replaces config.pbtxt whole: triton-on-cpu.md), with ``parameters`` (``tokens``,
+    ``token_ms``...: models/gen/model.py), ``instances`` model instances (a Python generator
+    runs one request at a time per instance) and ``versions`` loaded."""
+    return {
+        "backend": "python",
+        "max_batch_size": 0,
+        "model_transaction_policy": {"decoupled": True},
+        "input": [{"name": "PROMPT", "data_type": "TYPE_INT32", "dims": [-1]}],
+        "output": [{"name": "TOKEN", "data_type": "TYPE_INT32", "dims": [1]}],
+        "instance_group": [{"kind": "KIND_CPU", "count": instances}],
+        "parameters": {k: {"string_value": v} for k, v in parameters.items()},
+        "version_policy": {"specific": {"versions": list(versions)}},
+    }
 
 
 def router_doc(admin_url: str, pools: dict[str, list[str]], comparator: str | None = None) -> str:

@@ -219,7 +219,7 @@ def judged_by_probes(
 
 
 BETWEEN = "a streaming model: time between responses, the median of each probe stream"
-FIRST_RESPONSE, BETWEEN_RESPONSES = "firstResponse", "betweenResponses"  # Check.of
+BETWEEN_RESPONSES = "betweenResponses"  # Check.of; its default, "firstResponse", is the schema's
 
 
 def between_responses_check(

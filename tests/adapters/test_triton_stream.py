@@ -17,9 +17,12 @@ from reconciler.adapters.triton import TritonServerClient
 from reconciler.model.errors import StreamCut
 from reconciler.model.spec import Tensor
 from testkit.local_triton import LocalTriton
-from testkit.manifests import GENERATOR, write_generator_repository
+from testkit.manifests import GENERATOR, generator_config, write_generator_repository
 
 pytestmark = pytest.mark.triton
+
+# 100 tokens 50 ms apart: a 5 s stream, still going when the server dies.
+LONG = generator_config([1], {"tokens": "100", "token_ms": "50"})
 
 
 def test_a_server_that_dies_mid_stream_cuts_the_stream(tmp_path: Path) -> None:
@@ -27,7 +30,7 @@ def test_a_server_that_dies_mid_stream_cuts_the_stream(tmp_path: Path) -> None:
     server = LocalTriton(models, log_file=tmp_path / "triton.log").start()
     try:
         with triton_grpc.InferenceServerClient(server.grpc_address) as client:
-            client.load_model(GENERATOR, config=json.dumps(_config()))
+            client.load_model(GENERATOR, config=json.dumps(LONG))
         outcome: list[BaseException | object] = []
 
         def stream() -> None:
@@ -49,16 +52,3 @@ def test_a_server_that_dies_mid_stream_cuts_the_stream(tmp_path: Path) -> None:
         assert "server edge-a" in str(ended) and "closed after" in str(ended), str(ended)
     finally:
         server.stop()
-
-
-def _config() -> dict[str, object]:
-    return {
-        "backend": "python",
-        "max_batch_size": 0,
-        "model_transaction_policy": {"decoupled": True},
-        "input": [{"name": "PROMPT", "data_type": "TYPE_INT32", "dims": [-1]}],
-        "output": [{"name": "TOKEN", "data_type": "TYPE_INT32", "dims": [1]}],
-        "parameters": {"tokens": {"string_value": "100"}, "token_ms": {"string_value": "50"}},
-        "version_policy": {"specific": {"versions": [1]}},
-        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
-    }

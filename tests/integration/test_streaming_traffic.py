@@ -41,6 +41,7 @@ from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import (
     GENERATOR,
     ManifestRepo,
+    generator_config,
     router_doc,
     server_doc,
     write_generator_repository,
@@ -75,20 +76,9 @@ class Pools:
 
 
 def _load(server: LocalTriton, version: int, parameters: dict[str, str]) -> None:
-    # A load's config replaces config.pbtxt whole (triton-on-cpu.md): all of it, as the
-    # reconciler sends it.
-    config = {
-        "backend": "python",
-        "max_batch_size": 0,
-        "model_transaction_policy": {"decoupled": True},
-        "input": [{"name": "PROMPT", "data_type": "TYPE_INT32", "dims": [-1]}],
-        "output": [{"name": "TOKEN", "data_type": "TYPE_INT32", "dims": [1]}],
-        # Four instances: a Python generator runs one request at a time per instance, and
-        # eight clients (gRPC and SSE) stream through one pool at 0% and 100%.
-        "instance_group": [{"kind": "KIND_CPU", "count": 4}],
-        "parameters": {k: {"string_value": v} for k, v in parameters.items()},
-        "version_policy": {"specific": {"versions": [version]}},
-    }
+    # Four instances: a Python generator runs one request at a time per instance, and eight
+    # clients (gRPC and SSE) stream through one pool at 0% and 100%.
+    config = generator_config([version], parameters, instances=4)
     with triton_grpc.InferenceServerClient(server.grpc_address) as client:
         client.load_model(GENERATOR, config=json.dumps(config))
 
@@ -221,10 +211,17 @@ def _deployment(version: int, traffic: str = CANARY) -> str:
 
 
 def _applied(
-    pools: Pools, manifests: ManifestRepo, workdir: Path, traffic: str = CANARY
+    pools: Pools,
+    manifests: ManifestRepo,
+    workdir: Path,
+    traffic: str = CANARY,
+    first: str | None = None,
+    compared: bool = False,
 ) -> Reconciler:
     """gen 1 deployed by the reconciler on both servers, from nothing loaded, the route at
-    rest on stable: the reconciler that applied it."""
+    rest on stable: the reconciler that applied it. ``first``: the deployment applied
+    (``_deployment(1, traffic)`` by default); ``compared``: the Router names the comparator
+    cluster and the reconciler listens for it."""
     pools.weights(0)
     for name, server in (("a", pools.stable), ("c", pools.canary)):
         with triton_grpc.InferenceServerClient(server.grpc_address) as client:
@@ -235,14 +232,14 @@ def _applied(
                 name, server.grpc_address, server.model_repository, metrics=server.metrics_url
             ),
         )
-    manifests.write(
-        "router.yaml", router_doc(pools.envoy.admin_url, {"stable": ["a"], "canary": ["c"]})
-    )
-    manifests.write("gen.yaml", _deployment(1, traffic))
+    comparator = "comparator" if compared else None
+    pool_servers = {"stable": ["a"], "canary": ["c"]}
+    manifests.write("router.yaml", router_doc(pools.envoy.admin_url, pool_servers, comparator))
+    manifests.write("gen.yaml", first or _deployment(1, traffic))
     manifests.commit("gen 1 through the router")
     reconciler = Reconciler(manifests.url, workdir)
-    first = reconciler.apply()
-    assert first.code == 0, first.explain()
+    first_pass = reconciler.apply(*(("--comparator-listen", pools.listen) if compared else ()))
+    assert first_pass.code == 0, first_pass.explain()
     return reconciler
 
 
@@ -467,25 +464,9 @@ def test_live_streams_mirrored_by_envoy_are_compared_and_a_divergent_candidate_i
     once and compares the generations. Version 10, whose generation changes from token 20
     on for one prompt in ten, is caught in the shadow phase: no client stream reaches
     the canary pool, none fails, and the report says where the generations diverged."""
-    pools.weights(0)
-    for name, server in (("a", pools.stable), ("c", pools.canary)):
-        with triton_grpc.InferenceServerClient(server.grpc_address) as client:
-            client.unload_model(GENERATOR)
-        manifests.write(
-            f"servers/{name}.yaml",
-            server_doc(
-                name, server.grpc_address, server.model_repository, metrics=server.metrics_url
-            ),
-        )
-    manifests.write(
-        "router.yaml",
-        router_doc(pools.envoy.admin_url, {"stable": ["a"], "canary": ["c"]}, "comparator"),
+    reconciler = _applied(
+        pools, manifests, tmp_path / "reconciler", first=_shadowed(1), compared=True
     )
-    manifests.write("gen.yaml", _shadowed(1))
-    manifests.commit("gen 1 through the router, shadowed")
-    reconciler = Reconciler(manifests.url, tmp_path / "reconciler")
-    first = reconciler.apply("--comparator-listen", pools.listen)
-    assert first.code == 0, first.explain()
     manifests.write("gen.yaml", _shadowed(10))
     manifests.commit("gen 10")
     with StreamClient(pools.envoy.address, GENERATOR, threads=4, varied=True) as clients:
