@@ -61,6 +61,7 @@ from bench.harness.provenance import host, provenance
 from bench.harness.stats import percentile
 from reconciler.adapters.comparator import LiveComparator
 from reconciler.adapters.envoy import EnvoyRouter
+from reconciler.core.comparison import beyond_noise
 from reconciler.model.settings import AnalysisSettings
 from reconciler.model.shadow import LiveShadow, ShadowTarget, Tolerance
 from reconciler.model.source import Source
@@ -84,12 +85,12 @@ AGREEMENTS = (0.99, 0.995)
 
 
 def caught_share(outcomes: Sequence[tuple[bool, bool]], n: int, min_agreement: float) -> float:
-    """The share of the windows of ``n`` consecutive comparisons (every start) that the rule
-    fails: (candidate disagreements - noise disagreements) / n above 1 - min_agreement. Each
-    outcome is (the candidate disagreed, the serving version disagreed with itself)."""
+    """The share of the windows of ``n`` consecutive comparisons (every start) that the
+    reconciler's rule fails (``core.comparison.beyond_noise``: the candidate's disagreements
+    beyond the noise's, against 1 - min_agreement and the noise's chance). Each outcome is
+    (the candidate disagreed, the serving version disagreed with itself)."""
     if len(outcomes) < n:
         return math.nan
-    budget = 1.0 - min_agreement
     candidate = [0] + [0] * len(outcomes)
     noise = [0] + [0] * len(outcomes)
     for i, (c, s) in enumerate(outcomes):
@@ -97,7 +98,7 @@ def caught_share(outcomes: Sequence[tuple[bool, bool]], n: int, min_agreement: f
         noise[i + 1] = noise[i] + s
     windows = len(outcomes) - n + 1
     failed = sum(
-        (candidate[i + n] - candidate[i] - noise[i + n] + noise[i]) / n > budget + 1e-12
+        beyond_noise(candidate[i + n] - candidate[i], noise[i + n] - noise[i], n, min_agreement)
         for i in range(windows)
     )
     return failed / windows

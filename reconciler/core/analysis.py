@@ -161,6 +161,7 @@ def evaluate(
     latency_from: Figures | None = None,
     pinned: ProbeFigures | None = None,
     pinned_why: str = PINNED,
+    uneven: str | None = None,
     latency_probes: ProbeFigures | None = None,
     latency_pending: bool = False,
     memory_pending: bool = False,
@@ -173,7 +174,8 @@ def evaluate(
     fresh version's cold first requests, the first probes among them, are not its steady
     latency, and one noisy second is not a slower version). ``pinned``: the probes so far,
     when the new versions see only version-pinned requests, or stream: latency is judged by
-    them (``pinned_why`` says which).
+    them (``pinned_why`` says which); ``uneven``: why those probes of new and old do not
+    compare (``core.latency.uneven_load``), for the time to the first response.
     ``latency_probes``: the probes since the first volley, which must confirm a latency
     increase measured on the counters; ``latency_pending``:
     the evaluation before measured an increase the probes could not confirm yet (a second
@@ -223,7 +225,9 @@ def evaluate(
             )
         elif check.kind == "latency" and pinned is not None:
             results.append(
-                pinned_latency_check(check, pinned, pinned_why, latency_pending, at < spec.duration)
+                pinned_latency_check(
+                    check, pinned, pinned_why, latency_pending, at < spec.duration, uneven
+                )
             )
         elif check.kind == "latency":
             results.append(
@@ -276,27 +280,28 @@ def judge(
         return RolloutVerdict.INCONCLUSIVE
     if elapsed < spec.duration:
         return RolloutVerdict.RUNNING
-    if not any(e.verdict is Verdict.PASS for e in counted):
-        return RolloutVerdict.INCONCLUSIVE
-    if unconfirmed(spec, counted[-1]) and elapsed < spec.duration * (1 + EVIDENCE_EXTENSION):
-        # The last evaluation measured a latency increase or a host memory growth beyond
-        # the bound that waits for confirmation: the next one confirms it (a failure) or
-        # not, never the clock.
-        return RolloutVerdict.RUNNING
-    if awaiting_probes(counted[-1]) and elapsed < spec.duration * (1 + EVIDENCE_EXTENSION):
+    extended = elapsed < spec.duration * (1 + EVIDENCE_EXTENSION)
+    if counted and awaiting_probes(counted[-1]) and extended:
         # A latency check judged by the probes alone has not had enough of them yet (a
         # streaming model's long generations, paced by maxShare): watched on for at most
         # another ``duration``, then passed with the check shown skipped. Ending it
         # inconclusive instead reverted every good canary of a streaming model at its
-        # no-traffic phase, one interval long (bench.streaming, 20 of 20).
+        # no-traffic phase, one interval long (bench.streaming, 20 of 20); so did ending it
+        # for want of a passed evaluation when that interval's window held no counted probe
+        # yet (its first volley left out, a rollback's probes each after a wake-up).
+        return RolloutVerdict.RUNNING
+    if not any(e.verdict is Verdict.PASS for e in counted):
+        return RolloutVerdict.INCONCLUSIVE
+    if unconfirmed(spec, counted[-1]) and extended:
+        # The last evaluation measured a latency increase or a host memory growth beyond
+        # the bound that waits for confirmation: the next one confirms it (a failure) or
+        # not, never the clock.
         return RolloutVerdict.RUNNING
     if evidence is not None and evidence < spec.min_evidence:
         # Every evaluation passed but too few requests reached the new versions: a slow
         # model's probes, or a quiet hour's clients, may need longer. Watched on, evaluation
         # by evaluation, for at most another ``duration`` (EVIDENCE_EXTENSION).
-        if elapsed < spec.duration * (1 + EVIDENCE_EXTENSION):
-            return RolloutVerdict.RUNNING
-        return RolloutVerdict.INCONCLUSIVE
+        return RolloutVerdict.RUNNING if extended else RolloutVerdict.INCONCLUSIVE
     return RolloutVerdict.PASSED
 
 

@@ -9,7 +9,8 @@ cache) and NVIDIA Polygraphy's tensor tolerances (per-output absolute and relati
 tolerance). Per output: floating-point values agree within ``atol + rtol * |primary|``
 (numpy's isclose rule), integers, booleans and strings exactly, and an output declared a
 classification (``top_k``) agrees when its k highest-scoring classes are the same set. The
-verdict is the candidate's disagreement rate minus the noise rate, against a budget; latency
+verdict is the candidate's disagreement rate minus the noise rate, against a budget widened
+by the chance of two noisy counts (``NOISE_Z``); latency
 is compared on quantiles (p50, p95, p99) of the calls, interleaved as they were made.
 
 A serving version noisier than the declared tolerance disagrees with itself on most
@@ -53,6 +54,15 @@ ROLES = ("primary", "secondary", "candidate")
 # 5% off) lies far beyond it.
 NOISE_QUANTILE = 0.99
 NOISE_MARGIN = 2.0
+# The serving version's disagreements with itself are a count, and so is the candidate's: two
+# such counts from one nondeterministic generation differ by chance. A candidate fails only
+# when its disagreement exceeds the noise by more than the budget plus NOISE_Z standard
+# errors of that chance difference (for two counts each about the noise count k, the
+# difference's variance is about 2k): one-sided 99%. A generation that changed one token in
+# 10% of streams on both sides disagreed on about 19% a side, and the difference of two such
+# rates over 100 streams failed 6 of 20 windows against a 1% budget (bench.stream_shadow). A
+# deterministic model (k = 0) is judged exactly as before.
+NOISE_Z = 2.326
 # At the declared tolerance, a serving version that disagrees with itself on this share of
 # requests or more leaves no room to judge a pass.
 SATURATED = 0.95
@@ -265,6 +275,11 @@ class NoiseDiscount:
     def excess(self) -> float:
         return (self.candidate_count - self.noise_count) / self.requests if self.requests else 0.0
 
+    @property
+    def chance(self) -> float:
+        """How far the excess may lie above zero by the noise alone (``NOISE_Z``)."""
+        return noise_margin(self.noise_count, self.requests)
+
     def __str__(self) -> str:
         floors = ", ".join(
             f"{name} counted by how often it differs"
@@ -273,6 +288,24 @@ class NoiseDiscount:
             for name, size in sorted(self.learned.items())
         )
         return f"the serving version's own differences discounted: {floors}" if floors else ""
+
+
+def noise_margin(noise_count: int, requests: int) -> float:
+    """The excess disagreement the serving version's own ``noise_count`` disagreements in
+    ``requests`` can make by chance (``NOISE_Z`` standard errors); 0 without noise."""
+    return NOISE_Z * math.sqrt(2.0 * noise_count) / requests if requests else 0.0
+
+
+def beyond_noise(
+    candidate_count: int, noise_count: int, requests: int, min_agreement: float
+) -> bool:
+    """The rule: the candidate's disagreements beyond the serving version's own, over
+    ``requests``, exceed the budget ``1 - min_agreement`` by more than the noise's chance
+    (``noise_margin``)."""
+    if not requests:
+        return False
+    excess = (candidate_count - noise_count) / requests
+    return excess > 1.0 - min_agreement + noise_margin(noise_count, requests) + 1e-12
 
 
 def discounted(comparison: Comparison, tolerance: Tolerance) -> NoiseDiscount:
@@ -385,14 +418,15 @@ def judged(
     reason says where the generated sequences first diverged."""
     net = discounted(comparison, tolerance or Tolerance())
     budget = 1.0 - min_agreement
-    if net.excess > budget + 1e-12:
+    if beyond_noise(net.candidate_count, net.noise_count, net.requests, min_agreement):
         learned = f" ({net})" if net.learned else ""
         where = divergences(comparison) if comparison.streamed else ""
+        chance = f" (+{net.chance:.1%} the noise's chance)" if net.chance else ""
         return (
             f"disagrees on {net.candidate_count / net.requests:.1%} of {net.requests} "
             f"request(s), the serving version with itself on {net.noise_count / net.requests:.1%}"
-            f"{learned}: {net.excess:.1%} beyond the noise, at most {budget:.1%} allowed; "
-            f"first: {net.first}{f'; {where}' if where else ''}"
+            f"{learned}: {net.excess:.1%} beyond the noise, at most {budget:.1%}{chance} "
+            f"allowed; first: {net.first}{f'; {where}' if where else ''}"
         )
     if max_latency_increase is None:
         return None

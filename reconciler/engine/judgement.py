@@ -20,7 +20,13 @@ from reconciler.core.analysis import (
     probe_capacity,
     unconfirmed,
 )
-from reconciler.core.latency import PINNED, judged_by_probes, same_time_latency
+from reconciler.core.latency import (
+    PINNED,
+    STREAMED,
+    judged_by_probes,
+    same_time_latency,
+    uneven_load,
+)
 from reconciler.core.readings import baseline_from, routed_since, since_ready
 from reconciler.core.shadow import shadow_checks, short_message, short_of_requests
 from reconciler.engine.context import Timing
@@ -169,6 +175,7 @@ class Judgement:
         self._probes_at_last = probes or ProbeFigures()
         self.saw(current, probes)
         settled = probes.since(self.probes_after_volley) if probes is not None else None
+        old_now = self._old_now()
         self.evaluations.append(
             evaluate(
                 spec,
@@ -176,7 +183,12 @@ class Judgement:
                 elapsed,
                 previous,
                 current,
-                replace(self.baseline, same_time_latency_us=self._old_meanwhile()),
+                replace(
+                    self.baseline,
+                    same_time_latency_us=(
+                        same_time_latency(self.old_start, old_now) if old_now else None
+                    ),
+                ),
                 window,
                 counted=elapsed >= spec.initial_delay and fresh and not first_sighting,
                 # Latency over everything since the analysis began, not the window:
@@ -184,6 +196,7 @@ class Judgement:
                 latency_from=self.latency_from,
                 pinned=settled if self.pinned_only else None,
                 pinned_why=self.probes_judge or PINNED,
+                uneven=self._uneven(current, old_now),
                 latency_probes=settled,
                 latency_pending=bool(self.evaluations)
                 and unconfirmed(spec, self.evaluations[-1], ("latency",)),
@@ -250,15 +263,27 @@ class Judgement:
         self.awaiting_series = self.awaiting_series and current.success is None
         return not self.awaiting_series and current.scrape_failed is None
 
-    def _old_meanwhile(self) -> float | None:
-        """The old versions' mean latency since the analysis began, if they served enough
-        requests meanwhile to be the baseline (``same_time_latency``)."""
+    def _old_now(self) -> Figures | None:
+        """The old versions' counters now, for a latency check's baseline over the same time
+        (``same_time_latency``) and the load they carried meanwhile (``_uneven``)."""
         if self.old_source is None or self.old_start is None or not self.step.baseline:
             return None
         if not any(c.kind == "latency" for c in self.spec.checks):
             return None
-        now = self.old_source.figures(self.step.model, self.step.baseline)
-        return same_time_latency(self.old_start, now)
+        return self.old_source.figures(self.step.model, self.step.baseline)
+
+    def _uneven(self, current: Figures, old_now: Figures | None) -> str | None:
+        """Why a streaming model's probes of new and old do not compare since the analysis
+        began (``core.latency.uneven_load``): the new versions carry the clients' streams,
+        the old ones beside them do not (after a blue-green switch, a canary's server at a
+        large share, in place under load). Unary probes are not held behind a client's
+        request for long: the counters judge such versions."""
+        if self.probes_judge != STREAMED or old_now is None or self.old_start is None:
+            return None
+        start = self.latency_from or self.origin
+        new = since_ready(start, current) if start is not None else None
+        old = since_ready(self.old_start, old_now)
+        return uneven_load(sum(new) if new else None, sum(old) if old else None)
 
 
 def analysis_failed(

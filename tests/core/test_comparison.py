@@ -21,6 +21,7 @@ from reconciler.core.comparison import (
     first_divergence,
     interleaved,
     judged,
+    noise_margin,
     unjudgeable,
 )
 from reconciler.core.shadow import shadow_checks
@@ -84,7 +85,16 @@ def test_the_verdict_is_the_disagreement_beyond_the_noise() -> None:
     noisy = Comparison(100, 30, 30)
     assert judged(noisy, 0.99) is None
     assert judged(Comparison(100, 31, 30), 0.99) is None  # 1% allowed
-    assert judged(Comparison(100, 32, 30), 0.99) is not None
+    # Two noisy counts differ by chance: 30 of 100 itself allows 1% plus 2.326 * sqrt(60)
+    # / 100 = 18.0% beyond it (one-sided 99%).
+    assert judged(Comparison(100, 48, 30), 0.99) is None
+    beyond = judged(Comparison(100, 50, 30), 0.99)
+    assert beyond is not None and "at most 1.0% (+18.0% the noise's chance) allowed" in beyond, (
+        beyond
+    )
+    # The chance shrinks with the count compared: at 2,000 the same rates fail.
+    assert judged(Comparison(2000, 960, 600), 0.99) is not None
+    assert noise_margin(0, 500) == 0.0  # a deterministic model: the budget alone
 
 
 def test_latency_is_judged_on_the_p95_of_interleaved_calls() -> None:

@@ -6,7 +6,7 @@ plan() + apply() on the Triton fake with a fake clock (``tests/core/test_probing
 
 from __future__ import annotations
 
-from reconciler.core.latency import between_responses_check
+from reconciler.core.latency import between_responses_check, uneven_load
 from reconciler.core.probes import ProbeRequest
 from reconciler.engine.probes import Prober, ProbeSender
 from reconciler.model.analysis import (
@@ -189,3 +189,53 @@ def test_a_window_that_starts_before_the_first_scrape_counts_from_the_first_sigh
     shown = [(e.counted, e.verdict) for e in analysis.evaluations]
     assert shown[0] == (False, Verdict.NO_DATA), shown  # the first sighting: shown only
     assert (True, Verdict.NO_DATA) not in shown, shown
+
+
+def test_a_first_response_slower_only_behind_client_streams_is_not_judged_by_the_probes() -> None:
+    """The new version carries the clients' streams (after a blue-green switch, in place
+    under load) and the old one beside it only probes: the new version's probes wait for an
+    instance, so they read three times slower. Those probes do not compare: the check is
+    shown skipped and says why; with no client on either side the same figures revert."""
+    clock = FakeClock()
+    slower = {2: 0.030}
+    fake = Streams(clock, first=0.010, gap=0.002, slow_first=slower)
+    busy = rollout(
+        fake, clock, PACED, Traffic(fake, clock, rate=100.0, failing=0.0), config=DECOUPLED
+    )
+    assert busy.outcome is Outcome.CONVERGED, busy.error
+    assert busy.analysis is not None
+    last = {r.check: r for r in busy.analysis.evaluations[-1].results}
+    first = last["first"]
+    assert first.verdict is Verdict.SKIPPED and first.value == 2.0, first
+    assert "not judged: the new versions served" in first.detail, first.detail
+    assert "the old 0" in first.detail, first.detail
+    assert last["between"].verdict is Verdict.PASS, last  # gaps are not held behind a client
+
+    clock = FakeClock()
+    fake = Streams(clock, first=0.010, gap=0.002, slow_first=slower)
+    idle = rollout(
+        fake, clock, PACED, Traffic(fake, clock, rate=0.0, failing=0.0), config=DECOUPLED
+    )
+    assert idle.outcome is Outcome.REVERTED, idle.error
+    assert "first" in (idle.error or "") and "median 30.00ms vs 10.00ms" in (idle.error or ""), (
+        idle.error
+    )
+
+
+def test_uneven_loads_are_the_new_versions_serving_over_twice_the_old() -> None:
+    assert uneven_load(10.0, 6.0) is None  # the probes alone, on both sides
+    assert uneven_load(1.0, 0.0) is None  # a verify stream and nothing else
+    assert uneven_load(5.0, 60.0) is None  # a rollback: the old carries the clients
+    assert uneven_load(None, 0.0) is None  # a count missing: the probes judge as ever
+    text = uneven_load(130.0, 6.0)
+    assert text is not None and "served 130 requests" in text and "the old 6" in text, text
+
+
+def test_time_between_responses_waits_for_the_first_counted_probe_streams() -> None:
+    """No probe stream counted yet (the first volley is left out) is a check that waits, not
+    an evaluation without data: that ended every canary rollback at its no-traffic phase."""
+    waiting = between_responses_check(BETWEEN, ProbeFigures(), has_old=True)
+    assert waiting.verdict is Verdict.SKIPPED and waiting.awaiting, waiting
+    assert "too few probes yet (0 new, 0 old" in waiting.detail, waiting.detail
+    unprobed = between_responses_check(BETWEEN, None, has_old=True)
+    assert unprobed.verdict is Verdict.NO_DATA, unprobed
