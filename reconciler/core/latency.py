@@ -15,8 +15,11 @@ way (no client, or a handful, sees those versions).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from statistics import median
+
+from scipy.stats import mannwhitneyu
 
 from reconciler.core.readings import delta, ratio
 from reconciler.model.analysis import Baseline, Check, CheckResult, Figures, ProbeFigures, Verdict
@@ -36,6 +39,13 @@ PINNED_LATENCY_MIN_PROBES = 5
 # Python stub woken per request, bench.false_verdicts runs 1, 2 and 4), while a version
 # three times slower reads +200% and clients wait on it meanwhile.
 UNCONFIRMED_WAIT_MAX = 2.0
+# A probe-judged increase beyond the bound fails only when the probes show it: the new
+# versions' probes must lie above the old's scaled by the bound, by a one-sided Mann-Whitney
+# U test at this level (exact for a handful of probes: 5 each side can reach 1 in 252). On a
+# starved host, medians of 5.76 ms against 2.74 ms (+110%) over a few probes of a streaming
+# model were noise (bench.streaming, a canary at 5% with the CPU burner); a version three
+# times slower puts every probe beyond.
+SIGNIFICANCE = 0.01
 # The probes compare new and old only while the new versions serve at most this many times
 # the old's requests (probes included) over the analysis: a streaming model's instance is
 # held by a client stream for the whole generation, so a probe to a version that carries the
@@ -217,6 +227,14 @@ def _probe_medians(probes: ProbeFigures) -> tuple[float, float] | None:
     return median(probes.latencies), median(probes.old_latencies)
 
 
+def beyond_bound(new: Sequence[float], old: Sequence[float], limit: float) -> float:
+    """The p-value of the one-sided Mann-Whitney U test that the new versions' probe
+    latencies lie above the old's times ``1 + limit``: small when the increase beyond the
+    bound is the version's, not a few probes' noise."""
+    scaled = [value * (1.0 + limit) for value in old]
+    return float(mannwhitneyu(new, scaled, alternative="greater").pvalue)
+
+
 # Why the probes judge latency alone (the detail says which source decided).
 PINNED = "the new versions see only pinned requests"
 STREAMED = (
@@ -314,6 +332,16 @@ def pinned_latency_check(
     detail = f"probes: median {new * 1e3:.2f}ms vs {old * 1e3:.2f}ms on the old version ({why})"
     if increase <= limit:
         return CheckResult(check.name, Verdict.PASS, increase, threshold, detail)
+    if math.isfinite(limit):
+        p_value = beyond_bound(probes.latencies, probes.old_latencies, limit)
+        if p_value > SIGNIFICANCE:
+            # The medians are beyond the bound, the probes as a whole are not: more probes
+            # decide (the analysis runs on while it waits, then it passes).
+            return CheckResult(
+                check.name, Verdict.SKIPPED, increase, threshold,
+                f"{detail} (+{increase:.0%}), within the noise of {len(probes.latencies)} "
+                f"and {len(probes.old_latencies)} probes (p={p_value:.2g} > {SIGNIFICANCE:g})",
+            )  # fmt: skip
     if uneven is not None:
         return CheckResult(
             check.name, Verdict.SKIPPED, increase, threshold,

@@ -128,3 +128,57 @@ def test_validate_refuses_a_stream_where_spec_config_says_the_model_does_not_str
     assert "spec.config declares a model that does not stream" in problems[0], problems[0]
     without, _ = read(manifest(2, stream=False, config="{model_transaction_policy: {}}"))
     assert without == [], f"cases without stream: on a unary model are fine: {without}"
+
+
+def analysed(probes: bool) -> str:
+    return (
+        "apiVersion: triton-gitops.dev/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        "metadata: {name: m}\n"
+        "spec:\n"
+        "  servers: {names: [s1]}\n"
+        "  versions: [2]\n"
+        "  verify:\n"
+        "    analysis:\n"  # line 8
+        f"      probes: {{enabled: {'true' if probes else 'false'}}}\n"  # line 9
+        "      checks:\n"
+        "        - {name: ok, successRate: {min: 0.99}}\n"  # line 11
+        "        - {name: first, latency: {maxIncrease: 1.0}}\n"  # line 12
+    )
+
+
+def test_a_streaming_models_latency_check_with_the_probes_off_is_refused_by_the_plan() -> None:
+    """Only the probes' streams time a stream: a latency check with them off could never
+    be judged. Refused before anything is loaded, naming the check's line and the probes'."""
+    _, deployment = read(analysed(probes=False))
+    assert deployment is not None
+    streaming = server({**base_config("m"), **DECOUPLED}, base_config("m"))
+    calls = len(streaming.calls)
+
+    p = plan_of(deployment, streaming)
+
+    assert not p.changes and len(p.problems) == 1, (p.changes, p.problems)
+    message = str(p.problems[0])
+    assert message.startswith("server s1, model m: models/m.yaml:12: check 'first'"), message
+    assert "models/m.yaml:9 turns the probes off" in message, message
+    assert streaming.calls[calls:] == [], streaming.calls[calls:]
+    # The probes on, or a model that does not stream: planned.
+    _, probed = read(analysed(probes=True))
+    assert probed is not None
+    assert plan_of(probed, server({**base_config("m"), **DECOUPLED}, base_config("m"))).changes
+    assert plan_of(deployment, server(base_config("m"), base_config("m"))).changes
+
+
+def test_an_analysis_with_its_probes_off_leaves_verify_its_synthesized_stream() -> None:
+    """A stream that ends with an error is a success to Triton's counters: with the probes
+    off, nothing else asks the new version a question before clients do."""
+    for probes, asked in ((False, 1), (True, None)):
+        text = analysed(probes).replace(
+            "        - {name: first, latency: {maxIncrease: 1.0}}\n", ""
+        )
+        _, deployment = read(text)
+        assert deployment is not None
+        p = plan_of(deployment, server({**base_config("m"), **DECOUPLED}, base_config("m")))
+        (change,) = p.changes
+        (verify,) = [s for s in change.steps if s.action.value == "verify"]
+        assert verify.probe_against == asked, (probes, verify.reason)

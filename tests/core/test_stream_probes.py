@@ -6,7 +6,12 @@ plan() + apply() on the Triton fake with a fake clock (``tests/core/test_probing
 
 from __future__ import annotations
 
-from reconciler.core.latency import between_responses_check, uneven_load
+from reconciler.core.latency import (
+    between_responses_check,
+    beyond_bound,
+    pinned_latency_check,
+    uneven_load,
+)
 from reconciler.core.probes import ProbeRequest
 from reconciler.engine.probes import Prober, ProbeSender
 from reconciler.model.analysis import (
@@ -239,3 +244,21 @@ def test_time_between_responses_waits_for_the_first_counted_probe_streams() -> N
     assert "too few probes yet (0 new, 0 old" in waiting.detail, waiting.detail
     unprobed = between_responses_check(BETWEEN, None, has_old=True)
     assert unprobed.verdict is Verdict.NO_DATA, unprobed
+
+
+def test_an_increase_on_the_medians_of_a_few_noisy_probes_is_not_a_slower_version() -> None:
+    """A canary at 5% with the CPU burner (bench.streaming): medians of 5.76 ms against
+    2.74 ms, +110% against a +100% bound, from probes spread over the same range on both
+    sides. The rank test says they are not beyond the bound; a version slower on every
+    probe is. (Its price: with probes this spread, even three times slower is not beyond
+    +100% in 7 probes a side, p = 0.10: it waits for more.)"""
+    new = [0.0021, 0.0035, 0.0050, 0.0058, 0.0062, 0.0096, 0.0130]
+    old = [0.0019, 0.0024, 0.0027, 0.0027, 0.0061, 0.0078, 0.0121]
+    assert beyond_bound(new, old, 1.0) > 0.01
+    slower = [t + 0.300 for t in old]  # test generator version 5: first response 300 ms late
+    assert beyond_bound(slower, old, 1.0) < 0.01
+    figures = ProbeFigures(
+        sent=7, old_sent=7, latencies=tuple(new), old_latencies=tuple(old), streamed=True
+    )
+    noisy = pinned_latency_check(Check("first", "latency", max_increase=1.0), figures)
+    assert noisy.verdict is Verdict.SKIPPED and "within the noise of 7 and 7 probes" in noisy.detail

@@ -15,7 +15,7 @@ from typing import Any
 from reconciler.core.interface import config_interface, interface_part
 from reconciler.core.plan.heal import heal_change
 from reconciler.core.plan.revert import put_back_unloaded, revert_steps, sorted_versions
-from reconciler.core.plan.stream_cases import stream_case_refusal
+from reconciler.core.plan.stream_cases import stream_case_refusal, unprobed_latency_refusal
 from reconciler.core.plan.verify import verify_step
 from reconciler.core.triton_config import (
     config_drift,
@@ -252,7 +252,9 @@ def plan_model(
     if base is None:
         return PlanProblem(server, deployment.model, why_not or "no base config")
     target = merge(base, deployment.config)
-    wrong_shape = stream_case_refusal(server, deployment, model, target)
+    wrong_shape = stream_case_refusal(server, deployment, model, target) or (
+        unprobed_latency_refusal(server, deployment, target)
+    )
     if wrong_shape is not None:
         return wrong_shape  # the probes between rollouts ask by the first case too
     ready = model.ready

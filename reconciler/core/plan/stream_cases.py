@@ -1,4 +1,5 @@
 """A smoke case that expects a stream (``stream:``) on a model that does not stream, refused
+(and a streaming model's latency check with the probes off: ``unprobed_latency_refusal``)
 by the plan before anything is loaded, naming the manifest's file and the case's line.
 
 Which models stream is read from the config the plan knows (``changes.target_config``): the
@@ -52,4 +53,34 @@ def stream_case_refusal(
         "each request with one response, which stream: cannot judge; refused before anything "
         "is loaded (remove stream:, or, for a model that sets the policy in its "
         "auto-complete, declare model_transaction_policy: {decoupled: true} in spec.config)",
+    )
+
+
+def unprobed_latency_refusal(
+    server: str, deployment: ModelDeployment, target: Mapping[str, Any]
+) -> PlanProblem | None:
+    """A latency check on a streaming model whose analysis turns its probes off, refused:
+    the probes' streams are its only measure (Triton 2.51's counters do not time a stream),
+    so it could never be judged."""
+    analysis = deployment.analysis
+    if analysis is None or analysis.probes.enabled or not streams(target):
+        return None
+    latency = [i for i, c in enumerate(analysis.checks) if c.kind == "latency"]
+    if not latency:
+        return None
+    where = deployment.location.file
+    named = ", ".join(
+        f"{where}:{deployment.line(f'verify.analysis.checks.{i}', 'verify.analysis')}: "
+        f"check {analysis.checks[i].name!r}"
+        for i in latency
+    )
+    return PlanProblem(
+        server,
+        deployment.model,
+        f"{named} judge(s) the latency of {deployment.model}, a streaming model, but "
+        f"{where}:{deployment.line('verify.analysis.probes', 'verify.analysis')} turns the "
+        "probes off: a stream's time to the first response and between responses are "
+        "measured on the probes' streams alone (Triton's counters do not time a stream), so "
+        "the check could never be judged; refused before anything is loaded (turn the "
+        "probes on, or judge latency with a promql check on the backend's metrics)",
     )

@@ -36,13 +36,13 @@ def verify_step(
         )
     # Nothing else declared asks the new versions a question: one request synthesized from
     # the model's inputs, which the old version answers, must be answered (an analysis
-    # probes on its own, from its start).
+    # probes on its own, from its start; one with its probes off does not, and a streaming
+    # model's errors inside a stream are successes to Triton's counters: a version that
+    # failed every stream went through both canary steps, bench.streaming).
+    probed = deployment.analysis is not None and deployment.analysis.probes.enabled
     probe = (
         old_version
-        if old_version is not None
-        and not deployment.smoke
-        and shadow is None
-        and deployment.analysis is None
+        if old_version is not None and not deployment.smoke and shadow is None and not probed
         else None
     )
     if probe is not None:

@@ -191,7 +191,8 @@ def build_deployment(
 
 
 # The keys of a ModelDeployment whose lines reports point at (gate annotations; and each
-# smoke case, "verify.smoke.0", ...: the plan's refusals of a case).
+# smoke case, "verify.smoke.0", ..., and analysis check, "verify.analysis.checks.0", ...: the
+# plan's refusals of a case or a check).
 _POINTED_AT = (
     ("versions",),
     ("config",),
@@ -202,6 +203,8 @@ _POINTED_AT = (
     ("verify", "shadow"),
     ("verify", "gate"),
     *(("verify", "gate", key) for key in GATE_BOUND_KEYS),
+    ("verify", "analysis"),
+    ("verify", "analysis", "probes"),
 )
 
 
@@ -213,8 +216,16 @@ def _lines(doc: Document, body: dict[str, Any]) -> tuple[tuple[str, int], ...]:
             node = node.get(key) if isinstance(node, dict) else None
         if node is not None:
             found.append((".".join(path), doc.line(("spec", *path))))
-    for index, _ in enumerate(body.get("verify", {}).get("smoke", [])):
+    verify = body.get("verify", {})
+    for index, _ in enumerate(verify.get("smoke", [])):
         found.append((f"verify.smoke.{index}", doc.line(("spec", "verify", "smoke", index))))
+    for index, _ in enumerate(verify.get("analysis", {}).get("checks", [])):
+        found.append(
+            (
+                f"verify.analysis.checks.{index}",
+                doc.line(("spec", "verify", "analysis", "checks", index)),
+            )
+        )
     return tuple(found)
 
 
