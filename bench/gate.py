@@ -2,10 +2,11 @@
 across repeated runs on this machine, quiet and made noisy on purpose.
 
 Each run is one ``loop.gate.run_gate`` on a tritonserver of its own (``wiring.isolated_server``,
-as ``triton-gitops gate`` runs it, without the Git part): the base serves ``scorer`` version 1
-(testkit/models/scorer: about 3 ms a request), the head moves it to the scenario's version,
-``spec.verify.gate`` at its defaults (concurrency [1, 4], 5 rounds, 500 requests) with the
-bounds maxLatencyIncrease 0.2, minThroughputRatio 0.9, maxMemoryIncrease 30%.
+as ``triton-gitops gate`` runs it, without the Git part: ``bench/harness/gates.py``): the base
+serves ``scorer`` version 1 (testkit/models/scorer: about 3 ms a request), the head moves it
+to the scenario's version, ``spec.verify.gate`` at its defaults (concurrency [1, 4], 5 rounds,
+500 requests) with the bounds maxLatencyIncrease 0.2, minThroughputRatio 0.9,
+maxMemoryIncrease 30%.
 
 Scenarios: ``good`` (version 2, alike the old: every run must pass), ``slow`` (3: three times
 slower: every run must fail on latency and throughput), ``heavy`` (5: a 256 MiB buffer: every
@@ -26,25 +27,16 @@ import argparse
 import json
 import multiprocessing
 import platform
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-from reconciler import wiring
-from reconciler.core.spec.desired import load_desired_state
-from reconciler.loop.gate import gated, run_gate
+from bench.harness.gates import SERVER, desired_state, isolated_run, summarize
+from reconciler.model.spec import DesiredState
 from testkit.manifests import write_scorer_repository
 
 SCENARIOS = {"good": 2, "slow": 3, "heavy": 5, "good-noisy": 2}
-SERVER = """\
-apiVersion: triton-gitops.dev/v1alpha1
-kind: TritonServer
-metadata: {name: prod}
-spec: {grpc: "10.0.0.1:8001", modelRepository: /models}
-"""
 
 
 def _deployment(version: int) -> str:
@@ -59,8 +51,8 @@ def _deployment(version: int) -> str:
     )
 
 
-def _state(version: int) -> Any:
-    return load_desired_state({"m.yaml": (SERVER + "---\n" + _deployment(version)).encode()})
+def _state(version: int) -> DesiredState:
+    return desired_state(SERVER, _deployment(version))
 
 
 def _burn() -> None:
@@ -69,52 +61,7 @@ def _burn() -> None:
 
 
 def one_run(repository: Path, workdir: Path, version: int, perf: str | None) -> dict[str, Any]:
-    (target,) = gated(_state(1), _state(version))
-    started = time.monotonic()
-    with wiring.isolated_server(repository, workdir, perf_analyzer=perf) as server:
-        (gate,) = run_gate(target, server)
-    checks = {
-        f"{c.name}@{c.concurrency}" if c.name != "memory" else "memory": {
-            "value": c.value,
-            "spread": c.spread,
-            "verdict": str(c.verdict),
-        }
-        for c in gate.checks
-    }
-    return {
-        "verdict": str(gate.verdict),
-        "seconds": time.monotonic() - started,
-        "measuring_seconds": gate.seconds,
-        "checks": checks,
-        "findings": [f.message for f in gate.findings],
-    }
-
-
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    names = sorted({name for run in runs for name in run["checks"]})
-    per_check = {}
-    for name in names:
-        values = [r["checks"][name]["value"] for r in runs if name in r["checks"]]
-        values = [v for v in values if v is not None]
-        within = [
-            r["checks"][name]["spread"] for r in runs if r["checks"].get(name, {}).get("spread")
-        ]
-        per_check[name] = {
-            "median": statistics.median(values) if values else None,
-            "min": min(values) if values else None,
-            "max": max(values) if values else None,
-            "widest_round_spread": max((hi - lo for lo, hi in within), default=None),
-            "failed_runs": sum(
-                1 for r in runs if r["checks"].get(name, {}).get("verdict") == "fail"
-            ),
-        }
-    return {
-        "runs": len(runs),
-        "verdicts": [r["verdict"] for r in runs],
-        "seconds_median": statistics.median(r["seconds"] for r in runs),
-        "seconds_max": max(r["seconds"] for r in runs),
-        "checks": per_check,
-    }
+    return isolated_run(repository, workdir, _state(1), _state(version), perf)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,7 @@ and ``testkit`` only: never each other, never ``tests``.
   settings;
 - ``probe``: where a pass spends its time, through the pass's hooks and ports;
 - ``service``: the reconciler service as the service benchmarks start it;
+- ``gates``: one pre-merge gate run on an isolated tritonserver, as a JSON record;
 - ``provenance``: machine, versions, code measured, how busy the machine was;
 - ``procfs``: processes as /proc sees them (children, RSS, CPU time);
 - ``stats``: percentiles, summaries, slopes, a paired bootstrap;
