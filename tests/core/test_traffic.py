@@ -212,6 +212,32 @@ def test_with_probes_a_canary_is_probed_at_no_traffic_for_an_interval_first() ->
     assert dict(first.weights) == {"stable": 10_000, "canary": 0}
 
 
+def test_a_streaming_canary_with_a_latency_check_is_probed_at_no_traffic_for_the_duration() -> None:
+    """A streaming model's time to the first response is judged by the probes only where
+    the loads compare, at no traffic: one interval held two 0.5 s streams a side, too few."""
+    state = desired(replace(CANARY, mirror=0))
+    analysis = replace(
+        ANALYSIS,
+        probes=ProbeSpec(),
+        checks=(*ANALYSIS.checks, Check("first-response", "latency", max_increase=1.0)),
+    )
+    streaming = replace(
+        state.deployments["m"],
+        analysis=analysis,
+        config={"model_transaction_policy": {"decoupled": True}},
+    )
+    unary = replace(streaming, config={})
+    watches = []
+    for deployment in (streaming, unary):
+        built = DesiredState.build(list(state.servers.values()), [deployment], [ROUTER])
+        (rollout,) = Pass(built, fakes(), at_rest()).plan().rollouts
+        assert rollout.traffic is not None
+        first = rollout.traffic.phases[0]
+        assert first.name == "canary at no traffic (probes)", first
+        watches.append(first.watch)
+    assert watches == [ANALYSIS.duration, ANALYSIS.interval], watches
+
+
 def test_blue_green_loads_the_idle_pool_and_switches_to_it() -> None:
     pools = RouterSpec(
         "edge",

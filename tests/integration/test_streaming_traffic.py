@@ -205,6 +205,13 @@ def _deployment(version: int, traffic: str = CANARY) -> str:
         "      checks:\n"
         "        - name: success-rate\n"
         "          successRate: {min: 0.99}\n"
+        # Judged by the probes' streams, new against old: after a blue-green switch the new
+        # version's probes wait behind the clients' streams, which once reverted every good
+        # blue-green rollout (bench.streaming); core.latency.uneven_load leaves that unjudged.
+        "        - name: first-response\n"
+        "          latency: {maxIncrease: 1.0}\n"
+        "        - name: between-responses\n"
+        "          latency: {maxIncrease: 1.0, of: betweenResponses}\n"
         "  rollout:\n"
         f"    traffic: {traffic}\n"
     )

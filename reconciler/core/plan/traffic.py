@@ -205,7 +205,9 @@ def traffic_rollout(
         traffic.strategy,
         old,
         new,
-        _phases(router, traffic, deployment, old, new, shadow) if analyses else (),
+        _phases(router, traffic, deployment, old, new, shadow, any(a.streaming for a in analyses))
+        if analyses
+        else (),
         restore,
         restore
         if traffic.strategy is Strategy.CANARY
@@ -279,6 +281,7 @@ def _phases(
     old: str,
     new: str,
     shadow: ShadowTarget | None = None,
+    streaming: bool = False,
 ) -> tuple[TrafficPhase, ...]:
     analysis = deployment.analysis
     duration = analysis.duration if analysis is not None else 0.0
@@ -311,8 +314,14 @@ def _phases(
         # (The shadow phase, when there is one, is this phase: the probes run under it.)
         # The new pool takes no request but the probes first: a version that fails them
         # is caught before any client meets it. blueGreen judges its idle pool so for the
-        # whole analysis; a canary for one interval, then by its clients' share.
-        watch = duration if traffic.strategy is Strategy.BLUE_GREEN else analysis.interval
+        # whole analysis; a canary for one interval, then by its clients' share. A streaming
+        # model's time to the first response is judged by the probes only where the loads
+        # compare (core.latency.uneven_load), that is here: for the whole analysis too (one
+        # interval held two 0.5 s probe streams a side, and a version 300 ms late reached 50
+        # client streams at the steps, bench.streaming).
+        judged_here = streaming and any(c.kind == "latency" for c in analysis.checks)
+        whole = traffic.strategy is Strategy.BLUE_GREEN or judged_here
+        watch = duration if whole else analysis.interval
         phases.append(
             TrafficPhase(f"{new} at no traffic (probes)", _only(router, old), nothing, watch)
         )

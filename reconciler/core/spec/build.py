@@ -15,12 +15,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from reconciler.core.spec.pointed import pointed_at
 from reconciler.core.spec.promql import promql_syntax_error
 from reconciler.core.spec.schema import ANY, JsonPath, default, schema_documents
 from reconciler.core.spec.yaml import Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
-from reconciler.model.gate import GATE_BOUND_KEYS, GateSpec
+from reconciler.model.gate import GateSpec
 from reconciler.model.problems import Problem
 from reconciler.model.repository import parse_repository
 from reconciler.model.servers import Discovery, Location, TritonServer
@@ -185,48 +186,9 @@ def build_deployment(
             if analysis is not None
             else None
         ),
-        lines=_lines(doc, body),
+        lines=pointed_at(doc, body),
         fingerprint=fingerprint_of(body),
     )
-
-
-# The keys of a ModelDeployment whose lines reports point at (gate annotations; and each
-# smoke case, "verify.smoke.0", ..., and analysis check, "verify.analysis.checks.0", ...: the
-# plan's refusals of a case or a check).
-_POINTED_AT = (
-    ("versions",),
-    ("config",),
-    ("config", "input"),
-    ("config", "output"),
-    ("config", "max_batch_size"),
-    ("verify", "smoke"),
-    ("verify", "shadow"),
-    ("verify", "gate"),
-    *(("verify", "gate", key) for key in GATE_BOUND_KEYS),
-    ("verify", "analysis"),
-    ("verify", "analysis", "probes"),
-)
-
-
-def _lines(doc: Document, body: dict[str, Any]) -> tuple[tuple[str, int], ...]:
-    found = []
-    for path in _POINTED_AT:
-        node: Any = body
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node is not None:
-            found.append((".".join(path), doc.line(("spec", *path))))
-    verify = body.get("verify", {})
-    for index, _ in enumerate(verify.get("smoke", [])):
-        found.append((f"verify.smoke.{index}", doc.line(("spec", "verify", "smoke", index))))
-    for index, _ in enumerate(verify.get("analysis", {}).get("checks", [])):
-        found.append(
-            (
-                f"verify.analysis.checks.{index}",
-                doc.line(("spec", "verify", "analysis", "checks", index)),
-            )
-        )
-    return tuple(found)
 
 
 def _check_config(
