@@ -443,9 +443,10 @@ class StepHooks(Protocol):
 class LoadTester(Protocol):
     """Drives one version of a model with the same requests at one concurrency level:
     ``adapters/triton_load.py`` (built in, gRPC) and ``adapters/perf_analyzer.py`` (Triton's
-    own load generator) are the real ones."""
+    own load generator) are the real ones; ``adapters/aiperf.py`` (AIPerf, streaming models
+    only, over HTTP) is not wired in."""
 
-    name: str  # built-in | perf_analyzer
+    name: str  # built-in | perf_analyzer | aiperf
 
     def measure(
         self,
