@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from reconciler.adapters.local_triton import end_process_group
 from reconciler.adapters.triton_load import figures
 from reconciler.core.smoke import as_array
 from reconciler.model.errors import StepFailed
@@ -291,16 +292,30 @@ class AIPerf:
         ]  # fmt: skip
         # Not HF_HUB_OFFLINE: AIPerf 0.13 then looks a tokenizer path up in the Hugging Face
         # cache and refuses it; a local path is loaded without the network either way.
+        # A session of its own: AIPerf runs its services as processes of their own, which
+        # are ended with it, by its process group, when the gate is interrupted or gives up.
         try:
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=self.timeout, check=False
+            process = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
+        except OSError as exc:
+            raise StepFailed(f"aiperf {self.binary} could not run: {exc}") from None
+        try:
+            out, err = process.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
+            end_process_group(process, 10.0)
             raise StepFailed(
                 f"aiperf on {model} version {version} did not finish within {self.timeout:g}s"
             ) from None
-        except OSError as exc:
-            raise StepFailed(f"aiperf {self.binary} could not run: {exc}") from None
+        except BaseException:
+            end_process_group(process, 10.0)
+            raise
+        returncode = process.returncode
+        said = f"{out.decode(errors='replace')}\n{err.decode(errors='replace')}"
         try:
             records = raw_records(run)
         except (OSError, ValueError) as exc:
@@ -308,14 +323,12 @@ class AIPerf:
         found = measured(concurrency, records)
         # Exit 1 with every request failed is a measurement (all failures); any other
         # failed run, or one with nothing measured, is an error of the measurement.
-        if found.requests and (done.returncode == 0 or found.errors == found.requests):
+        if found.requests and (returncode == 0 or found.errors == found.requests):
             return found
-        said = f"{done.stdout}\n{done.stderr}"
         lines = [line.strip(" │╭╮╰╯─") for line in said.splitlines()]
         lines = [line for line in lines if line]
         why = next((line for line in lines if "rror" in line or "ail" in line), None)
         raise StepFailed(
             f"aiperf could not measure {model} version {version} at concurrency "
-            f"{concurrency} (exit {done.returncode}): "
-            + (why or (lines[-1] if lines else "no output"))
+            f"{concurrency} (exit {returncode}): " + (why or (lines[-1] if lines else "no output"))
         )

@@ -10,8 +10,17 @@ from typing import Any
 
 import pytest
 
-from reconciler.adapters.aiperf import AIPerf, inputs_file, measured, payload, raw_records
-from reconciler.model.errors import StepFailed
+from reconciler.adapters.aiperf import (
+    AIPERF_VARIABLE,
+    AIPerf,
+    inputs_file,
+    measured,
+    payload,
+    raw_records,
+)
+from reconciler.cli import parse_arguments
+from reconciler.cli.gate import _stream_generator
+from reconciler.model.errors import ReconcileError, StepFailed
 from reconciler.model.spec import Tensor
 
 MS = 1_000_000  # nanoseconds
@@ -99,3 +108,37 @@ def test_a_model_that_does_not_stream_is_refused(tmp_path: Path) -> None:
     tester = AIPerf("aiperf", "127.0.0.1:1", tmp_path)
     with pytest.raises(StepFailed, match="streaming models only"):
         tester.measure("echo", 1, [(Tensor("INPUT0", "FP32", (1,), (1.0,)),)], (), 1, 10)
+
+
+def _gate_args(*extra: str, environ: dict[str, str] | None = None) -> Any:
+    return parse_arguments(
+        ["gate", "--repo", "r", "--base", "a", "--head", "b", "--model-repository", "m", *extra],
+        environ or {},
+    )
+
+
+def test_the_gate_uses_aiperf_for_streams_only_when_it_is_asked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--aiperf`` or $TRITON_GITOPS_AIPERF: AIPerf measures streaming models (under auto
+    and ``--load-generator aiperf``); ``built-in`` and ``perf_analyzer`` keep it out; on
+    PATH alone it is used only when ``--load-generator aiperf`` asks."""
+    binary = tmp_path / "aiperf"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    monkeypatch.delenv(AIPERF_VARIABLE, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert _stream_generator(_gate_args()) is None  # on PATH, not asked for
+    assert _stream_generator(_gate_args("--load-generator", "aiperf")) == str(binary)
+    assert _stream_generator(_gate_args("--aiperf", str(binary))) == str(binary)
+    for other in ("built-in", "perf_analyzer"):
+        args = _gate_args("--aiperf", str(binary), "--load-generator", other)
+        assert _stream_generator(args) is None
+    monkeypatch.setenv("PATH", "/nonexistent")
+    environ = {AIPERF_VARIABLE: str(binary)}
+    assert _stream_generator(_gate_args(environ=environ)) == str(binary)
+    missing = str(tmp_path / "missing")
+    with pytest.raises(ReconcileError, match=f"aiperf {missing} not found"):
+        _stream_generator(_gate_args(environ={AIPERF_VARIABLE: missing}))
+    with pytest.raises(ReconcileError, match=r"aiperf \(on PATH\) not found"):
+        _stream_generator(_gate_args("--load-generator", "aiperf"))

@@ -5,25 +5,26 @@ and failures read from AIPerf's own records.
 
 AIPerf is not one of the project's dependencies (it brings transformers, pandas, scipy...):
 it lives in a virtualenv of its own, ``.venv-aiperf`` at the repository root
-(``python3 -m venv .venv-aiperf && .venv-aiperf/bin/pip install aiperf==0.13.0``), or where
-$TRITON_GITOPS_AIPERF says. Without it these tests are skipped, in CI too.
+(``python3 -m venv .venv-aiperf && .venv-aiperf/bin/pip install aiperf==0.13.0``, which
+./dev test does and points $TRITON_GITOPS_AIPERF at). Without it these tests are skipped,
+and fail in CI (tests/services.aiperf_or_skip). The gate run with ``--aiperf`` end to end
+is in test_gate_streams.py.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import tritonclient.grpc as triton_grpc
 
-from reconciler.adapters.aiperf import AIPERF_VARIABLE, AIPerf
+from reconciler.adapters.aiperf import AIPerf
 from reconciler.core.triton_config import parse_pbtxt
 from reconciler.model.spec import Tensor
 from testkit.local_triton import LocalTriton, shared_between_tests
 from testkit.manifests import GENERATOR, LLM, generator_config, write_generator_repository
+from tests.services import aiperf_or_skip
 
 pytestmark = [pytest.mark.triton, pytest.mark.alone]  # measures: run alone (test_gate.py)
 
@@ -35,19 +36,11 @@ PROMPTS = [
 ]
 
 
-def _aiperf() -> str:
-    given = os.environ.get(AIPERF_VARIABLE)
-    found = Path(given) if given else Path(__file__).parents[2] / ".venv-aiperf/bin/aiperf"
-    if not found.is_file():
-        pytest.skip(f"aiperf is not installed ({found}; see this file's docstring)")
-    return str(found)
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalTriton, AIPerf]]:
     """The generator (five tokens 5 ms apart) with a good version, one that fails every
     request and one that fails midway, and the vLLM-shaped ``llm``, loaded."""
-    binary = _aiperf()
+    binary = aiperf_or_skip()
     root = tmp_path_factory.mktemp("aiperf")
     repository = write_generator_repository(root / "models")
     server = LocalTriton(repository, log_file=root / "triton.log").start()
