@@ -443,9 +443,10 @@ class StepHooks(Protocol):
 class LoadTester(Protocol):
     """Drives one version of a model with the same requests at one concurrency level:
     ``adapters/triton_load.py`` (built in, gRPC) and ``adapters/perf_analyzer.py`` (Triton's
-    own load generator) are the real ones."""
+    own load generator) are the real ones, and ``adapters/aiperf.py`` (AIPerf, streaming
+    models only, over Triton's HTTP generate_stream: the gate's ``stream_load_tester``)."""
 
-    name: str  # built-in | perf_analyzer
+    name: str  # built-in | perf_analyzer | aiperf
 
     def measure(
         self,
@@ -462,8 +463,8 @@ class LoadTester(Protocol):
         """``count`` requests (the given ones, round robin), ``concurrency`` at a time, after
         a short warm-up; failures are counted, never raised. ``batched``: the model's config
         has a batch dimension (the requests' first dimension). ``streaming``: the model is
-        decoupled; each request is one gRPC stream, read to Triton's final flag, and its
-        latency the time to the first response."""
+        decoupled; each request is one stream (gRPC; AIPerf's: HTTP server-sent events),
+        read to Triton's final flag, and its latency the time to the first response."""
         ...
 
 

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from reconciler.adapters.aiperf import AIPerf
 from reconciler.adapters.alerts import (
     Alerter,
     AlertmanagerAlerter,
@@ -271,12 +272,14 @@ def isolated_server(
     *,
     tritonserver: Path | None = None,
     perf_analyzer: str | None = None,
+    aiperf: str | None = None,
     load_timeout: float = 600.0,
 ) -> Iterator[IsolatedServer]:
     """A tritonserver of its own on loopback over ``model_repository`` (EXPLICIT mode,
     nothing loaded), with the gate's load generator: ``perf_analyzer`` (its binary) when
-    given, else the built-in one. Stopped by its pid on exit (killed at once, with its
-    process group, when interrupted)."""
+    given, else the built-in one; and for streaming models AIPerf (``aiperf``: its binary)
+    when given, over the server's HTTP port. Stopped by its pid on exit (killed at once,
+    with its process group, when interrupted)."""
     workdir.mkdir(parents=True, exist_ok=True)
     # A bucket is read by the isolated server directly, with the credentials in this
     # environment: the bytes the fleet will load, without a copy of every model first.
@@ -304,6 +307,9 @@ def isolated_server(
             if perf_analyzer
             else GrpcLoadTester(server.grpc_address)
         )
+        streams: LoadTester | None = (
+            AIPerf(aiperf, server.http_address, workdir / "aiperf") if aiperf else None
+        )
         yield IsolatedServer(
             control=client,
             load_tester=tester,
@@ -311,6 +317,7 @@ def isolated_server(
             digests=version_digests,
             address=server.grpc_address,
             model_repository=str(where),
+            stream_load_tester=streams,
         )
     except KeyboardInterrupt:
         # Interrupted (Ctrl-C, or SIGTERM as the gate command takes it), maybe while it

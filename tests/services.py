@@ -96,3 +96,20 @@ def perf_analyzer_or_skip() -> str:
     if os.environ.get("CI"):
         pytest.fail(f"{message}; CI must install it", pytrace=False)
     pytest.skip(message)
+
+
+def aiperf_or_skip() -> str:
+    """AIPerf 0.13 ($TRITON_GITOPS_AIPERF, which ./dev test sets up, else .venv-aiperf at the
+    repository root, else on PATH); skips the test without it, or fails it in CI."""
+    local = Path(__file__).resolve().parents[1] / ".venv-aiperf" / "bin" / "aiperf"
+    found = (
+        os.environ.get("TRITON_GITOPS_AIPERF")
+        or (str(local) if local.is_file() else None)
+        or shutil.which("aiperf")
+    )
+    if found:
+        return found
+    message = "aiperf is not installed (see docs/gate.md; ./dev test sets it up)"
+    if os.environ.get("CI"):
+        pytest.fail(f"{message}; CI must install it", pytrace=False)
+    pytest.skip(message)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from reconciler import wiring
+from reconciler.adapters.aiperf import AIPERF_VARIABLE, find_aiperf
 from reconciler.adapters.chart import ChartUnavailable, latency_chart
 from reconciler.adapters.local_triton import LocalTritonError
 from reconciler.adapters.perf_analyzer import find_perf_analyzer
@@ -84,13 +85,23 @@ def _declare_gate(commands: Commands) -> None:
     )
     gate.add_argument(
         "--load-generator",
-        choices=("auto", "built-in", "perf_analyzer"),
+        choices=("auto", "built-in", "perf_analyzer", "aiperf"),
         default="auto",
-        help="auto: perf_analyzer when it is found (--perf-analyzer or on PATH), else the "
-        "built-in gRPC generator",
+        help="auto: a streaming (decoupled) model by AIPerf when --aiperf or "
+        f"${AIPERF_VARIABLE} names it, else as the others; the others by perf_analyzer when "
+        "it is found (--perf-analyzer or on PATH), else the built-in gRPC generator. "
+        "built-in, perf_analyzer: that one for every model (AIPerf not used). aiperf: "
+        "streaming models by AIPerf (also looked for on PATH), the others as auto",
     )
     gate.add_argument(
         "--perf-analyzer", metavar="PATH", help="perf_analyzer binary (default: on PATH)"
+    )
+    gate.add_argument(
+        "--aiperf",
+        metavar="PATH",
+        help="AIPerf 0.13 binary: streaming models only, "
+        "driven over the isolated tritonserver's HTTP generate_stream; when given it measures "
+        "them, whatever else is found (see --load-generator)",
     )
     gate.add_argument(
         "--tritonserver",
@@ -118,6 +129,23 @@ def _load_generator(args: argparse.Namespace) -> str | None:
     return found
 
 
+def _stream_generator(args: argparse.Namespace) -> str | None:
+    """The AIPerf binary that measures streaming models, or None (the other generator
+    measures them too). Used only when asked for: --aiperf (or $TRITON_GITOPS_AIPERF, as
+    any option), or --load-generator aiperf, which also looks for it on PATH."""
+    if args.load_generator in ("built-in", "perf_analyzer"):
+        return None
+    if not args.aiperf and args.load_generator != "aiperf":
+        return None
+    found = find_aiperf(args.aiperf)
+    if found is None:
+        raise ReconcileError(
+            f"aiperf {args.aiperf or '(on PATH)'} not found; without --aiperf (and "
+            f"${AIPERF_VARIABLE}) streaming models are measured as the others"
+        )
+    return found
+
+
 def _gate(args: argparse.Namespace) -> int:
     try:
         location = parse_repository(args.model_repository)
@@ -127,6 +155,7 @@ def _gate(args: argparse.Namespace) -> int:
         return failed(f"model repository {args.model_repository} is not a folder")
     try:
         perf_analyzer = _load_generator(args)
+        aiperf = _stream_generator(args)
         manifests = wiring.review_manifests(args.repo, args.cache_dir, git_credentials(args))
         base_sha, base = desired_at(manifests, args.base, args.path)
         # Read before the head: a CI checkout read in place keeps the last commit read only.
@@ -159,7 +188,7 @@ def _gate(args: argparse.Namespace) -> int:
     received: list[int] = []
     with _signals_interrupt(received):
         try:
-            gates, errors = _gate_each(args, targets, workdir, perf_analyzer)
+            gates, errors = _gate_each(args, targets, workdir, perf_analyzer, aiperf)
         except KeyboardInterrupt:
             shutil.rmtree(workdir, ignore_errors=True)
             number = received[0] if received else signal.SIGINT
@@ -221,7 +250,11 @@ def _signals_interrupt(received: list[int]) -> Iterator[None]:
 
 
 def _gate_each(
-    args: argparse.Namespace, targets: list[GateTarget], workdir: Path, perf_analyzer: str | None
+    args: argparse.Namespace,
+    targets: list[GateTarget],
+    workdir: Path,
+    perf_analyzer: str | None,
+    aiperf: str | None,
 ) -> tuple[list[ModelGate], int]:
     """Each target judged on a tritonserver of its own (its log under ``workdir``): the
     verdicts, and how many could not be judged."""
@@ -235,6 +268,7 @@ def _gate_each(
                 workdir / target.head.name,
                 tritonserver=args.tritonserver,
                 perf_analyzer=perf_analyzer,
+                aiperf=aiperf,
             ) as server:
                 judged = run_gate(target, server)
         except (ReconcileError, LocalTritonError) as exc:

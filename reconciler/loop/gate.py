@@ -95,7 +95,10 @@ class GateTarget:
 
 @dataclass(frozen=True)
 class IsolatedServer:
-    """The ports of one gate run: a tritonserver serving nothing else, on loopback."""
+    """The ports of one gate run: a tritonserver serving nothing else, on loopback.
+    ``stream_load_tester``: the load generator for a streaming (decoupled) model when it is
+    not ``load_tester`` (AIPerf, which drives streams only); None: ``load_tester`` measures
+    every model."""
 
     control: TritonClient
     load_tester: LoadTester
@@ -104,6 +107,15 @@ class IsolatedServer:
     address: str
     model_repository: str
     timing: Timing = field(default_factory=Timing)
+    stream_load_tester: LoadTester | None = None
+
+
+def load_tester(server: IsolatedServer, streaming: bool) -> LoadTester:
+    """The load generator that measures a model: a streaming model's own when the server
+    has one, else the server's."""
+    if streaming and server.stream_load_tester is not None:
+        return server.stream_load_tester
+    return server.load_tester
 
 
 def gated(base: DesiredState, head: DesiredState) -> list[GateTarget]:
@@ -232,11 +244,12 @@ def _measure(
     interleaved: the order of the versions flips from round to round. ``streaming``: by
     streams (a decoupled model)."""
     measured: dict[int, list[LoadFigures]] = {v: [] for v in versions}
+    tester = load_tester(server, streaming)
     for number in range(first, first + spec.rounds):
         order = versions if number % 2 == 0 else tuple(reversed(versions))
         for level in spec.concurrency:
             for version in order:
-                figures = server.load_tester.measure(
+                figures = tester.measure(
                     model, version, requests, (), level, spec.requests, batched,
                     streaming=streaming,
                 )  # fmt: skip
@@ -392,7 +405,7 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
                 checks,
                 tuple(old_figures),
                 tuple(new_figures),
-                LoadTestSpec(server.load_tester.name, source),
+                LoadTestSpec(load_tester(server, streaming).name, source),
                 clock() - started,
                 tuple((name, head.line(*keys)) for name, keys in _CHECK_LINES.items()),
             )

@@ -121,7 +121,7 @@ class GateFinding:
 class LoadTestSpec:
     """How one measurement is made: the load generator, which requests, how many, how hard."""
 
-    generator: str  # built-in | perf_analyzer
+    generator: str  # built-in | perf_analyzer | aiperf
     requests_from: str  # smoke cases | shadow requests | synthesized from the metadata
 
 

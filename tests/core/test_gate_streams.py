@@ -11,7 +11,7 @@ import pytest
 from reconciler.adapters.triton_load import figures
 from reconciler.core.gate import judge
 from reconciler.core.spec.desired import load_desired_state
-from reconciler.loop.gate import _measure
+from reconciler.loop.gate import _measure, load_tester
 from reconciler.model.gate import GateReport, GateSpec, GateVerdict, LoadFigures, ModelGate
 from reconciler.views.gate import gate_json, gate_markdown, gate_text
 
@@ -96,9 +96,8 @@ def test_figures_of_streams_are_first_response_latency_pooled_gaps_and_responses
 
 
 class _Recorder:
-    name = "fake"
-
-    def __init__(self) -> None:
+    def __init__(self, name: str = "fake") -> None:
+        self.name = name
         self.streaming: list[bool] = []
 
     def measure(
@@ -118,8 +117,9 @@ class _Recorder:
 
 
 class _Server:
-    def __init__(self) -> None:
+    def __init__(self, streams: _Recorder | None = None) -> None:
         self.load_tester = _Recorder()
+        self.stream_load_tester = streams
 
     @property
     def memory(self) -> _Server:
@@ -134,6 +134,21 @@ def test_a_streaming_model_is_measured_by_streams_every_round() -> None:
     spec = GateSpec(concurrency=(1, 2), rounds=2, requests=20)
     _measure(server, "gen", (1, 2), spec, [()], False, streaming=True)  # type: ignore[arg-type]
     assert server.load_tester.streaming == [True] * 8
+
+
+def test_a_streaming_model_goes_to_the_stream_generator_when_there_is_one() -> None:
+    """AIPerf (the gate's ``--aiperf``) measures streaming models; the other generator
+    every model that does not stream; the report names the one that measured."""
+    server = _Server(streams=_Recorder("aiperf"))
+    spec = GateSpec(concurrency=(2,), rounds=1, requests=20)
+    _measure(server, "gen", (1, 2), spec, [()], False, streaming=True)  # type: ignore[arg-type]
+    _measure(server, "scorer", (1, 2), spec, [()], False)  # type: ignore[arg-type]
+    assert server.stream_load_tester is not None
+    assert server.stream_load_tester.streaming == [True, True]
+    assert server.load_tester.streaming == [False, False]
+    assert load_tester(server, streaming=True).name == "aiperf"  # type: ignore[arg-type]
+    assert load_tester(server, streaming=False).name == "fake"  # type: ignore[arg-type]
+    assert load_tester(_Server(), streaming=True).name == "fake"  # type: ignore[arg-type]
 
 
 def test_the_between_responses_bound_is_read_with_its_line() -> None:

@@ -19,7 +19,7 @@ import pytest
 from testkit.cli_run import CliRun, cli
 from testkit.manifests import ManifestRepo, git, write_generator_repository
 from tests.integration.test_gate import SERVER, _gate, _model  # the gate run as CI runs it
-from tests.services import perf_analyzer_or_skip
+from tests.services import aiperf_or_skip, perf_analyzer_or_skip
 
 # Latency figures: on a machine busy with other test files the rounds disagree (see
 # test_gate.py); ./dev test runs these files alone, after the rest.
@@ -170,6 +170,9 @@ def test_perf_analyzer_streams_the_model_and_gives_its_time_to_the_first_respons
     run = cli(
         "gate", "--repo", str(manifests.work), "--path", "manifests", "--base", "main",
         "--head", "perf", "--model-repository", str(repository), "--perf-analyzer", binary,
+        # perf_analyzer for every model: under auto, $TRITON_GITOPS_AIPERF (./dev test sets
+        # it) would give this streaming model to AIPerf.
+        "--load-generator", "perf_analyzer",
         "--output", "json", "--deployment", "same", "--cache-dir", str(tmp_path / "cache"),
     )  # fmt: skip
     assert run.code == 0, (run.out, run.err)
@@ -184,3 +187,53 @@ def test_perf_analyzer_streams_the_model_and_gives_its_time_to_the_first_respons
         # stream takes 2 / throughput on average; the first response about half of that.
         whole_ms = 2000.0 / figures["throughput"]
         assert figures["p50_ms"] < 0.75 * whole_ms, (figures["p50_ms"], whole_ms)
+
+
+def test_aiperf_streams_the_model_over_http_and_the_gate_judges_its_figures(
+    change: tuple[ManifestRepo, Path], tmp_path: Path
+) -> None:
+    """``--aiperf``: AIPerf measures the streaming model over the isolated server's HTTP
+    generate_stream; the gate judges its time to the first response and between responses
+    as the built-in generator's. One round (about 7 s an AIPerf call here, most of it its
+    start-up) and bounds wide enough for one round of identical code on a busy machine:
+    this checks the wiring and the figures, not the verdict's power (the built-in test
+    above does)."""
+    binary = aiperf_or_skip()
+    manifests, repository = change
+    quick = (
+        "    gate: {maxLatencyIncrease: 1.0, maxBetweenResponsesIncrease: 1.0,\n"
+        "           concurrency: [2], rounds: 1, requests: 40}\n"
+    )
+    git(manifests.work, "checkout", "--quiet", "-b", "aiperf", "main")
+    manifests.write("manifests/same.yaml", _deployment("same", 2, gate=quick))
+    git(manifests.work, "commit", "--quiet", "--all", "-m", "measured once, by AIPerf")
+    git(manifests.work, "checkout", "--quiet", "change")
+    reports = tmp_path / "reports"
+    run = cli(
+        "gate", "--repo", str(manifests.work), "--path", "manifests", "--base", "main",
+        "--head", "aiperf", "--model-repository", str(repository), "--aiperf", binary,
+        "--output", "text", "--report-dir", str(reports), "--deployment", "same",
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert run.code == 0, (run.out, run.err)
+    assert "aiperf load generator" in run.out, run.out
+    same = _model(json.loads((reports / "gate.json").read_text()), "same")
+    assert same["load_generator"] == "aiperf" and same["verdict"] == "pass", same
+    assert same["findings"] == [], same["findings"]
+    for name in ("latency", "between-responses", "errors"):
+        assert [c["verdict"] for c in _checks(same, name)] == ["pass"], same["checks"]
+    old, new = same["streams"]
+    assert (old["version"], new["version"], old["concurrency"]) == (1, 2, 2), old
+    for row in (old, new):
+        assert row["success_rate"] == {"median": 1.0, "low": 1.0, "high": 1.0}, row
+        assert row["first_response_p95_ms"]["median"] > 0, row
+        # Five tokens 5 ms apart: the model's pace (AIPerf times each server-sent event).
+        assert 4.0 < row["between_responses_ms"]["median"] < 15.0, row
+    for figures in same["old_figures"] + same["new_figures"]:
+        assert figures["streamed"] is True, figures
+        assert (figures["requests"], figures["errors"]) == (40, 0), figures
+        assert 0 < figures["p50_ms"] <= figures["p95_ms"], figures
+        assert figures["responses_per_second"] == pytest.approx(5 * figures["throughput"])
+        # The first response, not the whole stream (about 2 / throughput: two in flight).
+        assert figures["p50_ms"] < 0.75 * 2000.0 / figures["throughput"], figures
+    print(json.dumps(same["streams"]), json.dumps(same["checks"]))  # for the record (-s)
