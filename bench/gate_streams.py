@@ -14,9 +14,11 @@ to the scenario's version:
 - ``slow``: version 5, its first token ``FIRST_MS`` late, the rest at the usual pace: every
   run must fail on the time to the first response (the ``latency`` check).
 
-Arms: each scenario with each load generator: the built-in one, and perf_analyzer with
-``--perf-analyzer PATH`` (its 2.51 release, as the server's). Their runs are interleaved
-(run 1 of every arm, then run 2...), so that the other work of a shared machine falls on all.
+Arms: each scenario with each load generator: the built-in one, perf_analyzer with
+``--perf-analyzer PATH`` (its 2.51 release, as the server's), and AIPerf 0.13 with
+``--aiperf PATH`` (over the server's HTTP ``generate_stream``: adapters/aiperf.py). Their
+runs are interleaved (run 1 of every arm, then run 2...), so that the other work of a shared
+machine falls on all.
 
 Gate settings: those of tests/integration/test_gate_streams.py, fixed: ``concurrency: [2],
 rounds: 3, requests: 40`` (the gate measures as many rounds again, once, when a check is
@@ -57,7 +59,8 @@ for version 5: the first one does not wait for another stream, the second does, 
 ones do; none is slow from a cold connection, so keeping them in costs the p95 nothing.
 
     python -m bench.gate_streams [--runs 20] [--perf-analyzer PATH] [--scenarios same,slow]
-        [--generators built-in,perf_analyzer] [--first-ms MS] [--output PATH] [--report JSON]
+        [--aiperf PATH] [--generators built-in,perf_analyzer,aiperf] [--first-ms MS]
+        [--output PATH] [--report JSON]
     python -m bench.gate_streams --calibrate MS,MS,... [--perf-analyzer PATH]
 
 Writes the JSON (every run's verdict, checks and round-by-round figures) after each run,
@@ -100,12 +103,14 @@ TOKENS, TOKEN_MS = "5", "5"
 FIRST_MS = "6"  # version 5's first token this late: about 1.5x version 1's p95 (calibration)
 SCENARIOS = {"same": 2, "slow": 5}  # -> the version at head (the base serves 1)
 EXPECTED = {"same": "pass", "slow": "fail"}
-GENERATORS = ("built-in", "perf_analyzer")
+GENERATORS = ("built-in", "perf_analyzer", "aiperf")
 CONCURRENCY, ROUNDS, REQUESTS = 2, 3, 40
 MAX_LATENCY_INCREASE = 0.2
 BOUNDS = {  # perf_analyzer measures no time between responses: no bound on it
     "built-in": f"maxLatencyIncrease: {MAX_LATENCY_INCREASE}, maxBetweenResponsesIncrease: 0.5",
     "perf_analyzer": f"maxLatencyIncrease: {MAX_LATENCY_INCREASE}",
+    # AIPerf reads each response's time (adapters/aiperf.py): the time between them too.
+    "aiperf": f"maxLatencyIncrease: {MAX_LATENCY_INCREASE}, maxBetweenResponsesIncrease: 0.5",
 }
 LATENCY = f"latency@{CONCURRENCY}"
 
@@ -133,7 +138,12 @@ def _parameters(first_ms: str) -> dict[str, str]:
 
 
 def one_run(
-    repository: Path, workdir: Path, scenario: str, generator: str, perf: str | None
+    repository: Path,
+    workdir: Path,
+    scenario: str,
+    generator: str,
+    perf: str | None,
+    aiperf: str | None = None,
 ) -> dict[str, Any]:
     """One gate run of ``scenario`` with ``generator``; a gate that could not judge (its
     GateError, a measurement that failed) is recorded as the verdict ``error``."""
@@ -143,6 +153,7 @@ def one_run(
         run = isolated_run(
             repository, workdir, _state(1, generator), _state(SCENARIOS[scenario], generator),
             perf if generator == "perf_analyzer" else None,
+            aiperf if generator == "aiperf" else None,
         )  # fmt: skip
     except ReconcileError as exc:
         run = {"verdict": "error", "error": str(exc), "seconds": time.monotonic() - started,
@@ -206,6 +217,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             },
             "gate": {g: _verify(g).split("gate: ", 1)[1].strip() for g in args.generators},
             "perf_analyzer": args.perf_analyzer,
+            "aiperf": args.aiperf,
             "order": "interleaved: run n of every arm before run n + 1",
             "workdir": str(root),
         },
@@ -223,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             name = f"{generator}/{scenario}"
             done = one_run(
                 repository, root / f"{generator}-{scenario}-{index}", scenario, generator,
-                args.perf_analyzer,
+                args.perf_analyzer, args.aiperf,
             )  # fmt: skip
             raw[name].append(done)
             ratio = done["ttfr_p95_ratio"]
@@ -351,10 +363,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", type=int, default=20, help="per arm (default 20)")
     parser.add_argument("--perf-analyzer", metavar="PATH", help="adds the perf_analyzer arms")
+    parser.add_argument("--aiperf", metavar="PATH", help="adds the AIPerf arms (0.13)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated")
     parser.add_argument(
         "--generators",
-        help="comma-separated (default: built-in, and perf_analyzer with --perf-analyzer)",
+        help="comma-separated (default: built-in, perf_analyzer with --perf-analyzer, aiperf "
+        "with --aiperf)",
     )
     parser.add_argument("--first-ms", default=FIRST_MS, help=f"version 5's (default {FIRST_MS})")
     parser.add_argument("--output", type=Path, default=RESULTS / "gate_streams.json")
@@ -364,7 +378,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.scenarios = [s for s in args.scenarios.split(",") if s]
-    default = GENERATORS if args.perf_analyzer else GENERATORS[:1]
+    given = {"built-in": True, "perf_analyzer": args.perf_analyzer, "aiperf": args.aiperf}
+    default = [g for g in GENERATORS if given[g]]
     args.generators = [g for g in (args.generators or ",".join(default)).split(",") if g]
     unknown = sorted(set(args.scenarios) - SCENARIOS.keys()) + sorted(
         set(args.generators) - set(GENERATORS)
@@ -373,6 +388,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"unknown scenario or generator {', '.join(unknown)}")
     if "perf_analyzer" in args.generators and not args.perf_analyzer:
         parser.error("the perf_analyzer arms need --perf-analyzer PATH")
+    if "aiperf" in args.generators and not args.aiperf:
+        parser.error("the AIPerf arms need --aiperf PATH")
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     return args

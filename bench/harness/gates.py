@@ -80,14 +80,22 @@ def record(gate: ModelGate, seconds: float) -> dict[str, Any]:
 
 
 def isolated_run(
-    repository: Path, workdir: Path, base: DesiredState, head: DesiredState, perf: str | None
+    repository: Path,
+    workdir: Path,
+    base: DesiredState,
+    head: DesiredState,
+    perf: str | None,
+    aiperf: str | None = None,
 ) -> dict[str, Any]:
     """The gate on the one deployment that changes from ``base`` to ``head``, on a
     tritonserver of its own over ``repository`` (stopped by its pid on the way out), with
-    perf_analyzer (``perf``: its binary) or the built-in load generator: its ``record``."""
+    perf_analyzer (``perf``: its binary) or the built-in load generator, and AIPerf
+    (``aiperf``: its binary) for a streaming model when given: its ``record``."""
     (target,) = gated(base, head)
     started = time.monotonic()
-    with wiring.isolated_server(repository, workdir, perf_analyzer=perf) as server:
+    with wiring.isolated_server(
+        repository, workdir, perf_analyzer=perf, aiperf=aiperf
+    ) as server:
         (gate,) = run_gate(target, server)
     return record(gate, time.monotonic() - started)
 

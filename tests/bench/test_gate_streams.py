@@ -34,16 +34,20 @@ def test_each_arm_gates_the_generator_at_the_tests_settings(scenario: str, gener
     assert gate.max_latency_increase == 0.2
     # perf_analyzer measures no time between responses: a bound on it would fail every run.
     bound = gate.max_between_responses_increase
-    assert bound == (0.5 if generator == "built-in" else None)
+    assert bound == (None if generator == "perf_analyzer" else 0.5)
     (smoke,) = target.head.smoke
     assert smoke.inputs[0].data == (1, 2, 3)
 
 
-def test_the_perf_analyzer_arms_need_its_binary() -> None:
+def test_the_perf_analyzer_and_aiperf_arms_need_their_binaries() -> None:
     assert parse_args([]).generators == ["built-in"]
-    assert parse_args(["--perf-analyzer", "pa"]).generators == list(GENERATORS)
+    assert parse_args(["--perf-analyzer", "pa"]).generators == ["built-in", "perf_analyzer"]
+    both = parse_args(["--perf-analyzer", "pa", "--aiperf", "ap"]).generators
+    assert both == list(GENERATORS)
     with pytest.raises(SystemExit):
         parse_args(["--generators", "perf_analyzer"])
+    with pytest.raises(SystemExit):
+        parse_args(["--generators", "aiperf"])
     with pytest.raises(SystemExit):
         parse_args(["--scenarios", "fast"])
 
