@@ -93,9 +93,7 @@ def isolated_run(
     (``aiperf``: its binary) for a streaming model when given: its ``record``."""
     (target,) = gated(base, head)
     started = time.monotonic()
-    with wiring.isolated_server(
-        repository, workdir, perf_analyzer=perf, aiperf=aiperf
-    ) as server:
+    with wiring.isolated_server(repository, workdir, perf_analyzer=perf, aiperf=aiperf) as server:
         (gate,) = run_gate(target, server)
     return record(gate, time.monotonic() - started)
 

@@ -260,6 +260,18 @@ def judged_by_probes(
     return PINNED if probes_only or below_old else None
 
 
+def woken_probes(judged_by_probes: bool, streaming: bool, probes_only: bool) -> bool:
+    """Whether each probe is timed after a wake-up probe to the same version
+    (``ProbeSender.warm``): when the probes alone judge latency, so that an idle version
+    woken for each probe is not compared with a busy one kept awake by its clients. Not for
+    a streaming model's phase at no traffic (``probes_only``): its rounds probe new and old
+    side by side, both idle on the new pool's server, and a wake-up stream costs a whole
+    generation, halving the probes (version 5, first response 300 ms late: 4 probe streams a
+    side in 8 s, short of the 5 a verdict needs, went on to the canary's steps uncaught,
+    bench.streaming)."""
+    return judged_by_probes and not (streaming and probes_only)
+
+
 BETWEEN = "a streaming model: time between responses, the median of each probe stream"
 BETWEEN_RESPONSES = "betweenResponses"  # Check.of; its default, "firstResponse", is the schema's
 

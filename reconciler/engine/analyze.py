@@ -10,6 +10,7 @@ look at the operator's orders. What was read and probed is judged by the analysi
 
 from __future__ import annotations
 
+from reconciler.core.latency import woken_probes
 from reconciler.engine.context import ChangeContext, StepDone, Timing, aborted
 from reconciler.engine.judgement import Judgement
 from reconciler.engine.probes import Prober
@@ -57,7 +58,11 @@ def analyze_step(
             return obeyed
         if prober is not None:
             # Latency judged by the probes alone: each timed after a wake-up probe.
-            prober.warm = judgement.pinned_only and any(c.kind == "latency" for c in spec.checks)
+            prober.warm = woken_probes(
+                judgement.pinned_only and any(c.kind == "latency" for c in spec.checks),
+                step.streaming,
+                context.probes_only,
+            )
             prober.volley(spec.early_abort.consecutive_probe_failures)
             judgement.check_abort(None, prober.figures)
             judgement.probes_after_volley = prober.figures

@@ -11,6 +11,7 @@ from reconciler.core.latency import (
     beyond_bound,
     pinned_latency_check,
     uneven_load,
+    woken_probes,
 )
 from reconciler.core.probes import ProbeRequest
 from reconciler.engine.probes import Prober, ProbeSender
@@ -262,3 +263,12 @@ def test_an_increase_on_the_medians_of_a_few_noisy_probes_is_not_a_slower_versio
     )
     noisy = pinned_latency_check(Check("first", "latency", max_increase=1.0), figures)
     assert noisy.verdict is Verdict.SKIPPED and "within the noise of 7 and 7 probes" in noisy.detail
+
+
+def test_a_streaming_phase_at_no_traffic_probes_without_wake_ups() -> None:
+    """Both sides idle on the new pool's server, probed side by side: a wake-up stream
+    would cost a whole generation and halve the probes. Elsewhere, as before."""
+    assert woken_probes(True, streaming=True, probes_only=True) is False
+    assert woken_probes(True, streaming=True, probes_only=False) is True  # a step, in place
+    assert woken_probes(True, streaming=False, probes_only=True) is True  # unary: as before
+    assert woken_probes(False, streaming=True, probes_only=False) is False  # counters judge
