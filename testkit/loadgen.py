@@ -14,6 +14,7 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -303,6 +304,57 @@ class StreamClient:
         finally:
             connection.close()
         return Stream(started, tuple(versions), tuple(tokens), error, None, time.monotonic())
+
+
+@dataclass(frozen=True)
+class SseRequest:
+    """One ``generate_stream`` request made by ``sse_request``: the prompt and the body
+    sent, the tokens streamed back, how it ended (None: whole) and how long it took."""
+
+    prompt: int
+    body: bytes
+    tokens: tuple[int, ...]
+    error: str | None
+    seconds: float
+
+
+def sse_request(address: str, model: str, prompt: int, chunked: bool = False) -> SseRequest:
+    """One HTTP ``generate_stream`` request with the prompt ``[prompt]`` on a connection of
+    its own, read to the end of its stream; ``chunked``: the body sent with
+    ``Transfer-Encoding: chunked`` in two chunks 10 ms apart (else with Content-Length)."""
+    body = json.dumps({"PROMPT": [prompt]}).encode()
+    tokens: list[int] = []
+    error = None
+    started = time.monotonic()
+    connection = http.client.HTTPConnection(address, timeout=30)
+    path = f"/v2/models/{model}/generate_stream"
+    headers = {"Content-Type": "application/json"}
+    try:
+        if chunked:
+
+            def parts() -> Iterator[bytes]:
+                yield body[:5]
+                time.sleep(0.01)  # the rest once the router has sent the headers on
+                yield body[5:]
+
+            connection.request("POST", path, body=parts(), headers=headers, encode_chunked=True)
+        else:
+            connection.request("POST", path, body=body, headers=headers)
+        answer = connection.getresponse()
+        if answer.status != 200:
+            error = f"HTTP {answer.status}: {answer.read()[:200]!r}"
+        for line in answer if error is None else ():
+            if line.startswith(b"data: "):
+                event = json.loads(line[len(b"data: ") :])
+                if "error" in event:
+                    error = f"in the stream: {event['error']}"
+                    break
+                tokens.append(int(event["TOKEN"]))
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        connection.close()
+    return SseRequest(prompt, body, tuple(tokens), error, time.monotonic() - started)
 
 
 def _put(events: queue.Queue[tuple[Any, Any]], result: Any, error: Any) -> None:
