@@ -182,3 +182,11 @@ def test_an_analysis_with_its_probes_off_leaves_verify_its_synthesized_stream() 
         (change,) = p.changes
         (verify,) = [s for s in change.steps if s.action.value == "verify"]
         assert verify.probe_against == asked, (probes, verify.reason)
+    # A unary model's error responses show in the router's statistics: no request added.
+    _, unprobed = read(
+        analysed(False).replace("        - {name: first, latency: {maxIncrease: 1.0}}\n", "")
+    )
+    assert unprobed is not None
+    p = plan_of(unprobed, server(base_config("m"), base_config("m")))
+    (verify,) = [s for s in p.changes[0].steps if s.action.value == "verify"]
+    assert verify.probe_against is None, verify.reason

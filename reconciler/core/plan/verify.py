@@ -36,13 +36,17 @@ def verify_step(
         )
     # Nothing else declared asks the new versions a question: one request synthesized from
     # the model's inputs, which the old version answers, must be answered (an analysis
-    # probes on its own, from its start; one with its probes off does not, and a streaming
-    # model's errors inside a stream are successes to Triton's counters: a version that
-    # failed every stream went through both canary steps, bench.streaming).
-    probed = deployment.analysis is not None and deployment.analysis.probes.enabled
+    # probes on its own, from its start). A streaming model's analysis with its probes off
+    # sees nothing of an error inside a stream: Triton's counters count it a success and a
+    # router sees the gRPC stream end OK (a version that failed every stream went through
+    # both canary steps, bench.streaming), so verify asks it. A unary model's error
+    # responses show in the router's statistics: its clients judge it there.
+    watched = deployment.analysis is not None and (
+        deployment.analysis.probes.enabled or not streaming
+    )
     probe = (
         old_version
-        if old_version is not None and not deployment.smoke and shadow is None and not probed
+        if old_version is not None and not deployment.smoke and shadow is None and not watched
         else None
     )
     if probe is not None:
