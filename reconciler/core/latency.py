@@ -52,6 +52,11 @@ SIGNIFICANCE = 0.01
 # clients waits for an instance while the idle old version answers at once. A good version
 # after a blue-green switch read 9 to 107 ms against 2 to 12 ms (bench.streaming run 3).
 LOAD_RATIO_MAX = 2.0
+# Probes sent to the old version before the new versions load, while it carries the
+# clients' streams (``old_under_load``): the time to the first response the new versions
+# are held to once they carry those streams instead. Six, so that the rank test can reach
+# SIGNIFICANCE against the PINNED_LATENCY_MIN_PROBES of the new (6 and 5: 1 in 462).
+OLD_UNDER_LOAD_PROBES = 6
 
 
 def uneven_load(new_requests: float | None, old_requests: float | None) -> str | None:
@@ -70,6 +75,22 @@ def uneven_load(new_requests: float | None, old_requests: float | None) -> str |
         "the old answers at once; judged where the loads compare (a router's no-traffic phase, "
         "a small step)"
     )
+
+
+def old_under_load(
+    streaming: bool, checks: Sequence[Check], probes_enabled: bool, takes_clients: bool
+) -> int:
+    """How many probes the old version gets before the new versions load, under its clients'
+    load (``Step.old_under_load``): OLD_UNDER_LOAD_PROBES for a streaming model whose time to
+    the first response the probes judge, when the new versions take the old one's clients on
+    this server (unversioned requests reach the highest version); else 0. Once they do, the
+    loads of new and old no longer compare (``uneven_load``: a version 300 ms late in place
+    under load went unjudged and reached 37 client streams, bench.streaming run 6), and
+    the old version under the same clients, probed just before, is the baseline that does."""
+    first_response = any(c.kind == "latency" and c.of != BETWEEN_RESPONSES for c in checks)
+    if streaming and probes_enabled and takes_clients and first_response:
+        return OLD_UNDER_LOAD_PROBES
+    return 0
 
 
 def same_time_latency(
@@ -260,7 +281,9 @@ def judged_by_probes(
     return PINNED if probes_only or below_old else None
 
 
-def woken_probes(judged_by_probes: bool, streaming: bool, probes_only: bool) -> bool:
+def woken_probes(
+    judged_by_probes: bool, streaming: bool, probes_only: bool, old_under_load: bool = False
+) -> bool:
     """Whether each probe is timed after a wake-up probe to the same version
     (``ProbeSender.warm``): when the probes alone judge latency, so that an idle version
     woken for each probe is not compared with a busy one kept awake by its clients. Not for
@@ -268,10 +291,19 @@ def woken_probes(judged_by_probes: bool, streaming: bool, probes_only: bool) -> 
     side by side, both idle on the new pool's server, and a wake-up stream costs a whole
     generation, halving the probes (version 5, first response 300 ms late: 4 probe streams a
     side in 8 s, short of the 5 a verdict needs, went on to the canary's steps uncaught,
-    bench.streaming)."""
-    return judged_by_probes and not (streaming and probes_only)
+    bench.streaming). Nor in place once the old version was probed under its clients' load
+    (``old_under_load``): the new versions then carry those clients, awake, and are held to
+    those probes; a wake-up stream behind the clients' would halve their probes again (a
+    version 300 ms late had 3 a side in 12 s and passed unjudged, test_streaming)."""
+    if streaming and (probes_only or old_under_load):
+        return False
+    return judged_by_probes
 
 
+LOADED = (
+    "a streaming model carrying the clients' streams: the old version probed under the same "
+    "clients before the new versions loaded"
+)
 BETWEEN = "a streaming model: time between responses, the median of each probe stream"
 BETWEEN_RESPONSES = "betweenResponses"  # Check.of; its default, "firstResponse", is the schema's
 
@@ -325,6 +357,11 @@ def pinned_latency_check(
     ``uneven``: why the two sides' loads do not compare (``uneven_load``): an increase beyond
     the bound is then not the version's, and is shown skipped; within it, it passes."""
     threshold = f"increase <= {check.max_increase:g}"
+    if uneven is not None and len(probes.old_loaded) >= PINNED_LATENCY_MIN_PROBES:
+        # The new versions carry the clients' streams, the old one beside them does not;
+        # it did before they loaded, and was probed then: those probes compare.
+        probes = replace(probes, old_latencies=probes.old_loaded)
+        why, uneven = LOADED, None
     medians = _probe_medians(probes)
     if medians is None:
         # One slow wake-up among a handful of probes is not a slower version: wait for more.

@@ -62,6 +62,7 @@ def analyze_step(
                 judgement.pinned_only and any(c.kind == "latency" for c in spec.checks),
                 step.streaming,
                 context.probes_only,
+                step.old_under_load > 0,
             )
             prober.volley(spec.early_abort.consecutive_probe_failures)
             judgement.check_abort(None, prober.figures)

@@ -146,6 +146,8 @@ def prepare_analysis(
         except VerifyFailed:
             interface = None  # the probes read the new version's instead
     context.prober = Prober.prepare(control, step, step.analysis.probes, timing.clock, interface)
+    if step.old_under_load:
+        context.prober.old_under_load(step.old_under_load, timing.sleep, timing.stopping)
 
 
 def apply_change(

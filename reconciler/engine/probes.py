@@ -235,6 +235,30 @@ class Prober:
         requests, figures = chosen(step, interface, sender)
         return cls(sender, spec, requests, figures)
 
+    def old_under_load(
+        self, count: int, sleep: Callable[[float], None], stopping: Callable[[], bool]
+    ) -> None:
+        """Before the new versions load: ``count`` probes to the old version while it still
+        carries the clients' streams, paced as the rounds are (``Step.old_under_load``).
+        Their times to the first response are the baseline once the new versions carry
+        those streams (``ProbeFigures.old_loaded``); a failed one is left out: it says
+        nothing of the new versions."""
+        if not self.requests or not self.step.baseline:
+            return
+        old = max(self.step.baseline)
+        clock = self.sender.clock
+        for turn in range(count):
+            if stopping():
+                break
+            sleep(max(0.0, self.pace.due() - clock()))
+            started = clock()
+            sent = self.sender.send(self.requests[turn % len(self.requests)], old)
+            if sent.counted.error is None:
+                loaded = (*self.figures.old_loaded, sent.counted.seconds)
+                self.figures = replace(self.figures, old_loaded=loaded)
+            self.pace.after(started, sent.server_seconds)
+        self.pace = Pace(self.spec, clock)  # the new versions' rounds pace by their own
+
     def volley(self, limit: int) -> None:
         """Each request once on each new version, back to back; a failed one again at once,
         until it passes or ``limit`` failed in a row (the early abort's run)."""

@@ -211,6 +211,9 @@ class ProbeFigures:
     old_cut: int = 0
     gaps: tuple[float, ...] = field(default=(), repr=False)
     old_gaps: tuple[float, ...] = field(default=(), repr=False)
+    # The old version's probes before the new versions loaded, while it carried the
+    # clients' streams (``Step.old_under_load``): each probe's seconds to the first response.
+    old_loaded: tuple[float, ...] = field(default=(), repr=False)
 
     def counted(self, outcome: ProbeOutcome, old: bool) -> ProbeFigures:
         """These figures with one more probe, to an old version or to the new ones."""

@@ -69,6 +69,10 @@ class Step:
     # decoupled): smoke cases, the synthesized request and the probes are sent as gRPC
     # streams, never as unary calls (which Triton refuses for it).
     streaming: bool = False
+    # analyze: probes sent to the old version before the new ones load, while it still
+    # carries the clients' streams: the baseline of a streaming model's time to the first
+    # response once the new versions carry them instead (``core.latency.loaded_baseline``).
+    old_under_load: int = 0
     until_unavailable: bool = False  # unload: wait until the model is fully gone
     # unload before a load for want of room: bytes the server's memory figure must show free
     # (the old versions' memory given back) before the step is done; None: the index alone.

@@ -337,6 +337,11 @@ def _probes_json(probes: ProbeFigures | None) -> dict[str, Any] | None:
             round((quantile(probes.latencies, 0.95) or 0.0) * 1e3, 3) if probes.latencies else None
         ),
         "old_gap_median_ms": round(median(probes.old_gaps) * 1e3, 3) if probes.old_gaps else None,
+        # The old version probed under its clients' load before the new versions loaded.
+        "old_loaded_sent": len(probes.old_loaded),
+        "old_loaded_median_ms": (
+            round(median(probes.old_loaded) * 1e3, 3) if probes.old_loaded else None
+        ),
         "skipped": probes.skipped,
         "last_error": probes.last_error if probes.failed else None,
         "note": probes.note,

@@ -110,10 +110,14 @@ class Streams(Clients):
         slow_first: Mapping[int, float] | None = None,
         slow_gap: Mapping[int, float] | None = None,
         unended: frozenset[int] = frozenset(),
+        behind_clients: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(clock, **kwargs)
         self.first, self.gap = first, gap
+        # How long a stream to the version that carries the clients' streams (the highest
+        # READY: unversioned requests reach it) waits for an instance they hold.
+        self.behind_clients = behind_clients
         self.slow_first = dict(slow_first or {})  # version -> its time to the first response
         self.slow_gap = dict(slow_gap or {})  # version -> its time between responses
         self.unended = unended  # versions whose streams never send the final flag
@@ -145,6 +149,8 @@ class Streams(Clients):
                 f"flag within {timeout or 1.0:g}s"
             )
         first = self.slow_first.get(version, self.first)
+        if version == max(self.ready(model)):
+            first += self.behind_clients
         gap = self.slow_gap.get(version, self.gap)
         seconds = tuple(first + i * gap for i in range(4))
         self.clock.now += seconds[-1]

@@ -6,16 +6,23 @@ plan() + apply() on the Triton fake with a fake clock (``tests/core/test_probing
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from reconciler.core.latency import (
+    OLD_UNDER_LOAD_PROBES,
+    STREAMED,
     between_responses_check,
     beyond_bound,
+    old_under_load,
     pinned_latency_check,
     uneven_load,
     woken_probes,
 )
+from reconciler.core.plan.planner import plan
 from reconciler.core.probes import ProbeRequest
 from reconciler.engine.probes import Prober, ProbeSender
 from reconciler.model.analysis import (
+    AnalysisSpec,
     Check,
     Figures,
     ProbeFigures,
@@ -24,10 +31,11 @@ from reconciler.model.analysis import (
     RolloutVerdict,
     Verdict,
 )
+from reconciler.model.history import History
 from reconciler.model.plan import Action, Step
 from reconciler.model.results import Outcome
 from reconciler.model.spec import Tensor
-from tests.core.fakes import FakeClock
+from tests.core.fakes import FakeClock, deploy, desired_state, observe
 from tests.core.test_probing import (
     DECOUPLED,
     NO_QUERIES,
@@ -197,28 +205,30 @@ def test_a_window_that_starts_before_the_first_scrape_counts_from_the_first_sigh
     assert (True, Verdict.NO_DATA) not in shown, shown
 
 
-def test_a_first_response_slower_only_behind_client_streams_is_not_judged_by_the_probes() -> None:
-    """The new version carries the clients' streams (after a blue-green switch, in place
-    under load) and the old one beside it only probes: the new version's probes wait for an
-    instance, so they read three times slower. Those probes do not compare: the check is
-    shown skipped and says why; with no client on either side the same figures revert."""
+def test_a_first_response_slower_only_behind_client_streams_is_held_to_the_old_under_load() -> None:
+    """The new version carries the clients' streams (in place under load) and the old one
+    beside it only probes: the new version's probes wait for an instance, so they read three
+    times the idle old version's. Before the load the old version was probed under the same
+    clients, and waited as long: against those probes the new version passes, and the check
+    says which probes it was held to. With no client on either side the same figures revert."""
     clock = FakeClock()
-    slower = {2: 0.030}
-    fake = Streams(clock, first=0.010, gap=0.002, slow_first=slower)
+    fake = Streams(clock, first=0.010, gap=0.002, behind_clients=0.020)
     busy = rollout(
         fake, clock, PACED, Traffic(fake, clock, rate=100.0, failing=0.0), config=DECOUPLED
     )
     assert busy.outcome is Outcome.CONVERGED, busy.error
     assert busy.analysis is not None
+    before = [v for v in fake.streams[: fake.streams.index(2)] if v == 1]
+    assert len(before) >= OLD_UNDER_LOAD_PROBES, fake.streams  # the old, before the load
     last = {r.check: r for r in busy.analysis.evaluations[-1].results}
     first = last["first"]
-    assert first.verdict is Verdict.SKIPPED and first.value == 2.0, first
-    assert "not judged: the new versions served" in first.detail, first.detail
-    assert "the old 0" in first.detail, first.detail
+    assert first.verdict is Verdict.PASS and first.value == 0.0, first
+    assert "median 30.00ms vs 30.00ms" in first.detail, first.detail
+    assert "probed under the same clients before the new versions loaded" in first.detail
     assert last["between"].verdict is Verdict.PASS, last  # gaps are not held behind a client
 
     clock = FakeClock()
-    fake = Streams(clock, first=0.010, gap=0.002, slow_first=slower)
+    fake = Streams(clock, first=0.010, gap=0.002, slow_first={2: 0.030})
     idle = rollout(
         fake, clock, PACED, Traffic(fake, clock, rate=0.0, failing=0.0), config=DECOUPLED
     )
@@ -226,6 +236,73 @@ def test_a_first_response_slower_only_behind_client_streams_is_not_judged_by_the
     assert "first" in (idle.error or "") and "median 30.00ms vs 10.00ms" in (idle.error or ""), (
         idle.error
     )
+
+
+def test_a_version_late_to_its_first_response_in_place_under_load_is_reverted() -> None:
+    """Test generator version 5 in place under client streams (bench.streaming run 6: not
+    judged, 37 late client streams): 300 ms late, against the old version as it answered
+    under the same clients before the load."""
+    clock = FakeClock()
+    fake = Streams(clock, first=0.010, gap=0.002, behind_clients=0.020, slow_first={2: 0.300})
+    # The bench's pace: a probe stream may hold an instance half the time.
+    paced = replace(PACED, probes=ProbeSpec(max_share=0.5))
+    change = rollout(
+        fake, clock, paced, Traffic(fake, clock, rate=100.0, failing=0.0), config=DECOUPLED
+    )
+    last = change.analysis.evaluations[-1].results if change.analysis else ()
+    assert change.outcome is Outcome.REVERTED, [str(r) for r in last]
+    error = change.error or ""
+    assert "first" in error and "median 320.00ms vs 30.00ms" in error, error
+    assert "probed under the same clients" in error, error
+
+
+def test_old_under_load_without_enough_probes_leaves_the_uneven_check_unjudged() -> None:
+    """The old version failed or was stopped before five probes under load: the uneven
+    loads are shown as before, not judged against a handful."""
+    figures = ProbeFigures(
+        sent=6, old_sent=6, latencies=(0.03,) * 6, old_latencies=(0.01,) * 6,
+        old_loaded=(0.03,) * 4, streamed=True,
+    )  # fmt: skip
+    check = pinned_latency_check(FIRST, figures, STREAMED, uneven="the loads differ")
+    assert check.verdict is Verdict.SKIPPED and "not judged: the loads differ" in check.detail
+    held = pinned_latency_check(
+        FIRST, replace(figures, old_loaded=(0.03,) * 5), STREAMED, uneven="the loads differ"
+    )
+    assert held.verdict is Verdict.PASS and "median 30.00ms vs 30.00ms" in held.detail, held
+
+
+def test_the_old_version_is_probed_under_load_only_where_the_new_take_its_clients() -> None:
+    """In place, a streaming model's first-response check: the old version is probed first.
+    Not for a rollback (the old keeps the unversioned clients), nor without the probes or
+    that check, nor for a unary model."""
+    first = spec(checks=(SUCCESS, FIRST))
+    assert old_under_load(True, first.checks, True, takes_clients=True) == 6
+    assert old_under_load(True, first.checks, True, takes_clients=False) == 0
+    assert old_under_load(True, first.checks, False, takes_clients=True) == 0
+    assert old_under_load(True, (SUCCESS, BETWEEN), True, takes_clients=True) == 0
+    assert old_under_load(False, first.checks, True, takes_clients=True) == 0
+
+    clock = FakeClock()
+    fake = Streams(clock, first=0.010, gap=0.002)
+    fake.serve("m", [1])
+    planned = plan_of(fake, first, [2])
+    (step,) = [s for s in planned if s.action is Action.ANALYZE]
+    assert step.old_under_load == OLD_UNDER_LOAD_PROBES, step
+    assert "probe streams to 1 under its clients' load" in step.reason, step.reason
+    clock = FakeClock()
+    fake = Streams(clock, first=0.010, gap=0.002)
+    fake.serve("m", [3])
+    (back,) = [s for s in plan_of(fake, first, [2]) if s.action is Action.ANALYZE]
+    assert back.old_under_load == 0, back  # a rollback: 3 keeps the unversioned clients
+
+
+def plan_of(fake: Streams, analysis: AnalysisSpec, versions: list[int]) -> tuple[Step, ...]:
+    deployment = replace(
+        deploy("m", versions, config=DECOUPLED), analysis=analysis, fingerprint="fp"
+    )
+    planned = plan(desired_state(deployment), {"s1": observe(fake)}, History(), "rev-2")
+    (change,) = planned.changes
+    return change.steps
 
 
 def test_uneven_loads_are_the_new_versions_serving_over_twice_the_old() -> None:
@@ -272,3 +349,5 @@ def test_a_streaming_phase_at_no_traffic_probes_without_wake_ups() -> None:
     assert woken_probes(True, streaming=True, probes_only=False) is True  # a step, in place
     assert woken_probes(True, streaming=False, probes_only=True) is True  # unary: as before
     assert woken_probes(False, streaming=True, probes_only=False) is False  # counters judge
+    # In place, held to the old version probed under its clients' load: the new is awake.
+    assert woken_probes(True, streaming=True, probes_only=False, old_under_load=True) is False

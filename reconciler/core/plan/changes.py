@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from reconciler.core.interface import config_interface, interface_part
+from reconciler.core.latency import old_under_load
 from reconciler.core.plan.heal import heal_change
 from reconciler.core.plan.revert import put_back_unloaded, revert_steps, sorted_versions
 from reconciler.core.plan.stream_cases import stream_case_refusal, unprobed_latency_refusal
@@ -414,12 +415,23 @@ def _analyze_step(delta: _Delta) -> Step:
     spec = deployment.analysis
     assert spec is not None
     watched = delta.desired if delta.drift else delta.new
+    old = ready - delta.desired
     note = ""
     if ready and max(watched) < max(ready):
         note = (
             f"; unversioned requests keep reaching {max(ready)} until it is unloaded, "
             f"so the new versions see only version-pinned traffic (noTraffic: "
             f"{spec.no_traffic})"
+        )
+    # The new versions take the old one's clients here (unversioned requests reach the
+    # highest version): a streaming model's old version is probed under them first.
+    loaded = old_under_load(
+        delta.streaming, spec.checks, spec.probes.enabled, bool(old) and max(watched) > max(old)
+    )
+    if loaded:
+        note += (
+            f"; before the load, {loaded} probe streams to {max(old)} under its clients' load "
+            "(the time to the first response the new versions are held to once they carry them)"
         )
     return Step(
         delta.server,
@@ -442,7 +454,8 @@ def _analyze_step(delta: _Delta) -> Step:
         )
         + f"; old versions stay loaded{note}",
         analysis=spec,
-        baseline=sorted_versions(ready - delta.desired),
+        baseline=sorted_versions(old),
+        old_under_load=loaded,
         # What the probes send: the smoke cases, else the recorded requests (else requests
         # synthesized from the model's inputs).
         smoke=deployment.smoke,

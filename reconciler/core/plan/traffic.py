@@ -347,7 +347,9 @@ def _analysis(deployment: ModelDeployment, change: ModelChange) -> Step:
     made the same way over its new versions."""
     planned = next((s for s in change.steps if s.action is Action.ANALYZE), None)
     if planned is not None:
-        return planned
+        # The router, not the load, gives the new versions their clients: the old versions
+        # are not probed under load before it (``Step.old_under_load``).
+        return replace(planned, old_under_load=0)
     assert deployment.analysis is not None  # validation: rollout.traffic needs an analysis
     new = tuple(v for v in change.desired if v not in change.serving) or change.desired
     old = tuple(v for v in change.serving if v not in change.desired)
