@@ -23,7 +23,10 @@ by the subset load balancer, here two more counting servers): which endpoint the
 
     python -m bench.sse_mirror [--requests 200] [--threads 2] [--output FILE.json]
 
-Every process started here (one tritonserver, one Envoy at a time) is stopped in ``finally``.
+The tritonserver, the first Envoy and its counting server are the SSE mirror bed
+(testkit/sse_mirror.py), the one tests/integration/test_sse_mirror.py runs on. Every process
+started here (one tritonserver, one Envoy at a time) is stopped on leaving its ``with``, by
+its pid.
 """
 
 from __future__ import annotations
@@ -40,18 +43,12 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-import tritonclient.grpc as triton_grpc
-
-from reconciler.adapters.envoy import mirror_value
 from testkit.counting_http import Answer, CountingServer, Received
 from testkit.envoy import LocalEnvoy, _cluster
 from testkit.loadgen import SseRequest, sse_request
 from testkit.local_triton import LocalTriton
-from testkit.manifests import GENERATOR, generator_config, write_generator_repository
-
-TOKENS = 5
-PARAMETERS = {"tokens": str(TOKENS), "token_ms": "5"}
-MIRROR = "comparator_http"
+from testkit.manifests import GENERATOR
+from testkit.sse_mirror import MIRROR, expected_tokens, set_mirror_share, sse_mirror_bed
 
 
 def send(address: str, prompts: list[int], threads: int, chunked: bool) -> list[SseRequest]:
@@ -90,13 +87,6 @@ def settle(servers: list[CountingServer], quiet: float = 0.5, limit: float = 10.
         time.sleep(quiet)
 
 
-def set_share(envoy: LocalEnvoy, key: str, share: int) -> None:
-    query = urllib.parse.urlencode({key: mirror_value(share)}, quote_via=urllib.parse.quote)
-    request = urllib.request.Request(f"{envoy.admin_url}/runtime_modify?{query}", method="POST")
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        answer.read()
-
-
 def cluster_stats(envoy: LocalEnvoy, *clusters: str) -> dict[str, int]:
     """Every counter of ``clusters`` that is not 0 (upstream_rq_*, upstream_cx_*...)."""
     wanted = r"^cluster\.(" + "|".join(clusters) + r")\.(upstream_rq|upstream_cx|retry_or)"
@@ -125,7 +115,7 @@ def judge(name: str, share: int, sent: list[SseRequest], copies: list[Received])
         seen.add(prompt)
         matched += 1
         whole += copy.body == by_prompt[prompt].body
-    expected = [tuple((s.prompt + i) % 1000 for i in range(TOKENS)) for s in sent]
+    expected = [expected_tokens(s.prompt) for s in sent]
     streams_whole = sum(
         s.error is None and s.tokens == e for s, e in zip(sent, expected, strict=True)
     )
@@ -161,26 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     n, quarter = args.requests, max(args.requests // 4, 1)
     prompts = count(1)
     results: list[dict[str, Any]] = []
-    key = f"mirror.triton.{MIRROR}"
     with tempfile.TemporaryDirectory(prefix="sse-mirror-") as temp:
         root = Path(temp)
-        models = write_generator_repository(root / "models", parameters=PARAMETERS)
-        triton = LocalTriton(models, log_file=root / "triton.log")
-        mirror = CountingServer()
-        envoy: LocalEnvoy | None = None
-        try:
-            triton.start()
-            config = generator_config([1], PARAMETERS, instances=2)
-            with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
-                client.load_model(GENERATOR, config=json.dumps(config))
-            mirror.start()
-            envoy = LocalEnvoy.of(
-                root / "envoy",
-                {"stable": [triton.grpc_address]},
-                {"stable": 10_000},
-                http={"stable": [triton.http_address]},
-                http_mirrors={MIRROR: [mirror.address]},
-            ).start()
+        with sse_mirror_bed(root) as bed:
+            envoy, mirror = bed.envoy, bed.mirror
             phases: tuple[tuple[str, int, int, bool, Answer, float], ...] = (
                 ("length", 10_000, n, False, "sse", 0.0),
                 ("chunked", 10_000, n, True, "sse", 0.0),
@@ -190,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                 ("off", 0, quarter, False, "sse", 0.0),
             )
             for name, share, many, chunked, answer, delay in phases:
-                set_share(envoy, key, share)
+                bed.share(share)
                 mirror.answer, mirror.delay = answer, delay
                 sent = send(envoy.http_address, [next(prompts) for _ in range(many)],
                             args.threads, chunked)  # fmt: skip
@@ -199,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(results[-1]), flush=True)
             # The mirror target gone (its port closed): the clients' streams, the copies' fate.
             mirror.stop()
-            set_share(envoy, key, 10_000)
+            bed.share(10_000)
             sent = send(envoy.http_address, [next(prompts) for _ in range(quarter)],
                         args.threads, False)  # fmt: skip
             settle([mirror])
@@ -209,13 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"envoy_stats": stats}), flush=True)
             results.append({"envoy_stats": stats})
             envoy.stop()
-            envoy = None
-            # A pool-shaped cluster (subset load balancer) as the HTTP route's mirror target.
-            with CountingServer() as grpc_side, CountingServer() as http_side:
-                envoy = subset_envoy(root, triton, grpc_side.address, http_side.address)
-                envoy.start()
-                set_share(envoy, "mirror.triton.pool", 10_000)
-                sent = send(envoy.http_address, [next(prompts) for _ in range(quarter)],
+            # A pool-shaped cluster (subset load balancer) as the HTTP route's mirror target,
+            # behind a second Envoy in front of the same tritonserver.
+            with (
+                CountingServer() as grpc_side,
+                CountingServer() as http_side,
+                subset_envoy(root, bed.triton, grpc_side.address, http_side.address) as second,
+            ):
+                set_mirror_share(second, "mirror.triton.pool", 10_000)
+                sent = send(second.http_address, [next(prompts) for _ in range(quarter)],
                             args.threads, False)  # fmt: skip
                 settle([grpc_side, http_side])
                 subset = {
@@ -224,15 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                     "client_streams_whole": sum(s.error is None for s in sent),
                     "copies_at_grpc_endpoint": len(grpc_side.taken()),
                     "copies_at_http_endpoint": len(http_side.taken()),
-                    "stats": cluster_stats(envoy, "pool"),
+                    "stats": cluster_stats(second, "pool"),
                 }
                 print(json.dumps(subset), flush=True)
                 results.append(subset)
-        finally:
-            if envoy is not None:
-                envoy.stop()
-            mirror.stop()
-            triton.stop()
     if args.output:
         args.output.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -2,7 +2,8 @@
 point 1): one real tritonserver serving the streaming test model ``gen``, one Envoy routing
 Triton's HTTP API to it with a request mirror policy (runtime share
 ``mirror.triton.comparator_http``) to a mirror-only HTTP/1.1 cluster, a counting server in
-this process (testkit/counting_http.py) that records every copy whole.
+this process (testkit/counting_http.py) that records every copy whole: the SSE mirror bed
+(testkit/sse_mirror.py), which ``python -m bench.sse_mirror`` measures on too.
 
 Envoy 1.40 streams a copy beside the request (``envoy.reloadable_features.streaming_shadow``,
 on by default since 1.33): headers at once, the body as it comes, whether the client sends
@@ -16,53 +17,41 @@ from __future__ import annotations
 import json
 import math
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import count
 
 import pytest
-import tritonclient.grpc as triton_grpc
 
-from reconciler.adapters.envoy import mirror_value
 from testkit.counting_http import CountingServer, Received
-from testkit.envoy import LocalEnvoy
 from testkit.loadgen import SseRequest, sse_request
-from testkit.local_triton import LocalTriton
-from testkit.manifests import GENERATOR, generator_config, write_generator_repository
+from testkit.manifests import GENERATOR
+from testkit.sse_mirror import SseMirrorBed, expected_tokens, sse_mirror_bed
 from tests.services import envoy_or_skip
 
 pytestmark = pytest.mark.triton
 
-TOKENS = 5
-PARAMETERS = {"tokens": str(TOKENS), "token_ms": "5"}
-MIRROR = "comparator_http"
-
 
 @dataclass
 class Setup:
-    triton: LocalTriton
-    envoy: LocalEnvoy
-    mirror: CountingServer
+    bed: SseMirrorBed
     prompts: Iterator[int]
+
+    @property
+    def mirror(self) -> CountingServer:
+        return self.bed.mirror
 
     def share(self, share: int) -> None:
         """The mirror share out of 10,000, as the reconciler's adapter writes it."""
-        query = urllib.parse.urlencode(
-            {f"mirror.triton.{MIRROR}": mirror_value(share)}, quote_via=urllib.parse.quote
-        )
-        url = f"{self.envoy.admin_url}/runtime_modify?{query}"
-        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=5):
-            pass
+        self.bed.share(share)
 
     def send(self, many: int, chunked: bool = False) -> list[SseRequest]:
         prompts = [next(self.prompts) for _ in range(many)]
         with ThreadPoolExecutor(2) as pool:
             return list(
                 pool.map(
-                    lambda p: sse_request(self.envoy.http_address, GENERATOR, p, chunked),
+                    lambda p: sse_request(self.bed.envoy.http_address, GENERATOR, p, chunked),
                     prompts,
                 )
             )
@@ -81,38 +70,12 @@ class Setup:
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
     envoy_or_skip()
-    root = tmp_path_factory.mktemp("sse-mirror")
-    models = write_generator_repository(root / "models", parameters=PARAMETERS)
-    triton = LocalTriton(models, log_file=root / "triton.log")
-    mirror = CountingServer()
-    envoy: LocalEnvoy | None = None
-    try:
-        triton.start()
-        config = generator_config([1], PARAMETERS, instances=2)
-        with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
-            client.load_model(GENERATOR, config=json.dumps(config))
-        mirror.start()
-        envoy = LocalEnvoy.of(
-            root / "envoy",
-            {"stable": [triton.grpc_address]},
-            {"stable": 10_000},
-            http={"stable": [triton.http_address]},
-            http_mirrors={MIRROR: [mirror.address]},
-        ).start()
-        yield Setup(triton, envoy, mirror, count(1))
-    finally:
-        if envoy is not None:
-            envoy.stop()
-        mirror.stop()
-        triton.stop()
+    with sse_mirror_bed(tmp_path_factory.mktemp("sse-mirror")) as bed:
+        yield Setup(bed, count(1))
 
 
 def _streams_whole(sent: list[SseRequest]) -> None:
-    cut = [
-        s
-        for s in sent
-        if s.error is not None or s.tokens != tuple((s.prompt + i) % 1000 for i in range(TOKENS))
-    ]
+    cut = [s for s in sent if s.error is not None or s.tokens != expected_tokens(s.prompt)]
     assert cut == [], f"{len(cut)} of {len(sent)} client streams cut or wrong: {cut[:2]}"
 
 
