@@ -27,7 +27,10 @@ end every analysis inconclusive, a good version's as a bad one's. Generations: 2
    2 -> 1; half of each (which half: ``--seed``) with the CPU burner of
    ``bench.false_verdicts`` (``bench.harness.burner``) from just before the apply to its
    end. Per rollout: converged or a false revert (its verdict in the reconciler's words),
-   the client streams failed, cut and mixed.
+   the client streams failed, cut and mixed. And ``--rollouts`` / 2 more in place (arm
+   ``in-place``: one server, clients straight to it), each 1 -> 2 from 1 deployed anew, so
+   that 2 takes the clients' streams and is held to 1's first response probed under them
+   before the load; half with the burner (their own draw: ``--seed`` + 1).
 2. *Bad versions* (``--bad-rollouts`` each, default 2), from a good version serving:
    (a) ``in-place``: one server, clients straight to it (a new version beside the old takes
    every unversioned stream from its load on), versions 3, 4, 5, 8, and 7 on a server of its
@@ -359,7 +362,7 @@ def streamed_apply(
 
 def good_rollout(bed: Bed, arm: str, index: int, old: int, burner: bool) -> dict[str, Any]:
     new = 2 if old == 1 else 1
-    traffic = CANARY if arm == "canary" else BLUE_GREEN
+    traffic = {"canary": CANARY, "blue-green": BLUE_GREEN}.get(arm)  # in place: none
     done = streamed_apply(
         bed, new, f"{arm} {index}: {old} -> {new}", burner=burner, traffic=traffic
     )
@@ -474,6 +477,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print("one server: gen 1", file=sys.stderr)
                 bed.deploy(1, analysis=False)
                 serving = 1
+                # In place, each from 1 (deployed without analysis): 2 takes the clients'
+                # streams, and its first response is held to 1's under them. A generator of
+                # its own: the routed arms' burner draws stay as they were.
+                good = "good" in args.parts and "in-place" in args.arms
+                in_place_rng = random.Random(args.seed + 1)
+                for i, burner in enumerate(
+                    burner_plan(args.rollouts // 2 if good else 0, in_place_rng)
+                ):
+                    record = good_rollout(bed, "in-place", i, 1, burner)
+                    result["good"].append(record)
+                    bed.deploy(1, analysis=False)
                 for i in range(args.no_client if "no-client" in args.parts else 0):
                     quiet = no_client_rollout(bed, i, serving)
                     result["no_client"].append(quiet)
@@ -516,8 +530,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                             result["bad"].append(bad)
 
         in_place = "bad" in args.parts and "in-place" in args.arms
+        good_in_place = "good" in args.parts and "in-place" in args.arms
         beds: list[tuple[str, Any]] = [("one server", single)] * bool(
-            in_place or {"no-client", "swap"} & set(args.parts)
+            in_place or good_in_place or {"no-client", "swap"} & set(args.parts)
         ) + [("gen 7's server", unending)] * in_place
         for arm, pools in POOLS.items():
             probe_arms = [a for a in GOALS if a.startswith("envoy") and a in args.arms]
