@@ -493,7 +493,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["no_client"].append(quiet)
                     serving = quiet["new" if quiet["passed"] else "old"]
                 in_place = "bad" in args.parts and "in-place" in args.arms
-                for version in (3, 4, 5, 8) if in_place else ():
+                for version in [v for v in args.versions if v != UNENDING] if in_place else ():
                     for i in range(args.bad_rollouts):
                         bad = bad_rollout(bed, "in-place", BADS[version], i, serving)
                         result["bad"].append(bad)
@@ -524,7 +524,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["good"].append(record)
                     serving = record["old"] if record["false_revert"] else record["new"]
                 for probes in probe_arms:
-                    for version in (3, 4, 5, 8):
+                    for version in [v for v in args.versions if v != UNENDING]:
                         for i in range(args.bad_rollouts):
                             bad = bad_rollout(bed, probes, BADS[version], i, serving)
                             result["bad"].append(bad)
@@ -533,7 +533,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         good_in_place = "good" in args.parts and "in-place" in args.arms
         beds: list[tuple[str, Any]] = [("one server", single)] * bool(
             in_place or good_in_place or {"no-client", "swap"} & set(args.parts)
-        ) + [("gen 7's server", unending)] * in_place
+        ) + [("gen 7's server", unending)] * (in_place and UNENDING in args.versions)
         for arm, pools in POOLS.items():
             probe_arms = [a for a in GOALS if a.startswith("envoy") and a in args.arms]
             probe_arms = probe_arms if arm == "canary" and "bad" in args.parts else []
@@ -551,7 +551,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "streaming",
         "command": " ".join(["python -m bench.streaming", *sys.argv[1:]]),
         "settings": {"quick": args.quick, "seed": args.seed, "parts": args.parts,
-                     "arms": args.arms, "checks": args.checks,
+                     "arms": args.arms, "checks": args.checks, "versions": args.versions,
                      "rollouts": args.rollouts, "bad_rollouts": args.bad_rollouts,
                      "no_client": args.no_client, "swaps": args.swaps,
                      "interval_s": INTERVAL_S, "duration_s": DURATION_S,
@@ -586,6 +586,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument(
+        "--versions", nargs="+", type=int, choices=(3, 4, 5, 8, UNENDING),
+        default=[3, 4, 5, 8, UNENDING],
+        help="the bad versions rolled out (7: in place only, on a server of its own)",
+    )  # fmt: skip
     parser.add_argument(
         "--checks",
         choices=("all", "success-rate"),

@@ -54,9 +54,17 @@ SIGNIFICANCE = 0.01
 LOAD_RATIO_MAX = 2.0
 # Probes sent to the old version before the new versions load, while it carries the
 # clients' streams (``old_under_load``): the time to the first response the new versions
-# are held to once they carry those streams instead. Six, so that the rank test can reach
-# SIGNIFICANCE against the PINNED_LATENCY_MIN_PROBES of the new (6 and 5: 1 in 462).
-OLD_UNDER_LOAD_PROBES = 6
+# are held to once they carry those streams instead. Eight, so that the rank test can reach
+# SIGNIFICANCE on LOADED_MIN_NEW probes of the new (8 and 3: 1 in 165): behind the clients'
+# streams a probe of a slow version takes a second or more with its pace, and the clients
+# meet the version meanwhile (version 5, 300 ms late: caught at evaluation 8 after 26 late
+# client streams, or passed on too few probes after 37, bench.streaming run 9, with six
+# old probes and five new needed).
+OLD_UNDER_LOAD_PROBES = 8
+# Probes of the new versions a comparison with the old version's under load needs: the
+# rank test decides whether three are enough (every one above every old probe times the
+# bound), and a reading beyond the bound waits for the next evaluation as ever.
+LOADED_MIN_NEW = 3
 
 
 def uneven_load(new_requests: float | None, old_requests: float | None) -> str | None:
@@ -234,16 +242,20 @@ def _probed_increase(probes: ProbeFigures) -> float | None:
     return None if medians is None or medians[1] <= 0 else medians[0] / medians[1] - 1.0
 
 
-def _probe_medians(probes: ProbeFigures) -> tuple[float, float] | None:
+def _probe_medians(
+    probes: ProbeFigures, at_least_new: int = PINNED_LATENCY_MIN_PROBES
+) -> tuple[float, float] | None:
     """The median probe latency of the new versions and of the old one, in seconds; None
-    with fewer than PINNED_LATENCY_MIN_PROBES each side. Medians, not means: a handful of
-    probes, one of them stalled by the scheduler, is no mean (on a 2-core host with both
-    cores held by a busy loop, probes of a 1.5 ms model had a 90th percentile of 5 ms, so
-    one such probe among 5 to the old version moved its mean by half and a good version
-    read +50% to +152%: bench.false_verdicts); a slower version is slower on most requests,
-    which moves the median as much as the mean (the counters, where clients reach the new
-    versions, keep judging the mean)."""
-    if min(len(probes.latencies), len(probes.old_latencies)) < PINNED_LATENCY_MIN_PROBES:
+    with fewer than PINNED_LATENCY_MIN_PROBES of the old, or ``at_least_new`` of the new.
+    Medians, not means: a handful of probes, one of them stalled by the scheduler, is no
+    mean (on a 2-core host with both cores held by a busy loop, probes of a 1.5 ms model had
+    a 90th percentile of 5 ms, so one such probe among 5 to the old version moved its mean
+    by half and a good version read +50% to +152%: bench.false_verdicts); a slower version
+    is slower on most requests, which moves the median as much as the mean (the counters,
+    where clients reach the new versions, keep judging the mean)."""
+    if len(probes.latencies) < at_least_new:
+        return None
+    if len(probes.old_latencies) < PINNED_LATENCY_MIN_PROBES:
         return None
     return median(probes.latencies), median(probes.old_latencies)
 
@@ -357,12 +369,13 @@ def pinned_latency_check(
     ``uneven``: why the two sides' loads do not compare (``uneven_load``): an increase beyond
     the bound is then not the version's, and is shown skipped; within it, it passes."""
     threshold = f"increase <= {check.max_increase:g}"
+    at_least_new = PINNED_LATENCY_MIN_PROBES
     if uneven is not None and len(probes.old_loaded) >= PINNED_LATENCY_MIN_PROBES:
         # The new versions carry the clients' streams, the old one beside them does not;
         # it did before they loaded, and was probed then: those probes compare.
         probes = replace(probes, old_latencies=probes.old_loaded)
-        why, uneven = LOADED, None
-    medians = _probe_medians(probes)
+        why, uneven, at_least_new = LOADED, None, LOADED_MIN_NEW
+    medians = _probe_medians(probes, at_least_new)
     if medians is None:
         # One slow wake-up among a handful of probes is not a slower version: wait for more.
         return CheckResult(

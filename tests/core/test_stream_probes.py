@@ -269,6 +269,21 @@ def test_old_under_load_without_enough_probes_leaves_the_uneven_check_unjudged()
         FIRST, replace(figures, old_loaded=(0.03,) * 5), STREAMED, uneven="the loads differ"
     )
     assert held.verdict is Verdict.PASS and "median 30.00ms vs 30.00ms" in held.detail, held
+    # Three probes of a version 300 ms late against eight of the old under load: the rank
+    # test puts them beyond the bound (1 in 165), to be confirmed by the next evaluation.
+    late = replace(
+        figures, sent=3, latencies=(0.33, 0.35, 0.52), old_loaded=(0.01, 0.03, 0.05, 0.08,
+                                                                   0.11, 0.14, 0.2, 0.21),
+    )  # fmt: skip
+    judged = pinned_latency_check(FIRST, late, STREAMED, uneven="the loads differ")
+    assert judged.verdict is Verdict.SKIPPED and judged.value is not None, judged
+    assert "to be confirmed" in judged.detail, judged.detail
+    failed = pinned_latency_check(FIRST, late, STREAMED, pending=True, uneven="uneven")
+    assert failed.verdict is Verdict.FAIL, failed
+    # Two new probes are not enough, whatever they read.
+    few = pinned_latency_check(FIRST, replace(late, sent=2, latencies=(0.33, 0.35)), STREAMED,
+                               uneven="uneven")  # fmt: skip
+    assert few.verdict is Verdict.SKIPPED and few.awaiting, few
 
 
 def test_the_old_version_is_probed_under_load_only_where_the_new_take_its_clients() -> None:
@@ -276,7 +291,7 @@ def test_the_old_version_is_probed_under_load_only_where_the_new_take_its_client
     Not for a rollback (the old keeps the unversioned clients), nor without the probes or
     that check, nor for a unary model."""
     first = spec(checks=(SUCCESS, FIRST))
-    assert old_under_load(True, first.checks, True, takes_clients=True) == 6
+    assert old_under_load(True, first.checks, True, takes_clients=True) == OLD_UNDER_LOAD_PROBES
     assert old_under_load(True, first.checks, True, takes_clients=False) == 0
     assert old_under_load(True, first.checks, False, takes_clients=True) == 0
     assert old_under_load(True, (SUCCESS, BETWEEN), True, takes_clients=True) == 0
