@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from statistics import median
 from typing import Any
 
+from reconciler.core.probes import failures_in_sight
 from reconciler.core.records import checks_json, rfc3339
 from reconciler.model.analysis import ProbeFigures
 from reconciler.model.history import ALL_DEPLOYMENTS, OperatorAction, Rollout
@@ -237,7 +238,13 @@ def progress_line(result: StepResult) -> str:
 
 
 def _took(result: StepResult) -> str:
-    """A step's time; an unload's wait for the streams in flight on the versions it drops."""
+    """A step's time; an unload's wait for the streams in flight on the versions it drops;
+    what a streaming model's analysis that passed could see of streams failing midway."""
+    if result.step.action is Action.ANALYZE and result.ok and result.step.streaming:
+        windows = [e.probes for e in result.evaluations if e.probes is not None]
+        sight = failures_in_sight(sum(p.sent for p in windows), sum(p.failed for p in windows))
+        if sight is not None:
+            return f"{result.seconds:.2f}s; {sight}"
     if result.stream_wait is None:
         return f"{result.seconds:.2f}s"
     return (
