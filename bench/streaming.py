@@ -133,6 +133,7 @@ def deployment_doc(
     latency: bool = True,
     traffic: str | None = None,
     swap: bool = False,
+    duration: float = DURATION_S,
 ) -> str:
     """gen's ModelDeployment; ``flip`` adds the default ``failureLimit: 0`` (a new spec, the
     same behaviour: a held spec is tried again only after a commit changes it); ``swap``:
@@ -156,7 +157,7 @@ def deployment_doc(
             "  verify:",
             "    analysis:",
             f"      interval: {INTERVAL_S:g}s",
-            f"      duration: {DURATION_S:g}s",
+            f"      duration: {duration:g}s",
             *(["      failureLimit: 0"] if flip else []),
             "      probes: {maxShare: 0.5, timeout: 5s}"
             if probes
@@ -261,10 +262,17 @@ class Bed:
     """Servers (one, or a and c behind an Envoy with ``pools``), Git remote, reconciler."""
 
     def __init__(
-        self, root: Path, repository: Path, servers: int, pools: Sequence[str], latency: bool
+        self,
+        root: Path,
+        repository: Path,
+        servers: int,
+        pools: Sequence[str],
+        latency: bool,
+        duration: float = DURATION_S,
     ) -> None:
         self.root, self.repository, self.pools = root, repository, tuple(pools)
         self.latency = latency  # the latency checks in every analysis
+        self.duration = duration  # every analysis's
         self.names = ("a", "c")[:servers]
         self.servers = [
             LocalTriton(repository, log_file=root / f"triton-{n}.log") for n in self.names
@@ -315,6 +323,7 @@ class Bed:
         """Commit gen at ``version`` (``deployment_doc``'s options) and apply it."""
         self.flip = not self.flip
         options.setdefault("latency", self.latency)
+        options.setdefault("duration", self.duration)
         self.repo.write("gen.yaml", deployment_doc(version, self.names, flip=self.flip, **options))
         self.repo.commit(message)
         run = self.reconciler.apply("--output", "json")
@@ -472,7 +481,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "busy_processes_at_start": busy_processes()})  # fmt: skip
 
         def single() -> None:
-            with Bed(root / "single", repository, 1, (), latency) as bed:
+            with Bed(root / "single", repository, 1, (), latency, args.duration) as bed:
                 note(bed)
                 print("one server: gen 1", file=sys.stderr)
                 bed.deploy(1, analysis=False)
@@ -504,7 +513,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         serving = result["swaps"][-1]["now"]
 
         def unending() -> None:
-            with Bed(root / "unending", repository, 1, (), latency) as bed:
+            with Bed(root / "unending", repository, 1, (), latency, args.duration) as bed:
                 note(bed)
                 print("a server of its own for gen 7", file=sys.stderr)
                 bed.deploy(1, analysis=False)
@@ -513,7 +522,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         def routed(arm: str, pools: Sequence[str], probe_arms: Sequence[str]) -> None:
             traffic = CANARY if arm == "canary" else BLUE_GREEN
-            with Bed(root / arm, repository, 2, pools, latency) as bed:
+            with Bed(root / arm, repository, 2, pools, latency, args.duration) as bed:
                 note(bed)
                 print(f"{arm}: servers a, c behind Envoy", file=sys.stderr)
                 bed.deploy(1, traffic=traffic)
@@ -554,7 +563,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                      "arms": args.arms, "checks": args.checks, "versions": args.versions,
                      "rollouts": args.rollouts, "bad_rollouts": args.bad_rollouts,
                      "no_client": args.no_client, "swaps": args.swaps,
-                     "interval_s": INTERVAL_S, "duration_s": DURATION_S,
+                     "interval_s": INTERVAL_S, "duration_s": args.duration,
                      "min_success": MIN_SUCCESS, "latency_max_increase": LATENCY_MAX_INCREASE,
                      "tokens": TOKENS, "token_ms": TOKEN_MS, "instances": INSTANCES,
                      "threads": THREADS, "swap_streams": SWAP_STREAMS,
@@ -586,6 +595,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument(
+        "--duration", type=float, default=DURATION_S,
+        help=f"every analysis's duration, seconds (default {DURATION_S:g})",
+    )  # fmt: skip
     parser.add_argument(
         "--versions", nargs="+", type=int, choices=(3, 4, 5, 8, UNENDING),
         default=[3, 4, 5, 8, UNENDING],
