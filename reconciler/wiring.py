@@ -139,15 +139,18 @@ _COMPARATORS: dict[str, LiveComparator] = {}
 _COMPARATORS_LOCK = threading.Lock()
 
 
-def comparator(listen: str | None, observer: Observer | None = None) -> LiveComparator | None:
-    """The comparator at ``listen``, one per address for the process (it listens only while
-    a shadow phase runs); ``observer`` counts its outcomes (the service's ``/metrics``)."""
+def comparator(
+    listen: str | None, observer: Observer | None = None, http_listen: str | None = None
+) -> LiveComparator | None:
+    """The comparator at ``listen`` (with its HTTP listener for SSE copies at
+    ``http_listen``), one per address for the process (it listens only while a shadow phase
+    runs); ``observer`` counts its outcomes (the service's ``/metrics``)."""
     if listen is None:
         return None
     with _COMPARATORS_LOCK:
         found = _COMPARATORS.get(listen)
         if found is None:  # once per address, not once per pass
-            found = _COMPARATORS[listen] = LiveComparator(listen)
+            found = _COMPARATORS[listen] = LiveComparator(listen, http_listen=http_listen)
         if observer is not None:
             found.observe(observer)
         return found
@@ -180,7 +183,11 @@ def ports(
         hooks=hooks or NoPassHooks(),
         step_hooks=HttpStepHooks(),
         routers=router_client,
-        comparator=comparator(settings.analysis.comparator_listen, shadow_observer),
+        comparator=comparator(
+            settings.analysis.comparator_listen,
+            shadow_observer,
+            settings.analysis.comparator_http_listen,
+        ),
     )
 
 

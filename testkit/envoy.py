@@ -149,14 +149,14 @@ def _http_cluster(name: str, addresses: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _mirror_policy(route: str, cluster: str) -> dict[str, Any]:
+def _mirror_policy(route: str, cluster: str, key_of: str | None = None) -> dict[str, Any]:
     """A request mirror policy to ``cluster`` at the runtime share ``mirror.<route>.<cluster>``
-    (default 0)."""
+    (default 0), or with ``key_of`` at that target's share ``mirror.<route>.<key_of>``."""
     return {
         "cluster": cluster,
         "runtime_fraction": {
             "default_value": {"numerator": 0, "denominator": "TEN_THOUSAND"},
-            "runtime_key": f"mirror.{route}.{cluster}",
+            "runtime_key": f"mirror.{route}.{key_of or cluster}",
         },
     }
 
@@ -264,6 +264,7 @@ def bootstrap(
     http: tuple[str, Mapping[str, Sequence[str]]] | None = None,
     http_mirrors: Mapping[str, Sequence[str]] | None = None,
     affinity: str = "",
+    http_mirror_keys: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """An Envoy bootstrap: gRPC on ``listen`` routed over ``pools`` (name -> Triton gRPC
     addresses) by ``weights`` (name -> weight out of ``WEIGHT_SCALE``) unless the runtime
@@ -272,7 +273,10 @@ def bootstrap(
     share of the route. With ``http`` (an address to listen on, and pool name -> Triton
     HTTP addresses), a second listener routes Triton's HTTP API (HTTP/1.1) over the same
     pools by the same runtime weights, and mirrors to each cluster of ``http_mirrors`` (name
-    -> HTTP/1.1 addresses, mirror-only) at the runtime share ``mirror.<route>.<name>``.
+    -> HTTP/1.1 addresses, mirror-only) at the runtime share ``mirror.<route>.<name>``, or,
+    named in ``http_mirror_keys`` (name -> a mirror of ``mirrors``), at that one's share: the
+    comparator's HTTP listener takes the SSE copies at the comparator's one share, as the
+    reconciler's adapter sets it (``adapters/envoy.mirror_policies``).
     ``affinity`` (one of ``AFFINITIES``) keeps each client sequence on one server on the gRPC
     listener (``POOL_HEADER`` and ``SESSION_HEADER``, or ``SEQUENCE_HEADER``)."""
     if affinity not in AFFINITIES:
@@ -344,7 +348,10 @@ def bootstrap(
         if http_mirrors:
             # Envoy 1.40 streams a mirrored copy beside the request, its body as it comes
             # (tests/integration/test_sse_mirror.py).
-            by_http["request_mirror_policies"] = [_mirror_policy(route, n) for n in http_mirrors]
+            keys = http_mirror_keys or {}
+            by_http["request_mirror_policies"] = [
+                _mirror_policy(route, n, keys.get(n)) for n in http_mirrors
+            ]
             clusters += [_http_cluster(n, a) for n, a in http_mirrors.items()]
         http_routes = {
             "name": f"{route}_http",
@@ -399,6 +406,8 @@ class LocalEnvoy(_Service):
     # Mirror-only clusters of HTTP/1.1 servers for the HTTP listener (name -> addresses).
     http_mirrors: Mapping[str, Sequence[str]] = field(default_factory=dict)
     affinity: str = ""  # sequence affinity on the gRPC listener: one of AFFINITIES
+    # An HTTP mirror -> the mirror of ``mirrors`` whose runtime share it reads.
+    http_mirror_keys: Mapping[str, str] = field(default_factory=dict)
     # Envoy's shared-memory name: distinct per instance so that several run at once.
     base_id: int = field(default_factory=lambda: next(_BASE_IDS))
     restart_epoch: int = 0  # the running process's hot-restart generation
@@ -415,6 +424,7 @@ class LocalEnvoy(_Service):
         http: Mapping[str, Sequence[str]] | None = None,
         http_mirrors: Mapping[str, Sequence[str]] | None = None,
         affinity: str = "",
+        http_mirror_keys: Mapping[str, str] | None = None,
     ) -> LocalEnvoy:
         binary = envoy_binary()
         if binary is None:
@@ -422,6 +432,7 @@ class LocalEnvoy(_Service):
         return cls(
             binary, workdir, pools=pools, weights=weights, mirrors=mirrors or {},
             http_pools=http or {}, http_mirrors=http_mirrors or {}, affinity=affinity,
+            http_mirror_keys=http_mirror_keys or {},
         )  # fmt: skip
 
     @property
@@ -448,6 +459,7 @@ class LocalEnvoy(_Service):
             self.address, admin, self.pools, self.weights, self.route, self.mirrors, http,
             self.http_mirrors,
             self.affinity,
+            self.http_mirror_keys,
         )  # fmt: skip
 
     def command(self, config_file: Path) -> list[str]:

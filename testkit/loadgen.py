@@ -181,7 +181,7 @@ class Stream:
     versions: tuple[str, ...]
     tokens: tuple[int, ...]
     error: str | None
-    first: float | None = None  # seconds to the first response (over gRPC)
+    first: float | None = None  # seconds to the first response (or event, over SSE)
     ended: float = 0.0  # time.monotonic() when it ended (its final flag, error or cut)
 
 
@@ -204,7 +204,7 @@ class StreamClient:
         tokens: int | None = None,
     ) -> None:
         self.address, self.model, self.sse = address, model, sse
-        # ``varied``: prompt [n] for the n-th stream (over gRPC), not [1, 2, 3] every time.
+        # ``varied``: prompt [n] for the n-th stream, not [1, 2, 3] every time.
         self.varied = varied
         self._numbers = itertools.count()
         self.parameters = {"tokens": tokens} if tokens is not None else None
@@ -229,7 +229,7 @@ class StreamClient:
             data = np.array([next(self._numbers)], dtype=np.int32) if self.varied else fixed
             prompt = triton_grpc.InferInput("PROMPT", [len(data)], "INT32")
             prompt.set_data_from_numpy(data)
-            stream = self._event_stream() if self.sse else self._one(prompt)
+            stream = self._event_stream(data.tolist()) if self.sse else self._one(prompt)
             with self._lock:
                 self.streams.append(stream)
 
@@ -268,7 +268,7 @@ class StreamClient:
             client.stop_stream()
         return Stream(started, tuple(versions), tuple(tokens), error, first, time.monotonic())
 
-    def _event_stream(self) -> Stream:
+    def _event_stream(self, prompt: list[int]) -> Stream:
         """One ``generate_stream`` request on a connection of its own. Triton 2.51 takes the
         inputs as the JSON body's members by name (PROMPT a flat list: shape [3]), sends
         ``data: {"TOKEN":6,"model_name":...,"model_version":"2"}`` per response, no event
@@ -277,13 +277,14 @@ class StreamClient:
         versions: list[str] = []
         tokens: list[int] = []
         error = None
+        first: float | None = None
         started = time.monotonic()
         connection = http.client.HTTPConnection(self.address, timeout=30)
         try:
             connection.request(
                 "POST",
                 f"/v2/models/{self.model}/generate_stream",
-                body=json.dumps({"PROMPT": [1, 2, 3]}),
+                body=json.dumps({"PROMPT": prompt}),
                 headers={"Content-Type": "application/json"},
             )
             answer = connection.getresponse()
@@ -296,6 +297,7 @@ class StreamClient:
                 if "error" in event:
                     error = f"in the stream: {event['error']}"
                     break
+                first = time.monotonic() - started if first is None else first
                 versions.append(str(event["model_version"]))
                 tokens.append(int(event["TOKEN"]))
         except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -303,7 +305,7 @@ class StreamClient:
             error = f"{type(exc).__name__}: {exc}"
         finally:
             connection.close()
-        return Stream(started, tuple(versions), tuple(tokens), error, None, time.monotonic())
+        return Stream(started, tuple(versions), tuple(tokens), error, first, time.monotonic())
 
 
 @dataclass(frozen=True)

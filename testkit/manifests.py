@@ -224,6 +224,7 @@ def server_doc(
     repository: Path | str | None,
     labels: str = "",
     metrics: str | None = None,
+    http: str | None = None,
 ) -> str:
     lines = [
         "apiVersion: triton-gitops.dev/v1alpha1",
@@ -234,6 +235,8 @@ def server_doc(
     if labels:
         lines.append(f"  labels: {labels}")
     lines += ["spec:", f"  grpc: {address}"]
+    if http is not None:
+        lines.append(f"  http: {http}")  # Triton's HTTP endpoint: SSE shadow copies
     if metrics is not None:
         lines.append(f"  metrics: {metrics}")
     if repository is not None:

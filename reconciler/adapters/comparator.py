@@ -1,21 +1,27 @@
 """The comparator that a router mirrors live requests to (issue 31): a gRPC server speaking
-the KServe v2 inference protocol (``inference.GRPCInferenceService/ModelInfer``, the
-definitions tritonclient ships), run inside the reconciler's own process while a traffic
-rollout's shadow phase lasts.
+the KServe v2 inference protocol (``inference.GRPCInferenceService/ModelInfer`` and
+``ModelStreamInfer``, the definitions tritonclient ships) and, where it is given an HTTP
+address, an HTTP/1.1 listener for copies of Triton's ``generate_stream`` requests
+(server-sent events: ``adapters/comparator_http.py``), run inside the reconciler's own
+process while a traffic rollout's shadow phase lasts.
 
 Why in the process and not a process of its own: what to compare (which model, which
 versions, which servers) and what it found are the running rollout's, and its verdict is
 an analysis check of that rollout; in the process they are a method call each way, with
 nothing to start, find, version or keep alive beside the reconciler. It binds
-``--comparator-listen`` only while a shadow phase runs (the router mirrors nothing to it
-otherwise), reaches only the servers' gRPC ports, and runs wherever the reconciler runs,
-the image included.
+``--comparator-listen`` (and ``--comparator-http-listen``) only while a shadow phase runs
+(the router mirrors nothing to it otherwise), reaches the servers' gRPC ports (and, for the
+SSE copies, their declared HTTP ports), and runs wherever the reconciler runs, the image
+included.
 
 Each mirrored request is answered at once with an empty response (the router discards
 mirrored answers anyway), then, when sampled, compared on a worker thread of its own: the
 serving version asked twice (primary and secondary: the noise) and the candidate once, each
 pinned by version, in random order, one call after another so that their latencies are
-measured alike (``core/comparison.py`` judges the answers). Bounded as the probes are: at
+measured alike (``core/comparison.py`` judges the answers). A copy of a gRPC stream asks
+each side by a stream of its own, an SSE copy by a ``generate_stream`` of its own, each
+read to its end and reassembled into one answer (``comparator_calls``): the same
+comparison, counted in the same figures. Bounded as the probes are: at
 most ``rate`` comparisons a second, a server kept busy at most ``maxShare`` of the time, a
 short queue (a full queue drops, counted). Nothing here can reach a client: a request that
 does not parse, an answer that cannot be compared, a candidate that times out are counted
@@ -33,7 +39,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -42,11 +48,14 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from reconciler.adapters.comparator_calls import (
     Exchanged,
     Failed,
+    Generation,
+    HttpSides,
     StreamFailed,
     Unreadable,
     call,
     outputs,
 )
+from reconciler.adapters.comparator_http import GenerationListener, NotCompared
 from reconciler.core.comparison import ROLES, deviation, interleaved
 from reconciler.model.shadow import (
     Comparison,
@@ -83,6 +92,9 @@ class _Route:
     candidate: str
     sequence_ids: tuple[int, int, int] | None = None  # primary, secondary, candidate
     streamed: bool = False  # mirrored from a gRPC stream: each side asked by a stream
+    # The same servers' HTTP endpoints (primary, secondary, candidate; "" where undeclared):
+    # where an SSE copy's sides are asked.
+    http: tuple[str, str, str] = ("", "", "")
 
 
 class ShadowSession:
@@ -109,11 +121,9 @@ class ShadowSession:
         self._samples: dict[str, list[str]] = {}
         self._next_at = 0.0  # monotonic: no comparison starts before this
         self._random = random.Random(f"{target.deployment}/{target.candidate_version}")
-        self._queue: queue.Queue[tuple[service_pb2.ModelInferRequest, _Route] | None] = queue.Queue(
-            QUEUE
-        )
+        self._queue: queue.Queue[tuple[Mirrored, _Route] | None] = queue.Queue(QUEUE)
         self._turn = 0
-        self._streamed = False  # requests came mirrored from gRPC streams
+        self._streamed = False  # requests came mirrored from streams (gRPC or SSE)
         # The sampled sequences in flight (the client's sequence id -> their route), and
         # those cut short (a request dropped: the rest of it is not sent either).
         self._sequences: dict[str, _Route] = {}
@@ -147,6 +157,38 @@ class ShadowSession:
             self._streamed = self._streamed or streamed
             self._enqueue(request, replace(self._route(), streamed=streamed))
 
+    def offer_generation(self, copy: Generation) -> None:
+        """A mirrored HTTP ``generate_stream`` request (server-sent events): sampled and
+        bounded as any other; each side is asked by a ``generate_stream`` of its own, pinned
+        by version, at its server's HTTP endpoint, and read to the end of its events."""
+        target = self.target
+        if copy.model != target.model:
+            self._count("other_model")
+            return
+        undeclared = _without_http(target)
+        if undeclared:
+            self._received_one()
+            self._count(
+                "no_http",
+                f"an SSE copy, and {', '.join(undeclared)} declare(s) no HTTP endpoint "
+                "(TritonServer spec.http) to ask it at",
+            )
+            return
+        with self._routing:
+            if not self._sampled():
+                self._count("not_sampled")
+                return
+            self._streamed = True
+            self._enqueue(copy, replace(self._route(), streamed=True))
+
+    def not_compared(self, copy: NotCompared) -> None:
+        """A mirrored HTTP inference request that cannot be compared (a unary one, or a
+        body that is no JSON object)."""
+        if copy.model != self.target.model:
+            self._count("other_model")
+        else:
+            self.unparsable(copy.why)
+
     def _received_one(self) -> None:
         with self._lock:
             self._figures = replace(self._figures, received=self._figures.received + 1)
@@ -161,7 +203,7 @@ class ShadowSession:
             self._next_at = now + 1.0 / self.spec.rate
             return True
 
-    def _enqueue(self, request: service_pb2.ModelInferRequest, route: _Route) -> bool:
+    def _enqueue(self, request: Mirrored, route: _Route) -> bool:
         try:
             self._queue.put_nowait((request, route))
         except queue.Full:
@@ -259,15 +301,22 @@ class ShadowSession:
         """The servers of the next comparison, in turn."""
         target = self.target
         turn, self._turn = self._turn, self._turn + 1
+        # The secondary on another server of the same version when there is one: Diffy's
+        # secondary is another instance.
+        primary, secondary = turn % len(target.primary), (turn + 1) % len(target.primary)
+        candidate = turn % len(target.candidate)
         return _Route(
-            target.primary[turn % len(target.primary)],
-            # The secondary on another server of the same version when there is one:
-            # Diffy's secondary is another instance.
-            target.primary[(turn + 1) % len(target.primary)],
-            target.candidate[turn % len(target.candidate)],
+            target.primary[primary],
+            target.primary[secondary],
+            target.candidate[candidate],
+            http=(
+                _nth(target.primary_http, primary),
+                _nth(target.primary_http, secondary),
+                _nth(target.candidate_http, candidate),
+            ),
         )
 
-    def _compare(self, request: service_pb2.ModelInferRequest, route: _Route) -> None:
+    def _compare(self, request: Mirrored, route: _Route) -> None:
         target, spec = self.target, self.spec
         ids = dict(zip(ROLES, route.sequence_ids or (None, None, None), strict=True))
         address = {
@@ -281,7 +330,15 @@ class ShadowSession:
             "candidate": target.candidate_version,
         }
 
+        http = dict(zip(ROLES, route.http, strict=True))
+
         def ask(role: str) -> Exchanged | grpc.RpcError | StreamFailed:
+            if isinstance(request, Generation):
+                try:
+                    sides = self._channels.sides()
+                    return sides.generated(http[role], request, version[role], spec.timeout)
+                except StreamFailed as exc:
+                    return exc
             pinned = service_pb2.ModelInferRequest()
             pinned.CopyFrom(request)
             pinned.model_version = str(version[role])
@@ -369,6 +426,23 @@ class ShadowSession:
             self._observer(self.target.deployment, "noise")
 
 
+# What the router mirrored: a gRPC request (unary, or one of a stream), or an SSE copy.
+Mirrored: TypeAlias = "service_pb2.ModelInferRequest | Generation"
+
+
+def _nth(addresses: tuple[str, ...], index: int) -> str:
+    return addresses[index] if index < len(addresses) else ""
+
+
+def _without_http(target: ShadowTarget) -> list[str]:
+    """The target's servers (by gRPC address) that declare no HTTP endpoint."""
+    missing: set[str] = set()
+    for servers, http in ((target.primary, target.primary_http),
+                          (target.candidate, target.candidate_http)):  # fmt: skip
+        missing.update(server for index, server in enumerate(servers) if not _nth(http, index))
+    return sorted(missing)
+
+
 def _status(error: grpc.RpcError | StreamFailed) -> str:
     code = error.code() if hasattr(error, "code") else None
     details = error.details() if hasattr(error, "details") else str(error)
@@ -395,12 +469,20 @@ def _fresh_id() -> int:
 
 
 class _Channels:
-    """One gRPC channel per server address, shared by the sessions."""
+    """One gRPC channel per server address, and one pooled HTTP client for the SSE copies'
+    calls, shared by the sessions."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stubs: dict[str, Any] = {}
         self._channels: list[grpc.Channel] = []
+        self._sides: HttpSides | None = None
+
+    def sides(self) -> HttpSides:
+        with self._lock:
+            if self._sides is None:
+                self._sides = HttpSides()
+            return self._sides
 
     def stub(self, address: str) -> Any:
         with self._lock:
@@ -416,18 +498,25 @@ class _Channels:
                 channel.close()
             self._channels.clear()
             self._stubs.clear()
+            if self._sides is not None:
+                self._sides.close()
+                self._sides = None
 
 
 class LiveComparator:
-    """The comparator at ``listen`` (host:port; port 0 picks one): it listens while at
-    least one session is open (``begin``), and stops when the last one ends."""
+    """The comparator at ``listen`` (host:port; port 0 picks one) and, with ``http_listen``,
+    its HTTP listener for SSE copies there: it listens while at least one session is open
+    (``begin``), and stops when the last one ends."""
 
-    def __init__(self, listen: str, observer: Observer | None = None) -> None:
-        self.listen = listen
+    def __init__(
+        self, listen: str, observer: Observer | None = None, http_listen: str | None = None
+    ) -> None:
+        self.listen, self.http_listen = listen, http_listen
         self._observer: Observer = observer or (lambda _deployment, _outcome: None)
         self._lock = threading.Lock()
         self._sessions: list[ShadowSession] = []
         self._server: grpc.Server | None = None
+        self._http: GenerationListener | None = None
         self._channels = _Channels()
         self.port: int | None = None
 
@@ -440,12 +529,23 @@ class LiveComparator:
         host = self.listen.rsplit(":", 1)[0]
         return f"{host}:{self.port}"
 
+    @property
+    def http_port(self) -> int | None:
+        """The HTTP listener's port while it listens."""
+        return self._http.port if self._http is not None else None
+
     def begin(self, target: ShadowTarget) -> ShadowSession:
         """Compare ``target`` from now on; ComparatorError when the comparator cannot
         listen (the address taken, not this host's)."""
         with self._lock:
             if self._server is None:
                 self._server = self._start()  # first: a failure leaves no session behind
+                try:
+                    self._http = self._start_http()
+                except ComparatorError:
+                    self._server.stop(grace=None)
+                    self._server = None
+                    raise
             session = ShadowSession(target, self._channels, self._observer, self._ended)
             self._sessions.append(session)
         return session
@@ -485,6 +585,28 @@ class LiveComparator:
         log.info("comparator: listening on %s", self.address)
         return server
 
+    def _start_http(self) -> GenerationListener | None:
+        if self.http_listen is None:
+            return None
+        listener = GenerationListener(self.http_listen, self._offered_copy)
+        try:
+            listener.start()
+        except (OSError, ValueError) as exc:
+            raise ComparatorError(
+                f"comparator: cannot listen on {self.http_listen} (HTTP): {exc}"
+            ) from None
+        log.info("comparator: listening on %s for SSE copies", listener.listen)
+        return listener
+
+    def _offered_copy(self, copy: Generation | NotCompared) -> None:
+        with self._lock:
+            sessions = list(self._sessions)
+        for session in sessions:
+            if isinstance(copy, Generation):
+                session.offer_generation(copy)
+            else:
+                session.not_compared(copy)
+
     def _mirrored(self, raw: bytes, context: grpc.ServicerContext) -> Any:
         request = self._offered(raw, streamed=False)
         # The router discards a mirrored request's answer: an empty one, at once.
@@ -519,7 +641,10 @@ class LiveComparator:
             if self._sessions or self._server is None:
                 return
             server, self._server = self._server, None
+            http, self._http = self._http, None
         server.stop(grace=0.5).wait(2)
+        if http is not None:
+            http.stop()
         log.info("comparator: stopped listening on %s", self.address)
 
     def close(self) -> None:

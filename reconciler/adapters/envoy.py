@@ -119,16 +119,7 @@ class EnvoyRouter:
                 f"{self._where()}: the route with runtime_key_prefix {prefix!r} has no "
                 f"weighted cluster {', '.join(missing)} (it has {', '.join(sorted(weights))})"
             )
-        mirrors: dict[str, tuple[str, int, int]] = {}
-        for policy in route.get("request_mirror_policies", ()):
-            fraction = policy.get("runtime_fraction", {})
-            key = fraction.get("runtime_key", "")
-            # A pool's, or the comparator's (live shadow traffic).
-            target = policy.get("cluster")
-            if target in self.spec.mirror_targets and key.startswith(self.envoy.mirror_prefix):
-                default = fraction.get("default_value", {})
-                denominator = _DENOMINATORS[default.get("denominator", "HUNDRED")]
-                mirrors[policy["cluster"]] = (key, int(default.get("numerator", 0)), denominator)
+        mirrors = mirror_policies(found, self.spec.mirror_targets, self.envoy.mirror_prefix)
         self._mirrors = mirrors
         return {p: weights[p] for p in self.pools}, mirrors
 
@@ -226,6 +217,34 @@ class EnvoyRouter:
 
     def close(self) -> None:
         pass
+
+
+def mirror_policies(
+    routes: Iterable[Mapping[str, Any]], targets: Iterable[str], prefix: str
+) -> dict[str, tuple[str, int, int]]:
+    """Per mirror target (a pool, or the comparator), the runtime key its share is set by,
+    with the default numerator and denominator, from the request mirror policies of
+    ``routes`` (every route whose weights the reconciler sets: a gRPC one, and one for
+    Triton's HTTP API over the same pools). A policy is a target's when it mirrors to the
+    target's cluster under a key below ``prefix``, or when its key is the target's own,
+    ``<prefix>.<target>``, whatever cluster it names: the HTTP route mirrors the SSE copies
+    to the comparator's HTTP listener (a cluster of its own) at the comparator's key, so
+    that one share moves both. The first policy found for a target gives its key."""
+    wanted = tuple(targets)
+    keyed = {f"{prefix}.{target}": target for target in wanted}
+    mirrors: dict[str, tuple[str, int, int]] = {}
+    for route in routes:
+        for policy in route.get("request_mirror_policies", ()):
+            fraction = policy.get("runtime_fraction", {})
+            key = fraction.get("runtime_key", "")
+            cluster = policy.get("cluster")
+            target = cluster if cluster in wanted and key.startswith(prefix) else keyed.get(key)
+            if target is None or target in mirrors:
+                continue
+            default = fraction.get("default_value", {})
+            denominator = _DENOMINATORS[default.get("denominator", "HUNDRED")]
+            mirrors[target] = (key, int(default.get("numerator", 0)), denominator)
+    return mirrors
 
 
 def _total(values: Mapping[tuple[str, str], float], pool: str) -> float:

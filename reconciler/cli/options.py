@@ -258,6 +258,14 @@ def _analysis(parser: argparse.ArgumentParser) -> None:
         "it a rollout with a shadow phase is a plan problem: nothing of it is loaded",
     )
     analysis.add_argument(
+        "--comparator-http-listen",
+        metavar="HOST:PORT",
+        help="with --comparator-listen: where routers mirror copies of Triton's HTTP "
+        "generate_stream requests (server-sent events) for the comparator, whose sides it "
+        "asks at each TritonServer's spec.http; the router's mirror-only HTTP/1.1 cluster "
+        "to the comparator reaches this address",
+    )
+    analysis.add_argument(
         "--revert-mode",
         choices=[m.value for m in RevertMode],
         default=_REVERT.mode.value,
@@ -352,7 +360,9 @@ def settings_of(args: argparse.Namespace) -> Settings:
             hosts_file=args.hosts_file,
         ),
         analysis=AnalysisSettings(
-            prometheus_url=args.prometheus_url, comparator_listen=args.comparator_listen
+            prometheus_url=args.prometheus_url,
+            comparator_listen=args.comparator_listen,
+            comparator_http_listen=args.comparator_http_listen,
         ),
         revert=RevertSettings(
             mode=RevertMode(args.revert_mode),

@@ -160,6 +160,7 @@ def reloading_keys(keys: Iterable[str]) -> tuple[str, ...]:
 def _server_fields(old: TritonServer, new: TritonServer) -> tuple[FieldChange, ...]:
     pairs = (
         ("grpc", old.grpc, new.grpc),
+        ("http", old.http, new.http),
         ("metrics", old.metrics, new.metrics),
         ("modelRepository", old.model_repository, new.model_repository),
         ("labels", dict(old.labels), dict(new.labels)),

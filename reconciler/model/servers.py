@@ -26,6 +26,7 @@ class Discovery:
     grpc_port: int
     metrics_port: int | None = None
     refresh: float = 10.0
+    http_port: int | None = None  # Triton's HTTP port: where SSE shadow copies are asked
 
 
 @dataclass(frozen=True)
@@ -38,3 +39,6 @@ class TritonServer:
     location: Location = Location("<memory>", 0)
     discovery: Discovery | None = None
     instance_of: str | None = None  # for a discovered instance: the declared server's name
+    # Triton's HTTP endpoint (host:port), where the comparator asks ``generate_stream`` for
+    # the SSE copies a router mirrors; "" when not declared (the reconciler needs only gRPC).
+    http: str = ""

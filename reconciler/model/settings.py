@@ -75,6 +75,9 @@ class AnalysisSettings:
     # host:port where routers mirror live shadow traffic (rollout.traffic.shadow); the
     # comparator listens there only while a shadow phase runs. None: no comparator.
     comparator_listen: str | None = None
+    # host:port of its HTTP listener, for the copies of HTTP generate_stream requests
+    # (server-sent events); None: only gRPC copies are taken.
+    comparator_http_listen: str | None = None
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,10 @@ class ShadowTarget:
     candidate_version: int
     spec: LiveShadow
     primary_pool: str = ""  # the pool of ``primary`` (the new one, when it holds both)
+    # The same servers' HTTP endpoints (host:port, "" where a server declares none), in the
+    # same order: where the SSE ``generate_stream`` copies are asked.
+    primary_http: tuple[str, ...] = ()
+    candidate_http: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,8 @@ class ShadowFigures:
     comparator's queue full, ``unparsable`` were no inference request, ``sequence`` belong to
     a sequence (never shadowed), ``primary_failed`` were not answered by the serving version
     (nothing to compare with), ``uncomparable`` had an answer the comparator cannot compare
-    (and ``uncomparable`` says skip). The rest were compared: ``comparison``. Reasons keep
+    (and ``uncomparable`` says skip), ``no_http`` were SSE copies with no HTTP endpoint to
+    ask them at. The rest were compared: ``comparison``. Reasons keep
     the first few of each kind (GitHub Scientist's capped samples)."""
 
     received: int = 0
@@ -166,6 +171,9 @@ class ShadowFigures:
     primary_failed: int = 0
     uncomparable: int = 0
     candidate_timeouts: int = 0
+    # SSE copies (HTTP generate_stream) not asked: a server of the target declares no HTTP
+    # endpoint (TritonServer spec.http) to ask them at.
+    no_http: int = 0
     comparison: Comparison = field(default_factory=lambda: Comparison(0, 0, 0))
     samples: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # kind -> reasons
 
@@ -186,6 +194,7 @@ class ShadowFigures:
             "primary_failed": self.primary_failed,
             "uncomparable": self.uncomparable,
             "candidate_timeouts": self.candidate_timeouts,
+            "no_http": self.no_http,
         }
 
     def __str__(self) -> str:
@@ -197,11 +206,12 @@ class ShadowFigures:
             "in a sequence": self.sequence,
             "unanswered by the serving version": self.primary_failed,
             "uncomparable": self.uncomparable,
+            "SSE copies with no HTTP endpoint to ask (TritonServer spec.http)": self.no_http,
         }
         parts += [f"{n} {what}" for what, n in left.items() if n]
         if self.candidate_timeouts:
             parts.append(f"{self.candidate_timeouts} candidate call(s) timed out")
-        for kind in ("uncomparable", "unparsable", "primary_failed"):
+        for kind in ("uncomparable", "unparsable", "primary_failed", "no_http"):
             if self.samples.get(kind):
                 parts.append(f"first {kind.replace('_', ' ')}: {self.samples[kind][0]}")
         return "; ".join(parts)

@@ -239,11 +239,12 @@ class DesiredState:
             for address in addresses.get(name, ()):
                 host = f"[{address}]" if ":" in address else address
                 instance = f"{name}/{address}"
-                port = server.discovery.metrics_port
+                port, http = server.discovery.metrics_port, server.discovery.http_port
                 servers[instance] = replace(
                     server,
                     name=instance,
                     grpc=f"{host}:{server.discovery.grpc_port}",
+                    http=f"{host}:{http}" if http else "",
                     metrics=f"http://{host}:{port}/metrics" if port else None,
                     discovery=None,
                     instance_of=name,

@@ -87,6 +87,7 @@ WEBHOOK_RESULTS = (
 SHADOW_OUTCOMES = (
     "compared", "candidate_disagreed", "noise", "not_sampled", "dropped", "unparsable",
     "sequence", "primary_failed", "uncomparable", "candidate_timeouts", "other_model",
+    "no_http",
 )  # fmt: skip
 
 
@@ -243,7 +244,8 @@ class ReconcilerMetrics:
             "Live requests the router mirrored to the comparator, by what became of them: "
             "compared, candidate_disagreed, noise (the serving version disagreed with "
             "itself), not_sampled, dropped, unparsable, sequence, primary_failed, "
-            "uncomparable, candidate_timeouts, other_model",
+            "uncomparable, candidate_timeouts, other_model, no_http (an SSE copy, and no "
+            "HTTP endpoint declared to ask it at)",
             ["deployment", "outcome"],
             registry=r,
         )

@@ -1,12 +1,13 @@
 """How the Envoy adapter writes a mirror share into Envoy's runtime and reads one back, as
-Envoy itself parses and applies a ``runtime_fraction``'s runtime value (no Envoy needed:
-``tests/adapters/test_envoy.py`` measures the same against a real one)."""
+Envoy itself parses and applies a ``runtime_fraction``'s runtime value, and which route's
+mirror policy is a target's (no Envoy needed: ``tests/adapters/test_envoy.py`` measures the
+same against a real one)."""
 
 from __future__ import annotations
 
 import pytest
 
-from reconciler.adapters.envoy import mirror_share, mirror_value
+from reconciler.adapters.envoy import mirror_policies, mirror_share, mirror_value
 
 DEFAULT = 7  # the route's default_value as a share: what Envoy uses for a value it cannot read
 
@@ -56,3 +57,33 @@ def test_a_runtime_value_is_read_back_as_the_share_envoy_mirrors(
     value: str | None, share: int
 ) -> None:
     assert mirror_share(value, DEFAULT) == share
+
+
+def _route(*policies: tuple[str, str]) -> dict[str, object]:
+    return {
+        "weighted_clusters": {"runtime_key_prefix": "routing.triton", "clusters": []},
+        "request_mirror_policies": [
+            {
+                "cluster": cluster,
+                "runtime_fraction": {
+                    "default_value": {"numerator": 0, "denominator": "TEN_THOUSAND"},
+                    "runtime_key": key,
+                },
+            }
+            for cluster, key in policies
+        ],
+    }
+
+
+def test_the_sse_copies_mirror_policy_is_the_comparators_by_its_key() -> None:
+    """The HTTP route mirrors to the comparator's HTTP cluster at the comparator's key: the
+    comparator's share is found on whichever route comes first, and on an HTTP route
+    alone (an Envoy that serves only SSE)."""
+    grpc = _route(("stable", "mirror.triton.stable"), ("comparator", "mirror.triton.comparator"))
+    sse = _route(("comparator_http", "mirror.triton.comparator"))
+    other = _route(("comparator_http", "mirror.triton.comparator_http"))
+    targets = ("stable", "canary", "comparator")
+    expected = ("mirror.triton.comparator", 0, 10_000)
+    for routes in ([grpc, sse], [sse, grpc], [sse]):
+        assert mirror_policies(routes, targets, "mirror.triton")["comparator"] == expected
+    assert "comparator" not in mirror_policies([other], targets, "mirror.triton")

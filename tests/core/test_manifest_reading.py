@@ -425,3 +425,19 @@ def test_every_field_a_user_writes_has_a_description() -> None:
         for where in _undescribed(document, name)
     ]
     assert missing == []
+
+
+def test_a_servers_http_endpoint_is_read_for_the_comparators_sse_copies() -> None:
+    """``spec.http`` (one instance) and ``discovery.httpPort`` (each instance): where the
+    live comparator asks generate_stream; a discovered server with ``http`` is refused."""
+    one = SERVER + "  http: edge-a:8000\n"
+    found = SERVER.replace("  grpc: edge-a:8001\n  metrics: http://edge-a:8002/metrics\n", "")
+    found += "  discovery: {dns: triton, grpcPort: 8001, httpPort: 8000}\n"
+    assert load_desired_state(encode({"s.yaml": one})).servers["edge-a"].http == "edge-a:8000"
+    desired = load_desired_state(encode({"s.yaml": found.replace("edge-a", "edge-b")}))
+    instances = desired.with_instances({"edge-b": ["10.0.0.7", "fd00::7"]}).servers
+    assert [s.http for s in instances.values()] == ["10.0.0.7:8000", "[fd00::7]:8000"]
+    both = found + "  http: edge-a:8000\n"
+    assert read_manifests(encode({"s.yaml": both})).problems
+    (problem,) = read_manifests(encode({"s.yaml": SERVER + "  http: 8000\n"})).problems
+    assert "is not host:port (e.g. triton-0.triton:8000)" in problem.message

@@ -95,10 +95,27 @@ def test_the_shadow_phase_comes_first_and_mirrors_to_the_comparator_only() -> No
     assert dict(first.weights) == {"stable": 10_000, "canary": 0}
     assert dict(first.mirror) == {"stable": 0, "canary": 0, "comparator": 1_000}
     # The serving version is asked beside the candidate, on the canary's own server.
-    assert first.shadow == ShadowTarget("m", "m", ("c:8001",), 1, ("c:8001",), 2, SHADOW, "canary")
+    # No server declares an HTTP endpoint here: SSE copies would be counted, not asked.
+    assert first.shadow == ShadowTarget(
+        "m", "m", ("c:8001",), 1, ("c:8001",), 2, SHADOW, "canary", ("",), ("",)
+    )
     # Every later setting, and the route back, mirror nothing to the comparator.
     assert all(p.mirror.get("comparator") == 0 for p in traffic.phases[1:])
     assert traffic.restore.mirror["comparator"] == 0
+
+
+def test_the_servers_http_endpoints_go_with_the_target_for_sse_copies() -> None:
+    """Where a server declares Triton's HTTP endpoint (spec.http), the comparator asks an
+    SSE copy's sides there: the target carries them in the order of the gRPC addresses."""
+    state = shadowed()
+    servers = [replace(s, http=f"{s.name}:8000") for s in state.servers.values()]
+    state = DesiredState.build(servers, list(state.deployments.values()), [COMPARED])
+    (rollout,) = Pass(state, fakes(), at_rest()).plan().rollouts
+    assert rollout.traffic is not None
+    target = rollout.traffic.phases[0].shadow
+    assert target is not None
+    assert (target.primary, target.primary_http) == (("c:8001",), ("c:8000",))
+    assert (target.candidate, target.candidate_http) == (("c:8001",), ("c:8000",))
 
 
 def test_with_probes_the_shadow_phase_is_the_no_traffic_phase() -> None:

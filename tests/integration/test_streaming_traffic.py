@@ -27,6 +27,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tritonclient.grpc as triton_grpc
@@ -59,10 +60,16 @@ LONG = {"tokens": str(TOKENS), "token_ms": "10"}
 
 class Pools:
     def __init__(
-        self, stable: LocalTriton, canary: LocalTriton, envoy: LocalEnvoy, listen: str
+        self,
+        stable: LocalTriton,
+        canary: LocalTriton,
+        envoy: LocalEnvoy,
+        listen: str,
+        http_listen: str,
     ) -> None:
         self.stable, self.canary, self.envoy = stable, canary, envoy
         self.listen = listen  # where the reconciler's comparator listens (Envoy mirrors to it)
+        self.http_listen = http_listen  # and its HTTP listener, for the SSE copies
         spec = RouterSpec(
             "edge",
             (Pool("stable", server_names=("a",)), Pool("canary", server_names=("c",))),
@@ -95,15 +102,20 @@ def pools(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pools]:
             server.start()
         stable, canary = servers
         listen = f"127.0.0.1:{free_port('127.0.0.1')}"
+        http_listen = f"127.0.0.1:{free_port('127.0.0.1')}"
         envoy = LocalEnvoy.of(
             root / "envoy",
             {"stable": [stable.grpc_address], "canary": [canary.grpc_address]},
             {"stable": 10_000},
             mirrors={"comparator": [listen]},
-            # Triton's HTTP API over the same pools, by the same weights (SSE streams).
+            # Triton's HTTP API over the same pools, by the same weights (SSE streams), its
+            # copies mirrored to the comparator's HTTP listener (a mirror-only HTTP/1.1
+            # cluster) at the comparator's one runtime share.
             http={"stable": [stable.http_address], "canary": [canary.http_address]},
+            http_mirrors={"comparator_http": [http_listen]},
+            http_mirror_keys={"comparator_http": "comparator"},
         ).start()
-        yield Pools(stable, canary, envoy, listen)
+        yield Pools(stable, canary, envoy, listen, http_listen)
     finally:
         if envoy is not None:
             envoy.stop()
@@ -236,7 +248,11 @@ def _applied(
         manifests.write(
             f"servers/{name}.yaml",
             server_doc(
-                name, server.grpc_address, server.model_repository, metrics=server.metrics_url
+                name,
+                server.grpc_address,
+                server.model_repository,
+                metrics=server.metrics_url,
+                http=server.http_address,  # where the comparator asks the SSE copies' sides
             ),
         )
     comparator = "comparator" if compared else None
@@ -245,7 +261,7 @@ def _applied(
     manifests.write("gen.yaml", first or _deployment(1, traffic))
     manifests.commit("gen 1 through the router")
     reconciler = Reconciler(manifests.url, workdir)
-    first_pass = reconciler.apply(*(("--comparator-listen", pools.listen) if compared else ()))
+    first_pass = reconciler.apply(*(_comparing(pools) if compared else ()))
     assert first_pass.code == 0, first_pass.explain()
     return reconciler
 
@@ -428,6 +444,25 @@ def test_the_reconciler_switches_a_streaming_model_blue_green_and_back_without_a
           f"{back:.2f}s after the abort was given")  # fmt: skip
 
 
+def _comparing(pools: Pools) -> tuple[str, ...]:
+    """The reconciler's options for its comparator: gRPC copies, and HTTP (SSE) ones."""
+    return ("--comparator-listen", pools.listen, "--comparator-http-listen", pools.http_listen)
+
+
+def _shadow_checks(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every evaluation's ``shadow`` check in a JSON report, in order: the change's last
+    analysis (a failed rollout's), else each phase's (a promoted one's shadow phase is
+    not its last)."""
+    found = []
+    for change in report["result"]["changes"]:
+        analyses = [change["analysis"]] if change.get("analysis") else []
+        analyses += [step["analysis"] for step in change["steps"] if step.get("analysis")]
+        for analysis in analyses:
+            for evaluation in analysis["evaluations"]:
+                found += [c for c in evaluation["checks"] if c["check"] == "shadow"]
+    return found
+
+
 def _shadowed(version: int) -> str:
     """gen through the router with a shadow phase before any client stream reaches the new
     version: 30 tokens a generation, version 10 diverging from token 20 on one prompt in
@@ -477,17 +512,9 @@ def test_live_streams_mirrored_by_envoy_are_compared_and_a_divergent_candidate_i
     manifests.write("gen.yaml", _shadowed(10))
     manifests.commit("gen 10")
     with StreamClient(pools.envoy.address, GENERATOR, threads=4, varied=True) as clients:
-        result = reconciler.apply("--output", "json", "--comparator-listen", pools.listen)
+        result = reconciler.apply("--output", "json", *_comparing(pools))
     assert result.code == 1, result.explain()
-    report = json.loads(result.out)
-    checks = [
-        check
-        for change in report["result"]["changes"]
-        if change.get("analysis")
-        for evaluation in change["analysis"]["evaluations"]
-        for check in evaluation["checks"]
-        if check["check"] == "shadow"
-    ]
+    checks = _shadow_checks(json.loads(result.out))
     failed = [c for c in checks if c["verdict"] == "fail"]
     assert failed, f"no shadow check failed: {[(c['verdict'], c.get('detail')) for c in checks]}"
     detail = failed[-1].get("detail") or ""
@@ -499,3 +526,46 @@ def test_live_streams_mirrored_by_envoy_are_compared_and_a_divergent_candidate_i
     assert on_canary == [], f"{len(on_canary)} client streams reached version 10"
     assert ready_versions(pools.canary, GENERATOR) == {1}, ready_versions(pools.canary, GENERATOR)
     print(f"{len(streams)} client streams, none broken or on version 10; caught: {detail}")
+
+
+@pytest.mark.parametrize(("candidate", "caught"), [(10, True), (2, False)])
+def test_sse_copies_mirrored_by_envoy_are_compared_and_a_divergent_candidate_is_caught(
+    pools: Pools, manifests: ManifestRepo, tmp_path: Path, candidate: int, caught: bool
+) -> None:
+    """Issue 43, point 1, over server-sent events: clients stream through Envoy's HTTP
+    listener (``generate_stream``), and Envoy mirrors each request whole to the comparator's
+    HTTP listener, which posts the same body to ``generate_stream`` of the serving version
+    twice and the candidate once, each pinned by version at its server's HTTP endpoint, and
+    compares the event streams reassembled, as it compares gRPC streams. Version 10,
+    diverging from token 20 on one prompt in ten, is caught in the shadow phase (no client
+    stream reaches it, none fails, the report says where the generations diverged);
+    version 2, identical, passes its shadow phase on the same figures and is promoted."""
+    reconciler = _applied(
+        pools, manifests, tmp_path / "reconciler", first=_shadowed(1), compared=True
+    )
+    manifests.write("gen.yaml", _shadowed(candidate))
+    manifests.commit(f"gen {candidate}")
+    sse = StreamClient(pools.envoy.http_address, GENERATOR, threads=4, sse=True, varied=True)
+    with sse as clients:
+        result = reconciler.apply("--output", "json", *_comparing(pools))
+    checks = _shadow_checks(json.loads(result.out))
+    shown = [(c["verdict"], c.get("detail")) for c in checks]
+    streams = clients.streams
+    broken = [s for s in streams if s.error is not None or len(s.tokens) != 30]
+    assert broken == [], f"{len(broken)} of {len(streams)} client streams broken: {broken[:2]}"
+    if caught:
+        assert result.code == 1, result.explain()
+        failed = [c for c in checks if c["verdict"] == "fail"]
+        assert failed, f"no shadow check failed: {shown}"
+        detail = failed[-1].get("detail") or ""
+        assert "first divergence: the candidate from position 20" in detail, detail
+        on_canary = [s for s in streams if s.versions and s.versions[0] == "10"]
+        assert on_canary == [], f"{len(on_canary)} client streams reached version 10"
+        assert ready_versions(pools.canary, GENERATOR) == {1}
+    else:
+        assert result.code == 0, result.explain()
+        assert checks and checks[-1]["verdict"] == "pass", shown
+        detail = checks[-1].get("detail") or ""
+        assert "candidate 0 of" in detail, detail
+        assert ready_versions(pools.canary, GENERATOR) == {2}
+    print(f"version {candidate}: {len(streams)} SSE client streams, none broken; {shown[-1]}")

@@ -271,6 +271,8 @@ def _shadow_target(
         max(max(c.desired) for c in candidate),
         traffic.shadow,
         new if primary is beside else old,
+        tuple(desired.servers[c.server].http for c in primary),
+        tuple(desired.servers[c.server].http for c in candidate),
     )
 
 

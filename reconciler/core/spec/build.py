@@ -122,6 +122,7 @@ def build_server(doc: Document, spec: dict[str, Any], problems: list[Problem]) -
         name=metadata["name"],
         labels=dict(metadata.get("labels", {})),
         grpc=body.get("grpc", ""),
+        http=body.get("http", ""),
         metrics=body.get("metrics"),
         model_repository=body.get("modelRepository"),
         location=Location(doc.file, doc.start_line),
@@ -131,6 +132,7 @@ def build_server(doc: Document, spec: dict[str, Any], problems: list[Problem]) -
                 discovery["grpcPort"],
                 discovery.get("metricsPort"),
                 _seconds(_or_default(discovery, _SERVER, "spec", "discovery", "refresh")),
+                discovery.get("httpPort"),
             )
             if discovery
             else None
