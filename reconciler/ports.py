@@ -399,6 +399,11 @@ class TrafficRouter(Protocol):
         RouterUnavailable when the router does not take it."""
         ...
 
+    def keep_affinity(self) -> None:
+        """Write the router's declared sequence affinity configuration back where it
+        drifted (``RouteState.affinity_drift``); RouterUnavailable when it cannot."""
+        ...
+
     def identity(self) -> str | None:
         """Which running router answers now: what ``route`` returned as long as the router
         that took that update still holds it, something else once it restarted (or another

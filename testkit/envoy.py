@@ -161,21 +161,24 @@ def _mirror_policy(route: str, cluster: str, key_of: str | None = None) -> dict[
     }
 
 
-def _stateful_session() -> dict[str, Any]:
+def _stateful_session(header: str | None = SESSION_HEADER) -> dict[str, Any]:
     """The stateful session filter with header-based session state, strict: a request whose
     session header names a server not in the cluster its route picked fails (503) rather
-    than reach another server, where Triton would refuse it anyway (no START)."""
+    than reach another server, where Triton would refuse it anyway (no START). ``None``:
+    listed with no session state of its own (a route's per-route config gives it)."""
+    kind = "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3.StatefulSession"
+    if header is None:
+        return {"name": "envoy.filters.http.stateful_session", "typed_config": {"@type": kind}}
     return {
         "name": "envoy.filters.http.stateful_session",
         "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.stateful_session.v3"
-            ".StatefulSession",
+            "@type": kind,
             "session_state": {
                 "name": "envoy.http.stateful_session.header",
                 "typed_config": {
                     "@type": "type.googleapis.com/envoy.extensions.http.stateful_session.header"
                     ".v3.HeaderBasedSessionState",
-                    "name": SESSION_HEADER,
+                    "name": header,
                 },
             },
             "strict": True,
@@ -265,6 +268,7 @@ def bootstrap(
     http_mirrors: Mapping[str, Sequence[str]] | None = None,
     affinity: str = "",
     http_mirror_keys: Mapping[str, str] | None = None,
+    routes_file: str = "",
 ) -> dict[str, Any]:
     """An Envoy bootstrap: gRPC on ``listen`` routed over ``pools`` (name -> Triton gRPC
     addresses) by ``weights`` (name -> weight out of ``WEIGHT_SCALE``) unless the runtime
@@ -278,7 +282,11 @@ def bootstrap(
     comparator's HTTP listener takes the SSE copies at the comparator's one share, as the
     reconciler's adapter sets it (``adapters/envoy.mirror_policies``).
     ``affinity`` (one of ``AFFINITIES``) keeps each client sequence on one server on the gRPC
-    listener (``POOL_HEADER`` and ``SESSION_HEADER``, or ``SEQUENCE_HEADER``)."""
+    listener (``POOL_HEADER`` and ``SESSION_HEADER``, or ``SEQUENCE_HEADER``). With
+    ``routes_file`` the gRPC listener reads its route configuration (``routes(...)``) from
+    that file by RDS, watching its directory, and lists the stateful session filter with no
+    session state: what a Router's ``sequenceAffinity`` needs, the reconciler writing the
+    rest into the file."""
     if affinity not in AFFINITIES:
         raise ValueError(f"affinity {affinity!r}: one of {', '.join(map(repr, AFFINITIES))}")
     mirrors = mirrors or {}
@@ -333,7 +341,25 @@ def bootstrap(
             }
         ],
     }
+    if routes_file:
+        # The reconciler's own sequence affinity (spec.sequenceAffinity): the gRPC route by
+        # RDS from a file the reconciler rewrites, the stateful session filter listed
+        # without a session state (the route configuration's per-route config holds it).
+        grpc_filters.append(_stateful_session(None))
     listeners = [_listener("grpc", "ingress", listen, "HTTP2", grpc_routes, grpc_filters)]
+    if routes_file:
+        manager = listeners[0]["filter_chains"][0]["filters"][0]["typed_config"]
+        del manager["route_config"]
+        manager["rds"] = {
+            "route_config_name": route,
+            "config_source": {
+                "path_config_source": {
+                    "path": routes_file,
+                    "watched_directory": {"path": str(Path(routes_file).parent)},
+                },
+                "resource_api_version": "V3",
+            },
+        }
     if http_pools:
         by_http: dict[str, Any] = {
             "weighted_clusters": {
@@ -366,7 +392,10 @@ def bootstrap(
             ],
         }
         listeners.append(_listener("http", "http", listen_http, "AUTO", http_routes))
+    # A filesystem subscription (routes_file) needs the node's id and cluster.
+    node = {"node": {"id": route, "cluster": route}} if routes_file else {}
     return {
+        **node,
         "admin": {"address": _socket(admin)},
         # Histograms are merged when the admin API reads them, so latency is current.
         "stats_flush_on_admin": True,
@@ -381,6 +410,15 @@ def bootstrap(
             "clusters": clusters,
         },
     }
+
+
+def route_file_text(config: dict[str, Any]) -> str:
+    """The file a ``routes_file`` bootstrap reads by RDS: its gRPC listener's route
+    configuration (as ``bootstrap`` without ``routes_file`` puts it inline)."""
+    manager = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    routes = manager["typed_config"]["route_config"]
+    kind = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+    return json.dumps({"version_info": "0", "resources": [{**routes, "@type": kind}]}, indent=1)
 
 
 _BASE_IDS = iter(range(os.getpid() % 1000 * 100, 10**9))
@@ -408,6 +446,9 @@ class LocalEnvoy(_Service):
     affinity: str = ""  # sequence affinity on the gRPC listener: one of AFFINITIES
     # An HTTP mirror -> the mirror of ``mirrors`` whose runtime share it reads.
     http_mirror_keys: Mapping[str, str] = field(default_factory=dict)
+    # The gRPC route by RDS from workdir/routes/routes.json (``bootstrap``'s routes_file),
+    # written at the first start: the reconciler's sequence affinity keeps it from there.
+    rds: bool = False
     # Envoy's shared-memory name: distinct per instance so that several run at once.
     base_id: int = field(default_factory=lambda: next(_BASE_IDS))
     restart_epoch: int = 0  # the running process's hot-restart generation
@@ -425,6 +466,7 @@ class LocalEnvoy(_Service):
         http_mirrors: Mapping[str, Sequence[str]] | None = None,
         affinity: str = "",
         http_mirror_keys: Mapping[str, str] | None = None,
+        rds: bool = False,
     ) -> LocalEnvoy:
         binary = envoy_binary()
         if binary is None:
@@ -433,6 +475,7 @@ class LocalEnvoy(_Service):
             binary, workdir, pools=pools, weights=weights, mirrors=mirrors or {},
             http_pools=http or {}, http_mirrors=http_mirrors or {}, affinity=affinity,
             http_mirror_keys=http_mirror_keys or {},
+            rds=rds,
         )  # fmt: skip
 
     @property
@@ -452,14 +495,28 @@ class LocalEnvoy(_Service):
     def ready_url(self) -> str:
         return f"{self.admin_url}/ready"
 
+    @property
+    def routes_file(self) -> Path:
+        return self.workdir / "routes" / "routes.json"
+
     def config(self) -> dict[str, Any]:
         admin = f"{self.host}:{self.admin_port}"
         http = (self.http_address, self.http_pools) if self.http_pools else None
-        return bootstrap(
+        inline = bootstrap(
             self.address, admin, self.pools, self.weights, self.route, self.mirrors, http,
             self.http_mirrors,
             self.affinity,
             self.http_mirror_keys,
+        )  # fmt: skip
+        if not self.rds:
+            return inline
+        if not self.routes_file.exists():
+            self.routes_file.parent.mkdir(parents=True, exist_ok=True)
+            self.routes_file.write_text(route_file_text(inline))
+        return bootstrap(
+            self.address, admin, self.pools, self.weights, self.route, self.mirrors, http,
+            self.http_mirrors, self.affinity, self.http_mirror_keys,
+            routes_file=str(self.routes_file),
         )  # fmt: skip
 
     def command(self, config_file: Path) -> list[str]:

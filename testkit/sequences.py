@@ -137,7 +137,8 @@ _KEYS_LOCK = threading.Lock()
 class SequenceLoad:
     """``threads`` client threads sending sequences of ``lengths`` requests (each length
     drawn uniformly), ``pause`` seconds apart, to ``model`` at ``address``; with
-    ``sessions`` each thread's client sends the session header back (``SequenceSessions``);
+    ``sessions`` each thread's client sends the session headers (``headers``) back
+    (``SequenceSessions``);
     with ``stream`` each sequence goes over a gRPC stream of its own. ``stop`` lets the
     sequences in flight finish and starts no new one."""
 
@@ -151,9 +152,11 @@ class SequenceLoad:
         stream: bool = False,
         model: str = "counter",
         seed: int = 44,
+        headers: tuple[str, ...] = (SESSION_HEADER, POOL_HEADER),
     ) -> None:
         self.address, self.lengths, self.pause = address, lengths, pause
         self.sessions, self.stream, self.model, self.seed = sessions, stream, model, seed
+        self.headers = headers  # with sessions: the response headers sent back
         self.sequences: list[Sequence] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -185,7 +188,7 @@ class SequenceLoad:
         draw = random.Random(self.seed * 1000 + number)
         client = triton_grpc.InferenceServerClient(self.address)
         if self.sessions:
-            client = with_sessions(client, SequenceSessions())
+            client = with_sessions(client, SequenceSessions(self.headers))
         try:
             while not self._stop.is_set():
                 with _KEYS_LOCK:

@@ -41,18 +41,27 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
+from reconciler.core.sequence_affinity import (
+    affinity_drift,
+    discovery_response,
+    walk,
+    weighted_route_config,
+    with_affinity,
+)
 from reconciler.model.analysis import PoolFigures
 from reconciler.model.errors import RouterUnavailable
 from reconciler.model.traffic import WEIGHT_SCALE, RouterSpec, RouteState
@@ -94,10 +103,16 @@ class EnvoyRouter:
             reason = getattr(exc, "reason", exc)
             raise RouterUnavailable(f"{self._where()}: not reachable ({reason})") from None
 
-    def _defaults(self) -> tuple[dict[str, int], dict[str, tuple[str, int, int]]]:
+    def _dump(self) -> dict[str, Any]:
+        dump: dict[str, Any] = json.loads(self._call("/config_dump"))
+        return dump
+
+    def _defaults(
+        self, dump: Mapping[str, Any] | None = None
+    ) -> tuple[dict[str, int], dict[str, tuple[str, int, int]]]:
         """From the config Envoy runs: each pool's default weight, and for each pool a
         mirror policy to it names, (its runtime key, default numerator, denominator)."""
-        dump = json.loads(self._call("/config_dump"))
+        dump = dump if dump is not None else self._dump()
         prefix = self.envoy.weight_prefix
         found = [
             route
@@ -129,10 +144,14 @@ class EnvoyRouter:
 
     def observe(self) -> RouteState:
         try:
-            defaults, mirrors = self._defaults()
+            dump = self._dump()
+            defaults, mirrors = self._defaults(dump)
             runtime = self._runtime()
         except RouterUnavailable as exc:
             return RouteState(self.spec.name, False, error=str(exc))
+        drift: tuple[str, ...] = ()
+        if self.spec.sequence_affinity is not None:
+            drift, _ = affinity_drift(dump, self.spec)
         weights = {
             pool: _integer(runtime.get(f"{self.envoy.weight_prefix}.{pool}"), default)
             for pool, default in defaults.items()
@@ -141,7 +160,42 @@ class EnvoyRouter:
             pool: mirror_share(runtime.get(key), _fraction(numerator, denominator))
             for pool, (key, numerator, denominator) in mirrors.items()
         }
-        return RouteState(self.spec.name, True, weights, mirror)
+        return RouteState(self.spec.name, True, weights, mirror, affinity_drift=drift)
+
+    def keep_affinity(self) -> None:
+        """Write the route configuration with the declared sequence affinity to
+        ``routesFile`` (a new file renamed over the old one, as Envoy's watched directory
+        expects), then wait until Envoy runs it; RouterUnavailable when writing the file
+        cannot restore it (the filter missing from the listener, a static route), or Envoy
+        has not taken it within ``timeout``."""
+        assert self.spec.sequence_affinity is not None
+        dump = self._dump()
+        drift, writable = affinity_drift(dump, self.spec)
+        if not drift:
+            return
+        if not writable or self.envoy.routes_file is None:
+            raise RouterUnavailable(
+                f"{self._where()}: cannot restore its sequence affinity: {'; '.join(drift)}"
+            )
+        live, _ = weighted_route_config(dump, self.envoy.weight_prefix)
+        wanted = with_affinity(live, self.spec)
+        target = Path(self.envoy.routes_file)
+        text = json.dumps(discovery_response(wanted, secrets.token_hex(8)), indent=1)
+        try:
+            partial = target.with_name(f".{target.name}.{secrets.token_hex(4)}")
+            partial.write_text(text)
+            os.replace(partial, target)
+        except OSError as exc:
+            raise RouterUnavailable(f"{self._where()}: cannot write {target}: {exc}") from None
+        deadline = time.monotonic() + self.timeout
+        while drift:
+            if time.monotonic() > deadline:
+                raise RouterUnavailable(
+                    f"{self._where()}: wrote {target}, and Envoy does not run it after "
+                    f"{self.timeout:g}s (is it the file its RDS reads?): {'; '.join(drift)}"
+                )
+            time.sleep(0.05)
+            drift, _ = affinity_drift(self._dump(), self.spec)
 
     def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> str:
         """Set the weights and mirror shares; the marker written with them (``identity``)."""
@@ -335,11 +389,4 @@ def _number(value: str) -> float | None:
 
 def _routes(node: Any) -> Iterator[dict[str, Any]]:
     """Every route action with weighted clusters in a config dump (static and RDS)."""
-    if isinstance(node, dict):
-        if "weighted_clusters" in node:
-            yield node
-        for value in node.values():
-            yield from _routes(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _routes(value)
+    return (found for found in walk(node) if "weighted_clusters" in found)

@@ -181,6 +181,14 @@ class GatewayRouter:
                 ) from exc
             return
 
+    def keep_affinity(self) -> None:
+        """Never asked: validation refuses spec.sequenceAffinity on a Gateway API Router
+        (session persistence is in the experimental channel only; README, *Routers*)."""
+        raise RouterUnavailable(
+            f"router {self.spec.name}: sequence affinity through the Gateway API is not "
+            "written by the reconciler"
+        )
+
     def identity(self) -> None:
         """None: no identity check applies. The weights live in the route object, which
         the API server keeps; a restart of the Gateway's controller or data plane reads

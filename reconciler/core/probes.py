@@ -150,4 +150,3 @@ def failures_in_sight(sent: int, failed: int) -> str | None:
         f" or more would have failed one with {SIGHT:.0%} odds (Triton's counters do not count "
         "an error inside a stream; a longer duration or a higher probes.maxShare sees less)"
     )
-

@@ -16,6 +16,7 @@ from reconciler.engine.orders import OrderWatch
 from reconciler.engine.staged import run_staged
 from reconciler.engine.stages import Rollout, RolloutKind
 from reconciler.engine.traffic import run_traffic, set_route
+from reconciler.model.errors import RouterUnavailable
 from reconciler.model.plan import Action, ModelChange, Plan, RolloutPlan, Step
 from reconciler.model.results import (
     ApplyResult,
@@ -142,4 +143,15 @@ def _steady(
     step = Step(
         "", "", Action.ROUTE, (), f"router {update.router}: {update.reason}", router=update.router
     )
-    return set_route(routers[update.router], update.weights, update.mirror, step, timing)
+    router = routers[update.router]
+    if update.affinity:
+        started = timing.clock()
+        try:
+            router.keep_affinity()
+        except RouterUnavailable as exc:
+            ended = timing.clock()
+            return StepResult(step, False, ended - started, str(exc), exc.failure, ended_at=ended)
+        if not update.weights:
+            ended = timing.clock()
+            return StepResult(step, True, ended - started, ended_at=ended)
+    return set_route(router, update.weights, update.mirror, step, timing)

@@ -53,6 +53,9 @@ class EnvoyRoute:
     admin: str  # http://host:port of Envoy's admin listener
     weight_prefix: str  # runtime_key_prefix of the route's weighted_clusters
     mirror_prefix: str  # each pool's mirror share is the runtime key <mirror_prefix>.<pool>
+    # The route configuration file Envoy reads by RDS (``path_config_source``, its directory
+    # watched) and the reconciler rewrites to keep the route's sequence affinity.
+    routes_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,31 @@ class GatewayRoute:
     name: str
     rule: int = 0  # which of spec.rules
     kubeconfig: str | None = None  # none: in-cluster config
+
+
+class AffinityMechanism(StrEnum):
+    # Envoy's stateful sessions (header-based, strict) with a route per pool in front of the
+    # weighted route: measured to break no sequence across weight changes
+    # (docs/sequence-affinity.md). Consistent hashing broke the share of in-flight sequences
+    # each change moves, so it is not offered.
+    SESSION = "session"
+
+
+POOL_HEADER = "x-triton-pool"
+
+
+@dataclass(frozen=True)
+class SequenceAffinity:
+    """A Router's ``spec.sequenceAffinity``: how the router keeps each client sequence on
+    the server that answered its START while the weights move. ``header``: the request
+    header that carries a sequence's session (the router writes the server into it on the
+    START's answer, the client sends it back with each later request of the sequence);
+    ``pool_header``: the same for the pool the weighted route picked."""
+
+    header: str
+    pool_header: str = POOL_HEADER
+    mechanism: AffinityMechanism = AffinityMechanism.SESSION
+    location: Location = NOWHERE
 
 
 @dataclass(frozen=True)
@@ -80,6 +108,7 @@ class RouterSpec:
     comparator: str | None = None
     comparator_port: int | None = None
     comparator_namespace: str | None = None  # Gateway API: the Service's, if not the route's
+    sequence_affinity: SequenceAffinity | None = None
 
     @property
     def mirror_targets(self) -> tuple[str, ...]:
@@ -111,6 +140,10 @@ class TrafficSpec:
     keep_old: float = 0.0  # blueGreen: the analysis after the switch lasts at least this
     location: Location = NOWHERE
     shadow: LiveShadow | None = None  # live requests mirrored to the comparator, first
+    # A sequence model's clients keep each sequence on one server themselves (one gRPC
+    # stream per sequence, say): its rollout may move traffic through a Router that
+    # declares no sequenceAffinity (``allowWithoutSequenceAffinity``).
+    allow_without_affinity: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,6 +155,9 @@ class RouteState:
     weights: Mapping[str, int] = field(default_factory=dict)
     mirror: Mapping[str, int] = field(default_factory=dict)
     error: str | None = None
+    # What the router's live configuration lacks of its declared sequence affinity, one
+    # line each (empty: as declared, or none declared).
+    affinity_drift: tuple[str, ...] = ()
 
     def share(self, pool: str) -> int:
         """The pool's share of the route's requests, out of WEIGHT_SCALE."""
@@ -142,6 +178,9 @@ class RouteUpdate:
     weights: Mapping[str, int]
     mirror: Mapping[str, int]
     reason: str
+    # Write the router's sequence affinity configuration back first (it drifted); with no
+    # weights, that alone (a rollout moves the route this pass).
+    affinity: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,8 +217,8 @@ class TrafficPlan:
     # their new versions are below the old, and Triton sends unversioned requests to the
     # highest READY version, so beside the old they would take none of the pool's share.
     drop_old_first: tuple[str, ...] = ()
-    # A sequence model (its config's sequence_batching, or spec.sequence): the router picks
-    # a pool per request, so each step that moves a share sends the later requests of
-    # sequences in flight to the other pool, where Triton refuses them. Shown by plan; the
-    # manifest's validation warns of it where the manifest itself says so.
+    # A sequence model (its config's sequence_batching, or spec.sequence) through a router
+    # without sequence affinity, which the deployment allows
+    # (``allowWithoutSequenceAffinity``: its clients keep a sequence on one server): the
+    # router picks a pool per request. Shown by plan.
     splits_sequences: bool = False

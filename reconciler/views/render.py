@@ -151,9 +151,10 @@ def plan_text(plan: Plan) -> str:
                 )
                 if traffic.splits_sequences:
                     lines.append(
-                        f"  (a sequence model: each step sends the later requests of sequences "
-                        f"in flight between {traffic.old_pool} and {traffic.new_pool}, which "
-                        "refuse them, unless the router keeps a sequence on one pool)"
+                        f"  (a sequence model through a router without sequence affinity, "
+                        "as allowWithoutSequenceAffinity allows: each step moves requests "
+                        f"between {traffic.old_pool} and {traffic.new_pool} on their own; "
+                        "its clients must keep each sequence on one server)"
                     )
         if rollout.traffic is not None:
             lines.append(

@@ -23,6 +23,7 @@ from reconciler.model.shadow import (
     WhenShort,
 )
 from reconciler.model.spec import DesiredState, SequencePolicy
+from reconciler.model.traffic import SequenceAffinity
 from reconciler.views.render import plan_json, plan_text
 from tests.core.test_traffic import ANALYSIS, CANARY, ROUTER, Pass, at_rest, desired, fakes
 
@@ -278,7 +279,9 @@ CONFIG = (
 def manifests(router: str, deployment_extra: str = "", shadow: str = "{}") -> dict[str, bytes]:
     doc = (
         SERVERS + "apiVersion: triton-gitops.dev/v1alpha1\nkind: Router\nmetadata: {name: edge}\n"
-        "spec:\n  envoy: {admin: 'http://127.0.0.1:9901'}\n" + router + "  pools:\n"
+        "spec:\n  envoy: {admin: 'http://127.0.0.1:9901', routesFile: /run/envoy/routes.json}\n"
+        + router
+        + "  pools:\n"
         "    - {name: stable, servers: {names: [a]}}\n"
         "    - {name: canary, servers: {names: [c]}}\n---\n"
         "apiVersion: triton-gitops.dev/v1alpha1\nkind: ModelDeployment\nmetadata: {name: m}\n"
@@ -318,8 +321,11 @@ def test_shadow_without_a_comparator_is_refused_naming_the_line() -> None:
     assert problem.startswith(f"m.yaml:{line}: ") and "declares none (spec.comparator)" in problem
 
 
+AFFINITY = "  sequenceAffinity: {header: x-sequence-id}\n"
+
+
 def test_a_sequence_model_is_shadowed_only_whole_and_side_effects_need_consent() -> None:
-    router = "  comparator: {name: cmp}\n"
+    router = "  comparator: {name: cmp}\n" + AFFINITY
     (sequence,) = problems(manifests(router, "  sequence: {}\n"))
     assert "a sequence model is shadowed only by whole sequences" in sequence
     # Whole sequences need every request of a sequence mirrored.
@@ -343,44 +349,62 @@ def test_a_comparator_named_as_a_pool_is_refused() -> None:
     assert "the comparator 'canary' is also a pool" in problem
 
 
-def test_a_sequence_model_rolled_out_by_traffic_is_warned_about() -> None:
-    """Each traffic step sends the rest of the sequences in flight to the other pool
-    (tests/integration/test_shadow.py measured it through Envoy): a warning on the traffic
-    rollout's line, none for the same model without a sequence."""
+def test_a_sequence_models_traffic_rollout_needs_the_routers_sequence_affinity() -> None:
+    """Issue 44, point 4: each traffic step would send the rest of the sequences in flight to
+    the other pool (tests/integration/test_shadow.py measured it through Envoy): refused on
+    the traffic rollout's line, naming the Router's, unless the Router declares
+    sequenceAffinity or the deployment says its clients need none."""
     router = "  comparator: {name: cmp}\n"
     whole = "{sequences: whole, share: 100%}"
     files = manifests(router, "  sequence: {}\n", shadow=whole)
     line = files["m.yaml"].decode().splitlines().index("    traffic:") + 1
-    reading = read_manifests(files)
-    assert reading.problems == ()
-    sequence = [str(w) for w in reading.warnings if "sequence model" in str(w)]
-    assert sequence == [
-        f"m.yaml:{line}: ModelDeployment 'm' is a sequence model: the router routes each "
-        "request on its own, so each traffic step sends later requests of sequences in flight "
-        "to the other pool, which refuses them (no START). Unless your router keeps a "
-        "sequence on one pool, leave rollout.traffic out: the model is then swapped one "
-        "server at a time, each drained first"
+    router_line = files["m.yaml"].decode().splitlines().index("kind: Router")
+    assert problems(files) == [
+        f"m.yaml:{line}: ModelDeployment 'm' is a sequence model and Router 'edge' "
+        f"(m.yaml:{router_line}) declares no spec.sequenceAffinity: each traffic step would "
+        "send the later requests of sequences in flight to a server that never saw their "
+        "START. Declare sequenceAffinity on the Router, or set "
+        "rollout.traffic.allowWithoutSequenceAffinity: true if the clients keep each "
+        "sequence on one server (one gRPC stream per sequence)"
     ]
+    load_desired_state(manifests(router + AFFINITY, "  sequence: {}\n", shadow=whole))
+    allowed = whole + "\n      allowWithoutSequenceAffinity: true"
+    state = load_desired_state(manifests(router, "  sequence: {}\n", shadow=allowed))
+    traffic = state.deployments["m"].rollout.traffic
+    assert traffic is not None and traffic.allow_without_affinity
+    # No sequence, no refusal, and no warning of sequences either.
     others = read_manifests(manifests(router)).warnings
-    assert not [w for w in others if "sequence model" in str(w)], others
+    assert not [w for w in others if "sequence" in str(w)], others
 
 
-def test_a_sequence_models_traffic_plan_says_its_steps_split_sequences() -> None:
+def test_the_plan_refuses_a_sequence_model_it_knows_of_through_a_router_without_affinity() -> None:
     """The plan sees what the manifest may not (sequence_batching in the repository's
-    config; here spec.sequence): each step moves sequences in flight between the pools."""
+    config; here spec.sequence): the rollout is refused, nothing touched; allowed, the
+    plan says its steps split sequences; with the Router's affinity they do not."""
     state = desired()
     sequenced = replace(state.deployments["m"], sequence=SequencePolicy())
-    state = DesiredState.build(list(state.servers.values()), [sequenced], [ROUTER])
-    planned = Pass(state, fakes(), at_rest()).plan()
+    refused = Pass(DesiredState.build(list(state.servers.values()), [sequenced], [ROUTER]),
+                   fakes(), at_rest()).plan()  # fmt: skip
+    assert not refused.rollouts and not refused.changes
+    assert {p.server for p in refused.problems} == {"a", "b", "c"}
+    assert "declares no spec.sequenceAffinity" in refused.problems[0].message
+    assert "allowWithoutSequenceAffinity" in refused.problems[0].message
+    traffic = sequenced.rollout.traffic
+    assert traffic is not None
+    allowed = replace(
+        sequenced,
+        rollout=replace(sequenced.rollout, traffic=replace(traffic, allow_without_affinity=True)),
+    )
+    planned = Pass(DesiredState.build(list(state.servers.values()), [allowed], [ROUTER]),
+                   fakes(), at_rest()).plan()  # fmt: skip
     (rollout,) = planned.rollouts
     assert rollout.traffic is not None and rollout.traffic.splits_sequences
-    assert (
-        "(a sequence model: each step sends the later requests of sequences in flight between "
-        "stable and canary, which refuse them, unless the router keeps a sequence on one pool)"
-    ) in plan_text(planned)
+    assert "as allowWithoutSequenceAffinity allows" in plan_text(planned)
     assert plan_json(planned)["rollouts"][0]["traffic"]["splits_sequences"] is True
-    (plain,) = Pass(desired(), fakes(), at_rest()).plan().rollouts
-    assert plain.traffic is not None and not plain.traffic.splits_sequences
+    kept = replace(ROUTER, sequence_affinity=SequenceAffinity("x-sequence-id"))
+    (held,) = Pass(DesiredState.build(list(state.servers.values()), [sequenced], [kept]),
+                   fakes(), at_rest()).plan().rollouts  # fmt: skip
+    assert held.traffic is not None and not held.traffic.splits_sequences
 
 
 def test_a_saturated_noise_floor_is_never_a_pass_of_the_shadow_check() -> None:

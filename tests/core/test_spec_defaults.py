@@ -69,7 +69,8 @@ MANIFESTS = textwrap.dedent(
     kind: Router
     metadata: {name: envoy}
     spec:
-      envoy: {admin: "http://127.0.0.1:9901"}
+      envoy: {admin: "http://127.0.0.1:9901", routesFile: /run/envoy/routes.json}
+      sequenceAffinity: {header: x-sequence-id}
       comparator: {name: comparator}
       pools:
         - {name: blue, servers: {names: [blue]}}
@@ -128,9 +129,13 @@ def test_left_out_fields_take_the_defaults_they_always_had() -> None:
         "mirror.triton",
     )
     assert gateway is not None and gateway.rule == 0
+    affinity = state.routers["envoy"].sequence_affinity
+    assert affinity is not None
+    assert (affinity.pool_header, affinity.mechanism) == ("x-triton-pool", "session")
     traffic = state.deployments["switched"].rollout.traffic
     assert traffic is not None
     assert (traffic.mirror, traffic.keep_old, traffic.steps) == (0, 0.0, (10_000,))
+    assert traffic.allow_without_affinity is False
     assert traffic.shadow == LiveShadow(share=1_000)  # 10%, and the model's own defaults
 
 

@@ -26,8 +26,10 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as triton_grpc
 
+from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.core.triton_config import parse_pbtxt, with_versions
-from testkit.envoy import AFFINITIES, LocalEnvoy, bootstrap
+from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec, SequenceAffinity
+from testkit.envoy import AFFINITIES, POOL_HEADER, LocalEnvoy, bootstrap
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import SEQUENCE_MODEL
 from testkit.sequences import Sequence, SequenceLoad, in_flight_at, started_between
@@ -130,3 +132,86 @@ def test_a_pool_of_two_servers_keeps_each_sequence_on_one_at_rest(
     assert _broken(sequences) == []
     assert len(sequences) >= 10
     assert {s.scale for s in sequences} == {1, 2}  # both servers started sequences
+
+
+# -- the reconciler's own: a Router's spec.sequenceAffinity, kept by the Envoy adapter ------
+
+HEADER = "x-sequence-id"  # the Router's spec.sequenceAffinity.header
+
+
+def _router(envoy: LocalEnvoy) -> EnvoyRouter:
+    spec = RouterSpec(
+        "edge",
+        (Pool("stable", server_names=("a",)), Pool("canary", server_names=("b",))),
+        envoy=EnvoyRoute(
+            envoy.admin_url, "routing.triton", "mirror.triton", str(envoy.routes_file)
+        ),
+        sequence_affinity=SequenceAffinity(HEADER),
+    )
+    return EnvoyRouter(spec, timeout=5.0)
+
+
+def _kept(router: EnvoyRouter) -> None:
+    """The reconciler's drift correction: what observe reports, keep_affinity writes back."""
+    drifted = router.observe()
+    assert drifted.reachable and drifted.affinity_drift, drifted
+    router.keep_affinity()
+    assert router.observe().affinity_drift == ()
+
+
+def test_the_reconcilers_affinity_keeps_every_sequence_whole_as_its_adapter_moves_weights(
+    tmp_path: Path, servers: tuple[LocalTriton, LocalTriton]
+) -> None:
+    """Issue 44, point 1 in the product: Envoy's gRPC route by RDS from a file without any
+    affinity; the Envoy adapter finds it missing and writes it (the Router's header), then
+    moves the canary's weight 0 -> 10 -> 50 -> 100 -> 0 under client sequences: none
+    breaks. A hand edit of the file (the route as it was) is drift, restored. At rest, a pool
+    of two servers behind the same configuration keeps each sequence on one."""
+    a, b = servers
+    pools = {"stable": [a.grpc_address], "canary": [b.grpc_address]}
+    steps = (0, 10, 50, 100, 0)
+    marks: list[float] = []
+    workdir = tmp_path / "envoy"
+    with LocalEnvoy.of(workdir, pools, {"stable": 10_000}, rds=True) as envoy:
+        bare = envoy.routes_file.read_text()
+        router = _router(envoy)
+        _kept(router)
+        load = SequenceLoad(envoy.address, threads=4, sessions=True, headers=(HEADER, POOL_HEADER))
+        with load:
+            for percent in steps:
+                router.route({"stable": 10_000 - percent * 100, "canary": percent * 100}, {})
+                marks.append(time.monotonic())
+                time.sleep(2.5)
+        sequences = load.snapshot()
+        # Someone puts the route back as it was (moved into place: Envoy's watched directory
+        # reloads on a rename): drift, and the adapter restores it.
+        edited = envoy.routes_file.with_name("edited.json")
+        edited.write_text(bare.replace('"version_info": "0"', '"version_info": "x"'))
+        edited.replace(envoy.routes_file)
+        deadline = time.monotonic() + 5
+        while not router.observe().affinity_drift and time.monotonic() < deadline:
+            time.sleep(0.05)
+        _kept(router)
+
+    assert _broken(sequences) == []
+    assert sum(len(in_flight_at(sequences, moment)) for moment in marks[1:]) >= 3
+    bounds = [*marks[1:], float("inf")]
+    new = {
+        (i, p): list(started_between(sequences, s, e))
+        for i, (p, s, e) in enumerate(zip(steps, marks, bounds, strict=True))
+    }
+    assert {s.scale for s in new[(0, 0)]} == {1}
+    assert {s.scale for s in new[(3, 100)]} == {2}
+    assert {s.scale for s in new[(4, 0)]} == {1}
+
+    nowhere = f"127.0.0.1:{free_port('127.0.0.1')}"  # the empty canary pool, at weight 0
+    rest = {"stable": [a.grpc_address, b.grpc_address], "canary": [nowhere]}
+    with LocalEnvoy.of(tmp_path / "rest", rest, {"stable": 10_000}, rds=True) as envoy:
+        _kept(_router(envoy))
+        load = SequenceLoad(envoy.address, threads=4, sessions=True, headers=(HEADER, POOL_HEADER))
+        with load:
+            time.sleep(3.0)
+        at_rest = load.snapshot()
+    assert _broken(at_rest) == []
+    assert len(at_rest) >= 8
+    assert {s.scale for s in at_rest} == {1, 2}  # both servers started sequences

@@ -318,11 +318,14 @@ def test_without_comparator_listen_plan_says_so_and_apply_loads_nothing(
 
 
 def _counter(version: int, scale: str, shadow: str) -> str:
-    """The test sequence model (a running sum times ``scale``) rolled out like echo above."""
+    """The test sequence model (a running sum times ``scale``) rolled out like echo above.
+    The fleet's Router declares no sequenceAffinity: allowed explicitly (the shadow phase,
+    where this test ends, moves no client sequence)."""
     return (
         _deployment(version, {"scale": scale}, shadow)
         .replace("metadata: {name: echo}", "metadata: {name: counter}")
         .replace("spec:\n", "spec:\n  model: counter\n", 1)
+        .replace("    traffic:\n", "    traffic:\n      allowWithoutSequenceAffinity: true\n", 1)
     )
 
 
@@ -340,10 +343,13 @@ def test_a_sequence_model_mirrored_by_envoy_is_compared_by_whole_sequences(
     assert first.code == 0, first.explain()
     manifests.write("counter.yaml", _counter(2, "1:1,2:3", whole))
     manifests.commit("counter 2, its sums three times too large")
-    # The plan knows it from the repository's config (sequence_batching): its steps would
-    # split sequences in flight between the pools; the shadow phase does not.
+    # The plan knows it from the repository's config (sequence_batching): without the
+    # Router's sequence affinity its steps would split sequences in flight between the pools
+    # (allowed here); the shadow phase does not.
     planned = serving.plan("--comparator-listen", fleet.listen)
-    assert "(a sequence model: each step sends the later requests" in planned.out, planned.out
+    assert "(a sequence model through a router without sequence affinity" in planned.out, (
+        planned.out
+    )
     before = fleet.canary_requests()
     with SequenceClient(fleet.envoy.address) as client:
         time.sleep(0.5)

@@ -59,7 +59,11 @@ def steady_routes(
     updates = []
     for name, router in sorted(desired.routers.items()):
         state = routes.get(name)
-        if name in moving or state is None or not state.reachable:
+        if state is None or not state.reachable:
+            continue
+        if name in moving:
+            if state.affinity_drift:  # written back before the rollout moves the route
+                updates.append(RouteUpdate(name, {}, {}, _restoring(state), affinity=True))
             continue
         uses = [
             d.rollout.traffic
@@ -72,16 +76,22 @@ def steady_routes(
         pool = canary.pools[0] if canary is not None else live_pool(uses[0], state)
         weights, mirror = _only(router, pool), _none_mirrored(router)
         if not routes_as(state, weights, mirror):
-            updates.append(
-                RouteUpdate(
-                    name,
-                    weights,
-                    mirror,
-                    f"router {name} routes {state}; at rest it sends every request to "
-                    f"{pool}, nothing mirrored",
-                )
+            reason = (
+                f"router {name} routes {state}; at rest it sends every request to "
+                f"{pool}, nothing mirrored"
             )
+            if state.affinity_drift:
+                reason = f"{_restoring(state)}; {reason}"
+            updates.append(
+                RouteUpdate(name, weights, mirror, reason, affinity=bool(state.affinity_drift))
+            )
+        elif state.affinity_drift:
+            updates.append(RouteUpdate(name, {}, {}, _restoring(state), affinity=True))
     return tuple(updates)
+
+
+def _restoring(state: RouteState) -> str:
+    return f"sequence affinity restored ({'; '.join(state.affinity_drift)})"
 
 
 NO_COMPARATOR = (
@@ -117,6 +127,10 @@ def unroutable(
             message = NO_COMPARATOR.format(name=deployment.name)
             problems.append(PlanProblem(change.server, change.model, message))
             continue
+        refusal = _sequence_refusal(desired, deployment, change, routes)
+        if refusal is not None:
+            problems.append(PlanProblem(change.server, change.model, refusal))
+            continue
         state = routes.get(traffic.router)
         if state is None or not state.reachable:
             why = state.error if state is not None and state.error else "not observed"
@@ -142,6 +156,41 @@ def unroutable(
         kept.append(change)
     order = {id(c): i for i, c in enumerate(changes)}
     return sorted(kept, key=lambda c: order[id(c)]), problems
+
+
+def _sequence_refusal(
+    desired: DesiredState,
+    deployment: ModelDeployment,
+    change: ModelChange,
+    routes: Mapping[str, RouteState],
+) -> str | None:
+    """Why a sequence model's traffic rollout may not run: its router declares no sequence
+    affinity (and the deployment does not say its clients need none), or the affinity
+    drifted and is not back yet. ``change.exclusive``: the plan knows the model is a
+    sequence model (its config, the repository's config.pbtxt among them)."""
+    traffic = deployment.rollout.traffic
+    assert traffic is not None
+    if change.exclusive is None or traffic.allow_without_affinity:
+        return None
+    router = desired.routers.get(traffic.router)
+    if router is None:
+        return None
+    if router.sequence_affinity is None:
+        return (
+            f"{deployment.name} is a sequence model (sequence_batching in its config) and "
+            f"Router {router.name} ({router.location}) declares no spec.sequenceAffinity: "
+            "each traffic step would send the later requests of sequences in flight to a "
+            "server that never saw their START; declare it, or set "
+            f"rollout.traffic.allowWithoutSequenceAffinity: true ({traffic.location}) if "
+            "the clients keep each sequence on one server; nothing touched"
+        )
+    state = routes.get(router.name)
+    if state is not None and state.affinity_drift:
+        return (
+            f"waits: router {router.name}'s sequence affinity is being restored "
+            f"({'; '.join(state.affinity_drift)}); nothing touched, traffic left where it is"
+        )
+    return None
 
 
 def traffic_rollout(
@@ -213,7 +262,8 @@ def traffic_rollout(
         if traffic.strategy is Strategy.CANARY
         else RouteUpdate(router.name, _only(router, new), _none_mirrored(router), f"all to {new}"),
         below,
-        splits_sequences=any(c.exclusive is not None for c in changes),
+        splits_sequences=router.sequence_affinity is None
+        and any(c.exclusive is not None for c in changes),
     )
     rollout = RolloutPlan(
         deployment.name,

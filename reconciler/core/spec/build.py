@@ -40,10 +40,12 @@ from reconciler.model.spec import (
 )
 from reconciler.model.traffic import (
     WEIGHT_SCALE,
+    AffinityMechanism,
     EnvoyRoute,
     GatewayRoute,
     Pool,
     RouterSpec,
+    SequenceAffinity,
     Strategy,
     TrafficSpec,
 )
@@ -429,6 +431,9 @@ def _traffic(doc: Document, spec: dict[str, Any]) -> TrafficSpec:
         keep_old=_seconds(_or_default(spec, _DEPLOYMENT, *path, "keepOld")),
         location=Location(doc.file, doc.line(path)),
         shadow=_live_shadow(spec["shadow"]) if "shadow" in spec else None,
+        allow_without_affinity=bool(
+            _or_default(spec, _DEPLOYMENT, *path, "allowWithoutSequenceAffinity")
+        ),
     )
 
 
@@ -485,6 +490,7 @@ def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
             envoy["admin"].rstrip("/"),
             _or_default(envoy, _ROUTER, *where, "weightPrefix"),
             _or_default(envoy, _ROUTER, *where, "mirrorPrefix"),
+            envoy.get("routesFile"),
         )
         if envoy is not None
         else None,
@@ -500,6 +506,19 @@ def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
         comparator=body["comparator"]["name"] if "comparator" in body else None,
         comparator_port=body.get("comparator", {}).get("port"),
         comparator_namespace=body.get("comparator", {}).get("namespace"),
+        sequence_affinity=_affinity(doc, body["sequenceAffinity"])
+        if "sequenceAffinity" in body
+        else None,
+    )
+
+
+def _affinity(doc: Document, affinity: dict[str, Any]) -> SequenceAffinity:
+    path = ("spec", "sequenceAffinity")
+    return SequenceAffinity(
+        header=affinity["header"],
+        pool_header=_or_default(affinity, _ROUTER, *path, "poolHeader"),
+        mechanism=AffinityMechanism(_or_default(affinity, _ROUTER, *path, "mechanism")),
+        location=Location(doc.file, doc.line(path)),
     )
 
 

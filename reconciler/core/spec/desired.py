@@ -22,7 +22,6 @@ from reconciler.core.spec.rules import (
     cross_check,
     dependency_problems,
     evidence_warnings,
-    sequence_split_warnings,
     stream_case_problems,
     traffic_problems,
 )
@@ -116,7 +115,6 @@ def read_manifests(
     problems.extend(traffic_problems(servers, deployments, routers, unbuilt))
     problems.extend(stream_case_problems(deployments))
     warnings.extend(evidence_warnings(deployments))
-    warnings.extend(sequence_split_warnings(deployments))
     desired = DesiredState.build(
         [s for _, s in servers], [d for _, d in deployments], [r for _, r in routers]
     )

@@ -234,6 +234,7 @@ def traffic_problems(
                 ("spec", "comparator"),
                 f"Router {router.name!r}: a Gateway API comparator needs its Service's port",
             )
+        yield from _affinity_problems(doc, router)
         for index, pool in enumerate(router.pools):
             if [p.name for p in router.pools].count(pool.name) > 1:
                 yield doc.problem(
@@ -263,6 +264,59 @@ def traffic_problems(
         if traffic is None:
             continue
         yield from _deployment_traffic(doc, deployment, traffic, by_name, known, unbuilt)
+
+
+def _affinity_problems(doc: Document, router: RouterSpec) -> Iterator[Problem]:
+    """spec.sequenceAffinity is written into an Envoy's route configuration file: it needs
+    spec.envoy.routesFile, and is not offered through the Gateway API."""
+    affinity = router.sequence_affinity
+    if affinity is None:
+        return
+    path = ("spec", "sequenceAffinity")
+    name = f"Router {router.name!r}"
+    if router.gateway is not None:
+        yield doc.problem(
+            path,
+            f"{name}: sequenceAffinity is written for Envoy only; through the Gateway API it "
+            "needs the experimental channel's sessionPersistence on the GRPCRoute rule, which "
+            "the reconciler does not write yet (README, Routers)",
+        )
+    elif router.envoy is not None and router.envoy.routes_file is None:
+        yield doc.problem(
+            path,
+            f"{name}: sequenceAffinity needs spec.envoy.routesFile, the route configuration "
+            "file Envoy reads by RDS, where the reconciler writes and keeps it",
+        )
+    if affinity.pool_header == affinity.header:
+        yield doc.problem(
+            (*path, "poolHeader"),
+            f"{name}: poolHeader and header must differ (both {affinity.header!r})",
+        )
+
+
+def _sequence_problem(
+    doc: Document, deployment: ModelDeployment, traffic: TrafficSpec, router: RouterSpec
+) -> Iterator[Problem]:
+    """A sequence model (as its manifest shows: ``spec.sequence`` or ``sequence_batching``
+    in its config; the plan refuses one known from config.pbtxt too) rolled out by traffic
+    through a Router without sequence affinity: a router that picks a pool per request
+    sends the later requests of sequences in flight to the other pool at every step, where
+    Triton refuses them (7 of 56 client sequences failed at a 50% step through Envoy).
+    Allowed where the deployment says its clients keep a sequence on one server."""
+    if (
+        _declares_sequences(deployment)
+        and router.sequence_affinity is None
+        and not traffic.allow_without_affinity
+    ):
+        yield doc.problem(
+            ("spec", "rollout", "traffic"),
+            f"ModelDeployment {deployment.name!r} is a sequence model and Router "
+            f"{router.name!r} ({router.location}) declares no spec.sequenceAffinity: each "
+            "traffic step would send the later requests of sequences in flight to a server "
+            "that never saw their START. Declare sequenceAffinity on the Router, or set "
+            "rollout.traffic.allowWithoutSequenceAffinity: true if the clients keep each "
+            "sequence on one server (one gRPC stream per sequence)",
+        )
 
 
 def _deployment_traffic(
@@ -317,6 +371,7 @@ def _deployment_traffic(
             )
     if traffic.pools[0] == traffic.pools[1]:
         yield doc.problem(path, f"{name}: the two pools must differ")
+    yield from _sequence_problem(doc, deployment, traffic, router)
     if traffic.shadow is not None:
         yield from _shadow_problems(doc, deployment, router)
     outside = sorted(
@@ -425,34 +480,6 @@ def _declares_sequences(deployment: ModelDeployment) -> bool:
     """Whether the manifest says the model is a sequence model (the plan knows it from the
     repository's config as well)."""
     return deployment.sequence is not None or "sequence_batching" in deployment.config
-
-
-def sequence_split_warnings(
-    deployments: Iterable[tuple[Document, ModelDeployment]],
-) -> list[Problem]:
-    """A warning for each sequence model (as its manifest shows: ``spec.sequence`` or
-    ``sequence_batching`` in its config) rolled out by traffic. A router picks a pool per
-    request, and a sequence's state lives in one model instance: every step, and a blue-green
-    switch, sends the later requests of sequences in flight to the other pool, where Triton
-    refuses them (once through Envoy at a 50% step, 7 of 56 client sequences failed; README,
-    *Sequence models*). The shadow phase alone is safe. A warning, not an error: a router
-    that keeps a sequence on one pool (by a header the clients set) makes it safe, and the
-    reconciler cannot see that."""
-    warnings = []
-    for doc, deployment in deployments:
-        if _declares_sequences(deployment) and deployment.rollout.traffic is not None:
-            warnings.append(
-                doc.problem(
-                    ("spec", "rollout", "traffic"),
-                    f"ModelDeployment {deployment.name!r} is a sequence model: the router "
-                    "routes each request on its own, so each traffic step sends later "
-                    "requests of sequences in flight to the other pool, which refuses them "
-                    "(no START). Unless your router keeps a sequence on one pool, leave "
-                    "rollout.traffic out: the model is then swapped one server at a time, "
-                    "each drained first",
-                )
-            )
-    return warnings
 
 
 def _evidence_time(deployment: ModelDeployment) -> float:
