@@ -115,7 +115,7 @@ BOUNDS = {  # perf_analyzer measures no time between responses: no bound on it
 LATENCY = f"latency@{CONCURRENCY}"
 
 
-def _verify(generator: str) -> str:
+def _verify(generator: str, requests: int = REQUESTS) -> str:
     return (
         "  verify:\n"
         "    smoke:\n"
@@ -124,12 +124,12 @@ def _verify(generator: str) -> str:
         "        expect: {TOKEN: {data: [6, 7, 8, 9, 10]}}\n"
         "        stream: {responses: 5}\n"
         f"    gate: {{{BOUNDS[generator]}, concurrency: [{CONCURRENCY}], rounds: {ROUNDS}, "
-        f"requests: {REQUESTS}}}\n"
+        f"requests: {requests}}}\n"
     )
 
 
-def _state(version: int, generator: str) -> DesiredState:
-    deployment = deployment_doc(GENERATOR, [version], ["prod"], extra=_verify(generator))
+def _state(version: int, generator: str, requests: int = REQUESTS) -> DesiredState:
+    deployment = deployment_doc(GENERATOR, [version], ["prod"], extra=_verify(generator, requests))
     return desired_state(SERVER, deployment)
 
 
@@ -144,6 +144,7 @@ def one_run(
     generator: str,
     perf: str | None,
     aiperf: str | None = None,
+    requests: int = REQUESTS,
 ) -> dict[str, Any]:
     """One gate run of ``scenario`` with ``generator``; a gate that could not judge (its
     GateError, a measurement that failed) is recorded as the verdict ``error``."""
@@ -151,7 +152,8 @@ def one_run(
     started = time.monotonic()
     try:
         run = isolated_run(
-            repository, workdir, _state(1, generator), _state(SCENARIOS[scenario], generator),
+            repository, workdir, _state(1, generator, requests),
+            _state(SCENARIOS[scenario], generator, requests),
             perf if generator == "perf_analyzer" else None,
             aiperf if generator == "aiperf" else None,
         )  # fmt: skip
@@ -215,7 +217,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "scenarios": {
                 s: {"versions": [1, SCENARIOS[s]], "expected": EXPECTED[s]} for s in args.scenarios
             },
-            "gate": {g: _verify(g).split("gate: ", 1)[1].strip() for g in args.generators},
+            "gate": {
+                g: _verify(g, args.requests).split("gate: ", 1)[1].strip() for g in args.generators
+            },
             "perf_analyzer": args.perf_analyzer,
             "aiperf": args.aiperf,
             "order": "interleaved: run n of every arm before run n + 1",
@@ -235,7 +239,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             name = f"{generator}/{scenario}"
             done = one_run(
                 repository, root / f"{generator}-{scenario}-{index}", scenario, generator,
-                args.perf_analyzer, args.aiperf,
+                args.perf_analyzer, args.aiperf, args.requests,
             )  # fmt: skip
             raw[name].append(done)
             ratio = done["ttfr_p95_ratio"]
@@ -370,6 +374,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="comma-separated (default: built-in, perf_analyzer with --perf-analyzer, aiperf "
         "with --aiperf)",
     )
+    parser.add_argument(
+        "--requests", type=int, default=REQUESTS,
+        help=f"streams per round (default {REQUESTS}): a p95 over more is steadier",
+    )  # fmt: skip
     parser.add_argument("--first-ms", default=FIRST_MS, help=f"version 5's (default {FIRST_MS})")
     parser.add_argument("--output", type=Path, default=RESULTS / "gate_streams.json")
     parser.add_argument("--report", type=Path, metavar="JSON", help="the table again")
