@@ -61,6 +61,7 @@ GATE_SERVER = "gate"  # the isolated server's name in plans and messages
 _CHECK_LINES = {
     "errors": ("verify.gate.maxErrorRate", "verify.gate", "versions"),
     "latency": ("verify.gate.maxLatencyIncrease", "verify.gate", "versions"),
+    "latency-p50": ("verify.gate.maxLatencyIncrease", "verify.gate", "versions"),
     "between-responses": ("verify.gate.maxBetweenResponsesIncrease", "verify.gate", "versions"),
     "throughput": ("verify.gate.minThroughputRatio", "verify.gate", "versions"),
     "memory": ("verify.gate.maxMemoryIncrease", "verify.gate", "versions"),

@@ -37,12 +37,13 @@ GATE_MARKER = "<!-- triton-gitops gate -->"
 
 _UNITS = {
     "latency": "ms",
+    "latency-p50": "ms",
     "between-responses": "ms",
     "throughput": "/s",
     "memory": "B",
     "errors": "",
 }
-_INCREASES = ("latency", "between-responses")  # judged as a change: +12.3%
+_INCREASES = ("latency", "latency-p50", "between-responses")  # judged as a change: +12.3%
 _MARKS = {GateVerdict.PASS: "✅", GateVerdict.UNBOUNDED: "·", GateVerdict.INCONCLUSIVE: "⚠️"}
 
 
