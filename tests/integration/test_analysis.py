@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from testkit.cli_run import Reconciler, cli
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, git, server_doc
 from testkit.services import ALERTMANAGER_BINARIES, Alertmanager
@@ -75,7 +75,7 @@ def setup(
 def deploy_under_load(reconciler: Reconciler, triton: LocalTriton) -> None:
     """The first deployment, analysed too: with no traffic (noTraffic: wait) it would be
     inconclusive and go back to nothing, so clients are already calling."""
-    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+    with LoadGenerator(triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(20, timeout=10)  # nothing serves yet: these fail
         first = reconciler.apply()
         assert first.code == 0, first.out
@@ -85,7 +85,7 @@ def deploy_under_load(reconciler: Reconciler, triton: LocalTriton) -> None:
 def rollout(
     reconciler: Reconciler, triton: LocalTriton, *extra: str
 ) -> tuple[int, str, LoadGenerator]:
-    with LoadGenerator(triton.grpc_address, "echo", threads=4) as load:
+    with LoadGenerator(triton.grpc_address, "echo", threads=4, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(300)  # the old version's baseline
         result = reconciler.apply("--output", "json", *extra)
         load.wait_for_samples(len(load.samples) + 100)

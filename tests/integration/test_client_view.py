@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from testkit.cli_run import Reconciler, cli
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, git, server_doc
 from tests.integration.flows import ready_versions
@@ -64,7 +64,7 @@ def setup(
 def first(setup: Reconciler, manifests: ManifestRepo, triton: LocalTriton, doc: str) -> None:
     manifests.write("echo.yaml", doc)
     manifests.commit("deploy echo")
-    with LoadGenerator(triton.grpc_address, "echo", threads=2):
+    with LoadGenerator(triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE):
         result = setup.apply()
     assert result.code == 0, result.out
 
@@ -74,7 +74,7 @@ def roll(
 ) -> tuple[int, dict[str, object], LoadGenerator, str]:
     manifests.write("echo.yaml", doc)
     revision = manifests.commit("roll echo")
-    with LoadGenerator(triton.grpc_address, "echo", threads=3) as load:
+    with LoadGenerator(triton.grpc_address, "echo", threads=3, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(200)
         result = setup.apply("--output", "json", *extra)
     change = json.loads(result.out)["result"]["changes"][0]
@@ -202,7 +202,9 @@ def test_a_client_that_stops_at_its_first_failure_is_counted_from_ready(
     first(setup, manifests, triton, deployment([1], analysis=no_probes))
     manifests.write("echo.yaml", deployment([4], analysis=no_probes))
     manifests.commit("echo 4")
-    load = LoadGenerator(triton.grpc_address, "echo", threads=3, stop_at_first_failure=True)
+    load = LoadGenerator(
+        triton.grpc_address, "echo", threads=3, stop_at_first_failure=True, pause=WITNESS_PAUSE
+    )
     with load:
         load.wait_for_samples(200)
         result = setup.apply("--output", "json")

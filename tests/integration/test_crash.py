@@ -25,7 +25,7 @@ import tritonclient.grpc as triton_grpc
 
 from reconciler.adapters.state import StateStore
 from testkit.cli_run import CliRun, cli
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator
 from testkit.local_triton import LocalTriton, shared_between_tests
 from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
 from testkit.services import ALERTMANAGER_BINARIES, Alertmanager
@@ -234,7 +234,7 @@ def test_good_swap_killed_at(
     manifests, reconciler = start(tmp_path, triton, model_repository)
     manifests.write("echo.yaml", echo(2))
     manifests.commit("echo 2")
-    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+    with LoadGenerator(triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(50)
         killed = reconciler.spawn(point)
         assert killed.code == -9, (killed.code, killed.out, killed.err)  # it died at the point
@@ -291,7 +291,7 @@ def test_bad_version_killed_at(
     manifests, reconciler = start(tmp_path, triton, model_repository, *options)
     manifests.write("echo.yaml", echo(4))
     bad = manifests.commit("echo 4")
-    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+    with LoadGenerator(triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(50)
         killed = reconciler.spawn(case.point)
         assert killed.code == -9, (killed.code, killed.out, killed.err)
@@ -481,7 +481,7 @@ def test_lost_state_file_is_explained_and_prunes_nothing(
         side.unlink()
     if damage == "garbage":
         path.write_bytes(os.urandom(64 << 10))
-    with LoadGenerator(triton.grpc_address, "other", threads=2) as load:
+    with LoadGenerator(triton.grpc_address, "other", threads=2, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(50)
         result = reconciler.spawn()  # its stderr, as an operator sees it
         load.wait_for_samples(len(load.samples) + 50)

@@ -36,7 +36,7 @@ from reconciler.model.settings import AnalysisSettings, Settings, TritonSettings
 from reconciler.model.source import Source
 from reconciler.wiring import ports
 from testkit.cli_run import Reconciler
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator
 from testkit.local_triton import LocalTriton, end_process_group, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.services import Alertmanager, Prometheus
@@ -213,7 +213,7 @@ def test_triton_restarted_during_analysis_puts_back_and_is_not_held(
     prometheus, source, settings = analysed_rollout
 
     # The analysis counts only windows with requests: clients call throughout.
-    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+    with LoadGenerator(triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(50)
         wait_for_series(prometheus.url, 'nv_inference_request_success{model="echo"}')
         # Killed and started again as verify ends: the analysis reads Prometheus, where the
@@ -339,7 +339,7 @@ def test_prometheus_down_during_analysis_is_explicit_puts_back_and_retries(
 ) -> None:
     prometheus, source, settings = analysed_rollout
 
-    with LoadGenerator(triton.grpc_address, "echo", threads=2) as load:
+    with LoadGenerator(triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(50)
         prometheus.stop()
         report = run_pass(source, settings)  # returns: the analysis has a duration

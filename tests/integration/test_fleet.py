@@ -17,7 +17,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from testkit.cli_run import Reconciler, cli
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from tests.integration.flows import live_servers, ready_versions
@@ -106,7 +106,10 @@ def test_instances_are_discovered_added_and_dropped(
     # A version bump across the fleet, with clients spread over every instance.
     manifests.write("echo.yaml", deployment_doc("echo", [2], ["pool"]))
     manifests.commit("echo 2 on the pool")
-    loads = [LoadGenerator(fleet[a].grpc_address, "echo", threads=1).start() for a in ADDRESSES]
+    loads = [
+        LoadGenerator(fleet[a].grpc_address, "echo", threads=1, pause=WITNESS_PAUSE).start()
+        for a in ADDRESSES
+    ]
     try:
         assert reconciler.apply(*options).code == 0
     finally:
@@ -242,7 +245,10 @@ def test_a_good_rollout_goes_step_by_step(
         ("step 2 of 3", 1, 1),
         ("step 3 of 3", 2, 1),
     ]
-    loads = [LoadGenerator(fleet[a].grpc_address, "echo", threads=1).start() for a in ADDRESSES]
+    loads = [
+        LoadGenerator(fleet[a].grpc_address, "echo", threads=1, pause=WITNESS_PAUSE).start()
+        for a in ADDRESSES
+    ]
     try:
         assert reconciler.apply(*options).code == 0
     finally:
@@ -280,7 +286,8 @@ def test_a_failing_step_puts_back_every_server_touched(
     manifests.write("echo.yaml", _staged([4], hooks, analysis))
     manifests.commit("echo 4 in three steps")
     watched = [
-        LoadGenerator(fleet[a].grpc_address, "echo", threads=1).start() for a in ADDRESSES[1:]
+        LoadGenerator(fleet[a].grpc_address, "echo", threads=1, pause=WITNESS_PAUSE).start()
+        for a in ADDRESSES[1:]
     ]
     try:
         result = reconciler.apply(*options, "--output", "json")
@@ -339,7 +346,7 @@ def test_a_preview_pool_catches_differing_outputs_before_production(
 
     manifests.write("echo.yaml", echo(3, 0.001))  # version 3 answers x3: outputs differ
     manifests.commit("echo 3")
-    with LoadGenerator(triton_b.grpc_address, "echo", threads=1) as production:
+    with LoadGenerator(triton_b.grpc_address, "echo", threads=1, pause=WITNESS_PAUSE) as production:
         result = reconciler.apply("--output", "json")
     assert result.code == 1
     changes = {c["server"]: c for c in result.json()["result"]["changes"]}
@@ -512,7 +519,8 @@ def test_an_instance_restarted_mid_rollout_is_put_on_the_version_the_rollout_rea
     manifests.commit("echo 2 in three steps, each watched for 3 s")
     restarted = ADDRESSES[0]
     others = [
-        LoadGenerator(fleet[a].grpc_address, "echo", threads=1).start() for a in ADDRESSES[1:]
+        LoadGenerator(fleet[a].grpc_address, "echo", threads=1, pause=WITNESS_PAUSE).start()
+        for a in ADDRESSES[1:]
     ]
     process = _apply_in_background(reconciler, options)
     try:

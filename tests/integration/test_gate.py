@@ -29,10 +29,12 @@ from testkit.manifests import ManifestRepo, git, write_scorer_repository
 from testkit.release import current as current_release
 from tests.services import perf_analyzer_or_skip
 
+pytestmark = pytest.mark.triton
 # The gate measures latency and throughput: on a machine busy with other test files its
 # rounds disagree and identical code comes out inconclusive (seen in a run in three
-# processes). ./dev test runs these files alone, after the rest.
-pytestmark = [pytest.mark.triton, pytest.mark.alone]
+# processes). ./dev test runs the tests of a gate run that measures alone, after the rest;
+# those whose gate refuses, errs or is ended before it measures run beside the others.
+MEASURES = pytest.mark.alone
 
 SCENARIOS = {  # model -> its version at head (the base serves 1 everywhere)
     "good": 2,
@@ -129,6 +131,7 @@ def _model(report: dict[str, Any], name: str) -> dict[str, Any]:
     return found
 
 
+@MEASURES
 def test_the_gate_fails_the_change_and_names_every_bad_version(
     built_in: tuple[CliRun, Path, Path],
 ) -> None:
@@ -144,6 +147,7 @@ def test_the_gate_fails_the_change_and_names_every_bad_version(
     }
 
 
+@MEASURES
 def test_a_good_version_passes_with_figures_close_to_the_old_ones(
     built_in: tuple[CliRun, Path, Path],
 ) -> None:
@@ -163,6 +167,7 @@ def test_a_good_version_passes_with_figures_close_to_the_old_ones(
     assert memory["old"] > 10 << 20 and abs(memory["value"]) < 0.1  # a stub's RSS, alike
 
 
+@MEASURES
 def test_a_three_times_slower_version_fails_on_latency_and_throughput(
     built_in: tuple[CliRun, Path, Path],
 ) -> None:
@@ -179,6 +184,7 @@ def test_a_three_times_slower_version_fails_on_latency_and_throughput(
     assert all(c["verdict"] == "pass" for c in checks["errors"] + checks["memory"])
 
 
+@MEASURES
 def test_a_version_that_fails_every_request_fails_in_verify(
     built_in: tuple[CliRun, Path, Path],
 ) -> None:
@@ -190,6 +196,7 @@ def test_a_version_that_fails_every_request_fails_in_verify(
     assert failing["checks"] == []  # not load-tested: apply would never get that far
 
 
+@MEASURES
 def test_a_version_that_holds_a_large_buffer_fails_on_memory(
     built_in: tuple[CliRun, Path, Path],
 ) -> None:
@@ -201,6 +208,7 @@ def test_a_version_that_holds_a_large_buffer_fails_on_memory(
     assert all(c["verdict"] == "pass" for c in checks["latency"] + checks["errors"])
 
 
+@MEASURES
 def test_a_renamed_output_is_refused_before_the_load_and_annotated_on_its_line(
     built_in: tuple[CliRun, Path, Path],
 ) -> None:
@@ -231,6 +239,7 @@ def test_a_renamed_output_is_refused_before_the_load_and_annotated_on_its_line(
     assert not any("manifests/good.yaml" in line for line in found)  # it passed
 
 
+@MEASURES
 def test_the_reports_a_reviewer_reads(built_in: tuple[CliRun, Path, Path]) -> None:
     _run, reports, _ = built_in
     markdown = (reports / "gate.md").read_text()
@@ -315,6 +324,7 @@ def test_a_config_pbtxt_changing_an_output_datatype_fails_as_apply_refuses_it(
         assert finding["message"] in planned.out + planned.err, (planned.out, planned.err)
 
 
+@MEASURES
 def test_perf_analyzer_gives_the_same_verdicts(
     change: tuple[ManifestRepo, Path], tmp_path: Path
 ) -> None:
@@ -456,6 +466,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "ci"
 INSTALL_FROM = "$TRITON_GITOPS_WHEEL"  # the release's wheel (tests/test_release.py)
 
 
+@MEASURES
 def test_the_example_ci_gate_jobs_run_as_written(tmp_path: Path) -> None:
     """The gate steps of examples/ci, run in a checkout like the CI job's: a pull request
     that moves one model from version 1 to the good version 2 passes, with its report."""

@@ -15,7 +15,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from testkit.cli_run import Reconciler, cli
-from testkit.loadgen import LoadGenerator, SequenceClient
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator, SequenceClient
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
 from tests.integration.flows import ready_versions
@@ -67,7 +67,7 @@ def test_ensemble_loads_after_its_composing_models_and_survives_their_bump(
     assert reconciler.apply().code == 0
     assert ready_versions(triton, "other") == {3}  # not Triton's default pick
 
-    with LoadGenerator(triton.grpc_address, "chain", threads=2) as load:
+    with LoadGenerator(triton.grpc_address, "chain", threads=2, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(100)
         manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"]))
         manifests.commit("bump a composing model")
@@ -336,8 +336,10 @@ def test_a_renamed_output_is_refused_before_anything_is_loaded_unless_allowed(
     assert triton.log_file is not None
     log_before = triton.log_file.read_text(errors="replace")
     with (
-        LoadGenerator(triton.grpc_address, "echo", threads=2) as unversioned,
-        LoadGenerator(triton.grpc_address, "echo", threads=2, version=1) as pinned,
+        LoadGenerator(triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE) as unversioned,
+        LoadGenerator(
+            triton.grpc_address, "echo", threads=2, version=1, pause=WITNESS_PAUSE
+        ) as pinned,
     ):
         unversioned.wait_for_samples(100)
         pinned.wait_for_samples(100)

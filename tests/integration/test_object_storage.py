@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from testkit.cli_run import Reconciler, cli, explain
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator
 from testkit.local_triton import LocalTriton
 from testkit.manifests import (
     ManifestRepo,
@@ -91,7 +91,7 @@ def test_a_swap_from_the_bucket_under_client_load_drops_no_request(fleet: Bucket
     assert first.code == 0, explain(first.json(), first.err)
     assert ready_versions(fleet.triton, "echo") == {1}
 
-    with LoadGenerator(fleet.triton.grpc_address, "echo", threads=2) as load:
+    with LoadGenerator(fleet.triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(100)
         fleet.deploy(2)
         swapped = fleet.reconciler.apply("--output", "json")

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import tritonclient.grpc as triton_grpc
 
-from testkit.loadgen import LoadGenerator, SequenceClient
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator, SequenceClient
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.service_process import Service
@@ -174,7 +174,7 @@ def test_a_version_whose_stub_died_is_taken_out_and_reloaded_in_place_under_load
         wait_until(lambda: truth(service)[0] == 200, 30, "edge-a serving echo 1")
         (stub,) = stub_pids(triton, "echo_0_0")
         with (
-            LoadGenerator(triton.grpc_address, "echo", threads=2) as load,
+            LoadGenerator(triton.grpc_address, "echo", threads=2, pause=WITNESS_PAUSE) as load,
             Sampler(service, triton) as sampler,
         ):
             load.wait_for_samples(50)

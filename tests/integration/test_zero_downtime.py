@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from testkit.cli_run import Reconciler
-from testkit.loadgen import LoadGenerator
+from testkit.loadgen import WITNESS_PAUSE, LoadGenerator
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from tests.integration.flows import ready_versions
@@ -20,7 +20,7 @@ def test_swaps_under_load_drop_no_request(
     manifests.commit("deploy echo 1")
     assert reconciler.apply().code == 0
 
-    with LoadGenerator(triton.grpc_address, "echo", threads=4) as load:
+    with LoadGenerator(triton.grpc_address, "echo", threads=4, pause=WITNESS_PAUSE) as load:
         load.wait_for_samples(200)
         manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], expect_factor=2))
         manifests.commit("bump echo to 2")
