@@ -25,7 +25,7 @@ from reconciler.adapters.alerts import (
     LogAlerter,
     WebhookAlerter,
 )
-from reconciler.adapters.comparator import LiveComparator, Observer
+from reconciler.adapters.comparator import LiveComparator
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
 from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.adapters.gateway import GatewayRouter
@@ -38,6 +38,7 @@ from reconciler.adapters.model_repository import read_model, version_digests
 from reconciler.adapters.perf_analyzer import PerfAnalyzer
 from reconciler.adapters.pod_readiness import PodReadinessGate
 from reconciler.adapters.reconciler_lock import Locks, StateLockFile, lock_path
+from reconciler.adapters.shadow_session import Observer
 from reconciler.adapters.state import StateStore
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.adapters.triton_load import GrpcLoadTester

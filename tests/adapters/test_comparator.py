@@ -18,7 +18,8 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from reconciler.adapters.comparator import LiveComparator, ShadowSession
+from reconciler.adapters.comparator import LiveComparator
+from reconciler.adapters.shadow_session import ShadowSession
 from reconciler.model.shadow import LiveShadow, ShadowFigures, ShadowTarget
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ECHO_CONFIG
