@@ -148,5 +148,5 @@ def failures_in_sight(sent: int, failed: int) -> str | None:
     return (
         f"{sent} probe stream(s), none failed: a version failing 1 stream in {1.0 / share:.0f}"
         f" or more would have failed one with {SIGHT:.0%} odds (Triton's counters do not count "
-        "an error inside a stream; a longer duration or a higher probes.maxShare sees less)"
+        "an error inside a stream; a longer duration or a higher probes.maxShare sees rarer ones)"
     )
