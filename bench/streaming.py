@@ -464,6 +464,8 @@ def swap_in_flight(bed: Bed, index: int, old: int) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
+    # The bad versions rolled out beside a good one (7 has a server of its own).
+    beside = [v for v in args.versions if v != UNENDING]
     latency = args.checks == "all"
     result: dict[str, Any] = {"good": [], "bad": [], "no_client": [], "swaps": [], "stopped": []}
     info: dict[str, Any] = {}
@@ -502,7 +504,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["no_client"].append(quiet)
                     serving = quiet["new" if quiet["passed"] else "old"]
                 in_place = "bad" in args.parts and "in-place" in args.arms
-                for version in [v for v in args.versions if v != UNENDING] if in_place else ():
+                for version in beside if in_place else ():
                     for i in range(args.bad_rollouts):
                         bad = bad_rollout(bed, "in-place", BADS[version], i, serving)
                         result["bad"].append(bad)
@@ -533,7 +535,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     result["good"].append(record)
                     serving = record["old"] if record["false_revert"] else record["new"]
                 for probes in probe_arms:
-                    for version in [v for v in args.versions if v != UNENDING]:
+                    for version in beside:
                         for i in range(args.bad_rollouts):
                             bad = bad_rollout(bed, probes, BADS[version], i, serving)
                             result["bad"].append(bad)

@@ -27,7 +27,6 @@ import sys
 import threading
 import time
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,6 +44,7 @@ from reconciler.adapters.metrics import PrometheusQuery, instance_of
 from reconciler.adapters.options import ConfigFile, known_keys, misspelled_variables
 from reconciler.adapters.pod_readiness import CONDITION as READINESS_CONDITION
 from reconciler.cli import build_parser, parse_arguments
+from reconciler.core.sequence_affinity import walk
 from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
@@ -352,16 +352,6 @@ def container_startup() -> argparse.Namespace:
         startup_environment(),
         ConfigFile(Path(key), config),
     )
-
-
-def walk(node: Any) -> Iterator[dict[str, Any]]:
-    if isinstance(node, dict):
-        yield node
-        for value in node.values():
-            yield from walk(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from walk(value)
 
 
 # Grafana's range variables, which stand where PromQL takes a duration ([$__rate_interval]);
