@@ -12,6 +12,7 @@ import pytest
 
 from reconciler.core.comparison import (
     ROLES,
+    beyond_noise,
     compared,
     deviation,
     deviations_of,
@@ -95,6 +96,13 @@ def test_the_verdict_is_the_disagreement_beyond_the_noise() -> None:
     # The chance shrinks with the count compared: at 2,000 the same rates fail.
     assert judged(Comparison(2000, 960, 600), 0.99) is not None
     assert noise_margin(0, 500) == 0.0  # a deterministic model: the budget alone
+    # A 3% class flipper against a serving version whose noise flipped one near tie, as a
+    # clean-clone CI run measured it: 6 of 273 against 1 is within the chance (excess 1.8%,
+    # allowed 1% + 1.2%); at 1,000 compared requests (30 flips against 4) it is far beyond.
+    assert not beyond_noise(6, 1, 273, 0.99)
+    assert beyond_noise(30 + 4, 4, 1000, 0.99)
+    # One input in 10 flipped is beyond it from 200 compared requests on.
+    assert beyond_noise(20 + 1, 1, 200, 0.99)
 
 
 def test_latency_is_judged_on_the_p95_of_interleaved_calls() -> None:

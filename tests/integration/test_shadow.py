@@ -222,8 +222,16 @@ def test_a_serving_version_noisier_than_the_tolerance_no_longer_passes_a_class_f
     the README's relativeTolerance 1e-4 (the serving version disagrees with itself on every
     request), and a candidate that also flips the top class on 3% of inputs. It passed
     ("candidate 203 of 203, serving version with itself 203"); now the serving version's own
-    differences are learned and the flips are far beyond them."""
-    noisy = {"noise": "0.001", "flip_every": "2:33"}
+    differences are learned and the flips are far beyond them.
+
+    The candidate here flips 1 input in 10, not the 3% measured: the noise also flips a near
+    tie now and then (1 of 273 in a clean-clone CI run), and against one such flip the 3%
+    flipper's excess over ~270 compared requests (about 5 beyond the 1% budget) lies within
+    the chance of two noisy counts (3.3 requests) one time in three, which made this test
+    inconclusive there. At 1 in 10 the fail is missed about once in 1,000 at 200 compared
+    (tests/core/test_comparison.py pins the counts; the README says how many requests a
+    rarer flipper needs)."""
+    noisy = {"noise": "0.001", "flip_every": "2:10"}
     # The serving version made noisy first (one config says both versions' parameters: a
     # change of config reloads version 1 as well), compared within a tolerance above it.
     loose = f"{{{FAST}, minRequests: 20, compare: {{relativeTolerance: 0.01}}}}"
