@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import tritonclient.grpc as triton_grpc
 
-from reconciler.adapters.envoy import EnvoyRouter
+from reconciler.adapters.envoy import EnvoyRouter, mirror_policies
 from reconciler.model.errors import RouterUnavailable
 from reconciler.model.traffic import EnvoyRoute, Pool, RouterSpec
 from testkit.envoy import LocalEnvoy
@@ -280,17 +280,50 @@ def test_a_mirror_share_mirrors_that_share_of_the_requests_and_reads_back_as_env
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "envoy"
 
 
-def test_the_example_bootstrap_is_valid_envoy_config(tmp_path: Path) -> None:
+@pytest.mark.parametrize("example", ["envoy.yaml", "envoy-streaming.yaml", "envoy-sequences.yaml"])
+def test_the_example_bootstraps_are_valid_envoy_config(example: str, tmp_path: Path) -> None:
+    import shutil
     import subprocess
 
     binary = envoy_or_skip()
+    config = EXAMPLES / example
+    if example == "envoy-sequences.yaml":
+        # Envoy validates that the RDS file exists: the example's, where the example says.
+        shutil.copytree(EXAMPLES / "routes", tmp_path / "routes")
+        config = tmp_path / example
+        text = (EXAMPLES / example).read_text()
+        assert "/etc/envoy/routes/routes.json" in text
+        config.write_text(text.replace("/etc/envoy/routes", str(tmp_path / "routes")))
     done = subprocess.run(
-        [binary, "--mode", "validate", "-c", str(EXAMPLES / "envoy.yaml"), "--base-id", "7",
-         "-l", "error"],
+        [binary, "--mode", "validate", "-c", str(config), "--base-id", "7", "-l", "error"],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "OK" in done.stdout
+
+
+def test_the_streaming_example_mirrors_both_kinds_of_copy_at_the_comparators_share() -> None:
+    """The reconciler finds one runtime key for the comparator in both listeners' routes
+    (gRPC copies to ``comparator``, SSE copies to ``comparator_http``), and each pool's own."""
+    from ruamel.yaml import YAML
+
+    config = YAML(typ="safe").load((EXAMPLES / "envoy-streaming.yaml").read_text())
+    routes = [
+        route["route"]
+        for listener in config["static_resources"]["listeners"]
+        for chain in listener["filter_chains"]
+        for host in chain["filters"][0]["typed_config"]["route_config"]["virtual_hosts"]
+        for route in host["routes"]
+    ]
+    assert len(routes) == 2, routes
+    mirrors = mirror_policies(routes, ["stable", "canary", "comparator"], "mirror.triton")
+    assert mirrors == {
+        name: (f"mirror.triton.{name}", 0, 10_000) for name in ("stable", "canary", "comparator")
+    }, mirrors
+    http = routes[1]["request_mirror_policies"]
+    assert {p["cluster"]: p["runtime_fraction"]["runtime_key"] for p in http}[
+        "comparator_http"
+    ] == ("mirror.triton.comparator"), http
 
 
 def test_the_example_manifests_load_as_a_canary_through_the_router() -> None:

@@ -594,7 +594,13 @@ def test_probes_reach_health_endpoints_on_the_port_the_service_exposes() -> None
     assert container_port(container, ports["comparator"]["targetPort"]) == int(
         comparator.rpartition(":")[2]
     )
-    assert set(ports) == {"http", "comparator"}
+    # Its HTTP listener, for the copies of generate_stream requests.
+    comparator_http = container_startup().comparator_http_listen
+    assert comparator_http is not None
+    assert container_port(container, ports["comparator-http"]["targetPort"]) == int(
+        comparator_http.rpartition(":")[2]
+    )
+    assert set(ports) == {"http", "comparator", "comparator-http"}
 
 
 def test_config_file_keys_are_run_options_and_are_accepted() -> None:
@@ -745,13 +751,15 @@ def test_network_policy_lets_in_webhooks_prometheus_and_the_routers_mirror_only(
     rule, shadow = policy["spec"]["ingress"]
     service = one("Service", "triton-gitops")
     service_ports = {container_port(container, p["targetPort"]) for p in service["spec"]["ports"]}
-    assert service_ports == {9090, 8011}
+    assert service_ports == {9090, 8011, 8012}
     assert allowed_ports(rule, container) == {9090}
-    # The comparator's port, where the reconciler listens for it, from the router's namespace
-    # only (the Service exposes it to the router's mirror).
-    assert allowed_ports(shadow, container) == {8011}
+    # The comparator's ports, where the reconciler listens for it (gRPC copies, HTTP copies
+    # of generate_stream requests), from the router's namespace only (the Service exposes
+    # them to the router's mirror).
+    assert allowed_ports(shadow, container) == {8011, 8012}
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["TRITON_GITOPS_COMPARATOR_LISTEN"] == "0.0.0.0:8011"
+    assert env["TRITON_GITOPS_COMPARATOR_HTTP_LISTEN"] == "0.0.0.0:8012"
     assert [namespace_of(peer) for peer in shadow["from"]] == ["serving"]
     peers = rule["from"]
     assert all(set(peer) == {"namespaceSelector"} for peer in peers), "namespaces, no ipBlock"
@@ -786,7 +794,7 @@ def test_network_policy_lets_the_reconciler_reach_what_it_calls() -> None:
                     return True
         return False
 
-    # Triton: the ports of the example TritonServer's grpc and metrics addresses, on the pods
+    # Triton: the ports of the example TritonServer's grpc, http and metrics addresses, on the pods
     # its Service selects.
     triton = triton_deployment()
     triton_labels = triton["spec"]["template"]["metadata"]["labels"]
@@ -797,7 +805,9 @@ def test_network_policy_lets_the_reconciler_reach_what_it_calls() -> None:
     }
     for path in MANIFESTS.rglob("*.yaml"):
         for doc in yaml_documents(path):
-            for address in (doc["spec"]["grpc"], urlsplit(doc["spec"]["metrics"]).netloc):
+            spec = doc["spec"]
+            # gRPC (the reconciler), HTTP (the comparator's generate_stream calls), metrics.
+            for address in (spec["grpc"], spec["http"], urlsplit(spec["metrics"]).netloc):
                 port = by_service_port[int(address.rpartition(":")[2])]
                 assert reaches(None, triton_labels, port), f"Triton at {address}"
     # Prometheus and Alertmanager, where configmap.yaml points.
