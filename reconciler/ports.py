@@ -79,6 +79,21 @@ class ModelControl(Protocol):
         come; ProbeTimedOut when the final flag has not come by ``timeout``."""
         ...
 
+    def sequence(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        requests: int,
+        timeout: float | None = None,
+    ) -> Reply:
+        """The answers of ``version`` (a sequence model) to ``requests`` requests of
+        ``inputs`` sent one after another as one sequence under a fresh correlation ID (START
+        on the first, END on the last), timed from the first; VerifyFailed when one is
+        answered with an error, ProbeTimedOut when one has no answer by ``timeout``."""
+        ...
+
     def interface(self, model: str, version: int) -> ModelInterface: ...
 
     def memory_usage(self, model: str) -> dict[int, tuple[DeviceMemory, ...]]:

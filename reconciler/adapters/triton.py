@@ -30,6 +30,7 @@ from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.model_repository import read_model, store_trouble
+from reconciler.adapters.triton_sequence import correlation_id, whole_sequence
 from reconciler.adapters.triton_stream import StreamRequest, stream_once
 from reconciler.core.exchange import MAX_RESPONSES, Reply
 from reconciler.core.smoke import as_array
@@ -506,7 +507,38 @@ class TritonServerClient:
         outputs: tuple[str, ...],
         timeout: float | None = None,
     ) -> dict[str, npt.NDArray[np.generic]]:
-        request = infer_inputs(inputs)
+        return self._call(model, version, infer_inputs(inputs), outputs, timeout)
+
+    def sequence(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        requests: int,
+        timeout: float | None = None,
+    ) -> Reply:
+        """A whole sequence of ``inputs`` pinned to ``version`` (``adapters/triton_sequence``)."""
+        request, key = infer_inputs(inputs), correlation_id(self._loaded_config(model) or {})
+
+        def call(index: int, part: str) -> dict[str, npt.NDArray[np.generic]]:
+            place = (key, index == 0, index == requests - 1, part)
+            return self._call(model, version, request, outputs, timeout, place)
+
+        return whole_sequence(call, requests, self._clock)
+
+    def _call(
+        self,
+        model: str,
+        version: int,
+        request: list[triton_grpc.InferInput],
+        outputs: tuple[str, ...],
+        timeout: float | None,
+        place: tuple[int | str, bool, bool, str] = (0, False, False, ""),
+    ) -> dict[str, npt.NDArray[np.generic]]:
+        """One call pinned to ``version`` (``place``: its sequence's ID, START, END, name)."""
+        sequence, start, end, part = place
+        doing = f"inference on {model} version {version}" + (f" ({part})" if part else "")
         try:
             result = self._client.infer(
                 model,
@@ -514,20 +546,20 @@ class TritonServerClient:
                 model_version=str(version),
                 outputs=[triton_grpc.InferRequestedOutput(name) for name in outputs] or None,
                 client_timeout=timeout or self.call_timeout,
+                sequence_id=sequence,
+                sequence_start=start,
+                sequence_end=end,
             )
         except InferenceServerException as exc:
             if timeout is not None and str(exc.status()) == "StatusCode.DEADLINE_EXCEEDED":
                 # A probe's own deadline: the client would have given up, so it failed.
                 raise ProbeTimedOut(
-                    f"server {self.name}: inference on {model} version {version}: no answer "
-                    f"within {timeout:g}s"
+                    f"server {self.name}: {doing}: no answer within {timeout:g}s"
                 ) from exc
             # "not at ready state" comes with the unreachable code too; the server answered.
             if _unreachable(exc) and not _not_ready(exc):
                 raise self._error(exc, f"inferring {model} version {version}") from exc
-            raise VerifyFailed(
-                f"server {self.name}: inference on {model} version {version}: {exc.message()}"
-            ) from exc
+            raise VerifyFailed(f"server {self.name}: {doing}: {exc.message()}") from exc
         answer: dict[str, npt.NDArray[np.generic]] = {}
         for name in outputs:
             array = result.as_numpy(name)

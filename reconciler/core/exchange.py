@@ -1,12 +1,17 @@
 """One exchange with a model version: what came back for one request, a single response or,
-for a model that streams (decoupled), a stream of them ended by Triton's final flag.
+for a model that streams (decoupled), a stream of them ended by Triton's final flag, or for a
+sequence model (sequence_batching) the answers to one whole sequence of its own.
 
 Probes, smoke cases and the synthesized check in verify are exchanges of either shape
 (``engine/exchange.py`` sends them through ``ModelControl``); they judge what came back through
 one view of it: ``answer_of``, the answer a unary call gives, and for a stream the stream
 reassembled (each output's values from every response, in order). Its latency is the time
 to the first response: a stream's whole duration measures how long the generation was, not
-the version. Pure: values and arithmetic, no I/O.
+the version. A sequence exchange sends the request SEQUENCE_REQUESTS times under one fresh
+correlation ID (START on the first, END on the last), each answered before the next goes:
+it is judged by the START's answer (what a client's first request gets, the state fresh) and
+its latency is that answer's; a later request that fails fails the exchange. Pure: values
+and arithmetic, no I/O.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ Answer = Mapping[str, npt.NDArray[np.generic]]
 # A stream that sends more responses than this without its final flag is cut and failed: a
 # generator that never ends must not hold a probe, or verify, for ever.
 MAX_RESPONSES = 4096
+
+# A sequence exchange's requests: START, one within, END. Few, because a probe's sequence
+# holds one of the model's sequence slots (Direct: max_batch_size per instance) until its
+# END, a slot the clients' sequences wait for when all are taken.
+SEQUENCE_REQUESTS = 3
 
 
 @dataclass(frozen=True)

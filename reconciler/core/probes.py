@@ -127,7 +127,8 @@ def outcome(request: ProbeRequest, reply: Reply, version: int, elapsed: float) -
         f"{why} (version {version})" if why else None,
         elapsed if first is None else first,
         streamed=reply.streamed,
-        gap=median(reply.gaps) if reply.gaps else None,
+        # A sequence's answers are apart by the calls between them, not by a generation.
+        gap=median(reply.gaps) if reply.streamed and reply.gaps else None,
     )
 
 

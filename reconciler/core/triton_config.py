@@ -18,6 +18,8 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from reconciler.model.plan import Exchange
+
 # Fields Triton fills in or names itself when it loads a model; they say nothing about what
 # the user asked for, so comparisons ignore them.
 _SERVER_FILLED = {"version_policy"}
@@ -162,3 +164,18 @@ def streams(config: Mapping[str, Any] | None) -> bool:
     sets the policy in its auto-complete, TensorRT-LLM's LLM API model outside config.pbtxt."""
     policy = (config or {}).get("model_transaction_policy")
     return isinstance(policy, Mapping) and policy.get("decoupled") in (True, "true")
+
+
+def in_sequences(config: Mapping[str, Any] | None) -> bool:
+    """Whether a model with ``config`` keeps state per sequence (``sequence_batching``):
+    Triton refuses a request to it that names no sequence (correlation ID)."""
+    return "sequence_batching" in (config or {})
+
+
+def exchange_of(config: Mapping[str, Any] | None) -> Exchange:
+    """How a question is put to a model with ``config`` (``model.plan.Exchange``): by a
+    stream when it streams (a decoupled sequence model too: one stream per question), as a
+    whole sequence when it keeps state per sequence, else by one call."""
+    if streams(config):
+        return Exchange.STREAM
+    return Exchange.SEQUENCE if in_sequences(config) else Exchange.UNARY

@@ -108,7 +108,7 @@ class ProbeSender:
                 version,
                 request.inputs,
                 request.outputs,
-                streaming=streaming,
+                exchange=self.step.exchange,
                 timeout=deadline,
                 max_responses=cap,
                 clock=self.clock,

@@ -92,7 +92,7 @@ def _verify(control: ModelControl, step: Step, timing: Timing, context: ChangeCo
                 version,
                 case.inputs,
                 outputs,
-                streaming=step.streaming,
+                exchange=step.exchange,
                 timeout=deadline,
                 max_responses=cap,
             )
@@ -140,7 +140,7 @@ def _probe_synthesized(control: ModelControl, step: Step, old: int, context: Cha
         step.model,
         inputs=request.inputs,
         outputs=request.outputs,
-        streaming=step.streaming,
+        exchange=step.exchange,
         timeout=VERIFY_PROBE_TIMEOUT,
     )
     try:
@@ -311,7 +311,7 @@ def _pinned_call(
         pinned[role],
         inputs,
         outputs,
-        streaming=step.streaming,
+        exchange=step.exchange,
         timeout=StreamExpectation().deadline if step.streaming else None,
         clock=clock,
     )

@@ -34,7 +34,7 @@ from reconciler.core.plan import plan
 from reconciler.core.probes import limits, synthesized
 from reconciler.core.review_diff import Change, diff
 from reconciler.core.smoke import reply_mismatches
-from reconciler.core.triton_config import streams
+from reconciler.core.triton_config import exchange_of, streams
 from reconciler.engine.context import ChangeContext, Timing
 from reconciler.engine.exchange import ask
 from reconciler.engine.steps import execute_step
@@ -50,7 +50,7 @@ from reconciler.model.gate import (
     ModelGate,
 )
 from reconciler.model.history import History
-from reconciler.model.plan import Action, ModelChange, PlanProblem
+from reconciler.model.plan import Action, Exchange, ModelChange, PlanProblem
 from reconciler.model.servers import TritonServer
 from reconciler.model.spec import DesiredState, ModelDeployment, RolloutSpec, Tensor
 from reconciler.ports import LoadTester, MemoryGauge, TritonClient, VersionDigests
@@ -368,11 +368,12 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
     # A decoupled model refuses unary calls: driven by streams. The plan knows it from the
     # config it has (the live one, once loaded), the load step's config says it too.
     streaming = any(s.streaming for s in planned.steps) or streams(load_config)
+    exchange = Exchange.STREAM if streaming else exchange_of(load_config)
     spec = head.gate or GateSpec()
     memory = (before_any, after_base, after_head)
     results = []
     for new in new_versions:
-        notes = _old_smoke(head, server, old, streaming)
+        notes = _old_smoke(head, server, old, exchange)
         requests, source = _requests(head, server, new)
         if old is not None:
             old_figures, new_figures, checks, rounds = ab_test(
@@ -415,7 +416,7 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
 
 
 def _old_smoke(
-    head: ModelDeployment, server: IsolatedServer, old: int | None, streaming: bool
+    head: ModelDeployment, server: IsolatedServer, old: int | None, exchange: Exchange
 ) -> list[GateFinding]:
     """The head's smoke cases on the old version too: one the old fails as well says the case
     (or the environment), not the new version, is off. Notes, never a failure. Asked as
@@ -424,12 +425,12 @@ def _old_smoke(
     if old is None:
         return notes
     for case in head.smoke:
-        outputs = () if streaming else tuple(e.name for e in case.expect)
+        outputs = () if exchange is Exchange.STREAM else tuple(e.name for e in case.expect)
         deadline, cap = limits(case, None)
         try:
             reply = ask(
                 server.control, head.model, old, case.inputs, outputs,
-                streaming=streaming, timeout=deadline, max_responses=cap,
+                exchange=exchange, timeout=deadline, max_responses=cap,
             )  # fmt: skip
             wrong = reply_mismatches(case, reply)
         except ReconcileError as exc:

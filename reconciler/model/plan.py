@@ -30,6 +30,19 @@ class Action(StrEnum):
     ROLLOUT = "rollout"
 
 
+class Exchange(StrEnum):
+    """The shape of one exchange with a model version, as its config says (the probes, the
+    smoke cases, the synthesized request and the replay send every one through
+    ``engine/exchange.ask``, and judge what came back alike)."""
+
+    UNARY = "unary"  # one request, one answer
+    # One request over a gRPC stream, responses until Triton's final flag (a decoupled model).
+    STREAM = "stream"
+    # A whole sequence under a fresh correlation ID, START to END, one request after another
+    # (a model with sequence_batching refuses a request that names no sequence).
+    SEQUENCE = "sequence"
+
+
 class OnFailure(StrEnum):
     """What the change does when this step fails: planned, so apply only reads it."""
 
@@ -69,6 +82,9 @@ class Step:
     # decoupled): smoke cases, the synthesized request and the probes are sent as gRPC
     # streams, never as unary calls (which Triton refuses for it).
     streaming: bool = False
+    # verify, analyze: the model keeps state per sequence (sequence_batching): smoke cases,
+    # the synthesized request and the probes are each sent as a whole sequence of their own.
+    sequence: bool = False
     # analyze: probes sent to the old version before the new ones load, while it still
     # carries the clients' streams: the baseline of a streaming model's time to the first
     # response once the new versions carry them instead (``core.latency.loaded_baseline``).
@@ -80,6 +96,13 @@ class Step:
     dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
     on_failure: OnFailure = OnFailure.REVERT
     router: str | None = None  # route: the Router manifest whose route the step sets
+
+    @property
+    def exchange(self) -> Exchange:
+        """How each question to the model is sent (``Exchange``)."""
+        if self.streaming:
+            return Exchange.STREAM
+        return Exchange.SEQUENCE if self.sequence else Exchange.UNARY
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,10 @@ from collections.abc import Callable, Mapping
 
 from reconciler.core.answering import Answering, after_probe, after_reload
 from reconciler.core.probes import ProbeRequest, declared, synthesized, wrong
-from reconciler.core.triton_config import streams
+from reconciler.core.triton_config import exchange_of
 from reconciler.engine.exchange import ask
 from reconciler.model.errors import ServerUnavailable, StepFailed
+from reconciler.model.plan import Exchange
 from reconciler.model.reports import PassReport
 from reconciler.model.results import Outcome
 from reconciler.model.spec import ModelDeployment
@@ -46,7 +47,7 @@ class ServingProbes:
         self.metrics = metrics
         self._records: dict[Key, Answering] = {}
         # Each version's probe, and whether its model answers by streams.
-        self._requests: dict[Key, tuple[ProbeRequest, bool] | None] = {}
+        self._requests: dict[Key, tuple[ProbeRequest, Exchange] | None] = {}
         # A watch round that began before a pass may still run when the pass's end judges
         # its reloads (another thread): the records are read and written under this.
         self._lock = threading.Lock()
@@ -90,8 +91,8 @@ class ServingProbes:
                     probe = self._requests[key]
                     if probe is None:
                         continue  # nothing to ask it: not judged
-                    request, streaming = probe
-                    if streaming and self.metrics is not None:
+                    request, exchange = probe
+                    if exchange is Exchange.STREAM and self.metrics is not None:
                         self.metrics.probe_streams_of(server, model, version)
                     if request.case is not None:
                         # A smoke case is a request the version must answer: judged from
@@ -106,7 +107,7 @@ class ServingProbes:
                             version,
                             request.inputs,
                             request.outputs,
-                            streaming=streaming,
+                            exchange=exchange,
                             timeout=deployment.serving_probes.timeout,
                         )
                         error = wrong(request, reply)
@@ -169,17 +170,17 @@ class ServingProbes:
 
 def _request(
     client: TritonClient, model: str, version: int, deployment: ModelDeployment
-) -> tuple[ProbeRequest, bool] | None:
+) -> tuple[ProbeRequest, Exchange] | None:
     """The probe of a version: its deployment's first smoke case, else one synthesized from
-    its inputs, and whether the model answers by streams (its live config: ``observe`` reads
-    it, the index alone does not); None when no probe can be made."""
+    its inputs, and how it is sent (a stream, a whole sequence: its live config says;
+    ``observe`` reads it, the index alone does not); None when no probe can be made."""
     observed = client.observe((model,))
     if observed.error is not None:
         raise ServerUnavailable(observed.server, observed.error)  # asked again next round
     try:
-        streaming = streams(observed.model(model).loaded_config)
+        exchange = exchange_of(observed.model(model).loaded_config)
         smoke = declared(deployment.smoke[:1], None, ())
         made = smoke[0] if smoke else synthesized(client.interface(model, version))
     except StepFailed:
         return None
-    return None if made is None else (made, streaming)
+    return None if made is None else (made, exchange)

@@ -140,6 +140,25 @@ def test_interface_of_a_sequence_model_leaves_out_its_control_inputs(
     )
 
 
+def test_a_sequence_model_is_asked_a_whole_sequence_of_its_own(
+    client: TritonServerClient, model_repository: Path
+) -> None:
+    """Issue 44, point 3: a lone call names no sequence and Triton refuses it; ``sequence``
+    sends START, a request within and END under a fresh correlation ID, each answered
+    before the next: the counter's running sums say each reached the same sequence, and a
+    second exchange starts afresh (its own ID: a reused one would have summed on)."""
+    client.load(SEQUENCE_MODEL, _config(model_repository, SEQUENCE_MODEL, [1, 2]))
+    two = Tensor("INPUT0", "FP32", (1, 1), (2.0,))
+    with pytest.raises(VerifyFailed, match="correlation ID"):
+        client.infer(SEQUENCE_MODEL, 2, (two,), ("OUTPUT0",))
+    for version in (2, 2, 1):
+        reply = client.sequence(SEQUENCE_MODEL, version, (two,), ("OUTPUT0",), 3, timeout=5.0)
+        sums = [float(answer["OUTPUT0"].reshape(-1)[0]) for answer in reply.responses]
+        assert sums == [2.0 * version, 4.0 * version, 6.0 * version], (version, sums)
+        assert len(reply.seconds) == 3 and 0 < reply.seconds[0] <= reply.seconds[-1]
+        assert not reply.streamed
+
+
 @pytest.mark.parametrize(
     ("model", "changes"),
     [

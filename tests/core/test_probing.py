@@ -157,6 +157,47 @@ class Streams(Clients):
         return Reply((answer,) * 4, seconds, streamed=True)
 
 
+class Sequences(Clients):
+    """A sequence model (sequence_batching): a call that names no sequence is refused as
+    Triton refuses it; a sequence's calls answer as the fake does, and a version of
+    ``errors`` fails the second call of each sequence (a client's first request passes)."""
+
+    def __init__(self, clock: FakeClock, **kwargs: Any) -> None:
+        super().__init__(clock, **kwargs)
+        self.lone: list[int] = []  # versions asked by a call outside any sequence
+        self.sequences: list[tuple[int, int]] = []  # (version, requests) of each sequence
+
+    def infer(self, model: str, version: int, *args: Any, **kwargs: Any) -> Any:
+        self.lone.append(version)
+        raise VerifyFailed(
+            f"server s1: inference on {model} version {version}: inference request to model "
+            f"'{model}' must specify a non-zero or non-empty correlation ID"
+        )
+
+    def sequence(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        requests: int,
+        timeout: float | None = None,
+    ) -> Reply:
+        self.sequences.append((version, requests))
+        answers, seconds, started = [], [], self.clock.now
+        for index in range(requests):
+            self.clock.now += self.latency
+            self.probed.append((version, self.clock.now))
+            if version in self.errors and index == 1:
+                raise VerifyFailed(
+                    f"server s1: inference on {model} version {version} (request 2 of "
+                    f"{requests} of a sequence): state lost"
+                )
+            answers.append(FakeTriton.infer(self, model, version, inputs, outputs, timeout))
+            seconds.append(self.clock.now - started)
+        return Reply(tuple(answers), tuple(seconds))
+
+
 class Traffic:
     """Triton's counters for version 2, from clients sending ``rate`` requests a second from
     the moment it is READY, ``failing`` of them failed (as Triton counts them)."""
@@ -441,6 +482,50 @@ def test_a_streaming_version_that_errors_fails_its_probes() -> None:
     change = rollout(fake, clock, spec(), source, config=DECOUPLED)
     assert change.outcome is Outcome.REVERTED and fake.unary == [], (change.error, fake.unary)
     assert "model failed" in (change.error or ""), change.error
+
+
+SEQUENCE_BATCHING = {"sequence_batching": {"max_sequence_idle_microseconds": 1_000_000}}
+
+
+class Drained(Traffic):
+    """No client: the old version is idle (nothing pending, its inference count still), so
+    a sequence model's drain before the load ends after its idle window."""
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] = NO_QUERIES
+    ) -> Figures:
+        read = super().figures(model, versions, queries)
+        return replace(read, pending=0, inferences=1000.0) if versions == (1,) else read
+
+
+def test_a_sequence_model_is_probed_by_whole_sequences_of_its_own() -> None:
+    """Issue 44, point 3: a lone request to a sequence model is refused by Triton, old and
+    new alike, so the probes were left out and the analysis ended "inconclusive, no
+    requests". Each probe (and verify's questions) is now a sequence of its own, START to
+    END, judged by its START's answer and timed to it."""
+    clock = FakeClock()
+    fake = Sequences(clock)
+    source = Drained(fake, clock, rate=0.0, failing=0.0)
+    change = rollout(fake, clock, spec(), source, config=SEQUENCE_BATCHING)
+    assert change.outcome is Outcome.CONVERGED, change.error
+    assert fake.lone == [], f"calls outside a sequence: {fake.lone}"
+    analysis = change.analysis
+    assert analysis is not None and analysis.verdict is RolloutVerdict.PASSED, change.error
+    probes = analysis.evaluations[-1].probes
+    assert probes is not None and probes.sent > 0 and probes.failed == 0, probes
+    assert {requests for _, requests in fake.sequences} == {3}
+    assert {version for version, _ in fake.sequences} == {1, 2}  # the old one as baseline
+    assert probes.latencies == pytest.approx([0.002] * len(probes.latencies)), probes.latencies
+    assert probes.gaps == (), "a sequence has no time between responses"
+
+
+def test_a_sequence_version_that_fails_within_a_sequence_fails_its_probes() -> None:
+    clock = FakeClock()
+    fake = Sequences(clock, errors=frozenset({2}))
+    source = Drained(fake, clock, rate=0.0, failing=0.0)
+    change = rollout(fake, clock, spec(), source, config=SEQUENCE_BATCHING)
+    assert change.outcome is Outcome.REVERTED and fake.lone == [], (change.error, fake.lone)
+    assert "request 2 of 3 of a sequence" in (change.error or ""), change.error
 
 
 def test_a_model_that_rejects_zeros_is_not_blocked_by_synthesized_probes() -> None:

@@ -13,6 +13,7 @@ from reconciler.core.shadow import shadow_checks, short_of_requests
 from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.model.analysis import ProbeSpec, RolloutVerdict, Verdict
 from reconciler.model.errors import ValidationError
+from reconciler.model.plan import Action, Exchange
 from reconciler.model.results import FailureKind, Outcome
 from reconciler.model.shadow import (
     Comparison,
@@ -402,9 +403,16 @@ def test_the_plan_refuses_a_sequence_model_it_knows_of_through_a_router_without_
     assert "as allowWithoutSequenceAffinity allows" in plan_text(planned)
     assert plan_json(planned)["rollouts"][0]["traffic"]["splits_sequences"] is True
     kept = replace(ROUTER, sequence_affinity=SequenceAffinity("x-sequence-id"))
-    (held,) = Pass(DesiredState.build(list(state.servers.values()), [sequenced], [kept]),
-                   fakes(), at_rest()).plan().rollouts  # fmt: skip
+    affine = Pass(DesiredState.build(list(state.servers.values()), [sequenced], [kept]),
+                  fakes(), at_rest()).plan()  # fmt: skip
+    (held,) = affine.rollouts
     assert held.traffic is not None and not held.traffic.splits_sequences
+    # Issue 44, point 3: the probes (and verify's questions) ask a sequence model whole
+    # sequences of their own: a lone request names no sequence, and Triton refuses it.
+    assert held.analyses and {s.exchange for s in held.analyses} == {Exchange.SEQUENCE}
+    verifies = [s for c in affine.changes for s in c.steps if s.action is Action.VERIFY]
+    assert verifies and {s.exchange for s in verifies} == {Exchange.SEQUENCE}, verifies
+    assert "each question asked as a whole sequence of its own" in verifies[0].reason
 
 
 def test_a_saturated_noise_floor_is_never_a_pass_of_the_shadow_check() -> None:

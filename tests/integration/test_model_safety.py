@@ -155,6 +155,46 @@ def test_sequence_model_is_swapped_only_once_idle(
     assert "no new inference for 5s" in planned.json()["steps"][0]["reason"]
 
 
+def test_a_sequence_version_that_breaks_sequences_midway_is_caught_by_probe_sequences(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """Issue 44, point 3: version 2 answers every request but a sequence's START with an
+    error response, which Triton 2.51 counts a success. A lone probe request was refused by
+    both versions (no correlation ID) and left out; the probes now send whole sequences of
+    their own, START to END, and the second request of the first ones fails: reverted,
+    version 1 serving alone."""
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    _servers(manifests, ("edge-a", triton, model_repository))
+    served = (
+        "  sequence: {idle: 1s, drainTimeout: 60s}\n"
+        "  config: {parameters: {fail_later: {string_value: '2:1'}}}\n"
+    )
+    watched = (
+        served + "  verify:\n"
+        "    analysis:\n"
+        "      interval: 1s\n"
+        "      duration: 4s\n"
+        "      checks:\n"
+        "        - name: success-rate\n"
+        "          successRate: {min: 0.99}\n"
+    )
+    # (A first deployment is probed by its smoke cases only: version 1 goes unwatched.)
+    manifests.write("counter.yaml", deployment_doc("counter", [1], ["edge-a"], extra=served))
+    manifests.commit("counter 1")
+    first = reconciler.apply()
+    assert first.code == 0, first.explain()
+    manifests.write("counter.yaml", deployment_doc("counter", [2], ["edge-a"], extra=watched))
+    manifests.commit("counter 2, which loses its sequences")
+    planned = reconciler.plan("--output", "json").json()["steps"]
+    verify = next(s for s in planned if s["action"] == "verify")
+    assert "each question asked as a whole sequence of its own" in verify["reason"], verify
+    result = reconciler.apply("--output", "json")
+    assert result.code != 0, result.explain()
+    assert "request 2 of 3 of a sequence" in result.out, result.out[-3000:]
+    assert "lost sequence" in result.out, result.out[-3000:]
+    assert ready_versions(triton, "counter") == {1}
+
+
 def test_a_drain_that_times_out_swaps_nothing(
     manifests: ManifestRepo,
     triton: LocalTriton,

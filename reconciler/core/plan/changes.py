@@ -20,6 +20,7 @@ from reconciler.core.plan.stream_cases import stream_case_refusal, unprobed_late
 from reconciler.core.plan.verify import verify_step
 from reconciler.core.triton_config import (
     config_drift,
+    in_sequences,
     is_complete,
     merge,
     streams,
@@ -405,6 +406,7 @@ def _load_and_verify(delta: _Delta) -> list[Step]:
             bool(ready),
             max(old_serving) if old_serving and new else None,
             streaming=delta.streaming,
+            sequence=delta.sequence is not None,
         )
     )
     return steps
@@ -461,6 +463,7 @@ def _analyze_step(delta: _Delta) -> Step:
         smoke=deployment.smoke,
         shadow=deployment.shadow,
         streaming=delta.streaming,
+        sequence=delta.sequence is not None,
     )
 
 
@@ -559,7 +562,15 @@ def _swap_in_place(
         )
     )
     steps.append(
-        verify_step(server, deployment, desired, desired, False, streaming=streams(target))
+        verify_step(
+            server,
+            deployment,
+            desired,
+            desired,
+            False,
+            streaming=streams(target),
+            sequence=in_sequences(target),
+        )
     )
     return ModelChange(
         server,

@@ -14,6 +14,7 @@ from typing import Any
 
 from reconciler.core.triton_config import (
     heal_generation,
+    in_sequences,
     streams,
     with_heal_marker,
     with_versions,
@@ -60,6 +61,7 @@ def heal_change(
         timeout=deployment.verify_timeout,
         on_failure=OnFailure.STOP,
         streaming=streams(config),
+        sequence=in_sequences(config),
     )
     return ModelChange(
         server,

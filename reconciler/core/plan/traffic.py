@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from reconciler.core.triton_config import streams
+from reconciler.core.triton_config import in_sequences, streams
 from reconciler.model.plan import Action, ModelChange, PlanProblem, RolloutPlan, Step
 from reconciler.model.shadow import ShadowTarget
 from reconciler.model.spec import DesiredState, ModelDeployment
@@ -415,4 +415,5 @@ def _analysis(deployment: ModelDeployment, change: ModelChange) -> Step:
         analysis=deployment.analysis,
         baseline=old,
         streaming=streams(loaded),
+        sequence=in_sequences(loaded),
     )

@@ -18,6 +18,7 @@ def verify_step(
     check_interface: bool,
     old_version: int | None = None,
     streaming: bool = False,
+    sequence: bool = False,
 ) -> Step:
     notes = [f"{', '.join(map(str, sorted(desired)))} READY"]
     if deployment.smoke:
@@ -56,6 +57,8 @@ def verify_step(
         )
     if streaming:
         notes.append("a streaming model: asked by gRPC streams")
+    elif sequence:
+        notes.append("a sequence model: each question asked as a whole sequence of its own")
     return Step(
         server,
         deployment.model,
@@ -70,4 +73,5 @@ def verify_step(
         shadow_against=old_version if shadow is not None else None,
         probe_against=probe,
         streaming=streaming,
+        sequence=sequence,
     )

@@ -5,6 +5,12 @@ by the sequence's first request (START). A request of a sequence this version ne
 (for instance one that moved to a newly loaded version mid-sequence) sums from zero, so the
 client sees a wrong running sum: a broken sequence is detectable. The fixture copies this file
 into versions 1 and 2.
+
+Config parameters (string values; "version:value" entries name versions, "1:1,2:1"):
+  scale       multiply by this instead of the version
+  fail_later  "1": answer every request but a sequence's START with an error response (a
+              version that breaks sequences midway; Triton 2.51 counts such an answer a
+              success, so only its clients, and the probes' sequences, see it)
 """
 
 import json
@@ -33,6 +39,8 @@ class TritonPythonModel:
         parameters = json.loads(args["model_config"]).get("parameters", {})
         scale = _for_version(parameters.get("scale", {}).get("string_value"), self.version)
         self.scale = float(scale) if scale else float(self.version)
+        fail = _for_version(parameters.get("fail_later", {}).get("string_value"), self.version)
+        self.fail_later = fail == "1"
 
     def execute(self, requests):
         responses = []
@@ -43,6 +51,10 @@ class TritonPythonModel:
             sequence = int(corrid.reshape(-1)[0])
             if float(start.reshape(-1)[0]):
                 self.sums[sequence] = 0.0
+            elif self.fail_later:
+                error = pb_utils.TritonError(f"version {self.version} lost sequence {sequence}")
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
             self.sums[sequence] = self.sums.get(sequence, 0.0) + float(data.reshape(-1).sum())
             output = np.array([self.sums[sequence] * self.scale], dtype=np.float32)
             responses.append(
