@@ -29,6 +29,7 @@ from reconciler.model.history import (
     Suspension,
 )
 from reconciler.model.plan import Step
+from reconciler.model.results import Draining
 from reconciler.model.servers import TritonServer
 from reconciler.model.serving import DeviceMemory, ModelInterface, ModelState, ServerState
 from reconciler.model.shadow import ShadowFigures, ShadowTarget
@@ -260,6 +261,9 @@ class StepEvents(Protocol):
     def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
         """A router now routes by ``weights`` and mirrors ``mirror`` (shares out of
         ``model.traffic.WEIGHT_SCALE``)."""
+
+    def draining(self, step: Step, draining: Draining) -> None:
+        """A drain step's reading: what still reaches the model, and how long it may wait."""
 
 
 class OperatorOrders(Protocol):

@@ -30,10 +30,10 @@ from reconciler.loop.reconcile import reconcile
 from reconciler.model.analysis import Evaluation
 from reconciler.model.errors import ReconcileError, ValidationError
 from reconciler.model.plan import Step
-from reconciler.model.results import StepResult
+from reconciler.model.results import Draining, StepResult
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
-from reconciler.views.live import evaluation_line, started_line, waiting_line
+from reconciler.views.live import drain_text, evaluation_line, started_line, waiting_line
 from reconciler.views.render import plan_json, progress_line, report_json, report_text
 from reconciler.views.review import plan_markdown
 from reconciler.views.steps import plan_steps_json
@@ -88,6 +88,7 @@ class ApplyLines:
         self._every = every
         self._as_records = as_records
         self._running: dict[tuple[str, str], tuple[Step, float]] = {}
+        self._drains: dict[tuple[str, str], str] = {}  # a drain's latest reading, in words
         self._lock = threading.Lock()
         self._done = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="apply-lines", daemon=True)
@@ -112,9 +113,14 @@ class ApplyLines:
     def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
         pass  # the route step's own line says it
 
+    def draining(self, step: Step, draining: Draining) -> None:
+        with self._lock:  # said with the step's next "still draining" line
+            self._drains[(step.server, step.model)] = drain_text(draining.as_json())
+
     def ended(self, result: StepResult) -> None:
         with self._lock:
             self._running.pop((result.step.server, result.step.model), None)
+            self._drains.pop((result.step.server, result.step.model), None)
         if self._as_records:
             log_step(result)
         else:
@@ -125,9 +131,12 @@ class ApplyLines:
             now = time.monotonic()
             with self._lock:
                 running = list(self._running.values())
+                drains = dict(self._drains)
             for step, began in running:
                 if now - began >= self._every:
-                    self._say(waiting_line(step, now - began), step)
+                    line = waiting_line(step, now - began)
+                    drain = drains.get((step.server, step.model))
+                    self._say(f"{line}; {drain}" if drain else line, step)
 
     def close(self) -> None:
         self._done.set()

@@ -23,6 +23,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.history import OperatorOrder, OrderKind
 from reconciler.model.plan import Action, Step
+from reconciler.model.results import Draining
 from reconciler.model.serving import ModelInterface
 from reconciler.ports import FiguresSource, ShadowComparison, StepEvents, StepHooks
 
@@ -40,6 +41,9 @@ class NoEvents:
         pass
 
     def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
+        pass
+
+    def draining(self, step: Step, draining: Draining) -> None:
         pass
 
 

@@ -33,7 +33,7 @@ from reconciler.model.errors import (
     VerifyFailed,
 )
 from reconciler.model.plan import Action, Step
-from reconciler.model.results import FailureKind
+from reconciler.model.results import Draining, FailureKind
 from reconciler.model.serving import ModelState, interface_difference, version_cost
 from reconciler.model.shadow import Tolerance
 from reconciler.model.spec import StreamExpectation, Tensor
@@ -317,6 +317,9 @@ def _pinned_call(
     )
 
 
+DRAIN_TOLD_EVERY = 1.0  # seconds between a drain's readings told to the live view
+
+
 def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeContext) -> StepDone:
     """Wait until the model is idle here: no pending request and no new inference for the
     idle window. Nothing is swapped on timeout: the old versions keep serving."""
@@ -333,6 +336,8 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
     deadline = timing.clock() + policy.drain_timeout
     quiet_since: float | None = None
     last: float | None = None
+    read_at: float | None = None
+    said: float | None = None  # when the live view was last told
     while True:
         figures = context.source.figures(step.model, step.versions)
         now = timing.clock()
@@ -343,7 +348,19 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
                 return NOTHING
         else:
             quiet_since = now if idle else None
-        last = figures.inferences
+        # What still reaches the model stands for its open sequences (``Draining``).
+        rate = (
+            (figures.inferences - last) / (now - read_at)
+            if figures.inferences is not None and last is not None and read_at is not None
+            and now > read_at
+            else None
+        )  # fmt: skip
+        quiet = now - quiet_since if quiet_since is not None else 0.0
+        if said is None or now - said >= DRAIN_TOLD_EVERY:
+            left = max(0.0, deadline - now)
+            timing.events.draining(step, Draining(rate, figures.pending, quiet, policy.idle, left))
+            said = now
+        last, read_at = figures.inferences, now
         if now >= deadline:
             raise DrainTimeout(
                 f"server {step.server}: {step.model} did not go idle within "

@@ -16,7 +16,7 @@ from typing import Any
 from reconciler.core.records import checks_json, rfc3339
 from reconciler.model.analysis import Evaluation
 from reconciler.model.plan import Action, Plan, Step
-from reconciler.model.results import StepResult
+from reconciler.model.results import Draining, StepResult
 from reconciler.views.live import RUNNING
 
 
@@ -49,6 +49,7 @@ class LiveStatus:
             "state": state,
             "since": rfc3339(now),
             "since_epoch": now,
+            "draining": None,  # a drain step's readings, while one runs
         }
         if step.action is Action.ANALYZE and step.analysis is not None:
             entry["seconds_left"] = step.analysis.duration
@@ -72,6 +73,9 @@ class LiveStatus:
 
     def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
         pass  # the route step's result says it
+
+    def draining(self, step: Step, draining: Draining) -> None:
+        self._update(step, {"draining": draining.as_json()})
 
     def ended(self, result: StepResult) -> None:
         step = result.step
@@ -128,3 +132,7 @@ class FanOut:
     def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
         for watcher in self._watchers:
             watcher.routed(router, weights, mirror)
+
+    def draining(self, step: Step, draining: Draining) -> None:
+        for watcher in self._watchers:
+            watcher.draining(step, draining)

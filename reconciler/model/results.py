@@ -12,6 +12,34 @@ from reconciler.model.analysis import Evaluation, RolloutVerdict
 from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
 
 
+@dataclass(frozen=True)
+class Draining:
+    """A drain in progress: one server waiting until the sequences in flight on a model
+    have ended (or idled out), so that its versions may change. Triton 2.51 exposes no
+    count of open sequences; what stands for them is what still reaches the model: the
+    inferences it counted a second over the last reading (the later requests of sequences
+    still open: new ones go elsewhere by then, or the drain waits for them too) and its
+    queued requests. The drain ends once nothing arrived for ``idle`` seconds (at least
+    the model's max_sequence_idle_microseconds: every sequence then ended or Triton freed
+    its slot)."""
+
+    rate: float | None  # inferences a second since the last reading; None before two
+    pending: float | None  # requests queued (nv_inference_pending_request_count)
+    quiet: float  # seconds since the last new inference
+    idle: float  # the quiet that ends the drain
+    left: float  # seconds before the drain gives up (drainTimeout)
+
+    def as_json(self) -> dict[str, float | None]:
+        """As the live view keeps it (``views.live.drain_text`` says it in words)."""
+        return {
+            "requests_per_second": None if self.rate is None else round(self.rate, 3),
+            "pending": self.pending,
+            "quiet_seconds": round(self.quiet, 1),
+            "idle_seconds": self.idle,
+            "seconds_left": round(self.left, 1),
+        }
+
+
 class Outcome(StrEnum):
     CONVERGED = "converged"
     REVERTED = "reverted"  # a step failed; the model serves what it served before

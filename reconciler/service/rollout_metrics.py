@@ -14,6 +14,7 @@ from collections.abc import Mapping
 
 from reconciler.model.analysis import Evaluation
 from reconciler.model.plan import Action, Step
+from reconciler.model.results import Draining
 from reconciler.model.traffic import WEIGHT_SCALE
 from reconciler.service.telemetry import ReconcilerMetrics
 
@@ -65,6 +66,9 @@ class RolloutGauges:
                 key = (step.server, step.model, result.check, kind)
                 self.metrics.check_value.labels(*key).set(result.value)
                 self._checks.add(key)
+
+    def draining(self, step: Step, draining: Draining) -> None:
+        pass  # the live view and apply's lines say it; its outcome is the step's result
 
     def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
         """A router's route now: each pool's share of the traffic and of the mirror (0 to 1).

@@ -42,6 +42,7 @@ from reconciler.loop.memory import PassMemory
 from reconciler.model.analysis import Evaluation
 from reconciler.model.plan import Action, Step
 from reconciler.model.reports import PassReport
+from reconciler.model.results import Draining
 from reconciler.model.settings import RunSettings, Settings
 from reconciler.service.connections import ServerConnections
 from reconciler.service.rollout_metrics import RolloutGauges
@@ -148,6 +149,9 @@ class ServingBoard:
 
     def routed(self, router: str, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
         pass  # a route changes where clients go, not what a server serves
+
+    def draining(self, step: Step, draining: Draining) -> None:
+        pass  # the drain step's start said the model is out of service here
 
     # -- what it says ------------------------------------------------------------------
 

@@ -68,6 +68,9 @@ def live_text(snapshot: Mapping[str, Any] | None, now: float) -> str:
             ):
                 line += f", {max(0.0, ends - now):.0f}s left"
             lines.append(line)
+            draining = entry.get("draining")
+            if draining and not abandoned:
+                lines.append(f"    {drain_text(draining)}")
             evaluation = entry.get("evaluation")
             if evaluation:
                 lines.append(
@@ -77,6 +80,24 @@ def live_text(snapshot: Mapping[str, Any] | None, now: float) -> str:
             if entry.get("error"):
                 lines.append(f"    error: {entry['error']}")
     return "\n".join(lines)
+
+
+def drain_text(draining: Mapping[str, Any]) -> str:
+    """A drain's latest reading (``model.results.Draining.as_json``) in words."""
+    rate = draining.get("requests_per_second")
+    arriving = (
+        "requests of the sequences in flight still arriving"
+        if rate is None
+        else f"{rate:.3g} request(s)/s still arriving (the sequences in flight)"
+        if rate > 0
+        else "no request arriving"
+    )
+    queued = f", {draining['pending']:g} queued" if draining.get("pending") else ""
+    return (
+        f"draining: {arriving}{queued}; quiet {draining.get('quiet_seconds', 0):g}s of the "
+        f"{draining.get('idle_seconds', 0):g}s that end it; at most "
+        f"{draining.get('seconds_left', 0):.0f}s more"
+    )
 
 
 def started_line(step: Step, reverting: bool) -> str:

@@ -32,6 +32,7 @@ import numpy.typing as npt
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2
 
+from reconciler.core.exchange import Reply
 from reconciler.model.analysis import ProbeFigures
 from reconciler.model.errors import LoadFailed, ServerUnavailable, VerifyFailed
 from reconciler.model.servers import TritonServer
@@ -244,6 +245,21 @@ class FakeTriton:
             result = result + np.float32(1)
         answer = {OUTPUT: result.astype(np.float32)}
         return {name: answer[name] for name in outputs if name in answer}
+
+    def sequence(
+        self,
+        model: str,
+        version: int,
+        inputs: tuple[Tensor, ...],
+        outputs: tuple[str, ...],
+        requests: int,
+        timeout: float | None = None,
+    ) -> Reply:
+        """A whole sequence: ``requests`` calls, each answered as ``infer`` answers."""
+        answers = tuple(
+            self.infer(model, version, inputs, outputs, timeout) for _ in range(requests)
+        )
+        return Reply(answers, (0.0,) * requests)
 
     def memory_usage(self, model: str) -> dict[int, tuple[DeviceMemory, ...]]:
         """What Triton's statistics report for each loaded version: ``reported_memory``

@@ -5,6 +5,7 @@ apply is given."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -15,12 +16,13 @@ from reconciler.core.analysis import concluded
 from reconciler.core.plan.planner import plan
 from reconciler.engine.apply import apply
 from reconciler.engine.change import failed_step
-from reconciler.engine.context import Timing
+from reconciler.engine.context import NoEvents, Timing
 from reconciler.engine.steps import EXECUTORS
 from reconciler.model.analysis import (
     AnalysisSpec,
     CheckResult,
     Evaluation,
+    Figures,
     RolloutVerdict,
     Verdict,
 )
@@ -39,9 +41,10 @@ from reconciler.model.errors import (
 )
 from reconciler.model.history import History
 from reconciler.model.plan import Action, OnFailure, Plan, Step
-from reconciler.model.results import FailureKind, Outcome
+from reconciler.model.results import Draining, FailureKind, Outcome
 from reconciler.model.spec import RolloutSpec, SequencePolicy
 from reconciler.ports import StepHooks
+from reconciler.views.live import drain_text
 from tests.core.fakes import FakeClock, FakeTriton, deploy, desired_state, observe
 
 
@@ -176,6 +179,62 @@ def test_a_drain_that_times_out_is_not_put_back() -> None:
     assert change.outcome is Outcome.FAILED and change.revert == ()
     assert change.failure is FailureKind.NOT_SWAPPED
     assert fake.ready("m") == {1}
+
+
+class SequencesEnding:
+    """A sequence model's counters while its clients' sequences end: ``rate`` inferences a
+    second for ``until`` seconds from now, then none; nothing queued."""
+
+    def __init__(self, clock: FakeClock, rate: float, until: float) -> None:
+        self.clock, self.rate, self.until, self.start = clock, rate, until, clock.now
+
+    def figures(
+        self, model: str, versions: tuple[int, ...], queries: Mapping[str, str] | None = None
+    ) -> Figures:
+        flowed = min(self.clock.now - self.start, self.until)
+        return Figures(pending=0, inferences=self.rate * flowed)
+
+
+class DrainReadings(NoEvents):
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock, self.seen = clock, []
+
+    def draining(self, step: Step, draining: Draining) -> None:
+        self.seen.append((self.clock.now, draining))
+
+
+def test_a_drain_tells_what_still_reaches_the_model_and_how_long_it_may_wait() -> None:
+    """Issue 44, point 2: Triton counts no open sequence; what stands for them is what
+    still reaches the model. While the sequences in flight send their later requests the
+    drain says how many a second, then how long it has been quiet of the idle window that
+    ends it, and how long it may still wait; the live view says it in words."""
+    fake = server()
+    sequence = replace(deploy("m", [2]), sequence=SequencePolicy(idle=2.0, drain_timeout=60.0))
+    p = plan_on({"s1": fake}, sequence)
+    clock = FakeClock()
+    events = DrainReadings(clock)
+    began = clock.now
+    timing = Timing(clock=clock.clock, sleep=clock.sleep, events=events)
+    source = SequencesEnding(clock, rate=12.0, until=3.0)
+    result = apply(p, {"s1": fake}, timing=timing, metrics={"s1": source})
+    (change,) = result.changes
+    assert change.outcome is Outcome.CONVERGED, change.error
+    drain = change.steps[0]
+    assert drain.step.action is Action.DRAIN and 4.5 <= drain.seconds <= 6.0, drain
+    readings = events.seen
+    assert readings and readings[0][1].rate is None  # one reading: no rate yet
+    flowing = [d for at, d in readings if 1.0 <= at - began <= 3.0]
+    assert flowing and all(d.rate == pytest.approx(12.0) and d.quiet == 0 for d in flowing)
+    ending = [d for at, d in readings if at - began > 3.6]
+    assert ending and all(d.rate == 0 and 0 < d.quiet < 2.0 for d in ending), ending
+    assert [d.left for _, d in readings] == sorted((d.left for _, d in readings), reverse=True)
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(readings)]
+    assert min(gaps) >= 1.0 - 1e-9, gaps  # told at most once a second
+    assert drain_text(flowing[0].as_json()) == (
+        "draining: 12 request(s)/s still arriving (the sequences in flight); quiet 0s of the "
+        f"2s that end it; at most {flowing[0].left:.0f}s more"
+    )
+    assert drain_text(ending[-1].as_json()).startswith("draining: no request arriving; quiet")
 
 
 # -- staged rollouts: baselines and the restarted finish are planned -----------------------------

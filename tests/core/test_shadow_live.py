@@ -413,6 +413,21 @@ def test_the_plan_refuses_a_sequence_model_it_knows_of_through_a_router_without_
     verifies = [s for c in affine.changes for s in c.steps if s.action is Action.VERIFY]
     assert verifies and {s.exchange for s in verifies} == {Exchange.SEQUENCE}, verifies
     assert "each question asked as a whole sequence of its own" in verifies[0].reason
+    # Issue 44, point 2: the canary ends at 50%, where the stable pool would keep taking new
+    # sequences and its servers' drains never end: a last phase sends every new sequence to
+    # the canary (judged at 50%) while those on the stable pool end there.
+    *_, last, drain = held.traffic.phases
+    assert last.weights == {"stable": 5_000, "canary": 5_000}, last
+    assert drain.name == (
+        "drain stable: every new sequence to canary while those in flight on stable end there"
+    ), drain
+    assert drain.weights == {"stable": 0, "canary": 10_000} and drain.watch == 0, drain
+    stable = [c for c in affine.changes if c.server in held.stages[-1]]
+    assert stable and all(c.steps[0].action is Action.DRAIN for c in stable), stable
+    plain = DesiredState.build(list(state.servers.values()), [state.deployments["m"]], [kept])
+    (unsequenced,) = Pass(plain, fakes(), at_rest()).plan().rollouts
+    assert unsequenced.traffic is not None
+    assert not unsequenced.traffic.phases[-1].name.startswith("drain"), unsequenced.traffic
 
 
 def test_a_saturated_noise_floor_is_never_a_pass_of_the_shadow_check() -> None:

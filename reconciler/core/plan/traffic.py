@@ -254,7 +254,15 @@ def traffic_rollout(
         traffic.strategy,
         old,
         new,
-        _phases(router, traffic, deployment, old, new, shadow, any(a.streaming for a in analyses))
+        _phases(
+            router,
+            traffic,
+            deployment,
+            (old, new),
+            shadow,
+            streaming=any(a.streaming for a in analyses),
+            sequences=any(c.exclusive is not None for c in changes),
+        )
         if analyses
         else (),
         restore,
@@ -330,11 +338,13 @@ def _phases(
     router: RouterSpec,
     traffic: TrafficSpec,
     deployment: ModelDeployment,
-    old: str,
-    new: str,
+    pools: tuple[str, str],
     shadow: ShadowTarget | None = None,
+    *,
     streaming: bool = False,
+    sequences: bool = False,
 ) -> tuple[TrafficPhase, ...]:
+    old, new = pools
     analysis = deployment.analysis
     duration = analysis.duration if analysis is not None else 0.0
     nothing = _none_mirrored(router)
@@ -388,6 +398,20 @@ def _phases(
                 weights,
                 nothing,
                 watch,
+            )
+        )
+    if sequences and traffic.strategy is Strategy.CANARY and traffic.steps[-1] < WEIGHT_SCALE:
+        # A sequence model's old pool takes the new versions only once the sequences in
+        # flight there have ended (each of its servers' changes drains first), and they end
+        # only when no new one starts there: every new sequence goes to the canary, judged
+        # at the last step, until the old pool has drained and the route is set back.
+        phases.append(
+            TrafficPhase(
+                f"drain {old}: every new sequence to {new} while those in flight on {old} end "
+                "there",
+                _only(router, new),
+                nothing,
+                0.0,
             )
         )
     return tuple(phases)
