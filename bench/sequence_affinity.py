@@ -27,10 +27,16 @@ weight goes 0 -> 10 -> 50 -> 100%, ``--cycles`` times (the move from 100 back to
 switch back; ``--phase`` seconds each, through Envoy's runtime). Run 2, ``rest``: one pool
 ``stable`` [a, b] at 100%, no weight change. For each phase: the sequences that started in
 it and the share of them each pool's server answered, and the sequences that broke in it.
+Run 3, ``throughput`` (issue 44's goal: affinity's cost): pool ``stable`` [a] alone, two
+Envoys started side by side, one routing as today (``random``), one with the ``session``
+affinity (its clients sending the headers back); ``--rounds`` rounds of ``--phase`` seconds
+alternate the same client load between them, requests back to back (``--pause`` 0 by
+default here): requests answered a second on each, and their ratio per round.
 
     python -m bench.sequence_affinity [--mechanisms random,hash,session-weighted,session,stream]
         [--phase 8] [--threads 8] [--pause 0.05] [--cycles 2] [--runs pools,rest]
-        [--output PATH]
+        [--rounds 6] [--output PATH]
+    python -m bench.sequence_affinity --runs throughput --rounds 6 --phase 5
 
 Every process started here (two tritonservers, one Envoy at a time) is stopped in finally.
 """
@@ -172,6 +178,63 @@ def run(
     }
 
 
+def throughput(
+    workdir: Path, pools: dict[str, list[str]], rounds: int, phase: float, threads: int,
+    pause: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Requests a second through Envoy with the ``session`` affinity and without, the same
+    client load alternating between two Envoys started side by side (run 3)."""
+    envoys = {m: _envoy(workdir / m, m, pools) for m in ("random", "session")}
+    per_round: list[dict[str, Any]] = []
+    try:
+        for envoy in envoys.values():
+            envoy.start()
+        for number in range(rounds):
+            # Each round starts with the other one: neither always runs on a warmer machine.
+            order = ("random", "session") if number % 2 == 0 else ("session", "random")
+            measured: dict[str, Any] = {}
+            for mechanism in order:
+                load = SequenceLoad(
+                    envoys[mechanism].address, threads=threads, pause=pause,
+                    sessions=mechanism == "session",
+                )  # fmt: skip
+                started = time.monotonic()
+                with load:
+                    time.sleep(phase)
+                seconds = time.monotonic() - started  # the last sequences finish in it
+                sequences = load.snapshot()
+                requests = sum(s.sent for s in sequences)
+                measured[mechanism] = {
+                    "requests": requests,
+                    "seconds": round(seconds, 3),
+                    "per_second": round(requests / seconds, 1),
+                    "broken": sum(1 for s in sequences if s.broken),
+                }
+            measured["ratio"] = round(
+                measured["session"]["per_second"] / measured["random"]["per_second"], 3
+            )
+            per_round.append(measured)
+            print(
+                f"throughput round {number + 1}: off {measured['random']['per_second']}/s, "
+                f"on {measured['session']['per_second']}/s, on/off {measured['ratio']}",
+                flush=True,
+            )
+    finally:
+        for envoy in envoys.values():
+            envoy.stop()
+    ratios = sorted(r["ratio"] for r in per_round)
+    return {
+        "run": "throughput",
+        "pools": pools,
+        "pause": pause,
+        "threads": threads,
+        "phase": phase,
+        "rounds": per_round,
+        "ratio_median": ratios[len(ratios) // 2],
+        "ratio_range": [ratios[0], ratios[-1]],
+    }
+
+
 def _why(message: str) -> str:
     for known in ("must specify the START flag", "running sum", "no healthy upstream"):
         if known in message:
@@ -187,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause", type=float, default=0.05, help="seconds between requests")
     parser.add_argument("--cycles", type=int, default=2, help="times through the steps")
     parser.add_argument("--runs", default="pools,rest")
+    parser.add_argument("--rounds", type=int, default=6, help="throughput: rounds on/off")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     mechanisms = [m for m in args.mechanisms.split(",") if m]
@@ -213,6 +277,15 @@ def main(argv: list[str] | None = None) -> int:
                 "rest": ({"stable": [a.grpc_address, b.grpc_address], "canary": [nowhere]}, (0,)),
             }
             for run_name in args.runs.split(","):
+                if run_name == "throughput":
+                    # Back to back unless --pause says otherwise: the cost per request.
+                    pause = args.pause if "--pause" in (argv or sys.argv) else 0.0
+                    measured = throughput(
+                        root / "throughput", {"stable": [a.grpc_address], "canary": [nowhere]},
+                        args.rounds, args.phase, args.threads, pause,
+                    )  # fmt: skip
+                    results.append(measured)
+                    continue
                 pools, steps = layouts[run_name]
                 phase = args.phase if len(steps) > 1 else args.phase * 2
                 for mechanism in mechanisms:

@@ -49,12 +49,11 @@ class LiveStatus:
             "state": state,
             "since": rfc3339(now),
             "since_epoch": now,
-            "draining": None,  # a drain step's readings, while one runs
         }
         if step.action is Action.ANALYZE and step.analysis is not None:
             entry["seconds_left"] = step.analysis.duration
             entry["analysis_ends_epoch"] = now + step.analysis.duration
-        self._update(step, entry)
+        self._update(step, entry, ("draining",))  # an earlier drain's readings go
 
     def evaluated(self, step: Step, evaluation: Evaluation, seconds_left: float) -> None:
         self._update(
@@ -90,10 +89,13 @@ class LiveStatus:
 
     # -- what is shown ---------------------------------------------------------------------
 
-    def _update(self, step: Step, changes: Mapping[str, Any]) -> None:
+    def _update(self, step: Step, changes: Mapping[str, Any], drop: tuple[str, ...] = ()) -> None:
         with self._lock:
             key = (step.server, step.model)
-            self._servers.setdefault(key, {}).update(changes)
+            entry = self._servers.setdefault(key, {})
+            for name in drop:
+                entry.pop(name, None)
+            entry.update(changes)
             snapshot = self._snapshot()
         self._write(snapshot)
 
