@@ -199,22 +199,54 @@ def generator_config(
     }
 
 
-def router_doc(admin_url: str, pools: dict[str, list[str]], comparator: str | None = None) -> str:
+def router_doc(
+    admin_url: str,
+    pools: dict[str, list[str]],
+    comparator: str | None = None,
+    routes_file: Path | None = None,
+    sequence_header: str | None = None,
+) -> str:
     """A Router manifest ``edge`` for an Envoy at ``admin_url``: each pool by server names,
-    and the cluster of the comparator, if any."""
+    the cluster of the comparator, if any, and where the route is read from a file by RDS,
+    that file and the header of ``spec.sequenceAffinity``."""
     pool_lines = "".join(
         f"    - {{name: {pool}, servers: {{names: [{', '.join(servers)}]}}}}\n"
         for pool, servers in pools.items()
     )
+    routes = f", routesFile: '{routes_file}'" if routes_file is not None else ""
     return (
         "apiVersion: triton-gitops/v1alpha1\n"
         "kind: Router\n"
         "metadata: {name: edge}\n"
         "spec:\n"
-        f"  envoy: {{admin: '{admin_url}'}}\n"
+        f"  envoy: {{admin: '{admin_url}'{routes}}}\n"
         + (f"  comparator: {{name: {comparator}}}\n" if comparator else "")
+        + (f"  sequenceAffinity: {{header: {sequence_header}}}\n" if sequence_header else "")
         + "  pools:\n"
         + pool_lines
+    )
+
+
+def sequence_deployment_doc(
+    version: int, traffic: str, fail_later: str = "", duration: str = "2s", drain: str = "60s"
+) -> str:
+    """The ModelDeployment ``counter`` (the sequence test model) on servers ``a`` and ``c``:
+    ``version``, the given ``rollout.traffic`` (a flow mapping), an analysis that checks the
+    success rate for ``duration`` (its probes ask whole sequences), and with ``fail_later``
+    the model's parameter that breaks sequences midway (``testkit/models/counter``)."""
+    parameters = f"  config: {{parameters: {{fail_later: {{string_value: '{fail_later}'}}}}}}\n"
+    return (
+        "apiVersion: triton-gitops.dev/v1alpha1\n"
+        "kind: ModelDeployment\n"
+        f"metadata: {{name: {SEQUENCE_MODEL}}}\n"
+        "spec:\n"
+        "  servers: {names: [a, c]}\n"
+        f"  versions: [{version}]\n"
+        f"  sequence: {{idle: 1s, drainTimeout: {drain}}}\n"
+        + (parameters if fail_later else "")
+        + f"  verify: {{analysis: {{interval: 1s, duration: {duration}, checks: [\n"
+        "    {name: success-rate, successRate: {min: 0.99}}]}}\n"
+        f"  rollout: {{traffic: {traffic}}}\n"
     )
 
 

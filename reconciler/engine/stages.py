@@ -28,6 +28,7 @@ from reconciler.model.errors import ReconcileError, ShutdownBetweenStages, StepF
 from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
 from reconciler.model.results import (
     ChangeResult,
+    FailureKind,
     Outcome,
     Progress,
     StagedProgress,
@@ -178,6 +179,12 @@ def shutdown_failure(timing: Timing, step: Step) -> StepResult | None:
     return failed_step(step, stopped, now, now, reverting=False)
 
 
+# What stops a rollout without waiting for the sequences in flight on the new versions to
+# end (``Step.unless_failed``): they failed (their analysis, an operator's abort), or the
+# process is shutting down.
+CUT = frozenset({FailureKind.AGAINST_VERSIONS, FailureKind.INTERRUPTED})
+
+
 def take_back(
     run: Rollout, failure: StepResult, done: Mapping[str, list[StepResult]]
 ) -> list[ChangeResult]:
@@ -201,10 +208,13 @@ def take_back(
         steps = list(done[server])
         if all(r.ok for r in steps):
             steps.append(mine)
-        again = ChangeContext(hooks=run.hooks)
-        reverted = run_steps(
-            run.controls[server], change.revert, run.timing, run.progress, again, True
-        )
+        revert = change.revert
+        if failure.failure in CUT:
+            revert = tuple(s for s in revert if not s.unless_failed)
+        # A revert's drain reads the model's counters; nothing else in a revert needs them.
+        drains = any(s.action is Action.DRAIN for s in revert)
+        again = ChangeContext(hooks=run.hooks, source=run.metrics.get(server) if drains else None)
+        reverted = run_steps(run.controls[server], revert, run.timing, run.progress, again, True)
         result = put_back(failure.failure, reverted)
         outcome.append(ChangeResult(change, result, tuple(steps), tuple(reverted)))
     return outcome

@@ -322,7 +322,8 @@ DRAIN_TOLD_EVERY = 1.0  # seconds between a drain's readings told to the live vi
 
 def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeContext) -> StepDone:
     """Wait until the model is idle here: no pending request and no new inference for the
-    idle window. Nothing is swapped on timeout: the old versions keep serving."""
+    idle window. Nothing is swapped on timeout: the old versions keep serving. A revert's
+    drain (``Step.unless_failed``) ends at its timeout without failing: the revert goes on."""
     policy = step.drain
     assert policy is not None
     if policy.drain_webhook:
@@ -332,6 +333,8 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
              "versions": list(step.versions)},
         )  # fmt: skip
     if context.source is None:
+        if step.unless_failed:
+            return NOTHING  # a revert goes on: without metrics, what is in flight is cut
         raise DrainTimeout(f"server {step.server}: draining {step.model} needs its metrics")
     deadline = timing.clock() + policy.drain_timeout
     quiet_since: float | None = None
@@ -341,6 +344,8 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
     while True:
         figures = context.source.figures(step.model, step.versions)
         now = timing.clock()
+        if step.unless_failed and figures.error is not None:
+            return NOTHING  # unreadable (the server lost, say): the revert does not wait
         idle = figures.error is None and not figures.pending and figures.inferences is not None
         if idle and figures.inferences == last:
             quiet_since = now if quiet_since is None else quiet_since
@@ -361,6 +366,10 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
             timing.events.draining(step, Draining(rate, figures.pending, quiet, policy.idle, left))
             said = now
         last, read_at = figures.inferences, now
+        if step.unless_failed and (now >= deadline or timing.stopping()):
+            # A revert's drain never stops the revert: past its time (or at a shutdown)
+            # what is still in flight is cut, and the old versions go back.
+            return NOTHING
         if now >= deadline:
             raise DrainTimeout(
                 f"server {step.server}: {step.model} did not go idle within "

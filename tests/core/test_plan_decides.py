@@ -16,8 +16,9 @@ from reconciler.core.analysis import concluded
 from reconciler.core.plan.planner import plan
 from reconciler.engine.apply import apply
 from reconciler.engine.change import failed_step
-from reconciler.engine.context import NoEvents, Timing
-from reconciler.engine.steps import EXECUTORS
+from reconciler.engine.context import ChangeContext, NoEvents, Timing
+from reconciler.engine.stages import CUT
+from reconciler.engine.steps import EXECUTORS, execute_step
 from reconciler.model.analysis import (
     AnalysisSpec,
     CheckResult,
@@ -235,6 +236,28 @@ def test_a_drain_tells_what_still_reaches_the_model_and_how_long_it_may_wait() -
         f"2s that end it; at most {flowing[0].left:.0f}s more"
     )
     assert drain_text(ending[-1].as_json()).startswith("draining: no request arriving; quiet")
+
+
+def test_a_revert_drain_ends_at_its_timeout_and_the_revert_goes_on() -> None:
+    """A switch back's drain of the new versions (``Step.unless_failed``) waits for the
+    sequences in flight on them as a drain does, but never stops the revert: past its
+    timeout, or without metrics, what is left is cut and the old versions go back. The
+    forward drain of the same model fails instead (nothing is swapped)."""
+    policy = SequencePolicy(idle=2.0, drain_timeout=5.0)
+    forward = Step("s1", "m", Action.DRAIN, (2,), "drain", drain=policy)
+    revert = replace(forward, unless_failed=True)
+    clock = FakeClock()
+    busy = SequencesEnding(clock, rate=12.0, until=1e9)  # sequences never stop arriving
+    timing = Timing(clock=clock.clock, sleep=clock.sleep)
+    began = clock.now
+    execute_step(server(), revert, timing, ChangeContext(source=busy))
+    assert 5.0 <= clock.now - began <= 6.5, clock.now - began
+    with pytest.raises(DrainTimeout, match="did not go idle within 5s"):
+        execute_step(server(), forward, timing, ChangeContext(source=busy))
+    execute_step(server(), revert, timing, ChangeContext())  # no metrics: cut at once
+    with pytest.raises(DrainTimeout, match="needs its metrics"):
+        execute_step(server(), forward, timing, ChangeContext())
+    assert {FailureKind.AGAINST_VERSIONS, FailureKind.INTERRUPTED} == CUT
 
 
 # -- staged rollouts: baselines and the restarted finish are planned -----------------------------

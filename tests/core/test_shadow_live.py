@@ -424,6 +424,18 @@ def test_the_plan_refuses_a_sequence_model_it_knows_of_through_a_router_without_
     assert drain.weights == {"stable": 0, "canary": 10_000} and drain.watch == 0, drain
     stable = [c for c in affine.changes if c.server in held.stages[-1]]
     assert stable and all(c.steps[0].action is Action.DRAIN for c in stable), stable
+    # A switch back drains the canary's new versions first, unless they failed (then the
+    # sequences in flight on them are cut: engine.stages.CUT); the stable pool's revert,
+    # which the route never left, is as planned.
+    canary = [c for c in affine.changes if c.server in held.stages[0]]
+    assert canary, affine.changes
+    for change in canary:
+        first = change.revert[0]
+        assert (first.action, first.versions, first.unless_failed) == (Action.DRAIN, (2,), True), (
+            change.revert
+        )
+        assert "unless the new versions failed: then they are cut" in first.reason
+    assert all(not s.unless_failed for c in stable for s in c.revert), stable
     plain = DesiredState.build(list(state.servers.values()), [state.deployments["m"]], [kept])
     (unsequenced,) = Pass(plain, fakes(), at_rest()).plan().rollouts
     assert unsequenced.traffic is not None

@@ -25,7 +25,13 @@ import tritonclient.grpc as triton_grpc
 from testkit.cli_run import Reconciler
 from testkit.envoy import POOL_HEADER, LocalEnvoy
 from testkit.local_triton import LocalTriton
-from testkit.manifests import SEQUENCE_MODEL, ManifestRepo, server_doc
+from testkit.manifests import (
+    SEQUENCE_MODEL,
+    ManifestRepo,
+    router_doc,
+    sequence_deployment_doc,
+    server_doc,
+)
 from testkit.sequences import Sequence, SequenceLoad, started_between
 from tests.integration.flows import ready_versions
 from tests.services import envoy_or_skip
@@ -44,41 +50,17 @@ def envoy(triton: LocalTriton, triton_b: LocalTriton, tmp_path: Path) -> Iterato
 
 
 def _router(envoy: LocalEnvoy) -> str:
-    return (
-        "apiVersion: triton-gitops/v1alpha1\n"
-        "kind: Router\n"
-        "metadata: {name: edge}\n"
-        "spec:\n"
-        f"  envoy: {{admin: '{envoy.admin_url}', routesFile: '{envoy.routes_file}'}}\n"
-        f"  sequenceAffinity: {{header: {HEADER}}}\n"
-        "  pools:\n"
-        "    - {name: stable, servers: {names: [a]}}\n"
-        "    - {name: canary, servers: {names: [c]}}\n"
-    )
+    pools = {"stable": ["a"], "canary": ["c"]}
+    return router_doc(envoy.admin_url, pools, routes_file=envoy.routes_file, sequence_header=HEADER)
+
+
+CANARY = (
+    "{router: edge, strategy: canary, stablePool: stable, canaryPool: canary, steps: [10%, 50%]}"
+)
 
 
 def _counter(version: int, fail_later: str = "") -> str:
-    parameters = f"  config: {{parameters: {{fail_later: {{string_value: '{fail_later}'}}}}}}\n"
-    return (
-        "apiVersion: triton-gitops.dev/v1alpha1\n"
-        "kind: ModelDeployment\n"
-        "metadata: {name: counter}\n"
-        "spec:\n"
-        "  servers: {names: [a, c]}\n"
-        f"  versions: [{version}]\n"
-        "  sequence: {idle: 1s, drainTimeout: 60s}\n"
-        + (parameters if fail_later else "")
-        + "  verify:\n"
-        "    analysis:\n"
-        "      interval: 1s\n"
-        "      duration: 2s\n"
-        "      checks:\n"
-        "        - name: success-rate\n"
-        "          successRate: {min: 0.99}\n"
-        "  rollout:\n"
-        "    traffic: {router: edge, strategy: canary, stablePool: stable, canaryPool: canary,\n"
-        "              steps: [10%, 50%]}\n"
-    )
+    return sequence_deployment_doc(version, CANARY, fail_later=fail_later)
 
 
 def _broken(sequences: list[Sequence]) -> list[str]:
@@ -144,7 +126,8 @@ def test_a_sequence_model_rolls_through_envoy_without_breaking_a_client_sequence
     assert ready_versions(triton_b, SEQUENCE_MODEL) == {2}
 
     report = json.loads(good.out)
-    routes = [s["reason"] for s in _steps(report, "a") if s["action"] == "route"]
+    # The route steps are told on the canary's server, which leads the rollout.
+    routes = [s["reason"] for s in _steps(report, "c") if s["action"] == "route"]
     assert any("drain stable: every new sequence to canary" in r for r in routes), routes
     # The stable server changed only after its drain, which saw the sequences in flight end
     # (at least the config's 5 s of quiet: max_sequence_idle_microseconds).

@@ -211,7 +211,11 @@ def traffic_rollout(
         new = next(p for p in traffic.pools if p != old)
     pool_of = {c.server: router.pool_of(desired.servers[c.server]) for c in changes}
     stripped = [
-        replace(c, steps=tuple(s for s in c.steps if s.action is not Action.ANALYZE))
+        replace(
+            c,
+            steps=tuple(s for s in c.steps if s.action is not Action.ANALYZE),
+            revert=_drained_first(c) if pool_of[c.server] == new else c.revert,
+        )
         for c in changes
     ]
     # A first deployment has no old versions to send traffic back to, and no client calls
@@ -288,6 +292,30 @@ def traffic_rollout(
         analyses=analyses,
     )
     return rollout, stripped
+
+
+def _drained_first(change: ModelChange) -> tuple[Step, ...]:
+    """A sequence model's revert on a server of the new pool: after the switch back no new
+    sequence starts there, and unless the new versions failed (``Step.unless_failed``) the
+    sequences in flight on them end there before they go, as the change's own drain."""
+    drain = next((s for s in change.steps if s.action is Action.DRAIN), None)
+    new = tuple(v for v in change.desired if v not in change.serving)
+    if drain is None or drain.drain is None or not new or not change.revert:
+        return change.revert
+    policy = drain.drain
+    step = Step(
+        change.server,
+        change.model,
+        Action.DRAIN,
+        new,
+        f"the sequences in flight on {', '.join(map(str, new))} end here first (no new "
+        f"inference for {policy.idle:g}s; at most {policy.drain_timeout:g}s), unless the "
+        "new versions failed: then they are cut",
+        drain=replace(policy, drain_webhook=None),
+        on_failure=drain.on_failure,
+        unless_failed=True,
+    )
+    return (step, *change.revert)
 
 
 def _shadow_target(

@@ -1,0 +1,194 @@
+"""Good rollouts of a sequence model through a real Envoy, by the reconciler (issue 44's
+goals): no client sequence broken across ``--rollouts`` of them, canary and blue-green in
+turn, and how long each server's drain waited against the lengths of the sequences sent.
+
+Two real tritonservers serve the sequence model ``counter`` (a running sum per sequence,
+times the version): pool ``stable`` = [a], pool ``canary`` = [c], behind one Envoy whose
+route the reconciler keeps by RDS with ``spec.sequenceAffinity`` (mechanism ``session``).
+``--threads`` client threads send sequences of 2 to 40 requests (``--pause`` seconds apart)
+through Envoy all along, each sending the session headers of its START's answer back. Each
+rollout is ``triton-gitops apply`` of the next commit: versions 1 and 2 in turn, two canary
+rollouts (steps 10%, 50%: then the drain phase), then two blue-green ones, and so on; each
+with an analysis (probes on: whole sequences of their own).
+
+Per rollout: its exit code, its wall time, each drain step's seconds (the old pool's waits
+for the sequences in flight there; the idle window is the config's 5 s
+max_sequence_idle_microseconds), and the client sequences that started or broke during it.
+
+    python -m bench.sequence_rollouts [--rollouts 20] [--threads 8] [--pause 0.02]
+        [--output PATH]
+
+Every process started here (two tritonservers, one Envoy) is stopped in finally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness.provenance import host, provenance
+from testkit.cli_run import Reconciler
+from testkit.envoy import POOL_HEADER, LocalEnvoy
+from testkit.local_triton import LocalTriton
+from testkit.manifests import (
+    ManifestRepo,
+    router_doc,
+    sequence_deployment_doc,
+    server_doc,
+    write_model_repository,
+)
+from testkit.sequences import SequenceLoad, broken_between, started_between
+
+HEADER = "x-sequence-id"  # the Router's spec.sequenceAffinity.header
+STRATEGIES = ("canary", "canary", "blueGreen", "blueGreen")  # in turn, rollout by rollout
+
+
+def _router(envoy: LocalEnvoy) -> str:
+    pools = {"stable": ["a"], "canary": ["c"]}
+    return router_doc(envoy.admin_url, pools, routes_file=envoy.routes_file, sequence_header=HEADER)
+
+
+def _traffic(strategy: str) -> str:
+    if strategy == "canary":
+        return (
+            "{router: edge, strategy: canary, stablePool: stable, canaryPool: canary, "
+            "steps: [10%, 50%]}"
+        )
+    return "{router: edge, strategy: blueGreen, pools: [stable, canary]}"
+
+
+def _counter(version: int, strategy: str) -> str:
+    return sequence_deployment_doc(version, _traffic(strategy), duration="3s", drain="120s")
+
+
+def _drains(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        {"server": c["server"], "seconds": s["seconds"], "ok": s["ok"]}
+        for c in report.get("result", {}).get("changes", [])
+        for s in c["steps"]
+        if s["action"] == "drain"
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rollouts", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--pause", type=float, default=0.02, help="seconds between requests")
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    rollouts: list[dict[str, Any]] = []
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench-seq-rollouts-") as scratch:
+        root = Path(scratch)
+        repository = write_model_repository(root / "models")
+        a = LocalTriton(repository, log_file=root / "a.log")
+        c = LocalTriton(repository, log_file=root / "c.log")
+        envoy: LocalEnvoy | None = None
+        try:
+            a.start()
+            c.start()
+            pools = {"stable": [a.grpc_address], "canary": [c.grpc_address]}
+            envoy = LocalEnvoy.of(root / "envoy", pools, {"stable": 10_000}, rds=True).start()
+            manifests = ManifestRepo(root / "manifests")
+            for name, server in (("a", a), ("c", c)):
+                doc = server_doc(name, server.grpc_address, repository, metrics=server.metrics_url)
+                manifests.write(f"servers/{name}.yaml", doc)
+            manifests.write("router.yaml", _router(envoy))
+            manifests.write("counter.yaml", _counter(1, STRATEGIES[0]))
+            manifests.commit("counter 1")
+            reconciler = Reconciler(manifests.url, root / "reconciler")
+            first = reconciler.apply()
+            if first.code != 0:
+                print(first.explain(), file=sys.stderr)
+                return 1
+            load = SequenceLoad(
+                envoy.address, threads=args.threads, pause=args.pause, sessions=True,
+                headers=(HEADER, POOL_HEADER),
+            )  # fmt: skip
+            with load:
+                time.sleep(1.0)
+                for number in range(args.rollouts):
+                    version = 2 if number % 2 == 0 else 1
+                    strategy = STRATEGIES[number % len(STRATEGIES)]
+                    manifests.write("counter.yaml", _counter(version, strategy))
+                    manifests.commit(f"counter {version} ({strategy})")
+                    start = time.monotonic()
+                    applied = reconciler.apply("--output", "json")
+                    end = time.monotonic()
+                    try:
+                        report = json.loads(applied.out)
+                    except ValueError:
+                        report = {}
+                    sequences = load.snapshot()
+                    drains = _drains(report)
+                    row: dict[str, Any] = {
+                        "rollout": number + 1,
+                        "version": version,
+                        "strategy": strategy,
+                        "code": applied.code,
+                        "seconds": round(end - start, 1),
+                        "drains": drains,
+                        "sequences_started": len(list(started_between(sequences, start, end))),
+                        "broken": len(broken_between(sequences, start, end)),
+                    }
+                    if applied.code != 0:
+                        row["explain"] = applied.explain()[-2000:]
+                    rollouts.append(row)
+                    print(
+                        f"rollout {number + 1} ({strategy} to {version}): exit {applied.code}, "
+                        f"{row['seconds']} s, drains "
+                        f"{[round(d['seconds'], 1) for d in drains]}, sequences "
+                        f"{row['sequences_started']}, broken {row['broken']}",
+                        flush=True,
+                    )
+            sequences = load.snapshot()
+        finally:
+            if envoy is not None:
+                envoy.stop()
+            c.stop()
+            a.stop()
+    done = [s for s in sequences if s.ended is not None]
+    durations = sorted(s.ended - s.started for s in done if s.ended is not None)
+    waited = [float(d["seconds"]) for r in rollouts for d in r["drains"] if d["ok"]]
+    summary = {
+        "rollouts": len(rollouts),
+        "converged": sum(1 for r in rollouts if r["code"] == 0),
+        "sequences": len(sequences),
+        "broken": sum(1 for s in sequences if s.broken),
+        "broken_why": sorted({(s.broken or "")[:120] for s in sequences if s.broken}),
+        "sequence_seconds": {
+            "median": round(statistics.median(durations), 3) if durations else None,
+            "p95": round(durations[int(0.95 * (len(durations) - 1))], 3) if durations else None,
+            "max": round(durations[-1], 3) if durations else None,
+        },
+        "drain_seconds": {
+            "count": len(waited),
+            "median": round(statistics.median(waited), 2) if waited else None,
+            "max": round(max(waited), 2) if waited else None,
+        },
+        "wall_minutes": round((time.monotonic() - began) / 60, 1),
+    }
+    print(json.dumps(summary, indent=1), flush=True)
+    report_out = {
+        "benchmark": "sequence_rollouts",
+        "command": "python -m bench.sequence_rollouts " + " ".join(argv or sys.argv[1:]),
+        "host": host(),
+        "provenance": provenance(),
+        "args": vars(args),
+        "summary": summary,
+        "rollouts": rollouts,
+    }
+    if args.output:
+        args.output.write_text(json.dumps(report_out, indent=2, default=str) + "\n")
+    return 0 if summary["broken"] == 0 and summary["converged"] == len(rollouts) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
