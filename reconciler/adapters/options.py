@@ -178,7 +178,7 @@ def _value(action: argparse.Action, raw: Any, source: str) -> Any:
     if action.type is not None and callable(action.type):
         try:
             value = action.type(value)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
             raise OptionSourceError(f"{source}: {raw!r}: {exc}") from exc
     if action.choices is not None and value not in action.choices:
         raise OptionSourceError(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from reconciler.adapters.logs import LOG_FORMATS, LOG_LEVELS
 from reconciler.cli.shell import secret
+from reconciler.core.spec.durations import option_seconds
 from reconciler.model.settings import (
     DEFAULT_HISTORY_DAYS,
     AlertSettings,
@@ -41,12 +42,21 @@ def default_cache() -> Path:
     return Path(base) / "triton-gitops"
 
 
+def seconds(text: str) -> float:
+    """An option's duration (``core.spec.durations.option_seconds``: 30, 0.5, 1m, 1m30s, 500ms),
+    as argparse, the config file and the environment give it."""
+    try:
+        return option_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def seconds_option(
     group: argparse.ArgumentParser | argparse._ArgumentGroup, flag: str, default: float, help: str
 ) -> None:
-    """An option of seconds (a float), its default written once (``help`` shows it with
-    ``%(default)g``)."""
-    group.add_argument(flag, type=float, default=default, metavar="SECONDS", help=help)
+    """An option of a duration (a bare number is seconds), its default written once, in
+    seconds (``help`` shows it with ``%(default)g``)."""
+    group.add_argument(flag, type=seconds, default=default, metavar="DURATION", help=help)
 
 
 def token_file_option(parser: argparse.ArgumentParser) -> None:

@@ -141,3 +141,28 @@ def test_the_command_line_prints_the_warning_and_goes_on(
         "warning: $TRITON_GITOPS_ALLOW_EMTPY is not read and is ignored; did you mean "
         "$TRITON_GITOPS_ALLOW_EMPTY?"
     ) in capsys.readouterr().err
+
+
+def test_every_duration_option_takes_a_duration_as_manifests_write_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 45, point 2: manifests take 1m30s, and so does every option of seconds, on the
+    command line, in the config file and in the environment; a bare number stays seconds.
+    What is neither says both forms (before: "invalid float value: '1m'")."""
+    args = parse_arguments(["run", "--repo", "r", "--interval", "1m", "--jitter", "1.5"], {})
+    assert (args.interval, args.jitter) == (60.0, 1.5)
+    args = parse_arguments(["plan", "--repo", "r", "--call-timeout", "500ms"], {})
+    assert args.call_timeout == 0.5
+    cfg = config_file(tmp_path, "repo: r\ninterval: 1m30s\n")
+    assert parse_arguments(["--config", str(cfg), "run"], {}).interval == 90.0
+    environ = {"TRITON_GITOPS_INTERVAL": "2h", "TRITON_GITOPS_REPO": "r"}
+    assert parse_arguments(["run"], environ).interval == 7200.0
+
+    with pytest.raises(SystemExit):
+        parse_arguments(["run", "--repo", "r", "--interval", "1 minute"], {})
+    said = capsys.readouterr().err
+    assert "argument --interval: '1 minute' is not a duration" in said, said
+    assert "(1m, 1m30s, 500ms, 2h)" in said, said
+    bad = config_file(tmp_path, "repo: r\ninterval: 5min\n")
+    with pytest.raises(OptionSourceError, match=r"cfg.yaml:2.*'5min' is not a duration"):
+        parse_arguments(["--config", str(bad), "run"], {})

@@ -13,6 +13,7 @@ import pytest
 
 from reconciler.core.spec import build
 from reconciler.core.spec.desired import load_desired_state
+from reconciler.core.spec.durations import duration_seconds
 from reconciler.core.spec.schema import KIND_SCHEMAS, schema_defaults
 from reconciler.core.spec.schema import default as schema_default
 from reconciler.model.analysis import AnalysisSpec, NoTraffic
@@ -255,5 +256,5 @@ def test_the_model_values_default_as_the_schema_does(
 ) -> None:
     declared = {f.name: f.default for f in dataclasses.fields(value)}[name]
     given = schema_default(kind, *path)
-    duration = isinstance(given, str) and build._DURATION.match(given)
-    assert declared == (build._seconds(given) if duration else given)
+    seconds = duration_seconds(given) if isinstance(given, str) else None
+    assert declared == (seconds if seconds is not None else given)

@@ -15,9 +15,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from reconciler.core.spec.durations import duration_seconds
 from reconciler.core.spec.pointed import pointed_at
 from reconciler.core.spec.promql import promql_syntax_error
-from reconciler.core.spec.schema import ANY, JsonPath, default, schema_documents
+from reconciler.core.spec.schema import ANY, JsonPath, default
 from reconciler.core.spec.yaml import Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
@@ -50,23 +51,14 @@ from reconciler.model.traffic import (
     TrafficSpec,
 )
 
-# Durations are parsed with the schema's own pattern (common.schema.json#/$defs/duration),
-# so what the schema accepts and what the code reads cannot drift apart: its four groups
-# are the hours, minutes, seconds and milliseconds, each optional.
-_DURATION = re.compile(schema_documents()["common.schema.json"]["$defs"]["duration"]["pattern"])
-_DURATION_UNITS = (3600.0, 60.0, 1.0, 0.001)
 _SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
 
 
 def _seconds(text: str) -> float:
     """A duration as the schema writes it (90s, 1m30s, 2h, 500ms, 1.5s) in seconds."""
-    match = _DURATION.match(text)
-    assert match is not None  # the schema's pattern guarantees the form
-    return sum(
-        float(amount) * unit
-        for amount, unit in zip(match.groups(), _DURATION_UNITS, strict=True)
-        if amount is not None
-    )
+    seconds = duration_seconds(text)
+    assert seconds is not None  # the schema's pattern guarantees the form
+    return seconds
 
 
 def _bytes(value: int | str) -> int:
