@@ -182,6 +182,24 @@ CASES: dict[str, tuple[str, str]] = {
         "# a comment first\n\napiVersion: triton-gitops/v1alpha1\nkind: Gadget  # <-\n",
         "unknown kind 'Gadget'",
     ),
+    # A misspelled kind or key: one problem at its own line, with the name meant (issue 45).
+    "misspelled-kind": (
+        "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeploymnet  # <-\nmetadata: {name: k}\n",
+        "unknown kind 'ModelDeploymnet'; did you mean 'ModelDeployment'?",
+    ),
+    "misspelled-key": (
+        "apiVersion: triton-gitops/v1alpha1\nkind: ModelDeployment\nmetadata: {name: typo}\n"
+        "spec:\n  servers: {names: [edge-a]}\n  version: [1]  # <-\n",
+        "spec: unknown key 'version'; did you mean 'versions'?",
+    ),
+    "misspelled-nested-key": (
+        deployment("nested", "servers: {names: [edge-a]}\n", spec="verify:\n  timout: 30s  # <-\n"),
+        "spec.verify: unknown key 'timout'; did you mean 'timeout'?",
+    ),
+    "unknown-key-nothing-near": (
+        deployment("colour", "servers: {names: [edge-a]}\n", spec="colour: blue  # <-\n"),
+        "spec: unknown key 'colour'",
+    ),
     "version-not-integer": (
         deployment("typed", "servers: {names: [edge-a]}\n", versions="\n    - 1\n    - two  # <-"),
         "spec.versions[1]: 'two' is not a whole number",

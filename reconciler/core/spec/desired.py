@@ -31,9 +31,9 @@ from reconciler.core.spec.schema import (
     LEGACY_API_VERSION,
     as_mapping,
     kind_validators,
-    schema_message,
 )
 from reconciler.core.spec.shadow import attach_shadow_requests
+from reconciler.core.spec.typos import did_you_mean, schema_problems
 from reconciler.core.spec.yaml import Document, plain, yaml_documents
 from reconciler.model.errors import ValidationError
 from reconciler.model.problems import Problem
@@ -89,7 +89,8 @@ def read_manifests(
             problems.append(
                 doc.problem(
                     ("kind",),
-                    f"unknown kind {kind!r} (expected one of {', '.join(sorted(KIND_SCHEMAS))})",
+                    f"unknown kind {kind!r}{did_you_mean(str(kind), KIND_SCHEMAS)} "
+                    f"(expected one of {', '.join(sorted(KIND_SCHEMAS))})",
                 )
             )
             continue
@@ -98,7 +99,7 @@ def read_manifests(
             validators[kind].iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path]
         )
         if errors:
-            problems.extend(doc.problem(tuple(e.absolute_path), schema_message(e)) for e in errors)
+            problems.extend(doc.problem(path, message) for path, message in schema_problems(errors))
             salvaged = _salvaged(validators[kind], data, errors)
             if salvaged is None:
                 unbuilt.add(kind, data)
