@@ -72,6 +72,23 @@ def git_error(exc: git.GitCommandError) -> str:
     return redact(" ".join(lines or [text or "git failed"]))
 
 
+def inside_work_tree(url: str) -> str:
+    """For a local folder that is no repository but lies inside one's work tree (the first
+    try of many: ``--repo examples/repo``), what to give instead; else nothing."""
+    path = Path(url.removeprefix("file://")).expanduser()
+    if "://" in url.removeprefix("file://") or not path.is_dir() or (path / ".git").exists():
+        return ""
+    folder = path.resolve()
+    root = next((p for p in folder.parents if (p / ".git").exists()), None)
+    if root is None:
+        return ""
+    return (
+        f"{url} is a folder inside the Git work tree {root}: give the repository and the "
+        f"folder in it, --repo {root} --path {folder.relative_to(root)} (the manifests are "
+        "read from its commits, not from the files on disk)"
+    )
+
+
 @contextlib.contextmanager
 def _exclusive(lock_file: Path) -> Iterator[None]:
     """Hold an exclusive lock on ``lock_file`` (made if missing) while the block runs."""
@@ -171,7 +188,9 @@ class GitSource:
                     kill_after_timeout=self.fetch_timeout,
                 )
         except git.GitCommandError as exc:
-            raise SourceUnavailable(f"cannot fetch {redact(self.url)}: {git_error(exc)}") from exc
+            said, hint = git_error(exc), inside_work_tree(self.url)
+            said = f"{said.rstrip('.')}. {hint}" if hint else said
+            raise SourceUnavailable(f"cannot fetch {redact(self.url)}: {said}") from exc
         for candidate in (f"refs/remotes/origin/{ref}", f"refs/tags/{ref}", ref):
             try:
                 return repo.commit(candidate)

@@ -84,6 +84,27 @@ def test_vanished_remote_is_a_clear_error(manifests: ManifestRepo, tmp_path: Pat
         source.revision()
 
 
+def test_a_folder_inside_a_work_tree_says_which_repo_and_path_to_give(tmp_path: Path) -> None:
+    """Issue 45, point 1: a newcomer's first try, ``plan --repo examples/repo``, names a
+    folder of a work tree, not a repository: the error says what to give instead. A folder
+    that is in no work tree gets git's complaint alone."""
+    work = tmp_path / "work"
+    (work / "examples" / "repo").mkdir(parents=True)
+    git(work, "init", "--quiet")
+    with pytest.raises(SourceUnavailable) as caught:
+        GitSource(str(work / "examples" / "repo"), tmp_path / "cache").revision()
+    said = str(caught.value)
+    assert "does not appear to be a git repository" in said, said
+    assert f"give the repository and the folder in it, --repo {work.resolve()} --path " in said
+    assert said.rstrip().endswith("not from the files on disk)"), said
+    assert "examples/repo" in said.split("--path", 1)[1], said
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    with pytest.raises(SourceUnavailable) as caught:
+        GitSource(str(alone), tmp_path / "cache2").revision()
+    assert "--path" not in str(caught.value), caught.value
+
+
 def test_credentials_never_appear_in_errors(tmp_path: Path) -> None:
     url = "https://user:s3cr3t-token@127.0.0.1:9/nothing.git"
     assert redact(url) == "https://***@127.0.0.1:9/nothing.git"
