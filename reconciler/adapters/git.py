@@ -78,14 +78,14 @@ def inside_work_tree(url: str) -> str:
     path = Path(url.removeprefix("file://")).expanduser()
     if "://" in url.removeprefix("file://") or not path.is_dir() or (path / ".git").exists():
         return ""
-    folder = path.resolve()
-    root = next((p for p in folder.parents if (p / ".git").exists()), None)
-    if root is None:
+    relative = path_in_work_tree(path)
+    if not relative:
         return ""
+    root = path.resolve().parents[len(Path(relative).parts) - 1]
     return (
         f"{url} is a folder inside the Git work tree {root}: give the repository and the "
-        f"folder in it, --repo {root} --path {folder.relative_to(root)} (the manifests are "
-        "read from its commits, not from the files on disk)"
+        f"folder in it, --repo {root} --path {relative} (the manifests are read from its "
+        "commits, not from the files on disk)"
     )
 
 

@@ -50,7 +50,7 @@ COMMANDS: dict[str, Command] = {
 }
 _HELP_ORDER = (
     "validate", "history", "reconcile", "suspend", "resume", "retry", "abort", "promote",
-    "undo", "plan", "apply", "diff", "gate", "digest", "status", "run", "check",
+    "undo", "plan", "apply", "diff", "gate", "digest", "crds", "status", "run", "check",
 )  # fmt: skip
 
 

@@ -10,6 +10,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from ruamel.yaml import YAML
+
 from reconciler import wiring
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
@@ -24,6 +26,7 @@ from reconciler.cli.shell import (
     print_as,
     problems_at,
 )
+from reconciler.core.spec.crds import crds
 from reconciler.core.spec.desired import read_manifests
 from reconciler.core.spec.rules import promql_without_prometheus
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
@@ -162,8 +165,29 @@ def _digest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _declare_crds(commands: Commands) -> None:
+    commands.add_parser(
+        "crds",
+        help="print the CustomResourceDefinitions of the manifests' kinds",
+        description="Print the CustomResourceDefinitions of TritonServer, ModelDeployment and "
+        "Router, generated from the JSON Schemas, as YAML documents: for a cluster where "
+        "`kubectl explain` and `kubectl apply --dry-run=server` should know the manifests "
+        "(triton-gitops crds | kubectl apply -f -). The reconciler reads the manifests from "
+        "Git, never these objects from the API server.",
+    )
+
+
+def _crds(args: argparse.Namespace) -> int:
+    yaml = YAML()
+    yaml.default_flow_style = False
+    yaml.width = 100
+    yaml.dump_all(crds(), sys.stdout)
+    return EXIT_OK
+
+
 COMMANDS = {
     "validate": Command(_declare_validate, _validate),
+    "crds": Command(_declare_crds, _crds),
     "diff": Command(_declare_diff, _diff),
     "digest": Command(_declare_digest, _digest),
 }

@@ -125,6 +125,11 @@ def _status(args: argparse.Namespace) -> int:
     if whole.no_server_reached:
         print("error: no declared server answered", file=sys.stderr)
         return EXIT_NO_SERVER
+    if whole.invalid:
+        return failed(
+            f"the manifests at {whole.revision} do not validate ({len(whole.invalid)} "
+            f"problem(s)); shown: what the last applied revision {whole.declared_at} declares"
+        )
     return EXIT_OK
 
 

@@ -17,8 +17,10 @@ from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.triton_config import merge, streams
 from reconciler.loop.binding import check_bound
 from reconciler.loop.observation import instances, observe_routers, observe_servers
+from reconciler.model.errors import ValidationError
 from reconciler.model.history import Held, History, Rollout
 from reconciler.model.plan import ModelChange, Plan
+from reconciler.model.problems import Problem
 from reconciler.model.reports import Condition, ModelStatus, StatusReport
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
@@ -30,7 +32,24 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
     """Per server and model: what the manifests ask for, what is served, and why not."""
     manifests = ports.manifests
     revision = manifests.read(manifests.fetch(source.ref), source.path)
-    desired, _ = instances(load_desired_state(revision.files), ports.resolver)
+    invalid: tuple[Problem, ...] = ()
+    declared_at: str | None = None
+    try:
+        declared = load_desired_state(revision.files)
+    except ValidationError as exc:
+        # What serves is still worth seeing: as the last applied revision declares it,
+        # with the head's problems beside it. Nothing applied yet: the problems alone.
+        declared_at = _last_applied(ports, settings, source)
+        if declared_at is None:
+            raise
+        invalid = tuple(exc.problems)
+        try:
+            declared = load_desired_state(
+                manifests.read(manifests.fetch(declared_at), source.path).files
+            )
+        except ValidationError:
+            raise exc from None
+    desired, _ = instances(declared, ports.resolver)
     state = ports.read_state()
     try:
         # Another repository's record would read as this one's history.
@@ -116,7 +135,19 @@ def status(source: Source, settings: Settings, ports: Ports) -> StatusReport:
         },
         _conditions(models, history, rfc3339(time.time())),
         no_server_reached=bool(serving) and not any(s.reachable for s in serving.values()),
+        invalid=invalid,
+        declared_at=declared_at,
     )
+
+
+def _last_applied(ports: Ports, settings: Settings, source: Source) -> str | None:
+    """The revision the last pass applied, from the state store bound to this source."""
+    state = ports.read_state()
+    try:
+        check_bound(state, ports.manifests.location, source.path, str(settings.state_path))
+        return state.history().revision
+    finally:
+        state.close()
 
 
 def _conditions(

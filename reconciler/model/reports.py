@@ -10,6 +10,7 @@ from typing import Any
 
 from reconciler.model.history import Held, Rollout
 from reconciler.model.plan import Plan
+from reconciler.model.problems import Problem
 from reconciler.model.results import ApplyResult, FailureKind
 from reconciler.model.spec import ModelDeployment
 
@@ -131,6 +132,11 @@ class StatusReport:
     conditions: Mapping[str, tuple[Condition, ...]] = field(default_factory=dict)
     # Servers are declared and not one of them answered (``status`` exits 3).
     no_server_reached: bool = False
+    # The manifests at ``revision`` do not validate: each problem; the rows are then what
+    # the last applied revision declares (``declared_at``), as Argo CD shows an application
+    # whose source cannot be read with a condition saying so.
+    invalid: tuple[Problem, ...] = ()
+    declared_at: str | None = None
 
     def narrowed(self, model: str | None, server: str | None) -> StatusReport:
         """Only this model's and this server's rows (None: all), with the conditions of the

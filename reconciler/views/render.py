@@ -27,11 +27,18 @@ def _list(versions: tuple[int, ...]) -> str:
     return ", ".join(map(str, versions)) if versions else "none"
 
 
+def _planned_step_json(step: Step) -> dict[str, Any]:
+    """A planned step; a load's with the whole config it sends (the repository's
+    config.pbtxt merged with spec.config, version_policy set): what Triton will be given."""
+    config = {"config": step.config} if step.action is Action.LOAD and step.config else {}
+    return {**step_json(step), **config}
+
+
 def plan_json(plan: Plan) -> dict[str, Any]:
     return {
         "format_version": FORMAT_VERSION,
         "revision": plan.revision,
-        "steps": [step_json(step) for step in plan.steps],
+        "steps": [_planned_step_json(step) for step in plan.steps],
         "changes": [
             {
                 "server": c.server,
@@ -430,6 +437,13 @@ def status_text(report: StatusReport) -> str:
     lines = [
         f"revision {report.revision} (last applied: {report.last_applied or 'none'})",
     ]
+    if report.invalid:
+        lines.append(
+            f"MANIFESTS INVALID at {report.revision[:12]}: {len(report.invalid)} problem(s); "
+            f"the rows are what the last applied revision {str(report.declared_at)[:12]} "
+            "declares, and nothing is applied until a commit fixes them"
+        )
+        lines.extend(f"  {problem}" for problem in report.invalid)
     server = None
     for m in report.models:
         if m.server != server:
@@ -466,6 +480,14 @@ def status_json(report: StatusReport) -> str:
             "format_version": FORMAT_VERSION,
             "revision": report.revision,
             "last_applied": report.last_applied,
+            # Argo CD's ComparisonError, as one condition of the whole source.
+            "manifests": {
+                "valid": not report.invalid,
+                "declared_at": report.declared_at or report.revision,
+                "problems": [
+                    {"file": p.file, "line": p.line, "message": p.message} for p in report.invalid
+                ],
+            },
             "unreachable": dict(report.unreachable),
             "routes": dict(report.routes),
             "last_pass": _last_pass_json(report.last_pass),

@@ -140,7 +140,12 @@ class FakeState:
         )
 
     def last_pass(self) -> dict[str, Any] | None:
-        return {"revision": self.passes[-1]["revision"]} if self.passes else None
+        if not self.passes:
+            return None
+        last = self.passes[-1]  # as the store's: revision, ok, summary (no clock here)
+        return {"revision": last["revision"], "finished_at": None, "ok": last["ok"]} | {
+            "summary": last["summary"]
+        }
 
     def bound_source(self) -> tuple[str, str] | None:
         return self.bound

@@ -19,9 +19,10 @@ from reconciler.core.conditions import (
 from reconciler.core.records import rfc3339
 from reconciler.loop.reconcile import reconcile
 from reconciler.loop.status import status
+from reconciler.model.errors import ValidationError
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
-from reconciler.views.render import status_json
+from reconciler.views.render import status_json, status_text
 from tests.core.pass_fakes import FakeClient, World, deployment_yaml, server_yaml
 
 NOW = "2026-12-01T22:13:05Z"
@@ -206,3 +207,43 @@ def test_a_rollout_held_by_this_pass_is_stalled_from_this_pass(tmp_path: Path) -
         ("Reconciling", "False", "Held", EARLIER),
         ("Stalled", "True", "RolloutFailed", stalled_since),
     ]
+
+
+def test_status_with_invalid_manifests_at_the_head_still_shows_what_serves(
+    tmp_path: Path,
+) -> None:
+    """Issue 45, point 5: a broken commit at the tracked head left `status` with the errors
+    alone. It shows the rows as the last applied revision declares them, with the head's
+    problems beside them as one condition of the source (Argo CD's ComparisonError); with
+    nothing applied yet, the problems alone, as before."""
+    world, settings = one_server(tmp_path)
+    deploy(world, 1)
+    applied = world.manifests.head
+    reconcile(SOURCE, settings, world.ports(), apply_changes=True)
+    broken = world.manifests.commit(
+        {
+            "servers/s1.yaml": server_yaml("s1"),
+            "models/echo.yaml": deployment_yaml("echo", (2,), ["s1"]).replace(
+                "versions:", "version:"
+            ),
+        }
+    )
+
+    report = status(SOURCE, settings, world.ports())
+    shown = json.loads(status_json(report))
+    assert shown["revision"] == broken and shown["manifests"]["declared_at"] == applied, shown
+    assert shown["manifests"]["valid"] is False
+    assert [p["message"] for p in shown["manifests"]["problems"]] == [
+        "spec: unknown key 'version'; did you mean 'versions'?"
+    ], shown["manifests"]
+    rows = [(m["model"], m["desired"], m["serving"], m["state"]) for m in shown["models"]]
+    assert rows == [("echo", [1], [1], "in-sync")], rows
+    text = status_text(report)
+    assert f"MANIFESTS INVALID at {broken[:12]}: 1 problem(s)" in text, text
+    assert "models/echo.yaml:" in text and "did you mean 'versions'" in text, text
+
+    fresh, settings = one_server(tmp_path / "fresh")
+    typo = deployment_yaml("echo", (1,), ["s1"]).replace("ModelDeployment", "ModelDeploymnet")
+    fresh.manifests.commit({"servers/s1.yaml": server_yaml("s1"), "models/echo.yaml": typo})
+    with pytest.raises(ValidationError):
+        status(SOURCE, settings, fresh.ports())

@@ -31,9 +31,10 @@ from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.triton_config import merge
 from reconciler.model.errors import ValidationError
 from reconciler.model.history import Held, History
-from reconciler.model.plan import Plan, PlanProblem
+from reconciler.model.plan import Action, Plan, PlanProblem
 from reconciler.model.problems import Problem
 from reconciler.model.spec import DesiredState
+from reconciler.views.render import plan_json
 from reconciler.views.review import (
     diff_json,
     diff_markdown,
@@ -688,3 +689,20 @@ def test_problems_json() -> None:
         ],
     }
     assert problems_json([]) == {"format_version": "1", "valid": True, "problems": []}
+
+
+def test_plan_json_gives_the_config_each_load_sends() -> None:
+    """Issue 45, point 5: docs/troubleshooting.md sends the reader to `plan --output json`
+    for the config a load sends (config.pbtxt merged with spec.config, version_policy set
+    by the reconciler); each load step carries it, and no other step does."""
+    planned = head_plan()
+    steps = plan_json(planned)["steps"]
+    loads = [s for s in steps if s["action"] == "load"]
+    assert loads, [s["action"] for s in steps]
+    sources = [s for s in planned.steps if s.action is Action.LOAD]
+    for step, source in zip(loads, sources, strict=True):
+        assert step["config"] == source.config, step
+        assert step["config"]["version_policy"] == {"specific": {"versions": step["versions"]}}, (
+            step
+        )
+    assert all("config" not in s for s in steps if s["action"] != "load"), steps

@@ -45,6 +45,7 @@ from reconciler.adapters.options import ConfigFile, known_keys, misspelled_varia
 from reconciler.adapters.pod_readiness import CONDITION as READINESS_CONDITION
 from reconciler.cli import build_parser, parse_arguments
 from reconciler.core.sequence_affinity import walk
+from reconciler.core.spec.crds import crds
 from reconciler.core.spec.desired import load_desired_state, read_manifests
 from reconciler.core.spec.rules import analysis_source_problems
 from reconciler.core.spec.shadow import MAX_SHADOW_FILE_BYTES
@@ -529,6 +530,23 @@ def test_kustomize_renders_every_object() -> None:
     assert {(o["kind"], o["metadata"]["name"]) for o in objects} == {
         (o["kind"], o["metadata"]["name"]) for o in kube_objects()
     }
+
+
+def test_kustomize_renders_the_crds_as_generated() -> None:
+    """examples/deploy/crds: the optional CustomResourceDefinitions (issue 45, point 4),
+    rendered by kubectl's kustomize as ``triton-gitops crds`` generates them."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed")
+    rendered = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "examples" / "deploy" / "crds")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert rendered.returncode == 0, rendered.stderr
+    objects = [d for d in YAML(typ="safe").load_all(rendered.stdout) if d is not None]
+    names = sorted(o["metadata"]["name"] for o in objects)
+    assert names == sorted(c["metadata"]["name"] for c in crds()), names
+    assert {o["kind"] for o in objects} == {"CustomResourceDefinition"}
 
 
 # -- the reconciler's Deployment, Service, ConfigMap and Secret -------------------------------
