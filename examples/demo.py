@@ -6,7 +6,9 @@ then: applies version 1; commits a bump to version 2 and applies it while a clie
 sending requests (analysis passes, version 1 is unloaded); commits version 3, which fails to
 load (version 2 keeps serving, the ModelDeployment is held); commits version 4, which loads
 but fails requests: the analysis catches it, version 2 serves again within milliseconds, and
-a revert commit lands in Git. Everything it starts is stopped at the end.
+a revert commit lands in Git. Everything it starts is stopped at the end; with ``--stay``
+the Triton and the Git repository stay up once it is done, for you to try ``status``, ``plan``
+and ``history`` on them with the options it prints, until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import compileall
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -104,7 +107,39 @@ class Client:
         self.thread.join()
 
 
-def demo(workdir: Path) -> int:
+def try_it(workdir: Path, options: list[str], work: Path) -> list[str]:
+    """What to type to explore what the demo left running: the commands on the PATH, then
+    ``status``, ``plan`` and ``history`` with the demo's own options, then the clone to edit."""
+    activate = Path(sys.executable).parent / "activate"
+    state = str(workdir / "state.db")
+    return [
+        f"source {activate}    # puts triton-gitops on the PATH",
+        f"triton-gitops status {' '.join(options)}",
+        f"triton-gitops plan {' '.join(options)}",
+        f"triton-gitops history --state {state}",
+        f"cd {work}    # the manifests' clone: edit, git commit, git push origin HEAD:main,",
+        f"triton-gitops apply {' '.join(options)}    # ...then apply it",
+    ]
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def stay(lines: list[str]) -> None:
+    """Wait, the demo's Triton and Git repository up, until Ctrl-C (or SIGTERM)."""
+    banner("the demo's Triton and Git repository stay up: try them (Ctrl-C ends it)")
+    for line in lines:
+        print(f"$ {line}", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("\nstopping the demo's Triton", flush=True)
+
+
+def demo(workdir: Path, stay_up: bool = False) -> int:
     models = workdir / "model-repository"
     shutil.copytree(EXAMPLES / "model-repository", models)  # symlinks become files
     compileall.compile_dir(models, quiet=1)
@@ -187,6 +222,8 @@ def demo(workdir: Path) -> int:
         print(git(workdir, "--git-dir", str(remote), "log", "-1", "--format=%an: %B", "main"))
         run("history", "--state", str(workdir / "state.db"))
         print("\ndemo finished: every step behaved as intended")
+        if stay_up:
+            stay(try_it(workdir, options, work))
         return 0
     finally:
         triton.stop()
@@ -195,10 +232,16 @@ def demo(workdir: Path) -> int:
 def cli() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--keep", action="store_true", help="keep the demo's work folder")
+    parser.add_argument(
+        "--stay",
+        action="store_true",
+        help="once done, keep its Triton and Git repository up and print the commands to try "
+        "on them (status, plan, history), until Ctrl-C",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="triton-gitops-demo-"))
     try:
-        return demo(workdir)
+        return demo(workdir, stay_up=args.stay)
     finally:
         if args.keep:
             print(f"work folder kept: {workdir}")

@@ -6,6 +6,7 @@ examples checked against pyproject.toml, the one setting (testkit/release.py).""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from ruamel.yaml import YAML
 
+from reconciler.cli import parse_arguments
 from testkit.local_triton import LocalTriton
 from testkit.manifests import git
 from testkit.release import (
@@ -230,3 +232,23 @@ def test_the_wheel_installed_by_the_ci_examples_runs_the_demo_commands(
     assert ready_versions(triton, "echo") == {1}
     history = run("history", "--state", str(tmp_path / "state.db"))
     assert history.returncode == 0 and "echo" in history.stdout, history
+
+
+def test_the_demos_try_it_commands_are_what_the_command_line_takes(tmp_path: Path) -> None:
+    """Issue 45, point 1: ``./dev demo --stay`` prints the commands to explore what it left
+    up; each ``triton-gitops`` line parses as given (the options belong to its command),
+    and the first puts the virtualenv's triton-gitops on the PATH."""
+    spec = importlib.util.spec_from_file_location(
+        "demo", Path(__file__).resolve().parents[1] / "examples" / "demo.py"
+    )
+    assert spec is not None and spec.loader is not None
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    options = ["--repo", (tmp_path / "m.git").as_uri(), "--state", str(tmp_path / "state.db")]
+    lines = demo.try_it(tmp_path, [*options, "--cache-dir", str(tmp_path / "c")], tmp_path / "w")
+    assert lines[0].startswith(f"source {Path(sys.executable).parent / 'activate'}"), lines
+    commands = [line.split("#")[0].split() for line in lines if line.startswith("triton-gitops")]
+    assert [c[1] for c in commands] == ["status", "plan", "history", "apply"], commands
+    for words in commands:
+        args = parse_arguments(words[1:], {})
+        assert args.state == tmp_path / "state.db", words
