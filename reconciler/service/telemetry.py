@@ -28,11 +28,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     Info,
+    disable_created_metrics,
 )
 
 from reconciler import __version__
@@ -95,8 +99,15 @@ class ReconcilerMetrics:
     """The reconciler's own Prometheus metrics, in a registry of their own."""
 
     def __init__(self) -> None:
+        # No ``_created`` twin of every counter and histogram: nothing reads them, and they
+        # double the series a scrape stores (prometheus_client's switch is process-wide).
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         r = self.registry
+        # What a Prometheus user expects of any process (process_resident_memory_bytes, open
+        # fds, CPU seconds; python_info, python_gc_*): the default registry's collectors.
+        for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+            r.register(collector)
         self.pass_duration = Histogram(
             "triton_gitops_pass_duration_seconds",
             "Duration of reconcile passes",
@@ -179,10 +190,10 @@ class ReconcilerMetrics:
             "1 for the state each model on each server is in after the last pass (one of "
             + ", ".join(MODEL_STATES)
             + "), 0 for the others",
-            ["server", "model", "state"],
+            ["server", "model", "deployment", "state"],
             registry=r,
         )
-        self._model_states: set[tuple[str, str]] = set()
+        self._model_states: set[tuple[str, str, str]] = set()  # server, model, deployment
         self.serving = Gauge(
             "triton_gitops_server_serving",
             "1 when the server serves every model placed on it as the last pass intended "
@@ -292,7 +303,9 @@ class ReconcilerMetrics:
         rule or panel reads for the label sets the manifests name that has none yet (per
         server, placed model, deployment with a shadow phase); label sets the manifests no
         longer name leave the metrics."""
-        self.set_model_states(model_states(report))
+        self.set_model_states(
+            model_states(report), {key: d.name for key, d in report.placed.items()}
+        )
         shadowed = {
             deployment.name
             for deployment in report.placed.values()
@@ -316,16 +329,28 @@ class ReconcilerMetrics:
             counter.labels(*key)  # 0 when new; a count already there stays
         self._named[counter] = keys
 
-    def set_model_states(self, states: Mapping[tuple[str, str], str]) -> None:
-        """Each (server, model)'s state after a pass; models no pass reports any more leave
-        the metric."""
-        for key in self._model_states - set(states):
+    def set_model_states(
+        self,
+        states: Mapping[tuple[str, str], str],
+        deployments: Mapping[tuple[str, str], str] | None = None,
+    ) -> None:
+        """Each (server, model)'s state after a pass, labelled with the ModelDeployment
+        that places it there (``deployments``; empty where none does); models no pass
+        reports any more leave the metric."""
+        named = {
+            (server, model, (deployments or {}).get((server, model), ""))
+            for server, model in states
+        }
+        for key in self._model_states - named:
             for state in MODEL_STATES:
                 self.model_state.remove(*key, state)
-        for (server, model), current in states.items():
+        for server, model, deployment in named:
+            current = states[(server, model)]
             for state in MODEL_STATES:
-                self.model_state.labels(server, model, state).set(1 if state == current else 0)
-        self._model_states = set(states)
+                self.model_state.labels(server, model, deployment, state).set(
+                    1 if state == current else 0
+                )
+        self._model_states = named
 
     def shadow_compared(self, deployment: str, outcome: str) -> None:
         """One mirrored request's outcome at the comparator (``adapters/comparator.py``)."""

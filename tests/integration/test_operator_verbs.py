@@ -150,7 +150,9 @@ def test_a_running_service_honours_a_suspend_and_reports_each_models_state(
         wait_until(lambda: ready_versions(triton, "other") == {2}, 30, "other on 2")
         assert ready_versions(triton, "echo") == {1}
         metrics = service.metrics()
-        state_of = 'triton_gitops_model_state{{model="{}",server="edge-a",state="{}"}}'
+        state_of = (
+            'triton_gitops_model_state{{deployment="{0}",model="{0}",server="edge-a",state="{1}"}}'
+        )
         assert metrics[state_of.format("echo", "suspended")] == 1
         assert metrics[state_of.format("echo", "in-sync")] == 0
         assert metrics[state_of.format("other", "in-sync")] == 1
@@ -224,7 +226,9 @@ def test_reconcile_through_the_service_fails_while_a_deployment_is_held(
         manifests.url, tmp_path / "svc", ("--operator-tokens-file", str(tokens))
     ).start()
     url = f"http://127.0.0.1:{service.port}"
-    state_of = 'triton_gitops_model_state{{model="echo",server="edge-a",state="{}"}}'
+    state_of = (
+        'triton_gitops_model_state{{deployment="echo",model="echo",server="edge-a",state="{}"}}'
+    )
     try:
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "echo deployed")
         service.wait_passes(0, 60, "the first pass")

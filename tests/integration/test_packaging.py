@@ -402,9 +402,9 @@ def exported_metric_names() -> set[str]:
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split(" ", 3)
             if kind == "histogram":
-                names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count", f"{name}_created"}
+                names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
             elif kind == "summary":
-                names |= {f"{name}_sum", f"{name}_count", f"{name}_created"}
+                names |= {f"{name}_sum", f"{name}_count"}
             else:
                 names.add(name)
         elif line and not line.startswith("#"):

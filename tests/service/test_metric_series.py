@@ -167,3 +167,25 @@ def test_a_pass_names_the_series_of_its_servers_models_and_shadowed_deployments_
         m.name for m in metrics.registry.collect() for s in m.samples if s.labels.get("deployment")
     }
     assert names == set(), f"shadow series without a shadow phase: {names}"
+
+
+def test_the_metrics_are_as_a_prometheus_user_expects_them() -> None:
+    """Issue 45, point 3: the process's own series (the memory bound the example promises
+    is read from process_resident_memory_bytes), no ``_created`` twin of every counter, and
+    each model's state labelled with the ModelDeployment that places it (a model can be
+    placed by a deployment of another name)."""
+    metrics = ReconcilerMetrics()
+    ranker = through_edge(None)  # ModelDeployment ranker places model other
+    placed = {("edge-b", "other"): ranker}
+    plan = Plan("abc", in_sync=(("edge-b", "other"),))
+    metrics.after_pass(PassReport("abc", plan, servers={"edge-b": "edge-b:8001"}, placed=placed))
+    samples = {s.name: s for m in metrics.registry.collect() for s in m.samples}
+    expected = {"process_resident_memory_bytes", "process_cpu_seconds_total", "python_info"}
+    assert expected <= set(samples), f"missing: {sorted(expected - set(samples))}"
+    created = sorted(name for name in samples if name.endswith("_created"))
+    assert created == [], f"_created series exported: {created}"
+    state = metrics.registry.get_sample_value(
+        "triton_gitops_model_state",
+        {"server": "edge-b", "model": "other", "deployment": "ranker", "state": "in-sync"},
+    )
+    assert state == 1.0, f"in-sync of model other by deployment ranker: {state}"
