@@ -13,7 +13,9 @@ with an analysis (probes on: whole sequences of their own).
 
 Per rollout: its exit code, its wall time, each drain step's seconds (the old pool's waits
 for the sequences in flight there; the idle window is the config's 5 s
-max_sequence_idle_microseconds), and the client sequences that started or broke during it.
+max_sequence_idle_microseconds), the client sequences that started or broke during it, and
+at each canary weight strictly between 0 and 100% (Envoy's runtime, read every 50 ms) the
+share of new sequences the canary took, against max(3 SE, 2 pp) of the weight.
 
     python -m bench.sequence_rollouts [--rollouts 20] [--threads 8] [--pause 0.02]
         [--output PATH]
@@ -24,17 +26,20 @@ Every process started here (two tritonservers, one Envoy) is stopped in finally.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.harness.provenance import host, provenance
 from testkit.cli_run import Reconciler
-from testkit.envoy import POOL_HEADER, LocalEnvoy
+from testkit.envoy import POOL_HEADER, LocalEnvoy, pool_weight
 from testkit.local_triton import LocalTriton
 from testkit.manifests import (
     ManifestRepo,
@@ -43,7 +48,7 @@ from testkit.manifests import (
     server_doc,
     write_model_repository,
 )
-from testkit.sequences import SequenceLoad, broken_between, started_between
+from testkit.sequences import Sequence, SequenceLoad, broken_between, started_between
 
 HEADER = "x-sequence-id"  # the Router's spec.sequenceAffinity.header
 STRATEGIES = ("canary", "canary", "blueGreen", "blueGreen")  # in turn, rollout by rollout
@@ -65,6 +70,69 @@ def _traffic(strategy: str) -> str:
 
 def _counter(version: int, strategy: str) -> str:
     return sequence_deployment_doc(version, _traffic(strategy), duration="3s", drain="120s")
+
+
+class CanaryWeights:
+    """Envoy's runtime weight of pool canary (of 10,000), read every 50 ms while the
+    rollouts run: each change with the time it was first seen."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = admin_url
+        self.changes: list[tuple[float, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> CanaryWeights:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                weight: int | None = pool_weight(self.admin_url, "canary")
+            except (OSError, ValueError):
+                weight = None
+            if weight is not None and (not self.changes or self.changes[-1][1] != weight):
+                self.changes.append((time.monotonic(), weight))
+            time.sleep(0.05)
+
+
+SETTLE = 0.2  # seconds after a weight change before new sequences are counted against it
+
+
+def weight_shares(
+    sequences: list[Sequence],
+    changes: list[tuple[float, int]],
+    new: int,
+    start: float,
+    end: float,
+) -> list[dict[str, Any]]:
+    """Per period of one canary weight strictly between 0 and 100% within [start, end)
+    (at least 1 s and 20 sequences): the share of the sequences started in it whose START
+    the new version answered (during the canary's steps it runs on the canary pool alone;
+    at 0 and 100% the stable pool may already run it too), against the weight, within
+    max(3 standard errors, 2 points) as issue 44 asks."""
+    bounds = [*changes, (math.inf, -1)]
+    periods = []
+    for (began, weight), (ended, _) in itertools.pairwise(bounds):
+        lo, hi = max(began + SETTLE, start), min(ended, end)
+        if hi - lo < 1.0 or not 0 < weight < 10_000:
+            continue
+        started = [s for s in started_between(sequences, lo, hi) if s.scale is not None]
+        if len(started) < 20:
+            continue
+        w = weight / 10_000
+        share = sum(1 for s in started if s.scale == new) / len(started)
+        bound = max(3 * math.sqrt(w * (1 - w) / len(started)), 0.02)
+        periods.append(
+            {"weight": w, "sequences": len(started), "share": round(share, 4),
+             "within": abs(share - w) <= bound, "bound": round(bound, 4)}
+        )  # fmt: skip
+    return periods
 
 
 def _drains(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -112,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 envoy.address, threads=args.threads, pause=args.pause, sessions=True,
                 headers=(HEADER, POOL_HEADER),
             )  # fmt: skip
-            with load:
+            with load, CanaryWeights(envoy.admin_url) as weights:
                 time.sleep(1.0)
                 for number in range(args.rollouts):
                     version = 2 if number % 2 == 0 else 1
@@ -137,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                         "drains": drains,
                         "sequences_started": len(list(started_between(sequences, start, end))),
                         "broken": len(broken_between(sequences, start, end)),
+                        "weights": weight_shares(sequences, weights.changes, version, start, end),
                     }
                     if applied.code != 0:
                         row["explain"] = applied.explain()[-2000:]
@@ -145,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"rollout {number + 1} ({strategy} to {version}): exit {applied.code}, "
                         f"{row['seconds']} s, drains "
                         f"{[round(d['seconds'], 1) for d in drains]}, sequences "
-                        f"{row['sequences_started']}, broken {row['broken']}",
+                        f"{row['sequences_started']}, broken {row['broken']}, shares "
+                        f"{[(p['weight'], p['share'], p['within']) for p in row['weights']]}",
                         flush=True,
                     )
             sequences = load.snapshot()
@@ -173,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
             "median": round(statistics.median(waited), 2) if waited else None,
             "max": round(max(waited), 2) if waited else None,
         },
+        "weight_periods": sum(len(r["weights"]) for r in rollouts),
+        "weight_periods_within": sum(p["within"] for r in rollouts for p in r["weights"]),
         "wall_minutes": round((time.monotonic() - began) / 60, 1),
     }
     print(json.dumps(summary, indent=1), flush=True)

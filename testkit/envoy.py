@@ -56,6 +56,14 @@ SEQUENCE_HEADER = "x-sequence-id"
 AFFINITIES = ("", "hash", "session")
 
 
+def pool_weight(admin_url: str, pool: str, route: str = "triton") -> int:
+    """The runtime weight of ``pool`` (out of WEIGHT_SCALE) as Envoy's admin API reads it
+    now (``GET /runtime``); 0 where the key is not set."""
+    with urllib.request.urlopen(f"{admin_url}/runtime", timeout=2) as answer:
+        entries = json.load(answer)["entries"]
+    return int(entries.get(f"routing.{route}.{pool}", {}).get("final_value", 0))
+
+
 def _header(name: str, value: str) -> dict[str, Any]:
     return {
         "header": {"key": name, "value": value},

@@ -76,6 +76,7 @@ LONGEST_FIRST = (
     "tests/integration/test_reconcile.py",
     "tests/adapters/test_metrics_more.py",
     "tests/integration/test_dashboard_live.py",
+    "tests/integration/test_sequence_rollout.py",  # one test of about 55 s
 )
 LAST = ("tests/integration/test_image.py",)
 

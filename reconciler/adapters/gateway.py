@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import urllib3.exceptions
@@ -66,6 +66,10 @@ def _unanswered(exc: urllib3.exceptions.HTTPError) -> str:
     # MaxRetryError wraps the reason (connection refused, timed out) in a long sentence.
     reason = getattr(exc, "reason", None)
     return str(reason or exc)
+
+
+def _said(persistence: Mapping[str, Any]) -> str:
+    return ", ".join(f"{key} {value}" for key, value in sorted(persistence.items()))
 
 
 def _mirror_share(mirror: Mapping[str, Any]) -> int:
@@ -135,12 +139,18 @@ class GatewayRouter:
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             # A route the schema would not admit (a weight that is no number...): data too.
             return RouteState(router=self.spec.name, reachable=False, error=self._unreadable(exc))
-        return RouteState(router=self.spec.name, reachable=True, weights=weights, mirror=mirror)
+        return RouteState(
+            router=self.spec.name,
+            reachable=True,
+            weights=weights,
+            mirror=mirror,
+            affinity_drift=self._affinity_drift(rule),
+        )
 
     def route(self, weights: Mapping[str, int], mirror: Mapping[str, int]) -> None:
-        """Set every pool's weight and mirror share in one ``PUT`` of the route. A 409
-        Conflict (the route changed since it was read) is read and made again, up to
-        ``conflict_retries`` times. No identity (see ``identity``)."""
+        """Set every pool's weight and mirror share in one ``PUT`` of the route
+        (``_replace``: read again and made again on a conflict). No identity (see
+        ``identity``)."""
         pools = {p.name for p in self.spec.pools}
         if set(weights) != pools or not set(mirror) <= set(self.spec.mirror_targets):
             # A caller's mistake, not the router's: the plan always names every pool.
@@ -148,10 +158,31 @@ class GatewayRouter:
                 f"router {self.spec.name}: weights for {sorted(weights)} and mirror for "
                 f"{sorted(mirror)}, its pools are {sorted(pools)}"
             )
+        self._replace(lambda route: self._routed(route, weights, mirror))
+
+    def keep_affinity(self) -> None:
+        """The rule's ``sessionPersistence`` (Gateway API's experimental channel, GEP-1619:
+        type Header, named by the Router's header) written where the route lacks it; what
+        else the rule's session persistence says (timeouts) is kept. An API server whose
+        GRPCRoute CRD is the standard channel's drops the field: read back, that is an
+        error saying so, not a drift written again at every pass."""
+        self._replace(self._persisted)
+        if self._affinity_drift(self._rule(self._read())):
+            raise RouterUnavailable(
+                f"{self._where}: the API server dropped the rule's sessionPersistence: its "
+                "GRPCRoute CRD is the Gateway API's standard channel; sequence affinity needs "
+                "the experimental channel's CRDs (and a Gateway implementation that supports "
+                "session persistence)"
+            )
+
+    def _replace(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """One ``PUT`` of the route as read, changed by ``change``. A 409 Conflict (the route
+        changed since it was read) is read and made again, up to ``conflict_retries``
+        times."""
         for attempt in range(self.conflict_retries + 1):
             route = self._read()
             try:
-                body = self._routed(route, weights, mirror)
+                body = change(route)
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 raise RouterUnavailable(self._unreadable(exc)) from exc
             try:
@@ -181,13 +212,32 @@ class GatewayRouter:
                 ) from exc
             return
 
-    def keep_affinity(self) -> None:
-        """Never asked: validation refuses spec.sequenceAffinity on a Gateway API Router
-        (session persistence is in the experimental channel only; README, *Routers*)."""
-        raise RouterUnavailable(
-            f"router {self.spec.name}: sequence affinity through the Gateway API is not "
-            "written by the reconciler"
-        )
+    def _persistence(self) -> dict[str, str] | None:
+        """What the rule's sessionPersistence must say for the Router's sequence affinity."""
+        affinity = self.spec.sequence_affinity
+        return None if affinity is None else {"type": "Header", "sessionName": affinity.header}
+
+    def _affinity_drift(self, rule: Mapping[str, Any]) -> tuple[str, ...]:
+        wanted = self._persistence()
+        if wanted is None:
+            return ()
+        found = rule.get("sessionPersistence")
+        if not isinstance(found, Mapping):
+            return (f"rule {self.gateway.rule} has no sessionPersistence ({_said(wanted)})",)
+        if any(found.get(key) != value for key, value in wanted.items()):
+            return (f"rule {self.gateway.rule}'s sessionPersistence is {_said(found)}, not "
+                    f"{_said(wanted)}",)  # fmt: skip
+        return ()
+
+    def _persisted(self, route: Mapping[str, Any]) -> dict[str, Any]:
+        body = copy.deepcopy(dict(route))
+        rule = self._rule(body)
+        found = rule.get("sessionPersistence")
+        rule["sessionPersistence"] = {
+            **(found if isinstance(found, Mapping) else {}),
+            **(self._persistence() or {}),
+        }
+        return body
 
     def identity(self) -> None:
         """None: no identity check applies. The weights live in the route object, which

@@ -80,6 +80,7 @@ def run_steps(
                 footprint=context.footprint if step.action is Action.LOAD else None,
                 version_costs=context.version_costs if step.action is Action.LOAD else {},
                 stream_wait=context.stream_wait if step.action is Action.UNLOAD else None,
+                cut=context.cut if step.action is Action.DRAIN else None,
             )
         )
         progress(results[-1])
@@ -139,13 +140,15 @@ def prepare_analysis(
             context.counted_from = before_ready(before)
     if not step.analysis.probes.enabled:
         return
-    interface = context.interface
+    interface, unread = context.interface, None
     if interface is None and step.baseline:
         try:
             interface = control.interface(step.model, max(step.baseline))
-        except VerifyFailed:
-            interface = None  # the probes read the new version's instead
-    context.prober = Prober.prepare(control, step, step.analysis.probes, timing.clock, interface)
+        except VerifyFailed as exc:
+            interface, unread = None, str(exc)  # said in the probes' note
+    context.prober = Prober.prepare(
+        control, step, step.analysis.probes, timing.clock, interface, unread
+    )
     if step.old_under_load:
         context.prober.old_under_load(step.old_under_load, timing.sleep, timing.stopping)
 

@@ -23,7 +23,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.history import OperatorOrder, OrderKind
 from reconciler.model.plan import Action, Step
-from reconciler.model.results import Draining
+from reconciler.model.results import Cut, Draining
 from reconciler.model.serving import ModelInterface
 from reconciler.ports import FiguresSource, ShadowComparison, StepEvents, StepHooks
 
@@ -113,6 +113,10 @@ class ChangeContext:
     # unload of a streaming model: the seconds it waited for the streams in flight on the
     # dropped versions to end there (None: it did not wait for streams)
     stream_wait: float | None = None
+    # A revert after a failure against the new versions, or at a shutdown (engine.stages.CUT):
+    # its drain of them (``Step.unless_failed``) does not wait, and reads what it cuts (``cut``).
+    cutting: bool = False
+    cut: Cut | None = None
     # version -> what it holds as Triton's statistics report it (backends that report it)
     version_costs: Mapping[int, float] = field(default_factory=dict)
     # Where the analysis reads the old versions' figures: the servers the plan names as the

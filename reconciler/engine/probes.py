@@ -129,7 +129,7 @@ class ProbeSender:
 
 
 def chosen(
-    step: Step, interface: ModelInterface | None, sender: ProbeSender
+    step: Step, interface: ModelInterface | None, sender: ProbeSender, unread: str | None = None
 ) -> tuple[tuple[ProbeRequest, ...], ProbeFigures]:
     """The probe requests, and the figures they start from (what was left out, and why
     there are none, when none): declared ones, else one synthesized from ``interface`` (the
@@ -148,6 +148,7 @@ def chosen(
             "to probe a first deployment"
             if not step.baseline
             else "the model's inputs could not be read to synthesize a request"
+            + (f" ({unread})" if unread else "")
             if interface is None
             else "an input's datatype is unknown: no request could be synthesized"
         )
@@ -229,10 +230,12 @@ class Prober:
         spec: ProbeSpec,
         clock: Callable[[], float],
         interface: ModelInterface | None,
+        unread: str | None = None,
     ) -> Prober:
-        """The prober of ``step``, its requests ``chosen`` (``interface``: the old versions')."""
+        """The prober of ``step``, its requests ``chosen`` (``interface``: the old versions';
+        ``unread``: why it could not be read)."""
         sender = ProbeSender(control, step, spec.timeout, clock)
-        requests, figures = chosen(step, interface, sender)
+        requests, figures = chosen(step, interface, sender, unread)
         return cls(sender, spec, requests, figures)
 
     def old_under_load(

@@ -181,7 +181,7 @@ def shutdown_failure(timing: Timing, step: Step) -> StepResult | None:
 
 # What stops a rollout without waiting for the sequences in flight on the new versions to
 # end (``Step.unless_failed``): they failed (their analysis, an operator's abort), or the
-# process is shutting down.
+# process is shutting down. Their drain then reads what it cuts (``model.results.Cut``).
 CUT = frozenset({FailureKind.AGAINST_VERSIONS, FailureKind.INTERRUPTED})
 
 
@@ -208,13 +208,16 @@ def take_back(
         steps = list(done[server])
         if all(r.ok for r in steps):
             steps.append(mine)
-        revert = change.revert
-        if failure.failure in CUT:
-            revert = tuple(s for s in revert if not s.unless_failed)
         # A revert's drain reads the model's counters; nothing else in a revert needs them.
-        drains = any(s.action is Action.DRAIN for s in revert)
-        again = ChangeContext(hooks=run.hooks, source=run.metrics.get(server) if drains else None)
-        reverted = run_steps(run.controls[server], revert, run.timing, run.progress, again, True)
+        drains = any(s.action is Action.DRAIN for s in change.revert)
+        again = ChangeContext(
+            hooks=run.hooks,
+            source=run.metrics.get(server) if drains else None,
+            cutting=failure.failure in CUT,
+        )
+        reverted = run_steps(
+            run.controls[server], change.revert, run.timing, run.progress, again, True
+        )
         result = put_back(failure.failure, reverted)
         outcome.append(ChangeResult(change, result, tuple(steps), tuple(reverted)))
     return outcome

@@ -33,7 +33,7 @@ from reconciler.model.errors import (
     VerifyFailed,
 )
 from reconciler.model.plan import Action, Step
-from reconciler.model.results import Draining, FailureKind
+from reconciler.model.results import Cut, Draining, FailureKind
 from reconciler.model.serving import ModelState, interface_difference, version_cost
 from reconciler.model.shadow import Tolerance
 from reconciler.model.spec import StreamExpectation, Tensor
@@ -332,9 +332,10 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
             {"event": "drain", "server": step.server, "model": step.model,
              "versions": list(step.versions)},
         )  # fmt: skip
+    if step.unless_failed and (context.cutting or context.source is None):
+        context.cut = _cut(step, timing, context.source)
+        return NOTHING
     if context.source is None:
-        if step.unless_failed:
-            return NOTHING  # a revert goes on: without metrics, what is in flight is cut
         raise DrainTimeout(f"server {step.server}: draining {step.model} needs its metrics")
     deadline = timing.clock() + policy.drain_timeout
     quiet_since: float | None = None
@@ -345,7 +346,8 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
         figures = context.source.figures(step.model, step.versions)
         now = timing.clock()
         if step.unless_failed and figures.error is not None:
-            return NOTHING  # unreadable (the server lost, say): the revert does not wait
+            context.cut = Cut(None, 0.0)  # unreadable (the server lost, say): no waiting
+            return NOTHING
         idle = figures.error is None and not figures.pending and figures.inferences is not None
         if idle and figures.inferences == last:
             quiet_since = now if quiet_since is None else quiet_since
@@ -365,11 +367,13 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
             left = max(0.0, deadline - now)
             timing.events.draining(step, Draining(rate, figures.pending, quiet, policy.idle, left))
             said = now
-        last, read_at = figures.inferences, now
         if step.unless_failed and (now >= deadline or timing.stopping()):
             # A revert's drain never stops the revert: past its time (or at a shutdown)
             # what is still in flight is cut, and the old versions go back.
+            read = now - read_at if rate is not None and read_at is not None else 0.0
+            context.cut = Cut(rate, read)
             return NOTHING
+        last, read_at = figures.inferences, now
         if now >= deadline:
             raise DrainTimeout(
                 f"server {step.server}: {step.model} did not go idle within "
@@ -377,6 +381,23 @@ def _drain(control: ModelControl, step: Step, timing: Timing, context: ChangeCon
                 "growing); not swapped, the old versions keep serving"
             )
         timing.sleep(min(1.0, max(timing.poll_interval, policy.idle / 10)))
+
+
+CUT_READING = 1.0  # seconds a switch back reads what it cuts before it goes on
+
+
+def _cut(step: Step, timing: Timing, source: FiguresSource | None) -> Cut:
+    """What a switch back cuts of the sequences in flight on the new versions: the requests
+    that still reach them over CUT_READING after the route sent every new sequence back
+    (``Cut``). Not read at a shutdown, nor without the model's metrics."""
+    if source is None or timing.stopping():
+        return Cut(None, 0.0)
+    first, began = source.figures(step.model, step.versions), timing.clock()
+    timing.sleep(CUT_READING)
+    last, ended = source.figures(step.model, step.versions), timing.clock()
+    if first.inferences is None or last.inferences is None or ended <= began:
+        return Cut(None, 0.0)
+    return Cut(max(0.0, last.inferences - first.inferences) / (ended - began), ended - began)
 
 
 def _load(control: ModelControl, step: Step, timing: Timing, context: ChangeContext) -> StepDone:

@@ -94,10 +94,11 @@ class Step:
     # (the old versions' memory given back) before the step is done; None: the index alone.
     needs_free: float | None = None
     dependents: tuple[str, ...] = ()  # unload: models that go with it (ensembles)
-    # drain, in a revert: run only when what stopped the rollout tells nothing against the
+    # drain, in a revert: waits only when what stopped the rollout tells nothing against the
     # new versions (a router restarted, metrics unreadable, the old pool's drain timed out):
-    # the sequences in flight on them then end there first. Skipped when they failed (their
-    # analysis, an operator's abort) or shutdown began: those sequences are cut.
+    # the sequences in flight on them then end there first. When they failed (their
+    # analysis, an operator's abort) or shutdown began, those sequences are cut, and the
+    # step reads what still reached them (``model.results.Cut``) and goes on.
     unless_failed: bool = False
     on_failure: OnFailure = OnFailure.REVERT
     router: str | None = None  # route: the Router manifest whose route the step sets

@@ -13,6 +13,28 @@ from reconciler.model.plan import Action, ModelChange, RolloutPlan, Step
 
 
 @dataclass(frozen=True)
+class Cut:
+    """A switch back that did not wait, or waited no longer, for the sequences in flight on
+    the new versions (they failed, shutdown came, or the drain's timeout passed): those
+    sequences end with an error at their next request. Triton 2.51 counts no open sequence;
+    what stands for them is what still reached the new versions after the route had sent
+    every new sequence back: the requests a second over the last ``seconds`` of reading
+    (None: not read, at a shutdown or without the model's metrics)."""
+
+    rate: float | None
+    seconds: float
+
+    def text(self, versions: str) -> str:
+        if self.rate is None:
+            return f"the sequences in flight on {versions} were cut, not counted (no reading)"
+        return (
+            f"the sequences in flight on {versions} were cut: {self.rate:.1f} requests a second "
+            f"still reached them over {self.seconds:.1f}s after the switch back (Triton counts "
+            "no open sequence)"
+        )
+
+
+@dataclass(frozen=True)
 class Draining:
     """A drain in progress: one server waiting until the sequences in flight on a model
     have ended (or idled out), so that its versions may change. Triton 2.51 exposes no
@@ -92,6 +114,8 @@ class StepResult:
     # unload of a streaming model: seconds waited for the streams in flight on the old
     # versions to end there (how many streams Triton does not say)
     stream_wait: float | None = None
+    # a switch back's drain not waited for (``Step.unless_failed``): what it cut
+    cut: Cut | None = None
     # load: what each version holds as Triton's statistics report it (where the backend does)
     version_costs: Mapping[int, float] = field(default_factory=dict)
 

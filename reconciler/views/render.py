@@ -222,6 +222,8 @@ def _change_result_text(result: ChangeResult) -> list[str]:
     for r in result.revert:
         mark = "ok" if r.ok else "FAILED"
         lines.append(f"    revert {r.step.action:<7} {_list(r.step.versions):<10} {mark}")
+        if r.cut is not None:
+            lines.append(f"      {r.cut.text(_list(r.step.versions))}")
         if r.error:
             lines.append(textwrap.indent(r.error.strip(), "      "))
     if result.outcome is Outcome.REVERTED:
@@ -253,6 +255,8 @@ def _took(result: StepResult) -> str:
         sight = failures_in_sight(sum(p.sent for p in windows), sum(p.failed for p in windows))
         if sight is not None:
             return f"{result.seconds:.2f}s; {sight}"
+    if result.cut is not None:
+        return f"{result.seconds:.2f}s; {result.cut.text(_list(result.step.versions))}"
     if result.stream_wait is None:
         return f"{result.seconds:.2f}s"
     return (
@@ -268,6 +272,14 @@ def result_text(result: ApplyResult) -> str:
     converged = sum(c.outcome is Outcome.CONVERGED for c in result.changes)
     lines.append(f"apply: {converged} of {len(result.changes)} change(s) converged")
     return "\n".join(lines)
+
+
+def _cut_json(result: StepResult) -> dict[str, Any]:
+    """A switch back's drain not waited for: what it cut (``model.results.Cut``)."""
+    if result.cut is None:
+        return {}
+    rate = None if result.cut.rate is None else round(result.cut.rate, 3)
+    return {"cut": {"requests_per_second": rate, "seconds": round(result.cut.seconds, 3)}}
 
 
 def result_json(result: ApplyResult) -> dict[str, Any]:
@@ -297,7 +309,10 @@ def result_json(result: ApplyResult) -> dict[str, Any]:
                     }
                     for r in c.steps
                 ],
-                "revert": [{**step_json(r.step), "ok": r.ok, "error": r.error} for r in c.revert],
+                "revert": [
+                    {**step_json(r.step), "ok": r.ok, "error": r.error, **_cut_json(r)}
+                    for r in c.revert
+                ],
                 "analysis": _analysis_json(c.analysis),
                 "rollback_seconds": c.rollback_seconds,
             }

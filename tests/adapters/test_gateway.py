@@ -15,7 +15,7 @@ import json
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from ruamel.yaml import YAML
 
 from reconciler.adapters.gateway import GatewayRouter
 from reconciler.model.errors import RouterUnavailable
-from reconciler.model.traffic import GatewayRoute, Pool, RouterSpec
+from reconciler.model.traffic import GatewayRoute, Pool, RouterSpec, SequenceAffinity
 
 RECORDED = Path(__file__).parent / "recorded" / "gateway"
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "deploy" / "gateway-api"
@@ -562,3 +562,68 @@ def test_the_comparator_is_mirrored_to_as_its_service_read_back_and_removed(
         if f["type"] == "RequestMirror"
     ]
     assert "triton-gitops-comparator" not in names and "triton-canary" not in names
+
+
+# -- sequence affinity: the rule's sessionPersistence (experimental channel) ------------------
+
+HEADER = "x-sequence-id"
+
+
+def affine(api: ApiServer) -> GatewayRouter:
+    sequenced = replace(spec(), sequence_affinity=SequenceAffinity(HEADER))
+    return GatewayRouter(sequenced, api_client=client_for(api.url))
+
+
+def test_a_rule_without_session_persistence_is_affinity_drift_and_is_written(
+    api: ApiServer,
+) -> None:
+    """Issue 44, point 1 for the Gateway API: a Router with sequenceAffinity reads a rule
+    without sessionPersistence as drift, and keep_affinity PUTs the route as read with the
+    rule's sessionPersistence (type Header, named by the header), then reads it back."""
+    route = recorded("grpcroute.json")
+    api.script = [(200, route)]
+    state = affine(api).observe()
+    assert state.reachable and state.affinity_drift == (
+        f"rule 0 has no sessionPersistence (sessionName {HEADER}, type Header)",
+    ), state
+    kept = updated(route, "48214")
+    kept["spec"]["rules"][0]["sessionPersistence"] = {"type": "Header", "sessionName": HEADER}
+    api.script = [(200, route), (200, kept), (200, kept)]
+    affine(api).keep_affinity()
+    _, get, put, back = api.requests
+    assert [get.method, put.method, back.method] == ["GET", "PUT", "GET"], api.requests
+    expected = copy.deepcopy(route)
+    expected["spec"]["rules"][0]["sessionPersistence"] = {"type": "Header", "sessionName": HEADER}
+    assert put.body == expected  # nothing else of the route changed
+    api.script = [(200, kept)]
+    assert affine(api).observe().affinity_drift == ()
+    # Without sequenceAffinity the rule's session persistence is nobody's business here.
+    api.script = [(200, route)]
+    assert router(api).observe().affinity_drift == ()
+
+
+def test_keep_affinity_keeps_the_rules_timeouts_and_mends_its_type(api: ApiServer) -> None:
+    route = recorded("grpcroute.json")
+    route["spec"]["rules"][0]["sessionPersistence"] = {"type": "Cookie", "idleTimeout": "30s"}
+    api.script = [(200, route)]
+    (drift,) = affine(api).observe().affinity_drift
+    assert "sessionPersistence is idleTimeout 30s, type Cookie, not" in drift, drift
+    wanted = {"type": "Header", "sessionName": HEADER, "idleTimeout": "30s"}
+    kept = updated(route, "48214")
+    kept["spec"]["rules"][0]["sessionPersistence"] = wanted
+    api.script = [(200, route), (200, kept), (200, kept)]
+    affine(api).keep_affinity()
+    assert api.requests[2].body["spec"]["rules"][0]["sessionPersistence"] == wanted
+
+
+def test_a_standard_channel_crd_that_drops_session_persistence_is_said_not_written_again(
+    api: ApiServer,
+) -> None:
+    """The API server of a cluster with the standard channel's GRPCRoute CRD prunes the
+    field it does not know: the PUT succeeds, the read-back lacks it. That is an error
+    naming the cause, not a drift the next pass writes again."""
+    route = recorded("grpcroute.json")
+    api.script = [(200, route), (200, updated(route, "48214")), (200, updated(route, "48214"))]
+    with pytest.raises(RouterUnavailable, match="standard channel") as caught:
+        affine(api).keep_affinity()
+    assert "dropped the rule's sessionPersistence" in str(caught.value)

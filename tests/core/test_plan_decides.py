@@ -18,7 +18,7 @@ from reconciler.engine.apply import apply
 from reconciler.engine.change import failed_step
 from reconciler.engine.context import ChangeContext, NoEvents, Timing
 from reconciler.engine.stages import CUT
-from reconciler.engine.steps import EXECUTORS, execute_step
+from reconciler.engine.steps import CUT_READING, EXECUTORS, execute_step
 from reconciler.model.analysis import (
     AnalysisSpec,
     CheckResult,
@@ -42,7 +42,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.history import History
 from reconciler.model.plan import Action, OnFailure, Plan, Step
-from reconciler.model.results import Draining, FailureKind, Outcome
+from reconciler.model.results import Cut, Draining, FailureKind, Outcome
 from reconciler.model.spec import RolloutSpec, SequencePolicy
 from reconciler.ports import StepHooks
 from reconciler.views.live import drain_text
@@ -242,7 +242,9 @@ def test_a_revert_drain_ends_at_its_timeout_and_the_revert_goes_on() -> None:
     """A switch back's drain of the new versions (``Step.unless_failed``) waits for the
     sequences in flight on them as a drain does, but never stops the revert: past its
     timeout, or without metrics, what is left is cut and the old versions go back. The
-    forward drain of the same model fails instead (nothing is swapped)."""
+    forward drain of the same model fails instead (nothing is swapped). After a failure
+    against the new versions (``cutting``) it does not wait: it reads for CUT_READING what
+    still reaches them, the figure the report gives for the sequences it cut."""
     policy = SequencePolicy(idle=2.0, drain_timeout=5.0)
     forward = Step("s1", "m", Action.DRAIN, (2,), "drain", drain=policy)
     revert = replace(forward, unless_failed=True)
@@ -250,14 +252,24 @@ def test_a_revert_drain_ends_at_its_timeout_and_the_revert_goes_on() -> None:
     busy = SequencesEnding(clock, rate=12.0, until=1e9)  # sequences never stop arriving
     timing = Timing(clock=clock.clock, sleep=clock.sleep)
     began = clock.now
-    execute_step(server(), revert, timing, ChangeContext(source=busy))
+    waited = ChangeContext(source=busy)
+    execute_step(server(), revert, timing, waited)
     assert 5.0 <= clock.now - began <= 6.5, clock.now - began
+    assert waited.cut is not None and waited.cut.rate == pytest.approx(12.0), waited.cut
     with pytest.raises(DrainTimeout, match="did not go idle within 5s"):
         execute_step(server(), forward, timing, ChangeContext(source=busy))
-    execute_step(server(), revert, timing, ChangeContext())  # no metrics: cut at once
+    blind = ChangeContext()
+    execute_step(server(), revert, timing, blind)  # no metrics: cut at once
+    assert blind.cut == Cut(None, 0.0), blind.cut
     with pytest.raises(DrainTimeout, match="needs its metrics"):
         execute_step(server(), forward, timing, ChangeContext())
     assert {FailureKind.AGAINST_VERSIONS, FailureKind.INTERRUPTED} == CUT
+    cutting = ChangeContext(source=busy, cutting=True)
+    began = clock.now
+    execute_step(server(), revert, timing, cutting)
+    assert clock.now - began == pytest.approx(CUT_READING), clock.now - began
+    assert cutting.cut is not None and cutting.cut.rate == pytest.approx(12.0), cutting.cut
+    assert "12.0 requests a second still reached them" in cutting.cut.text("2")
 
 
 # -- staged rollouts: baselines and the restarted finish are planned -----------------------------

@@ -430,3 +430,22 @@ def test_versions_written_as_floats_are_rejected() -> None:
     (problem,) = caught.value.problems
     assert problem.file == "floaty.yaml"
     assert "spec.versions[0]: 2.0 is not a whole version number" in problem.message
+
+
+def test_a_gateway_api_router_may_declare_sequence_affinity() -> None:
+    """Issue 44, point 1: through the Gateway API the reconciler writes the rule's
+    sessionPersistence (adapters/gateway.py), so validation no longer refuses it."""
+    router = textwrap.dedent("""\
+        apiVersion: triton-gitops.dev/v1alpha1
+        kind: Router
+        metadata: {name: edge}
+        spec:
+          gatewayAPI: {namespace: serving, grpcRoute: triton}
+          sequenceAffinity: {header: x-sequence-id}
+          pools:
+            - {name: stable, servers: {names: [edge-a]}}
+            - {name: canary, servers: {names: [edge-b]}}
+        """)
+    state = load_desired_state(encode({FLEET: SERVERS, "router.yaml": router}))
+    affinity = state.routers["edge"].sequence_affinity
+    assert affinity is not None and affinity.header == "x-sequence-id", affinity

@@ -9,11 +9,16 @@ A version that breaks sequences midway (error responses, which Triton counts suc
 caught by the probes' own sequences at no traffic, before any client meets it; a good one
 goes through the canary's steps and the drain phase, each server's versions changing only
 once its drain has seen the sequences in flight end; no client sequence breaks in either.
+Version 1 again, aborted by the on-call at 50%, is switched back without waiting for the
+sequences in flight on it: the report says what still reached it when they were cut.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +28,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from testkit.cli_run import Reconciler
-from testkit.envoy import POOL_HEADER, LocalEnvoy
+from testkit.envoy import POOL_HEADER, LocalEnvoy, pool_weight
 from testkit.local_triton import LocalTriton
 from testkit.manifests import (
     SEQUENCE_MODEL,
@@ -32,7 +37,7 @@ from testkit.manifests import (
     sequence_deployment_doc,
     server_doc,
 )
-from testkit.sequences import Sequence, SequenceLoad, started_between
+from testkit.sequences import Sequence, SequenceLoad, broken_between, started_between
 from tests.integration.flows import ready_versions
 from tests.services import envoy_or_skip
 
@@ -73,6 +78,41 @@ def _steps(report: dict[str, Any], server: str) -> list[dict[str, Any]]:
     return steps
 
 
+class AbortAtHalf:
+    """The on-call's ``abort`` of the counter's rollout, as a command of its own, ``after``
+    seconds after Envoy's runtime first gives the canary half the requests."""
+
+    def __init__(self, envoy: LocalEnvoy, state: Path, after: float = 1.5) -> None:
+        self.envoy, self.state, self.after = envoy, state, after
+        self.given: float | None = None
+        self.answer = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> AbortAtHalf:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+    def _watch(self) -> None:
+        since: float | None = None
+        while not self._stop.is_set() and self.given is None:
+            if pool_weight(self.envoy.admin_url, "canary") == 5_000:
+                since = time.monotonic() if since is None else since
+                if time.monotonic() - since >= self.after:
+                    self.given = time.monotonic()
+                    done = subprocess.run(
+                        [sys.executable, "-m", "reconciler", "abort", SEQUENCE_MODEL,
+                         "--state", str(self.state), "--reason", "on call: switch back"],
+                        capture_output=True, text=True, timeout=60, check=False,
+                    )  # fmt: skip
+                    self.answer = done.stdout + done.stderr
+            time.sleep(0.05)
+
+
 def test_a_sequence_model_rolls_through_envoy_without_breaking_a_client_sequence(
     triton: LocalTriton,
     triton_b: LocalTriton,
@@ -111,12 +151,21 @@ def test_a_sequence_model_rolls_through_envoy_without_breaking_a_client_sequence
         good = reconciler.apply("--output", "json")
         good_ended = time.monotonic()
         time.sleep(1.0)
+        # Back to version 1 (good), aborted by the on-call at 50%: the switch back does not
+        # wait for the sequences in flight on it (an abort judges the version), and says
+        # what it cut.
+        manifests.write("counter.yaml", _counter(1))
+        manifests.commit("counter 1 again")
+        with AbortAtHalf(envoy, tmp_path / "reconciler" / "state.db") as abort:
+            aborted = reconciler.apply("--output", "json")
+        time.sleep(1.0)
     sequences = load.snapshot()
 
     assert bad.code != 0, bad.explain()
     assert "request 2 of 3 of a sequence" in bad.out, bad.explain()
     assert good.code == 0, good.explain()
-    assert _broken(sequences) == [], f"{len(_broken(sequences))} of {len(sequences)} broke"
+    kept = [s for s in sequences if s.started < good_ended]
+    assert _broken(kept) == [], f"{len(_broken(kept))} of {len(kept)} broke"
     during_bad = list(started_between(sequences, 0.0, bad_ended))
     assert {s.scale for s in during_bad} == {1}, "a client met the version that failed"
     during_good = list(started_between(sequences, bad_ended, good_ended))
@@ -145,3 +194,17 @@ def test_a_sequence_model_rolls_through_envoy_without_breaking_a_client_sequence
     assert probes and sum(p["sent"] for p in probes) > 0, probes
     with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
         assert client.is_model_ready(SEQUENCE_MODEL, "2")
+
+    # The abort: the switch back cut the sequences in flight on version 1 and counted what
+    # still reached them; no client sequence broke before the abort was given.
+    assert abort.given is not None and aborted.code != 0, (abort.answer, aborted.explain())
+    early = [s for s in sequences if s.broken_at is not None and s.broken_at < abort.given]
+    assert _broken(early) == [], _broken(early)
+    (canary,) = [c for c in json.loads(aborted.out)["result"]["changes"] if c["server"] == "c"]
+    cut = [r["cut"] for r in canary["revert"] if r["action"] == "drain"]
+    assert len(cut) == 1 and cut[0]["requests_per_second"] is not None, canary["revert"]
+    broken = broken_between(sequences, abort.given, time.monotonic())
+    assert cut[0]["requests_per_second"] > 0 or not broken, (cut, _broken(broken))
+    assert "were cut:" in aborted.err, aborted.err[-3000:]
+    assert ready_versions(triton, SEQUENCE_MODEL) == {2}
+    assert ready_versions(triton_b, SEQUENCE_MODEL) == {2}

@@ -268,20 +268,15 @@ def traffic_problems(
 
 def _affinity_problems(doc: Document, router: RouterSpec) -> Iterator[Problem]:
     """spec.sequenceAffinity is written into an Envoy's route configuration file: it needs
-    spec.envoy.routesFile, and is not offered through the Gateway API."""
+    spec.envoy.routesFile. Through the Gateway API it is the GRPCRoute rule's
+    sessionPersistence (the experimental channel's; adapters/gateway.py), nothing more to
+    declare."""
     affinity = router.sequence_affinity
     if affinity is None:
         return
     path = ("spec", "sequenceAffinity")
     name = f"Router {router.name!r}"
-    if router.gateway is not None:
-        yield doc.problem(
-            path,
-            f"{name}: sequenceAffinity is written for Envoy only; through the Gateway API it "
-            "needs the experimental channel's sessionPersistence on the GRPCRoute rule, which "
-            "the reconciler does not write yet (README, Routers)",
-        )
-    elif router.envoy is not None and router.envoy.routes_file is None:
+    if router.envoy is not None and router.envoy.routes_file is None:
         yield doc.problem(
             path,
             f"{name}: sequenceAffinity needs spec.envoy.routesFile, the route configuration "
