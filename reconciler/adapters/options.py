@@ -25,7 +25,6 @@ take more code than the little here, which reads only public attributes of an ar
 from __future__ import annotations
 
 import argparse
-import difflib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,8 @@ from typing import Any
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.error import YAMLError
+
+from reconciler.core.spec.typos import did_you_mean, nearest
 
 ENV_PREFIX = "TRITON_GITOPS_"
 CONFIG_VARIABLE = ENV_PREFIX + "CONFIG"
@@ -135,10 +136,10 @@ def misspelled_variables(environ: Mapping[str, str], known: set[str]) -> list[st
         name = variable.removeprefix(ENV_PREFIX)
         if name == variable or name in read:
             continue
-        near = difflib.get_close_matches(name, read, n=1, cutoff=0.8)
+        near = nearest(name, read, cutoff=0.8)
         if near:
             found.append(
-                f"${variable} is not read and is ignored; did you mean ${ENV_PREFIX}{near[0]}?"
+                f"${variable} is not read and is ignored; did you mean ${ENV_PREFIX}{near}?"
             )
     return found
 
@@ -149,8 +150,7 @@ def refuse_unknown_keys(config: ConfigFile, known: set[str]) -> None:
         name = key.replace("_", "-")
         if name in known:
             continue
-        near = difflib.get_close_matches(name, sorted(known), n=1)
-        hint = f"; did you mean '{near[0]}'?" if near else ""
+        hint = did_you_mean(name, known, cutoff=0.6)  # difflib's own default
         raise OptionSourceError(
             f"config file {config.where(key)}: unknown key '{key}'{hint} "
             "(keys are long option names without the dashes)"

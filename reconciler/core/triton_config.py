@@ -173,9 +173,5 @@ def in_sequences(config: Mapping[str, Any] | None) -> bool:
 
 
 def exchange_of(config: Mapping[str, Any] | None) -> Exchange:
-    """How a question is put to a model with ``config`` (``model.plan.Exchange``): by a
-    stream when it streams (a decoupled sequence model too: one stream per question), as a
-    whole sequence when it keeps state per sequence, else by one call."""
-    if streams(config):
-        return Exchange.STREAM
-    return Exchange.SEQUENCE if in_sequences(config) else Exchange.UNARY
+    """How a question is put to a model with ``config`` (``model.plan.Exchange.of``)."""
+    return Exchange.of(streams(config), in_sequences(config))

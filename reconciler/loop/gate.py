@@ -34,7 +34,7 @@ from reconciler.core.plan import plan
 from reconciler.core.probes import limits, synthesized
 from reconciler.core.review_diff import Change, diff
 from reconciler.core.smoke import reply_mismatches
-from reconciler.core.triton_config import exchange_of, streams
+from reconciler.core.triton_config import in_sequences, streams
 from reconciler.engine.context import ChangeContext, Timing
 from reconciler.engine.exchange import ask
 from reconciler.engine.steps import execute_step
@@ -368,7 +368,7 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
     # A decoupled model refuses unary calls: driven by streams. The plan knows it from the
     # config it has (the live one, once loaded), the load step's config says it too.
     streaming = any(s.streaming for s in planned.steps) or streams(load_config)
-    exchange = Exchange.STREAM if streaming else exchange_of(load_config)
+    exchange = Exchange.of(streaming, in_sequences(load_config))
     spec = head.gate or GateSpec()
     memory = (before_any, after_base, after_head)
     results = []

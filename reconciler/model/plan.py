@@ -42,6 +42,15 @@ class Exchange(StrEnum):
     # (a model with sequence_batching refuses a request that names no sequence).
     SEQUENCE = "sequence"
 
+    @staticmethod
+    def of(streaming: bool, sequence: bool) -> Exchange:
+        """A model that streams is asked by a stream (a decoupled sequence model too: one
+        stream per question); one that keeps state per sequence, by a whole sequence; any
+        other, by one call."""
+        if streaming:
+            return Exchange.STREAM
+        return Exchange.SEQUENCE if sequence else Exchange.UNARY
+
 
 class OnFailure(StrEnum):
     """What the change does when this step fails: planned, so apply only reads it."""
@@ -106,9 +115,7 @@ class Step:
     @property
     def exchange(self) -> Exchange:
         """How each question to the model is sent (``Exchange``)."""
-        if self.streaming:
-            return Exchange.STREAM
-        return Exchange.SEQUENCE if self.sequence else Exchange.UNARY
+        return Exchange.of(self.streaming, self.sequence)
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,7 @@ def traffic_rollout(
         old = live_pool(traffic, state)
         new = next(p for p in traffic.pools if p != old)
     pool_of = {c.server: router.pool_of(desired.servers[c.server]) for c in changes}
+    sequenced = any(c.exclusive is not None for c in changes)  # a sequence model's changes
     stripped = [
         replace(
             c,
@@ -265,7 +266,7 @@ def traffic_rollout(
             (old, new),
             shadow,
             streaming=any(a.streaming for a in analyses),
-            sequences=any(c.exclusive is not None for c in changes),
+            sequences=sequenced,
         )
         if analyses
         else (),
@@ -274,8 +275,7 @@ def traffic_rollout(
         if traffic.strategy is Strategy.CANARY
         else RouteUpdate(router.name, _only(router, new), _none_mirrored(router), f"all to {new}"),
         below,
-        splits_sequences=router.sequence_affinity is None
-        and any(c.exclusive is not None for c in changes),
+        splits_sequences=router.sequence_affinity is None and sequenced,
     )
     rollout = RolloutPlan(
         deployment.name,

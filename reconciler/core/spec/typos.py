@@ -16,14 +16,16 @@ from reconciler.core.spec.schema import JsonPath, as_mapping, json_path_text, sc
 _CUTOFF = 0.75  # difflib's ratio: 'version' -> 'versions', 'sever' -> 'servers'; not 'spec'
 
 
-def nearest(name: str, known: Iterable[str]) -> str | None:
-    """The known name ``name`` was most likely meant to be, if one is near enough."""
-    found = difflib.get_close_matches(name, sorted(known), n=1, cutoff=_CUTOFF)
+def nearest(name: str, known: Iterable[str], cutoff: float = _CUTOFF) -> str | None:
+    """The known name ``name`` was most likely meant to be, if one is near enough (by
+    difflib's ratio; the config file's keys and variables use cutoffs of their own)."""
+    found = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
     return found[0] if found else None
 
 
-def did_you_mean(name: str, known: Iterable[str]) -> str:
-    near = nearest(name, known)
+def did_you_mean(name: str, known: Iterable[str], cutoff: float = _CUTOFF) -> str:
+    """ "; did you mean 'x'?" for the nearest known name, else nothing."""
+    near = nearest(name, known, cutoff)
     return f"; did you mean {near!r}?" if near else ""
 
 
