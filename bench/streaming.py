@@ -134,11 +134,14 @@ def deployment_doc(
     traffic: str | None = None,
     swap: bool = False,
     duration: float = DURATION_S,
+    first_response: float | None = None,
 ) -> str:
     """gen's ModelDeployment; ``flip`` adds the default ``failureLimit: 0`` (a new spec, the
     same behaviour: a held spec is tried again only after a commit changes it); ``swap``:
     the in-flight arm's config (20 instances, 5 tokens 100 ms apart); ``latency``: the two
-    latency checks (only with the probes, which alone judge them)."""
+    latency checks (only with the probes, which alone judge them); ``first_response``: a
+    smoke case bounding the time to the first response (seconds), the check of a slow first
+    response that the probes-off arm has (``--first-response``)."""
     tokens, token_ms = (SWAP_CONFIG_TOKENS, SWAP_TOKEN_MS) if swap else (TOKENS, TOKEN_MS)
     lines = [
         "apiVersion: triton-gitops.dev/v1alpha1",
@@ -152,9 +155,17 @@ def deployment_doc(
         f"token_ms: {{string_value: '{token_ms}'}}}}",
         f"    instance_group: [{{kind: KIND_CPU, count: {SWAP_STREAMS if swap else INSTANCES}}}]",
     ]
+    if analysis or first_response is not None:
+        lines += ["  verify:"]
+    if first_response is not None:
+        lines += [
+            "    smoke:",
+            "      - name: first-response",
+            "        inputs: {PROMPT: {datatype: INT32, shape: [3], data: [1, 2, 3]}}",
+            f"        stream: {{firstResponse: {first_response * 1000:g}ms}}",
+        ]
     if analysis:
         lines += [
-            "  verify:",
             "    analysis:",
             f"      interval: {INTERVAL_S:g}s",
             f"      duration: {duration:g}s",
@@ -393,11 +404,14 @@ def good_rollout(bed: Bed, arm: str, index: int, old: int, burner: bool) -> dict
     return record
 
 
-def bad_rollout(bed: Bed, arm: str, bad: Bad, index: int, old: int) -> dict[str, Any]:
+def bad_rollout(
+    bed: Bed, arm: str, bad: Bad, index: int, old: int, first_response: float | None = None
+) -> dict[str, Any]:
     traffic = CANARY if arm.startswith("envoy") else None
+    probes = arm != "envoy-probes-off"
     done = streamed_apply(
         bed, bad.version, f"{arm} bad {bad.version} ({index})", traffic=traffic,
-        probes=arm != "envoy-probes-off",
+        probes=probes, first_response=None if probes else first_response,
     )  # fmt: skip
     run, report = done["run"], done["report"]
     serving = bed.serving()
@@ -537,7 +551,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for probes in probe_arms:
                     for version in beside:
                         for i in range(args.bad_rollouts):
-                            bad = bad_rollout(bed, probes, BADS[version], i, serving)
+                            bad = bad_rollout(
+                                bed, probes, BADS[version], i, serving, args.first_response
+                            )
                             result["bad"].append(bad)
 
         in_place = "bad" in args.parts and "in-place" in args.arms
@@ -563,6 +579,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(["python -m bench.streaming", *sys.argv[1:]]),
         "settings": {"quick": args.quick, "seed": args.seed, "parts": args.parts,
                      "arms": args.arms, "checks": args.checks, "versions": args.versions,
+                     "first_response": args.first_response,
                      "rollouts": args.rollouts, "bad_rollouts": args.bad_rollouts,
                      "no_client": args.no_client, "swaps": args.swaps,
                      "interval_s": INTERVAL_S, "duration_s": args.duration,
@@ -605,6 +622,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--versions", nargs="+", type=int, choices=(3, 4, 5, 8, UNENDING),
         default=[3, 4, 5, 8, UNENDING],
         help="the bad versions rolled out (7: in place only, on a server of its own)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--first-response", type=float, metavar="SECONDS",
+        help="the probes-off arm's manifests add a smoke case whose stream.firstResponse is "
+        "this (none by default)",
     )  # fmt: skip
     parser.add_argument(
         "--checks",

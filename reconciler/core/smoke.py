@@ -44,8 +44,8 @@ def mismatches(case: SmokeCase, outputs: Mapping[str, npt.NDArray[np.generic]]) 
 
 def reply_mismatches(case: SmokeCase, reply: Reply) -> list[str]:
     """What in ``reply`` differs from the case: its expectations on the answer (a stream
-    reassembled), and for a case that declares ``stream`` the number of responses and
-    each response's outputs, in order."""
+    reassembled), and for a case that declares ``stream`` the number of responses, each
+    response's outputs, in order, and the time to the first response."""
     problems = mismatches(case, answer_of(reply))
     stream = case.stream
     if stream is None:
@@ -62,6 +62,12 @@ def reply_mismatches(case: SmokeCase, reply: Reply) -> list[str]:
             else f"{low} to {high}"
         )
         problems.append(f"{count} response(s) in the stream, expected {wanted}")
+    first = reply.first_seconds
+    if stream.first_response is not None and first is not None and first > stream.first_response:
+        problems.append(
+            f"first response after {first * 1000:.0f} ms, expected within "
+            f"{stream.first_response * 1000:.0f} ms"
+        )
     for index, expected in enumerate(stream.each):
         if index >= count:
             problems.append(f"response {index} missing (the stream sent {count})")

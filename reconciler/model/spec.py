@@ -39,6 +39,10 @@ class StreamExpectation:
     each: tuple[tuple[Expectation, ...], ...] = ()  # per response, in order
     deadline: float = 30.0  # the final flag by then
     cap: int = 4096  # more responses than this: cut, failed
+    # The first response by then, else the case fails: the one figure of a stream's speed a
+    # smoke case can hold a version to by itself (a client's promise, not a comparison), the
+    # check of a slow first response when the analysis's probes are off.
+    first_response: float | None = None
 
 
 @dataclass(frozen=True)

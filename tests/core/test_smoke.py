@@ -180,3 +180,17 @@ def test_a_stream_is_judged_by_its_count_and_each_response_in_order() -> None:
     assert reply_mismatches(SmokeCase("c", (), (), beyond), reply) == [
         "response 3 missing (the stream sent 3)"
     ]
+
+
+def test_a_stream_whose_first_response_is_late_fails_the_case_that_bounds_it() -> None:
+    """Issue 42: with the analysis's probes off, a smoke case's ``firstResponse`` is what
+    holds a streaming version's first response (version 5 of the bench: 300 ms late)."""
+    late = Reply(({"TOKEN": np.array([6], dtype=np.int32)},), (0.31,), streamed=True)
+    bounded = SmokeCase("fast", (), (), StreamExpectation(first_response=0.1))
+    assert reply_mismatches(bounded, late) == [
+        "first response after 310 ms, expected within 100 ms"
+    ]
+    on_time = Reply(late.responses, (0.04,), streamed=True)
+    assert reply_mismatches(bounded, on_time) == []
+    unbounded = SmokeCase("any", (), (), StreamExpectation())
+    assert reply_mismatches(unbounded, late) == []

@@ -190,3 +190,25 @@ def test_an_analysis_with_its_probes_off_leaves_verify_its_synthesized_stream() 
     p = plan_of(unprobed, server(base_config("m"), base_config("m")))
     (verify,) = [s for s in p.changes[0].steps if s.action.value == "verify"]
     assert verify.probe_against is None, verify.reason
+
+
+def test_a_first_response_bound_is_read_and_one_past_the_deadline_is_refused_at_its_line() -> None:
+    """``stream.firstResponse``: the case's bound on the time to the first response (the
+    check of a slow first response when the probes are off), read as a duration; one longer
+    than the stream's deadline could never fail, and is refused naming its line."""
+    text = manifest(2).replace(
+        "stream: {responses: 3}", "stream: {responses: 3, firstResponse: 150ms}"
+    )
+    problems, deployment = read(text)
+    assert problems == [], problems
+    assert deployment is not None
+    assert deployment.smoke[1].stream is not None
+    assert deployment.smoke[1].stream.first_response == pytest.approx(0.15)
+    past = manifest(2).replace(
+        "stream: {responses: 3}", "stream: {deadline: 2s, firstResponse: 3s}"
+    )
+    problems, _ = read(past)
+    assert problems == [
+        "models/m.yaml:13: 3s is past the stream's deadline (2s): the first response "
+        "could never be late"
+    ], problems

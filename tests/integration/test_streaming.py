@@ -148,6 +148,18 @@ def test_a_smoke_case_judges_the_stream_reassembled(
     assert code == 1, why
     assert "smoke counts-up on version 4" in why or "an error in the stream after 2" in why, why
     assert ready_versions(generator_server, GENERATOR) == {1}
+    # Version 5 streams the right tokens, its first response 300 ms late: with no analysis,
+    # the case's firstResponse is what holds it (the probes-off arm of bench.streaming).
+    bounded = SMOKE.replace("deadline: 10s", "deadline: 10s\n          firstResponse: 150ms")
+    code, why, _ = _roll(manifests, reconciler, _gen(5, bounded))
+    assert code == 1, why
+    assert "expected within 150 ms" in why, why
+    assert ready_versions(generator_server, GENERATOR) == {1}
+    # The same case with room for a busy server passes a good version.
+    roomy = bounded.replace("firstResponse: 150ms", "firstResponse: 2s")
+    code, why, _ = _roll(manifests, reconciler, _gen(2, roomy))
+    assert code == 0, why
+    assert ready_versions(generator_server, GENERATOR) == {2}
 
 
 def test_an_analysis_without_client_streams_judges_by_streaming_probes(

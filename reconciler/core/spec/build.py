@@ -273,9 +273,18 @@ def _stream(
     )
     where = (*_VERIFY, "smoke", ANY, "stream")
     deadline = _seconds(_or_default(stream, _DEPLOYMENT, *where, "deadline"))
-    return StreamExpectation(
-        low, high, each, deadline, int(_or_default(stream, _DEPLOYMENT, *where, "maxResponses"))
-    )
+    first = stream.get("firstResponse")
+    first_response = None if first is None else _seconds(first)
+    if first_response is not None and first_response > deadline:
+        problems.append(
+            doc.problem(
+                (*path, "firstResponse"),
+                f"{first} is past the stream's deadline ({deadline:g}s): the first response "
+                "could never be late",
+            )
+        )
+    cap = int(_or_default(stream, _DEPLOYMENT, *where, "maxResponses"))
+    return StreamExpectation(low, high, each, deadline, cap, first_response)
 
 
 # Where the schema keeps an expectation's defaults: a smoke case's ``expect``, and each
