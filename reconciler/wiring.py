@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from reconciler.adapters.aiperf import AIPerf
 from reconciler.adapters.alerts import (
@@ -28,15 +29,12 @@ from reconciler.adapters.alerts import (
 from reconciler.adapters.comparator import LiveComparator
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
 from reconciler.adapters.envoy import EnvoyRouter
-from reconciler.adapters.gateway import GatewayRouter
 from reconciler.adapters.git import GitManifests, GitSource, GitWriter, folder_in_repository
 from reconciler.adapters.hooks import HttpStepHooks
-from reconciler.adapters.leader_lease import LeaderLease, lease_api
 from reconciler.adapters.local_triton import LocalTriton, is_remote_repository
 from reconciler.adapters.metrics import metrics_reader
 from reconciler.adapters.model_repository import read_model, version_digests
 from reconciler.adapters.perf_analyzer import PerfAnalyzer
-from reconciler.adapters.pod_readiness import PodReadinessGate
 from reconciler.adapters.reconciler_lock import Locks, StateLockFile, lock_path
 from reconciler.adapters.shadow_session import Observer
 from reconciler.adapters.state import StateStore
@@ -62,6 +60,14 @@ from reconciler.ports import (
     ServerConnection,
     TrafficRouter,
 )
+
+if TYPE_CHECKING:
+    from reconciler.adapters.pod_readiness import PodReadinessGate
+
+# KUBERNETES_LATE: the adapters that speak to a Kubernetes API (a Lease, a readiness gate, a
+# Gateway API route) are imported where one is configured, not with this module: the
+# kubernetes client library takes about 0.17 s to import, paid by every command (a
+# pull request's validate and plan, issue 46) that never asks a Kubernetes API.
 
 
 def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
@@ -211,6 +217,8 @@ def reconciler_lock(settings: Settings, command: str) -> ReconcilerLock:
         raise ReconcileError(
             f"--leader-lease {settings.leader_lease!r}: expected NAMESPACE/NAME of a Lease"
         )
+    from reconciler.adapters.leader_lease import LeaderLease, lease_api  # late: see KUBERNETES_LATE
+
     return Locks(
         (file_lock, LeaderLease(namespace, name, me, lease_api(os.environ.get("KUBECONFIG"))))
     )
@@ -219,6 +227,9 @@ def reconciler_lock(settings: Settings, command: str) -> ReconcilerLock:
 def readiness_gate(settings: Settings, namespace: str) -> PodReadinessGate:
     """The serving truth as each Triton pod's readiness-gate condition, in ``namespace``
     (``run --readiness-gate``): through $KUBECONFIG, else the pod's service account."""
+    from reconciler.adapters.leader_lease import lease_api  # late: see KUBERNETES_LATE
+    from reconciler.adapters.pod_readiness import PodReadinessGate
+
     return PodReadinessGate(namespace, lease_api(os.environ.get("KUBECONFIG")), resolver(settings))
 
 
@@ -227,6 +238,8 @@ def router_client(spec: RouterSpec) -> TrafficRouter:
     Gateway API GRPCRoute."""
     if spec.envoy is not None:
         return EnvoyRouter(spec)
+    from reconciler.adapters.gateway import GatewayRouter  # late: see KUBERNETES_LATE
+
     return GatewayRouter(spec)
 
 

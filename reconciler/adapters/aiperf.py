@@ -44,7 +44,6 @@ from typing import Any
 from urllib.parse import quote
 
 from reconciler.adapters.local_triton import end_process_group
-from reconciler.adapters.triton_load import figures
 from reconciler.core.smoke import as_array
 from reconciler.model.errors import StepFailed
 from reconciler.model.gate import LoadFigures
@@ -200,6 +199,10 @@ def measured(concurrency: int, records: Iterable[dict[str, Any]]) -> LoadFigures
         else:
             errors.append(why)
     elapsed = (last - first) / 1e9 if first is not None and last is not None else 0.0
+    # Late: triton_load brings tritonclient's gRPC, which `gate --help` and every other
+    # command would import with this module (issue 46).
+    from reconciler.adapters.triton_load import figures
+
     return figures(concurrency, exchanges, errors, elapsed, streamed=True)
 
 

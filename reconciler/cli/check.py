@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from reconciler import wiring
-from reconciler.adapters.endpoints import not_ready
 from reconciler.cli.options import settings_of, source_options
 from reconciler.cli.shell import EXIT_ERROR, EXIT_OK, Command, Commands, print_as
-from reconciler.loop.preflight import preflight
 from reconciler.model.preflight import FAIL
 from reconciler.model.source import Source
 from reconciler.views.preflight import preflight_json, preflight_text
@@ -34,6 +31,10 @@ def _declare_check(commands: Commands) -> None:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.adapters.endpoints import not_ready
+    from reconciler.loop.preflight import preflight
+
     source, settings = Source(args.repo, args.ref, args.path), settings_of(args)
     lines = preflight(
         source, settings, wiring.ports(settings, source), not_ready, servers=not args.pre

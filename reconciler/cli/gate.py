@@ -14,12 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from reconciler import wiring
-from reconciler.adapters.aiperf import AIPERF_VARIABLE, find_aiperf
-from reconciler.adapters.chart import ChartUnavailable, latency_chart
-from reconciler.adapters.local_triton import LocalTritonError
-from reconciler.adapters.perf_analyzer import find_perf_analyzer
 from reconciler.cli.options import default_cache, git_credentials, two_refs
 from reconciler.cli.shell import (
     EXIT_ERROR,
@@ -32,15 +28,17 @@ from reconciler.cli.shell import (
     print_as,
     problems_at,
 )
-from reconciler.loop.gate import GateTarget, gated, run_gate
-from reconciler.loop.review import desired_at
 from reconciler.model.errors import ReconcileError, ValidationError
 from reconciler.model.gate import GateReport, GateVerdict, ModelGate
 from reconciler.model.repository import parse_repository
-from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
+
+if TYPE_CHECKING:
+    from reconciler.loop.gate import GateTarget
 
 
 def _declare_gate(commands: Commands) -> None:
+    from reconciler.adapters.aiperf import AIPERF_VARIABLE
+
     gate = commands.add_parser(
         "gate",
         help="pre-merge quality gate: new versions load-tested beside the old in an isolated "
@@ -118,6 +116,8 @@ def _declare_gate(commands: Commands) -> None:
 
 def _load_generator(args: argparse.Namespace) -> str | None:
     """The perf_analyzer binary to use, or None for the built-in generator."""
+    from reconciler.adapters.perf_analyzer import find_perf_analyzer
+
     if args.load_generator == "built-in":
         return None
     found = find_perf_analyzer(args.perf_analyzer)
@@ -133,6 +133,8 @@ def _stream_generator(args: argparse.Namespace) -> str | None:
     """The AIPerf binary that measures streaming models, or None (the other generator
     measures them too). Used only when asked for: --aiperf (or $TRITON_GITOPS_AIPERF, as
     any option), or --load-generator aiperf, which also looks for it on PATH."""
+    from reconciler.adapters.aiperf import AIPERF_VARIABLE, find_aiperf
+
     if args.load_generator in ("built-in", "perf_analyzer"):
         return None
     if not args.aiperf and args.load_generator != "aiperf":
@@ -147,6 +149,11 @@ def _stream_generator(args: argparse.Namespace) -> str | None:
 
 
 def _gate(args: argparse.Namespace) -> int:
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.loop.gate import gated
+    from reconciler.loop.review import desired_at
+    from reconciler.views.gate import gate_annotations, gate_json, gate_markdown, gate_text
+
     try:
         location = parse_repository(args.model_repository)
     except ValueError as exc:
@@ -258,6 +265,10 @@ def _gate_each(
 ) -> tuple[list[ModelGate], int]:
     """Each target judged on a tritonserver of its own (its log under ``workdir``): the
     verdicts, and how many could not be judged."""
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.adapters.local_triton import LocalTritonError
+    from reconciler.loop.gate import run_gate
+
     gates: list[ModelGate] = []
     errors = 0
     for target in targets:
@@ -283,6 +294,9 @@ def _gate_each(
 
 def write_gate_reports(report: GateReport, folder: Path) -> list[str]:
     """gate.md, gate.json and the charts (their file names) in ``folder``."""
+    from reconciler.adapters.chart import ChartUnavailable, latency_chart
+    from reconciler.views.gate import gate_json, gate_markdown
+
     folder.mkdir(parents=True, exist_ok=True)
     charts = []
     for one in report.models:

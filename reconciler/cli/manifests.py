@@ -12,7 +12,6 @@ from pathlib import Path
 
 from ruamel.yaml import YAML
 
-from reconciler import wiring
 from reconciler.adapters.files import manifest_files_in, read_in_directory
 from reconciler.adapters.git import path_in_work_tree
 from reconciler.adapters.model_repository import folder_digest
@@ -131,6 +130,8 @@ def _declare_diff(commands: Commands) -> None:
 
 
 def _diff(args: argparse.Namespace) -> int:
+    from reconciler import wiring  # late: see cli/__init__.py
+
     try:
         manifests = wiring.review_manifests(args.repo, args.cache_dir, git_credentials(args))
         base, head, changes = diff_refs(manifests, args.base, args.head, args.path)

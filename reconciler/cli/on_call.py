@@ -10,10 +10,8 @@ import sys
 from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reconciler import wiring
-from reconciler.adapters.operator_client import ask_service, wait_for_pass
 from reconciler.cli.options import (
     default_state,
     lock_timeout_option,
@@ -22,7 +20,6 @@ from reconciler.cli.options import (
     source_options,
     token_file_option,
 )
-from reconciler.cli.passes import one_reconciler
 from reconciler.cli.shell import (
     EXIT_ERROR,
     EXIT_OK,
@@ -34,11 +31,11 @@ from reconciler.cli.shell import (
     operator_token,
 )
 from reconciler.core.undo import UndoRequest
-from reconciler.engine.orders import ORDERS_EVERY
-from reconciler.loop.on_call import VerbDone, give, never_applied
-from reconciler.loop.undo import undo
 from reconciler.model.history import Hold, OperatorOrder, OrderKind
 from reconciler.model.source import Source
+
+if TYPE_CHECKING:
+    from reconciler.loop.on_call import VerbDone
 
 
 def _declare_reconcile(commands: Commands) -> None:
@@ -58,6 +55,8 @@ def _declare_reconcile(commands: Commands) -> None:
 
 
 def _reconcile_now(args: argparse.Namespace) -> int:
+    from reconciler.adapters.operator_client import ask_service, wait_for_pass
+
     token = operator_token(args, needed_by="reconcile")
     status, reply = ask_service(args.service, token, "reconcile", None)
     if status != 202:
@@ -163,6 +162,9 @@ def _operator_verb(args: argparse.Namespace) -> int:
     """suspend, resume, retry, abort and promote on the state store (a running service that
     shares it reads them at its next pass, or within ORDERS_EVERY for an order), or through
     the running service (``--service``)."""
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.loop.on_call import give, never_applied
+
     if args.service:
         return _through_the_service(args)
     verb = _verb(args)
@@ -179,6 +181,8 @@ def _operator_verb(args: argparse.Namespace) -> int:
 
 def _through_the_service(args: argparse.Namespace) -> int:
     """A verb (undo too) sent to the running service (``POST /v1/...``), its reply printed."""
+    from reconciler.adapters.operator_client import ask_service
+
     token = operator_token(args)
     reason = getattr(args, "reason", "")
     extra = _undo_body(args) if args.command == "undo" else None
@@ -193,6 +197,8 @@ def _through_the_service(args: argparse.Namespace) -> int:
 
 def _said(done: VerbDone) -> int:
     """A verb's outcome in the local mode's words: a line on stdout, or why not on stderr."""
+    from reconciler.engine.orders import ORDERS_EVERY
+
     if done.refused:
         if done.verb == "retry":
             return failed(f"{done.what} is not held (held: {', '.join(done.held) or 'none'})")
@@ -253,6 +259,10 @@ def _declare_undo(commands: Commands) -> None:
 
 def _undo(args: argparse.Namespace) -> int:
     """undo one-shot (--repo, --state) or through the service."""
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.cli.passes import one_reconciler
+    from reconciler.loop.undo import undo
+
     if args.service:
         return _through_the_service(args)
     if not args.repo:

@@ -12,8 +12,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from reconciler import wiring
-from reconciler.adapters.plan_file import load_saved_plan, save_plan
 from reconciler.cli.options import lock_timeout_option, settings_of, source_options
 from reconciler.cli.shell import (
     EXIT_CHANGES,
@@ -26,7 +24,6 @@ from reconciler.cli.shell import (
     tell,
 )
 from reconciler.loop.pass_log import log_step
-from reconciler.loop.reconcile import reconcile
 from reconciler.model.analysis import Evaluation
 from reconciler.model.errors import ReconcileError, ValidationError
 from reconciler.model.plan import Step
@@ -34,9 +31,7 @@ from reconciler.model.results import Draining, StepResult
 from reconciler.model.settings import Settings
 from reconciler.model.source import Source
 from reconciler.views.live import drain_text, evaluation_line, started_line, waiting_line
-from reconciler.views.render import plan_json, progress_line, report_json, report_text
-from reconciler.views.review import plan_markdown
-from reconciler.views.steps import plan_steps_json
+from reconciler.views.render import progress_line
 
 
 def _declare_plan(commands: Commands) -> None:
@@ -147,6 +142,8 @@ class ApplyLines:
 def one_reconciler(args: argparse.Namespace, settings: Settings) -> Iterator[None]:
     """Hold the reconciler lock for a one-shot command that changes something (apply,
     undo), waiting at most --lock-timeout for another holder; ReconcileError naming it."""
+    from reconciler import wiring  # late: see cli/__init__.py
+
     lock = wiring.reconciler_lock(settings, str(args.command))
     holder = lock.holder()
     if holder is not None and args.lock_timeout > 0:
@@ -170,6 +167,13 @@ def one_reconciler(args: argparse.Namespace, settings: Settings) -> Iterator[Non
 
 
 def _pass(args: argparse.Namespace, apply_changes: bool) -> int:
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.adapters.plan_file import load_saved_plan, save_plan
+    from reconciler.loop.reconcile import reconcile
+    from reconciler.views.render import plan_json, report_json, report_text
+    from reconciler.views.review import plan_markdown
+    from reconciler.views.steps import plan_steps_json
+
     source = Source(args.repo, args.ref, args.path)
     settings = settings_of(args)
     lines = ApplyLines(5.0 if sys.stderr.isatty() else 30.0, args.log_format == "json")

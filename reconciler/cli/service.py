@@ -9,15 +9,11 @@ import logging
 import os
 from pathlib import Path
 
-from reconciler import wiring
 from reconciler.adapters.logs import configure_logging
-from reconciler.adapters.secret_files import SecretFileError, SecretFiles
 from reconciler.cli.options import seconds_option, settings_of, source_options
 from reconciler.cli.shell import Command, Commands, failed
 from reconciler.model.settings import RunSettings
 from reconciler.model.source import Source
-from reconciler.service.daemon import Daemon
-from reconciler.service.operator import parse_tokens
 
 _RUN = RunSettings()
 
@@ -115,6 +111,12 @@ _SECRET_VARIABLES = {
 
 
 def _run(args: argparse.Namespace) -> int:
+    # The service's modules are imported by the command that runs it: see cli/__init__.py.
+    from reconciler import wiring
+    from reconciler.adapters.secret_files import SecretFileError, SecretFiles
+    from reconciler.service.daemon import Daemon
+    from reconciler.service.operator import parse_tokens
+
     configure_logging(args.log_format, args.log_level, replace=True)
     # The secret files are read again whenever they change (a rotated Kubernetes Secret);
     # a value from the environment stays as it was at start.

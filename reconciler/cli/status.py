@@ -13,8 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-from reconciler import wiring
-from reconciler.adapters.operator_client import live_status
 from reconciler.cli.options import (
     default_state,
     seconds_option,
@@ -32,11 +30,8 @@ from reconciler.cli.shell import (
     operator_token,
     print_as,
 )
-from reconciler.loop.status import status
 from reconciler.model.errors import ReconcileError
 from reconciler.model.source import Source
-from reconciler.views.live import live_text
-from reconciler.views.render import history_json, history_text, status_json, status_text
 
 
 def _declare_history(commands: Commands) -> None:
@@ -53,6 +48,9 @@ def _declare_history(commands: Commands) -> None:
 
 
 def _history(args: argparse.Namespace) -> int:
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.views.render import history_json, history_text
+
     if not args.state.exists():
         # Not an error: nothing was applied with this state store yet (and none is made).
         print(f"no history yet: no state store at {args.state} (apply and run write it)",
@@ -74,6 +72,7 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _declare_status(commands: Commands) -> None:
+
     status = commands.add_parser(
         "status",
         help="per server and model: desired versus served versions, holds, last error",
@@ -103,6 +102,10 @@ def _declare_status(commands: Commands) -> None:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.loop.status import status
+    from reconciler.views.render import status_json, status_text
+
     if args.watch:
         if args.model or args.server:
             return failed("--model and --server narrow status's rows; --watch shows them all")
@@ -136,6 +139,10 @@ def _status(args: argparse.Namespace) -> int:
 def _watch_status(args: argparse.Namespace) -> int:
     """status --watch: the live view, redrawn on a terminal; elsewhere printed each time it
     changes (one block per change, for logs). Runs until interrupted."""
+    from reconciler import wiring  # late: see cli/__init__.py
+    from reconciler.adapters.operator_client import live_status
+    from reconciler.views.live import live_text
+
     token = operator_token(args) if args.service else None
     if not args.service:
         existing_state(args)

@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 from statistics import median
 
-from scipy.stats import mannwhitneyu
-
 from reconciler.core.readings import delta, ratio
 from reconciler.model.analysis import Baseline, Check, CheckResult, Figures, ProbeFigures, Verdict
 
@@ -264,6 +262,10 @@ def beyond_bound(new: Sequence[float], old: Sequence[float], limit: float) -> fl
     """The p-value of the one-sided Mann-Whitney U test that the new versions' probe
     latencies lie above the old's times ``1 + limit``: small when the increase beyond the
     bound is the version's, not a few probes' noise."""
+    # Imported here: scipy.stats takes about 0.5 s to import, which every command would pay
+    # (a pull request's validate, issue 46) for a test only an analysis runs.
+    from scipy.stats import mannwhitneyu
+
     scaled = [value * (1.0 + limit) for value in old]
     return float(mannwhitneyu(new, scaled, alternative="greater").pvalue)
 

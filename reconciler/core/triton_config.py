@@ -5,7 +5,7 @@ whole config: the base (the loaded config, else the repository's config.pbtxt) w
 manifest's ``spec.config`` merged over it and the version policy set. Pure functions, no I/O.
 
 The ModelConfig protobuf message (google.protobuf and tritonclient's ``model_config_pb2``) is
-imported lazily, inside ``canonical`` and ``parse_pbtxt`` only: the planner and the views
+imported lazily, inside ``canonical`` and ``parse_pbtxt`` only (``_model_config_pb2``): the planner and the views
 import this module, and importing the pure core must not load gRPC and protobuf (this is the
 one function-level exception the import contract allows).
 """
@@ -32,10 +32,9 @@ def canonical(config: Mapping[str, Any]) -> dict[str, Any]:
     field or value the ModelConfig message does not have.
     """
     from google.protobuf import json_format
-    from tritonclient.grpc import model_config_pb2
 
     try:
-        message = json_format.ParseDict(dict(config), model_config_pb2.ModelConfig())
+        message = json_format.ParseDict(dict(config), _model_config_pb2().ModelConfig())
     except json_format.ParseError as exc:
         raise ValueError(str(exc).splitlines()[0]) from exc
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
@@ -51,13 +50,46 @@ def _canonical_of(text: str) -> dict[str, Any]:
 def parse_pbtxt(text: str) -> dict[str, Any]:
     """config.pbtxt (protobuf text format) as Triton's JSON form; raises ValueError."""
     from google.protobuf import json_format, text_format
-    from tritonclient.grpc import model_config_pb2
 
     try:
-        message = text_format.Parse(text, model_config_pb2.ModelConfig())
+        message = text_format.Parse(text, _model_config_pb2().ModelConfig())
     except text_format.ParseError as exc:
         raise ValueError(str(exc)) from exc
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+_MODEL_CONFIG = "tritonclient.grpc.model_config_pb2"
+
+
+@functools.cache
+def _model_config_pb2() -> Any:
+    """tritonclient's generated ``model_config_pb2`` module. Where ``tritonclient.grpc`` is
+    not imported yet, the module's own file is loaded alone, registered under its name (the
+    package imports it from there later): the package's ``__init__`` imports gRPC, numpy
+    and ml_dtypes, 0.2 s that ``validate`` (issue 46: a pull request's check) would pay for
+    a message that needs only protobuf."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "tritonclient.grpc" in sys.modules or _MODEL_CONFIG in sys.modules:
+        return importlib.import_module(_MODEL_CONFIG)
+    package = importlib.util.find_spec("tritonclient")
+    if package is None or not package.submodule_search_locations:
+        return importlib.import_module(_MODEL_CONFIG)
+    path = Path(next(iter(package.submodule_search_locations)), "grpc", "model_config_pb2.py")
+    spec = importlib.util.spec_from_file_location(_MODEL_CONFIG, path)
+    if spec is None or spec.loader is None:
+        return importlib.import_module(_MODEL_CONFIG)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_MODEL_CONFIG] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[_MODEL_CONFIG]
+        raise
+    return module
 
 
 def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
