@@ -4,6 +4,7 @@ bombs, deep nesting, huge or binary files and values JSON cannot hold.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -15,6 +16,7 @@ from ruamel.yaml.events import AliasEvent, ScalarEvent
 from ruamel.yaml.nodes import MappingNode, ScalarNode
 from ruamel.yaml.reader import ReaderError
 
+from reconciler.core.spec.plain_yaml import Lines, NotPlain, plain_documents
 from reconciler.core.spec.schema import (
     API_GROUPS,
     KIND_SCHEMAS,
@@ -56,14 +58,20 @@ class UnreadFile(bytes):
 
 
 class Document:
-    """One YAML document of one file, with a way to find the line of any path in it."""
+    """One YAML document of one file, with a way to find the line of any path in it: by
+    ``lines`` where the fast reader read it (``core.spec.plain_yaml``), else by ruamel's."""
 
-    def __init__(self, file: str, root: CommentedMap, start_line: int) -> None:
+    def __init__(
+        self, file: str, root: Mapping[str, Any], start_line: int, lines: Lines | None = None
+    ) -> None:
         self.file = file
         self.root = root
         self.start_line = start_line
+        self.lines = lines
 
     def line(self, path: JsonPath) -> int:
+        if self.lines is not None:
+            return self._plain_line(path, self.lines)
         node: Any = self.root
         line = self.start_line
         for step in path:
@@ -78,6 +86,19 @@ class Document:
                     break
             except (KeyError, IndexError, TypeError, AttributeError):
                 break
+        return line
+
+    def _plain_line(self, path: JsonPath, lines: Lines) -> int:
+        node: Any = self.root
+        line = self.start_line
+        for step in path:
+            if isinstance(node, dict) and step in node:
+                line = lines.keys[id(node)][step]  # type: ignore[index]  # a str step
+            elif isinstance(node, list) and isinstance(step, int) and 0 <= step < len(node):
+                line = lines.items[id(node)][step]
+            else:
+                break
+            node = node[step]
         return line
 
     def problem(self, path: JsonPath, message: str) -> Problem:
@@ -197,6 +218,11 @@ def yaml_documents(
                 Problem(file, 1, f"not UTF-8 text ({exc.reason} at byte {exc.start}): binary?")
             )
             continue
+        try:
+            yield from _plain(file, text, ignored)
+            continue
+        except NotPlain:
+            pass  # ruamel reads it, and says what is wrong where it always has
         yaml = YAML(typ="rt")
         yaml.allow_duplicate_keys = False
         yaml.Composer = _BoundedComposer
@@ -248,6 +274,33 @@ def yaml_documents(
                 )
                 continue
             yield doc
+
+
+# Line breaks of YAML 1.1 (libyaml's) that YAML 1.2 (ruamel's) reads as text: a text with one
+# would be read with other line numbers.
+_OLD_BREAKS = re.compile("[\x85\u2028\u2029]")
+# A manifest is a few kilobytes. Past this, ruamel reads it: its composer refuses a text past
+# the caps while reading, where libyaml would compose every node of a megabyte first.
+MAX_PLAIN_BYTES = 64 << 10
+
+
+def _plain(file: str, text: str, ignored: dict[str, list[str]] | None) -> Iterator[Document]:
+    """The documents of a plain manifest (``core.spec.plain_yaml``), read whole before the
+    first is given: a text that is not plain raises ``NotPlain`` before any."""
+    if len(text) > MAX_PLAIN_BYTES:
+        raise NotPlain("a large text")
+    if _OLD_BREAKS.search(text):
+        raise NotPlain("a YAML 1.1 line break")
+    documents = plain_documents(text, MAX_YAML_DEPTH, MAX_YAML_VALUES)
+    for value, start_line, lines in documents:
+        if value is None:
+            continue
+        other = other_tool(value) if isinstance(value, dict) else "not a mapping"
+        if other is not None or not isinstance(value, dict):
+            if ignored is not None:
+                ignored.setdefault(file, []).append(other or "")
+            continue
+        yield Document(file, value, start_line, lines)
 
 
 def _start_line(node: Any) -> int:
