@@ -27,6 +27,7 @@ from reconciler.adapters.alerts import (
     WebhookAlerter,
 )
 from reconciler.adapters.comparator import LiveComparator
+from reconciler.adapters.config_memory import ConfigMemory, memory_path
 from reconciler.adapters.discovery import HostsFileResolver, Resolver, SystemResolver
 from reconciler.adapters.envoy import EnvoyRouter
 from reconciler.adapters.git import GitManifests, GitSource, GitWriter, folder_in_repository
@@ -76,7 +77,24 @@ def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
         load_timeout=settings.triton.load_timeout,
         call_timeout=settings.triton.call_timeout,
         config_recheck=settings.triton.config_recheck,
+        config_memory=config_memory(settings.state_path),
     )
+
+
+# One per state store in a process: the file is read once, at its first client.
+_CONFIG_MEMORIES: dict[Path, ConfigMemory] = {}
+
+
+def config_memory(state_path: Path) -> ConfigMemory | None:
+    """The configs remembered beside the state store (adapters/config_memory.py); None
+    where the state store's folder does not exist (a plan in CI that keeps nothing)."""
+    if not state_path.parent.is_dir():
+        return None
+    path = memory_path(state_path)
+    found = _CONFIG_MEMORIES.get(path)
+    if found is None:
+        found = _CONFIG_MEMORIES[path] = ConfigMemory(path)
+    return found
 
 
 def watch_client(server: str, address: str) -> TritonServerClient:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 import threading
 import time
 import uuid
@@ -29,6 +28,7 @@ import tritonclient.grpc as triton_grpc
 from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
+from reconciler.adapters.config_memory import CachedConfig, ConfigMemory, ServerConfigs
 from reconciler.adapters.model_repository import read_model, store_trouble
 from reconciler.adapters.triton_sequence import correlation_id, whole_sequence
 from reconciler.adapters.triton_stream import StreamRequest, stream_once
@@ -77,14 +77,6 @@ def _signature(tensor: Mapping[str, Any]) -> TensorSignature:
         str(tensor["datatype"]),
         tuple(int(d) for d in tensor.get("shape", [])),
     )
-
-
-@dataclass(frozen=True)
-class _CachedConfig:
-    versions: tuple[VersionState, ...]  # the model's index entries when it was read
-    config: dict[str, Any] | None
-    generation: int  # changes when a re-read finds another config
-    due: float  # when to read it again anyway
 
 
 @dataclass(frozen=True)
@@ -149,6 +141,7 @@ class TritonServerClient:
         config_recheck: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
         keep_connection: bool = False,
+        config_memory: ConfigMemory | None = None,
     ) -> None:
         self.name = name
         self.address = address
@@ -157,9 +150,8 @@ class TritonServerClient:
         self.model_repository = model_repository
         self.config_recheck = config_recheck
         self._clock = clock
-        self._configs: dict[str, _CachedConfig] = {}
+        self._configs = ServerConfigs(name, address, config_recheck, clock, config_memory)
         self._last: _LastObservation | None = None
-        self._generations = itertools.count()
         # Tokens of two clients never compare equal, even for one server.
         self._epoch = next(_EPOCHS)
         self._client = triton_grpc.InferenceServerClient(
@@ -176,6 +168,7 @@ class TritonServerClient:
         return cls(server.name, server.grpc, model_repository=server.model_repository, **options)
 
     def close(self) -> None:
+        self._configs.remember()  # for the next process's clients (adapters/config_memory.py)
         self._client.close()
 
     def __enter__(self) -> TritonServerClient:
@@ -309,25 +302,13 @@ class TritonServerClient:
     def model_state(self, model: str) -> ModelState:
         return ModelState(model, self._by_model(self._index()).get(model, ()))
 
-    def _config(self, model: str, versions: tuple[VersionState, ...]) -> _CachedConfig:
-        """The config ``model`` runs with (and its generation): from the cache while its
-        index entries are the ones it was read with and its recheck is not due."""
-        now = self._clock()
-        cached = self._configs.get(model)
-        if cached is not None and cached.versions == versions and now < cached.due:
+    def _config(self, model: str, versions: tuple[VersionState, ...]) -> CachedConfig:
+        """The config ``model`` runs with (and its generation): from ``ServerConfigs`` while
+        its index entries are the ones it was read with and its recheck is not due."""
+        cached = self._configs.current(model, versions)
+        if cached is not None:
             return cached
-        config = self._loaded_config(model)
-        generation = (
-            cached.generation
-            if cached is not None and cached.config == config
-            else next(self._generations)
-        )
-        # Spread the rechecks over half to one and a half intervals, so the configs read in
-        # one pass are not all read again in one later pass.
-        due = now + self.config_recheck * (0.5 + random.random())
-        entry = _CachedConfig(versions, config, generation, due)
-        self._configs[model] = entry
-        return entry
+        return self._configs.record(model, versions, self._loaded_config(model))
 
     def server_version(self) -> str:
         """Triton's version, from its server metadata (``triton-gitops check``)."""
@@ -467,7 +448,7 @@ class TritonServerClient:
 
     def _forget(self, model: str) -> None:
         # A load may change the config with the same versions: read it again.
-        self._configs.pop(model, None)
+        self._configs.forget(model)
         self._last = None
 
     def load(self, model: str, config: Mapping[str, Any]) -> None:

@@ -238,9 +238,10 @@ def _reconciler(parser: argparse.ArgumentParser) -> None:
         run,
         "--config-recheck",
         _TRITON.config_recheck,
-        "run: how often a loaded model's config is read again although Triton's index "
-        "shows no change (a hand reload with another config); spread over 0.5x-1.5x "
-        "(%(default)g)",
+        "how often a loaded model's config is read again although Triton's index shows no "
+        "change (a hand reload with another config); spread over 0.5x-1.5x (%(default)g). "
+        "Configs read are kept beside --state for the next process; 0: read every config "
+        "every pass",
     )
     run.add_argument(
         "--allow-empty",

@@ -25,6 +25,19 @@ def client(triton: LocalTriton, model_repository: Path) -> Iterator[TritonServer
         yield client
 
 
+def config_reads(client: TritonServerClient) -> list[str]:
+    """The models whose config ``client`` asks its server for, from now on, in order."""
+    reads: list[str] = []
+    get_model_config = client._client.get_model_config
+
+    def counting(model: str, **options: object) -> object:
+        reads.append(model)
+        return get_model_config(model, **options)
+
+    client._client.get_model_config = counting  # type: ignore[method-assign]
+    return reads
+
+
 def _config(model_repository: Path, versions: list[int]) -> dict[str, object]:
     base = parse_pbtxt((model_repository / "echo" / "config.pbtxt").read_text())
     return with_versions(base, "echo", versions)
@@ -96,14 +109,7 @@ def test_a_kept_client_reads_configs_again_only_when_they_may_have_changed(
         "edge-a", triton.grpc_address, config_recheck=60.0, clock=lambda: now[0]
     )
     by_hand = TritonServerClient("someone", triton.grpc_address)
-    reads: list[str] = []
-    get_model_config = ours._client.get_model_config
-
-    def counting(model: str, **options: object) -> object:
-        reads.append(model)
-        return get_model_config(model, **options)
-
-    ours._client.get_model_config = counting  # type: ignore[method-assign]
+    reads = config_reads(ours)
     try:
         ours.load("echo", _config(model_repository, [1]))
         first = ours.observe(["echo"])
