@@ -39,7 +39,10 @@ Per size (10, 100, 1,000 instances x 100 models), each with its own state store 
     reconciler's code is not changed. CPU per pass: this process, its children (git), and
     the simulated instances (``/proc/PID/stat``), since all share the 2 cores; and the time
     spent in the garbage collector (``gc.callbacks``). These are one-shot passes (as
-    ``triton-gitops apply``); then the service's passes (as ``triton-gitops run``): one
+    ``triton-gitops apply``: a new process's clients, which start from the configs the pass
+    before read, kept beside the state store by ``adapters.config_memory``; the warm-up pass
+    is the one with nothing kept, every loaded config read); then the service's passes (as
+    ``triton-gitops run``): one
     ``PassMemory`` kept from pass to pass, one warm-up pass, then ``--passes`` measured.
 (c) for the largest size, one more service pass under cProfile: the main thread and every
     worker thread (``threading.setprofile`` starts a profiler in each new thread), merged; top

@@ -36,9 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.fleet import SPEC_CONFIG, Group, SimulatedFleet, model_names
-from bench.harness.cli import markdown_main
+from bench.harness.cli import envelope, markdown_main, section_head
 from bench.harness.errors import BenchError
-from bench.harness.provenance import provenance
 from testkit.manifests import ManifestRepo
 
 RESULTS = Path(__file__).parent / "results"
@@ -150,26 +149,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="bench-repository-") as tmp:
             print(f"{size} manifests", file=sys.stderr)
             sizes.append(one_size(size, args.runs, Path(tmp)))
-    return {
-        "benchmark": "repository_size",
-        "command": " ".join(["python -m bench.repository_size", *sys.argv[1:]]),
-        **provenance(),
-        "load_average_at_start": load_at_start,
-        "load_average_at_end": os.getloadavg(),
-        "sizes": sizes,
-    }
+    return envelope("repository_size", load_at_start, sizes=sizes)
 
 
 def markdown(result: dict[str, Any]) -> str:
+    how = "Wall seconds per run, a fresh interpreter each (median, range)."
     lines = [
-        "```sh",
-        result["command"],
-        "```",
-        "",
-        f"Load average {result['load_average_at_start'][0]:.2f} at the start, "
-        f"{result['load_average_at_end'][0]:.2f} at the end. Wall seconds per run, a fresh "
-        "interpreter each (median, range).",
-        "",
+        *section_head(result, how),
         "| manifests | validate | validate, ruamel only | ratio | plan (10 servers) |"
         " validate ms/manifest | plan ms/manifest |",
         "|---:|---|---|---:|---|---:|---:|",

@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 from bench.harness.errors import VOID
+from bench.harness.provenance import provenance
 
 R = TypeVar("R")
 
@@ -69,3 +71,29 @@ def markdown_main(
     print(section)
     print(f"JSON result: {args.output}", file=sys.stderr)
     return 0
+
+
+def envelope(benchmark: str, load_at_start: tuple[float, ...], **parts: Any) -> dict[str, Any]:
+    """A result's common part: the benchmark, its command line as run, the code measured
+    (``provenance``) and the machine's load average at its start and end, then ``parts``."""
+    return {
+        "benchmark": benchmark,
+        "command": " ".join([f"python -m bench.{benchmark}", *sys.argv[1:]]),
+        **provenance(),
+        "load_average_at_start": load_at_start,
+        "load_average_at_end": os.getloadavg(),
+        **parts,
+    }
+
+
+def section_head(result: Mapping[str, Any], how: str) -> list[str]:
+    """A section's first lines: the command in a code block, the load average, ``how``."""
+    return [
+        "```sh",
+        str(result["command"]),
+        "```",
+        "",
+        f"Load average {result['load_average_at_start'][0]:.2f} at the start, "
+        f"{result['load_average_at_end'][0]:.2f} at the end. {how}",
+        "",
+    ]
