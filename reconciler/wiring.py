@@ -71,30 +71,23 @@ if TYPE_CHECKING:
 # pull request's validate and plan, issue 46) that never asks a Kubernetes API.
 
 
-def new_client(server: TritonServer, settings: Settings) -> TritonServerClient:
+def new_client(
+    server: TritonServer, settings: Settings, memory: ConfigMemory | None = None
+) -> TritonServerClient:
     return TritonServerClient.for_server(
         server,
         load_timeout=settings.triton.load_timeout,
         call_timeout=settings.triton.call_timeout,
         config_recheck=settings.triton.config_recheck,
-        config_memory=config_memory(settings.state_path),
+        config_memory=memory,
     )
 
 
-# One per state store in a process: the file is read once, at its first client.
-_CONFIG_MEMORIES: dict[Path, ConfigMemory] = {}
-
-
 def config_memory(state_path: Path) -> ConfigMemory | None:
-    """The configs remembered beside the state store (adapters/config_memory.py); None
-    where the state store's folder does not exist (a plan in CI that keeps nothing)."""
-    if not state_path.parent.is_dir():
-        return None
-    path = memory_path(state_path)
-    found = _CONFIG_MEMORIES.get(path)
-    if found is None:
-        found = _CONFIG_MEMORIES[path] = ConfigMemory(path)
-    return found
+    """The configs remembered beside the state store (adapters/config_memory.py), one for
+    the clients of a pass (the file is read once, at the first of them); None where the
+    state store's folder does not exist (a plan in CI that keeps nothing)."""
+    return ConfigMemory(memory_path(state_path)) if state_path.parent.is_dir() else None
 
 
 def watch_client(server: str, address: str) -> TritonServerClient:
@@ -194,13 +187,14 @@ def ports(
         return metrics_reader(settings.analysis.prometheus_url, server.metrics)
 
     manifests = GitManifests(git_source(source, settings), settings.cache_dir / "gpg")
+    memory = config_memory(settings.state_path)
     return Ports(
         manifests=manifests,
         approval=manifests,
         open_state=lambda: StateStore(settings.state_path, history_days=settings.history_days),
         read_state=lambda: StateStore(settings.state_path, read_only=True),
         open_alerts=lambda: alerter(settings),
-        triton=lambda server: new_client(server, settings),
+        triton=lambda server: new_client(server, settings, memory),
         metrics=metrics,
         reverts=revert_writer(source, settings),
         resolver=resolver(settings),

@@ -29,7 +29,8 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,7 +144,6 @@ class ConfigMemory:
         self._lock = threading.Lock()
         self._recalled: dict[tuple[str, str], dict[str, Reading]] | None = None
         self._stored: set[str] = set()  # config digests in the file
-        self._connection: sqlite3.Connection | None = None
         self._broken = False
 
     def recall(self, server: str, address: str) -> dict[str, Reading]:
@@ -161,53 +161,56 @@ class ConfigMemory:
             except (sqlite3.Error, OSError) as exc:
                 self._give_up("written", exc)
 
-    def close(self) -> None:
-        with self._lock:
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
-
-    def _connect(self) -> sqlite3.Connection:
+    @contextmanager
+    def _connected(self) -> Iterator[sqlite3.Connection]:
+        """A connection for one read or write, closed after it: a process may hold memories
+        of many state stores (the tests' passes do), and open connections would hold three
+        file descriptors each for the process's life."""
         if self._broken:
             raise sqlite3.OperationalError("given up earlier")
-        if self._connection is None:
-            connection = sqlite3.connect(self.path, timeout=5.0, check_same_thread=False)
+        connection = sqlite3.connect(self.path, timeout=5.0)
+        try:
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA synchronous=OFF")  # a cache: a lost write costs reads
             for statement in _SCHEMA:
                 connection.execute(statement)
-            self._connection = connection
-        return self._connection
+            yield connection
+        finally:
+            connection.close()
 
     def _read(self) -> dict[tuple[str, str], dict[str, Reading]]:
         if not self.path.exists():
             return {}
         try:
-            connection = self._connect()
-            configs = {
-                digest: json.loads(zlib.decompress(body))
-                for digest, body in connection.execute("SELECT digest, body FROM configs")
-            }
-            self._stored = set(configs)
-            recalled: dict[tuple[str, str], dict[str, Reading]] = {}
-            for server, address, body in connection.execute(
-                "SELECT server, address, body FROM readings"
-            ):
-                recalled[(server, address)] = {
-                    model: Reading(
-                        tuple(VersionState(int(v), str(s), str(r)) for v, s, r in versions),
-                        None if digest is None else configs[digest],
-                        float(read_at),
-                    )
-                    for model, versions, digest, read_at in json.loads(zlib.decompress(body))
-                }
-            return recalled
+            with self._connected() as connection:
+                return self._recalled_from(connection)
         except (sqlite3.Error, OSError, ValueError, KeyError, TypeError, zlib.error) as exc:
             self._give_up("read", exc)
             return {}
 
+    def _recalled_from(
+        self, connection: sqlite3.Connection
+    ) -> dict[tuple[str, str], dict[str, Reading]]:
+        configs = {
+            digest: json.loads(zlib.decompress(body))
+            for digest, body in connection.execute("SELECT digest, body FROM configs")
+        }
+        self._stored = set(configs)
+        recalled: dict[tuple[str, str], dict[str, Reading]] = {}
+        for server, address, body in connection.execute(
+            "SELECT server, address, body FROM readings"
+        ):
+            recalled[(server, address)] = {
+                model: Reading(
+                    tuple(VersionState(int(v), str(s), str(r)) for v, s, r in versions),
+                    None if digest is None else configs[digest],
+                    float(read_at),
+                )
+                for model, versions, digest, read_at in json.loads(zlib.decompress(body))
+            }
+        return recalled
+
     def _write(self, server: str, address: str, readings: Mapping[str, Reading]) -> None:
-        connection = self._connect()
         rows = []
         new_configs: list[tuple[str, bytes]] = []
         for model, reading in sorted(readings.items()):
@@ -221,7 +224,7 @@ class ConfigMemory:
             versions = [[v.version, v.state, v.reason] for v in reading.versions]
             rows.append([model, versions, digest, reading.read_at])
         body = zlib.compress(json.dumps(rows, separators=(",", ":")).encode())
-        with connection:
+        with self._connected() as connection, connection:
             connection.executemany(
                 "INSERT OR IGNORE INTO configs (digest, body) VALUES (?, ?)", new_configs
             )

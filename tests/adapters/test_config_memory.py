@@ -32,7 +32,6 @@ def test_readings_come_back_in_another_process_and_configs_are_kept_once(
     reading = Reading(READY, CONFIG, 1000.0)
     first.remember("a", "127.0.0.1:1", {"echo": reading, "gone": Reading((), None, 999.0)})
     first.remember("b", "127.0.0.1:2", {"echo": reading})
-    first.close()
 
     again = ConfigMemory(path)  # as a new process would
     assert again.recall("a", "127.0.0.1:1") == {
@@ -95,7 +94,7 @@ def test_a_new_client_starts_from_what_the_last_one_read(
     first.load("echo", base)
     loaded = first.observe(["echo"]).model("echo").loaded_config
     assert loaded is not None
-    first.close()
+    first.close()  # gives what it read to the file
 
     def client(recheck: float = 600.0) -> tuple[TritonServerClient, list[str]]:
         fresh = TritonServerClient(
