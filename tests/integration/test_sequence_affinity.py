@@ -196,13 +196,19 @@ def test_the_reconcilers_affinity_keeps_every_sequence_whole_as_its_adapter_move
     assert _broken(sequences) == []
     assert sum(len(in_flight_at(sequences, moment)) for moment in marks[1:]) >= 3
     bounds = [*marks[1:], float("inf")]
+    # Envoy's runtime reaches its worker threads after the admin call that set it returns
+    # (each worker's snapshot is updated by a post to it): a START sent within that moment
+    # can still follow the old weights. A clean-clone CI run saw one at the 100% step, on
+    # the stable pool. Those starts are left out; the weights' own share is another test's.
+    settle = 0.2
     new = {
-        (i, p): list(started_between(sequences, s, e))
+        (i, p): list(started_between(sequences, s + settle, e))
         for i, (p, s, e) in enumerate(zip(steps, marks, bounds, strict=True))
     }
-    assert {s.scale for s in new[(0, 0)]} == {1}
-    assert {s.scale for s in new[(3, 100)]} == {2}
-    assert {s.scale for s in new[(4, 0)]} == {1}
+    scales = {key: sorted({s.scale for s in found}) for key, found in new.items()}
+    assert scales[(0, 0)] == [1], f"new sequences' servers by (step, weight): {scales}"
+    assert scales[(3, 100)] == [2], f"new sequences' servers by (step, weight): {scales}"
+    assert scales[(4, 0)] == [1], f"new sequences' servers by (step, weight): {scales}"
 
     nowhere = f"127.0.0.1:{free_port('127.0.0.1')}"  # the empty canary pool, at weight 0
     rest = {"stable": [a.grpc_address, b.grpc_address], "canary": [nowhere]}
