@@ -5,7 +5,7 @@ round trip builds them (``yes`` is text, ``1.0`` a number).
 A manifest is read here only when it is plain: no alias, no explicit tag, no ``%YAML``
 directive, no merge key, no duplicate or non-text key, text, whole numbers in decimal,
 decimals, booleans and nulls only, within the caps of ``core.spec.yaml``. Anything else, and
-any error of the text, is left to ruamel.yaml's reader (``PlainYaml.NOT_PLAIN``), which says
+any error of the text, is left to ruamel.yaml's reader (``NotPlain`` says so), which says
 what is wrong in the words and at the lines it always has: errors and odd manifests are few,
 plain manifests are thousands. ruamel's round trip composes about 9 ms a small manifest in
 pure Python (issue 46: 10.7 s to validate 1,000); libyaml under 1 ms.
