@@ -253,12 +253,7 @@ def yaml_documents(
         for document in loaded:
             if document is None:
                 continue
-            # A list or a lone value is no tool's manifest that this reconciler could read:
-            # another tool's file (an Ansible playbook is a list).
-            other = other_tool(document) if isinstance(document, CommentedMap) else "not a mapping"
-            if other is not None or not isinstance(document, CommentedMap):
-                if ignored is not None:
-                    ignored.setdefault(file, []).append(other or "")
+            if not _ours(file, document, ignored):
                 continue
             doc = Document(file, document, _start_line(document))
             foreign = foreign_value(document, ())
@@ -295,12 +290,21 @@ def _plain(file: str, text: str, ignored: dict[str, list[str]] | None) -> Iterat
     for value, start_line, lines in documents:
         if value is None:
             continue
-        other = other_tool(value) if isinstance(value, dict) else "not a mapping"
-        if other is not None or not isinstance(value, dict):
-            if ignored is not None:
-                ignored.setdefault(file, []).append(other or "")
-            continue
-        yield Document(file, value, start_line, lines)
+        if _ours(file, value, ignored):
+            yield Document(file, value, start_line, lines)
+
+
+def _ours(file: str, document: Any, ignored: dict[str, list[str]] | None) -> bool:
+    """Whether a document is this reconciler's; another's is counted in ``ignored``. A list
+    or a lone value is no tool's manifest that this reconciler could read: another tool's
+    file (an Ansible playbook is a list). Both readers' mappings are dicts (ruamel's
+    CommentedMap is one)."""
+    other = other_tool(document) if isinstance(document, dict) else "not a mapping"
+    if other is None:
+        return True
+    if ignored is not None:
+        ignored.setdefault(file, []).append(other)
+    return False
 
 
 def _start_line(node: Any) -> int:
