@@ -120,11 +120,17 @@ def _lingering(control: ModelControl, step: Step) -> bool:
 
 
 def prepare_analysis(
-    control: ModelControl, change: ModelChange, context: ChangeContext, timing: Timing
+    control: ModelControl,
+    change: ModelChange,
+    context: ChangeContext,
+    timing: Timing,
+    old_at: ModelControl | None,
 ) -> None:
     """Before anything loads, what the analysis needs from the time the old versions alone
     serve: the new versions' counters (so that their requests count from READY) and the
-    probes, with their synthesized requests tried on the old version."""
+    probes, with their synthesized requests tried on the old version. ``old_at``: the
+    server the old versions are probed on (``control`` itself, unless a traffic rollout
+    unloaded them here: ``TrafficPlan.old_probed_on``; None: on none)."""
     step = next((s for s in change.steps if s.action is Action.ANALYZE), None)
     if step is None or step.analysis is None:
         return
@@ -141,13 +147,13 @@ def prepare_analysis(
     if not step.analysis.probes.enabled:
         return
     interface, unread = context.interface, None
-    if interface is None and step.baseline:
+    if interface is None and step.baseline and old_at is not None:
         try:
-            interface = control.interface(step.model, max(step.baseline))
+            interface = old_at.interface(step.model, max(step.baseline))
         except VerifyFailed as exc:
             interface, unread = None, str(exc)  # said in the probes' note
     context.prober = Prober.prepare(
-        control, step, step.analysis.probes, timing.clock, interface, unread
+        control, step, step.analysis.probes, timing.clock, interface, unread, old_at
     )
     if step.old_under_load:
         context.prober.old_under_load(step.old_under_load, timing.sleep, timing.stopping)
@@ -165,7 +171,7 @@ def apply_change(
     unread = read_interface(control, change, context)
     if unread is not None:
         return ChangeResult(change, Outcome.FAILED, (unread,))
-    prepare_analysis(control, change, context, timing)
+    prepare_analysis(control, change, context, timing, control)
     results = run_steps(control, change.steps, timing, progress, context)
     if all(r.ok for r in results):
         return ChangeResult(change, Outcome.CONVERGED, tuple(results))

@@ -129,12 +129,16 @@ class ProbeSender:
 
 
 def chosen(
-    step: Step, interface: ModelInterface | None, sender: ProbeSender, unread: str | None = None
+    step: Step,
+    interface: ModelInterface | None,
+    old: ProbeSender | None,
+    unread: str | None = None,
 ) -> tuple[tuple[ProbeRequest, ...], ProbeFigures]:
     """The probe requests, and the figures they start from (what was left out, and why
     there are none, when none): declared ones, else one synthesized from ``interface`` (the
-    old versions'). A request judged against the old version is tried on it now, and left
-    out if the old version fails it too; with no old version, only smoke cases: a request
+    old versions'). A request judged against the old version is tried on it now (through
+    ``old``, where it serves), and left out if the old version fails it too; with no old
+    version, only smoke cases: a request
     with no expected answer is judged against the old version, and with none (a first
     deployment) its failure says nothing about the new one (a model may reject zeros)."""
     outputs = tuple(t.name for t in interface.outputs) if interface else ()
@@ -154,20 +158,25 @@ def chosen(
         )
     if not any(r.relative for r in requests):
         return requests, ProbeFigures()
-    if not step.baseline:
+    if old is None:
         kept = tuple(r for r in requests if not r.relative)
         first = (
             "no old version to judge a synthesized or recorded request against; "
             "declare smoke cases to probe a first deployment"
+            if not step.baseline
+            else f"no server serves version {max(step.baseline)} to judge a synthesized or "
+            "recorded request against; declare smoke cases to probe this model"
         )
         return kept, ProbeFigures(note=None if kept else first)
-    old = max(step.baseline)
-    kept = tuple(r for r in requests if not r.relative or sender.send(r, old).counted.error is None)
+    version = max(step.baseline)
+    kept = tuple(
+        r for r in requests if not r.relative or old.send(r, version).counted.error is None
+    )
     skipped = len(requests) - len(kept)
     note = (
         None
         if kept
-        else f"version {old} fails the {skipped} synthesized or recorded request(s) too; "
+        else f"version {version} fails the {skipped} synthesized or recorded request(s) too; "
         "declare smoke cases to probe this model"
     )
     return kept, ProbeFigures(skipped=skipped, note=note)
@@ -197,7 +206,9 @@ class Pace:
 class Prober:
     """Sends the probes of one analyze step and counts them. Built by ``prepare`` before
     the new versions load, so that no request is spent on the old version's baseline after
-    the new ones take traffic."""
+    the new ones take traffic. ``sender`` reaches the new versions; ``old`` the old ones
+    (None: none to compare with), on the same server, or on the old pool's once this
+    server's left (``TrafficPlan.old_probed_on``)."""
 
     def __init__(
         self,
@@ -205,8 +216,10 @@ class Prober:
         spec: ProbeSpec,
         requests: tuple[ProbeRequest, ...],
         figures: ProbeFigures | None = None,
+        old: ProbeSender | None = None,
     ) -> None:
         self.sender, self.step, self.spec = sender, sender.step, spec
+        self.old = old
         self.requests = requests
         self.figures = figures or ProbeFigures()
         self.pace = Pace(spec, sender.clock)
@@ -230,13 +243,22 @@ class Prober:
         spec: ProbeSpec,
         clock: Callable[[], float],
         interface: ModelInterface | None,
-        unread: str | None = None,
+        unread: str | None,
+        old_at: ModelControl | None,
     ) -> Prober:
         """The prober of ``step``, its requests ``chosen`` (``interface``: the old versions';
-        ``unread``: why it could not be read)."""
+        ``unread``: why it could not be read); the old versions probed on ``old_at``'s
+        server (None: on none)."""
         sender = ProbeSender(control, step, spec.timeout, clock)
-        requests, figures = chosen(step, interface, sender, unread)
-        return cls(sender, spec, requests, figures)
+        old = (
+            None
+            if old_at is None or not step.baseline
+            else sender
+            if old_at is control
+            else ProbeSender(old_at, step, spec.timeout, clock)
+        )
+        requests, figures = chosen(step, interface, old, unread)
+        return cls(sender, spec, requests, figures, old)
 
     def old_under_load(
         self, count: int, sleep: Callable[[float], None], stopping: Callable[[], bool]
@@ -246,7 +268,7 @@ class Prober:
         Their times to the first response are the baseline once the new versions carry
         those streams (``ProbeFigures.old_loaded``); a failed one is left out: it says
         nothing of the new versions."""
-        if not self.requests or not self.step.baseline:
+        if not self.requests or self.old is None:
             return
         old = max(self.step.baseline)
         clock = self.sender.clock
@@ -255,7 +277,7 @@ class Prober:
                 break
             sleep(max(0.0, self.pace.due() - clock()))
             started = clock()
-            sent = self.sender.send(self.requests[turn % len(self.requests)], old)
+            sent = self.old.send(self.requests[turn % len(self.requests)], old)
             if sent.counted.error is None:
                 loaded = (*self.figures.old_loaded, sent.counted.seconds)
                 self.figures = replace(self.figures, old_loaded=loaded)
@@ -288,17 +310,21 @@ class Prober:
             return
         started = self.sender.clock()
         jobs = self._jobs()
-        send = self.sender.warm if self.warm else self.sender.send
         if len(jobs) == 1:
-            sent = [send(jobs[0][0], jobs[0][1])]
+            sent = [self._send(jobs[0])]
         else:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(len(jobs), "probe")
-            sent = list(self._pool.map(lambda job: send(job[0], job[1]), jobs))
+            sent = list(self._pool.map(self._send, jobs))
         for (_, _, old), one in zip(jobs, sent, strict=True):
             self.figures = self.figures.counted(one.counted, old)
         # The server's time for the round: a wake-up probe's too.
         self.pace.after(started, max(s.server_seconds for s in sent))
+
+    def _send(self, job: tuple[ProbeRequest, int, bool]) -> Sent:
+        request, version, old = job
+        sender = self.old if old and self.old is not None else self.sender
+        return sender.warm(request, version) if self.warm else sender.send(request, version)
 
     def _jobs(self) -> list[tuple[ProbeRequest, int, bool]]:
         """The next round's probes: (request, version, to an old version)."""
@@ -307,13 +333,13 @@ class Prober:
         self._turn += 1
         request = self.requests[self._turn % len(self.requests)]
         jobs = [(request, v, False) for v in sorted(set(self.step.versions))]
-        if self.step.baseline:
+        if self.old is not None:
             jobs.append((request, max(self.step.baseline), True))
         return jobs
 
     def _next_job(self) -> tuple[ProbeRequest, int, bool]:
         self._turn += 1
-        if self.step.baseline and self._turn % OLD_EVERY == 0:
+        if self.old is not None and self._turn % OLD_EVERY == 0:
             old = max(self.step.baseline)
             return self.requests[self._turn % len(self.requests)], old, True
         pairs = [(r, v) for v in self.step.versions for r in self.requests]

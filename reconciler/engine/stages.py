@@ -148,15 +148,13 @@ def _run_stage(
         context.baseline = PooledFigures(pool) if pool else None
 
     def forward(server: str) -> list[StepResult]:
-        change = run.changes[server]
-        unread = read_interface(run.controls[server], change, contexts[server])
+        change, control = run.changes[server], run.controls[server]
+        unread = read_interface(control, change, contexts[server])
         if unread is not None:
             return [unread]
-        prepare_analysis(run.controls[server], change, contexts[server], run.timing)
+        prepare_analysis(control, change, contexts[server], run.timing, control)
         forward_steps = change.steps[: finishing_index(change)]
-        return run_steps(
-            run.controls[server], forward_steps, run.timing, run.progress, contexts[server]
-        )
+        return run_steps(control, forward_steps, run.timing, run.progress, contexts[server])
 
     failure: StepResult | None = None
     with ThreadPoolExecutor(max_workers=max(1, run.plan.max_parallel[index])) as workers:

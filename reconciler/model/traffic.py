@@ -217,6 +217,10 @@ class TrafficPlan:
     # their new versions are below the old, and Triton sends unversioned requests to the
     # highest READY version, so beside the old they would take none of the pool's share.
     drop_old_first: tuple[str, ...] = ()
+    # The old pool's server where the later phases probe the old versions for those servers,
+    # which no longer have them: its interface read, the synthesized requests tried and the
+    # old side of every comparison there. None: no server of the old pool serves them all.
+    old_probed_on: str | None = None
     # A sequence model (its config's sequence_batching, or spec.sequence) through a router
     # without sequence affinity, which the deployment allows
     # (``allowWithoutSequenceAffinity``: its clients keep a sequence on one server): the

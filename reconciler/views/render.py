@@ -150,7 +150,12 @@ def plan_text(plan: Plan) -> str:
                 if traffic.drop_old_first:
                     lines.append(
                         f"  (old versions leave {', '.join(traffic.drop_old_first)} first: the "
-                        "new ones are below them and would take none of the pool's requests)"
+                        "new ones are below them and would take none of the pool's requests; "
+                        + (
+                            f"the phases after probe them on {traffic.old_probed_on})"
+                            if traffic.old_probed_on
+                            else "no server of the old pool serves them to probe)"
+                        )
                     )
                 lines.extend(
                     f"    {phase.name}" + (f" ({phase.watch:g}s)" if phase.watch else "")

@@ -38,6 +38,7 @@ from reconciler.model.traffic import (
     Strategy,
     TrafficSpec,
 )
+from reconciler.views.render import plan_text
 from tests.core.fakes import FakeClock, FakeTriton, deploy, observe
 
 NO_QUERIES: Mapping[str, str] = MappingProxyType({})
@@ -311,6 +312,39 @@ def test_a_version_below_the_old_takes_the_new_pool_alone_before_any_traffic() -
     c = next(r for r in result.changes if r.change.server == "c")
     actions = [s.step.action for s in c.steps]
     assert actions.index(Action.UNLOAD) < actions.index(Action.ROUTE, 1)
+
+
+def test_a_version_below_the_old_is_probed_against_the_old_pool_once_its_own_old_left() -> None:
+    """Once c's old version is unloaded (it would take c's share of unversioned requests),
+    c's phases compare with that version where it still serves, on the old pool: no probe
+    and no interface read goes to the version c no longer has (Triton's unload is
+    asynchronous; it was a race that left the phase with no probe, test_sequence_rollout)."""
+    state = desired(replace(CANARY, mirror=0))
+    probed = replace(state.deployments["m"], analysis=replace(ANALYSIS, probes=ProbeSpec()))
+    built = DesiredState.build(list(state.servers.values()), [probed], [ROUTER])
+    run = Pass(built, fakes((3,)), at_rest())
+    planned = run.plan()
+    traffic = planned.rollouts[0].traffic
+    assert traffic is not None and traffic.drop_old_first == ("c",)
+    assert traffic.old_probed_on == "a"
+    assert "the phases after probe them on a" in plan_text(planned)
+    _, result = run.run()
+    assert result.ok, [c.error for c in result.changes]
+    c, a = run.fakes["c"].calls, run.fakes["a"].calls
+    # c's second load is the unload of 3 (the config naming 2 alone).
+    unloaded = [i for i, call in enumerate(c) if call == "load m"][1]
+    after = [call for call in c[unloaded:] if call in ("infer m 3", "interface m 3")]
+    assert after == [], f"c was asked of version 3 after its unload: {after}"
+    # ... and c's later phases probed 2 there.
+    assert "infer m 2" in c[unloaded:], c[unloaded:]
+    # The later phases' synthesized request was tried on and compared with 3 on a, before
+    # a's own change (its stage comes after the phases).
+    before_own = a[: a.index("load m")]
+    assert "infer m 3" in before_own, before_own
+    changed = next(r for r in result.changes if r.change.server == "c")
+    analyses = [s for s in changed.steps if s.step.action is Action.ANALYZE]
+    assert len(analyses) == 3 and all(s.ok for s in analyses), [s.error for s in analyses]
+    assert "since then 3 unloaded here; its probes compare with 3 on a" in analyses[1].step.reason
 
 
 def test_a_canary_left_with_both_versions_by_a_stopped_pass_is_analysed_again() -> None:

@@ -201,6 +201,16 @@ def test_a_sequence_model_rolls_through_envoy_without_breaking_a_client_sequence
     early = [s for s in sequences if s.broken_at is not None and s.broken_at < abort.given]
     assert _broken(early) == [], _broken(early)
     (canary,) = [c for c in json.loads(aborted.out)["result"]["changes"] if c["server"] == "c"]
+    # Version 2 left c before the canary took clients (1 beside 2 would take none): the
+    # phases after it compared 1 with version 2 on a (TrafficPlan.old_probed_on), never with
+    # the 2 just unloaded on c, which made this run's analysis inconclusive when Triton's
+    # asynchronous unload had already gone through.
+    actions = [s["action"] for s in canary["steps"]]
+    assert "unload" in actions, actions
+    after = [s for s in canary["steps"][actions.index("unload") :] if s["action"] == "analyze"]
+    judged = [e["probes"] for a in after for e in a["analysis"]["evaluations"] if e.get("probes")]
+    assert judged and all(p["old_failed"] == 0 for p in judged), after
+    assert sum(p["sent"] for p in judged) > 0 and sum(p["old_sent"] for p in judged) > 0, after
     cut = [r["cut"] for r in canary["revert"] if r["action"] == "drain"]
     assert len(cut) == 1 and cut[0]["requests_per_second"] is not None, canary["revert"]
     broken = broken_between(sequences, abort.given, time.monotonic())

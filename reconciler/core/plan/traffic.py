@@ -275,6 +275,7 @@ def traffic_rollout(
         if traffic.strategy is Strategy.CANARY
         else RouteUpdate(router.name, _only(router, new), _none_mirrored(router), f"all to {new}"),
         below,
+        old_probed_on=_old_probed_on(changes, below, old_servers),
         splits_sequences=router.sequence_affinity is None and sequenced,
     )
     rollout = RolloutPlan(
@@ -292,6 +293,19 @@ def traffic_rollout(
         analyses=analyses,
     )
     return rollout, stripped
+
+
+def _old_probed_on(
+    changes: list[ModelChange], below: tuple[str, ...], old_servers: tuple[str, ...]
+) -> str | None:
+    """The first old-pool server still serving the highest old version of each of the new
+    pool's servers in ``below``: their phases after the unload probe it there. An old pool
+    server keeps its old versions until the phases end (its stage comes after them)."""
+    if not below:
+        return None
+    serving = {c.server: c.serving for c in changes}
+    wanted = {max(serving[s]) for s in below}
+    return next((s for s in old_servers if wanted <= set(serving[s])), None)
 
 
 def _drained_first(change: ModelChange) -> tuple[Step, ...]:
