@@ -17,8 +17,14 @@ max_sequence_idle_microseconds), the client sequences that started or broke duri
 at each canary weight strictly between 0 and 100% (Envoy's runtime, read every 50 ms) the
 share of new sequences the canary took, against max(3 SE, 2 pp) of the weight.
 
-    python -m bench.sequence_rollouts [--rollouts 20] [--threads 8] [--pause 0.02]
-        [--output PATH]
+With ``--walk``, issue 44 point 5 in one run instead: the canary 10% -> 50% -> 100%, a
+blue-green switch to the other pool, the switch back, then a version the on-call aborts
+1.5 s into the canary's 50% (``testkit.on_call.AbortAt``): no client sequence may break
+but in the last, where the sequences broken after the abort are counted beside what the
+switch back's drain says it cut.
+
+    python -m bench.sequence_rollouts [--rollouts 20 | --walk] [--threads 8] [--pause 0.02]
+        [--slots 8] [--output PATH]
 
 Every process started here (two tritonservers, one Envoy) is stopped in finally.
 """
@@ -26,6 +32,7 @@ Every process started here (two tritonservers, one Envoy) is stopped in finally.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -48,6 +55,7 @@ from testkit.manifests import (
     server_doc,
     write_model_repository,
 )
+from testkit.on_call import AbortAt
 from testkit.sequences import Sequence, SequenceLoad, broken_between, started_between
 
 HEADER = "x-sequence-id"  # the Router's spec.sequenceAffinity.header
@@ -60,12 +68,40 @@ def _router(envoy: LocalEnvoy) -> str:
 
 
 def _traffic(strategy: str) -> str:
-    if strategy == "canary":
+    if strategy.startswith("canary"):
+        steps = "10%, 50%, 100%" if strategy == "canary to 100%" else "10%, 50%"
         return (
             "{router: edge, strategy: canary, stablePool: stable, canaryPool: canary, "
-            "steps: [10%, 50%]}"
+            f"steps: [{steps}]}}"
         )
     return "{router: edge, strategy: blueGreen, pools: [stable, canary]}"
+
+
+# Issue 44 point 5 in one run (``--walk``): (version, strategy, aborted by the on-call at
+# the canary's 50%). The canary to 100%, a blue-green switch to the other pool, the switch
+# back, then a version reverted while it carries half the clients.
+WALK = (
+    (2, "canary to 100%", False),
+    (1, "blueGreen", False),
+    (2, "blueGreen", False),
+    (1, "canary", True),
+)
+
+
+def _rollouts(count: int, walk: bool) -> list[tuple[int, str, bool]]:
+    if walk:
+        return list(WALK)
+    return [(2 if n % 2 == 0 else 1, STRATEGIES[n % len(STRATEGIES)], False) for n in range(count)]
+
+
+def _cut(report: dict[str, Any]) -> list[Any]:
+    """What each switch back's drain cut (``model.results.Cut``), as apply's JSON says."""
+    return [
+        r.get("cut")
+        for c in report.get("result", {}).get("changes", [])
+        for r in c.get("revert", [])
+        if r.get("action") == "drain"
+    ]
 
 
 def _counter(version: int, strategy: str) -> str:
@@ -150,12 +186,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--pause", type=float, default=0.02, help="seconds between requests")
     parser.add_argument("--output", type=Path)
+    parser.add_argument(
+        "--slots", type=int, default=8,
+        help="sequences a server holds at once (the counter's max_batch_size, Direct): at "
+        "least the client sequences in flight; 50 on 8 slots broke half of them at rest, "
+        "with no rollout and no router (Triton 2.51's backlog)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--walk", action="store_true",
+        help="issue 44 point 5 instead of --rollouts: the canary to 100%%, a blue-green switch, "
+        "the switch back, then a version aborted by the on-call at 50%% (cuts counted)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    planned = _rollouts(args.rollouts, args.walk)
     rollouts: list[dict[str, Any]] = []
     began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-seq-rollouts-") as scratch:
         root = Path(scratch)
         repository = write_model_repository(root / "models")
+        config = repository / "counter" / "config.pbtxt"
+        config.write_text(
+            config.read_text().replace("max_batch_size: 8", f"max_batch_size: {args.slots}")
+        )
         a = LocalTriton(repository, log_file=root / "a.log")
         c = LocalTriton(repository, log_file=root / "c.log")
         envoy: LocalEnvoy | None = None
@@ -169,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                 doc = server_doc(name, server.grpc_address, repository, metrics=server.metrics_url)
                 manifests.write(f"servers/{name}.yaml", doc)
             manifests.write("router.yaml", _router(envoy))
-            manifests.write("counter.yaml", _counter(1, STRATEGIES[0]))
+            manifests.write("counter.yaml", _counter(1, planned[0][1]))
             manifests.commit("counter 1")
             reconciler = Reconciler(manifests.url, root / "reconciler")
             first = reconciler.apply()
@@ -182,13 +234,18 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
             with load, CanaryWeights(envoy.admin_url) as weights:
                 time.sleep(1.0)
-                for number in range(args.rollouts):
-                    version = 2 if number % 2 == 0 else 1
-                    strategy = STRATEGIES[number % len(STRATEGIES)]
+                for number, (version, strategy, aborted) in enumerate(planned):
                     manifests.write("counter.yaml", _counter(version, strategy))
                     manifests.commit(f"counter {version} ({strategy})")
                     start = time.monotonic()
-                    applied = reconciler.apply("--output", "json")
+                    state = root / "reconciler" / "state.db"
+                    with contextlib.ExitStack() as on_call:
+                        abort = (
+                            on_call.enter_context(AbortAt(envoy.admin_url, state, "counter"))
+                            if aborted
+                            else None
+                        )
+                        applied = reconciler.apply("--output", "json")
                     end = time.monotonic()
                     try:
                         report = json.loads(applied.out)
@@ -205,9 +262,26 @@ def main(argv: list[str] | None = None) -> int:
                         "drains": drains,
                         "sequences_started": len(list(started_between(sequences, start, end))),
                         "broken": len(broken_between(sequences, start, end)),
+                        # When each broke, in the rollout's seconds (the first 20).
+                        "broken_detail": [
+                            {
+                                "started": round(q.started - start, 2),
+                                "broke": round((q.broken_at or end) - start, 2),
+                                "scale": q.scale,
+                                "sent": q.sent,
+                                "length": q.length,
+                                "why": (q.broken or "")[:70],
+                            }
+                            for q in broken_between(sequences, start, end)[:20]
+                        ],
                         "weights": weight_shares(sequences, weights.changes, version, start, end),
                     }
-                    if applied.code != 0:
+                    if abort is not None:
+                        given = abort.given if abort.given is not None else end
+                        row["abort_after_seconds"] = round(given - start, 1)
+                        row["broken_before_abort"] = len(broken_between(sequences, start, given))
+                        row["cut"] = _cut(report)
+                    if applied.code != 0 and abort is None:
                         row["explain"] = applied.explain()[-2000:]
                     rollouts.append(row)
                     print(
@@ -227,11 +301,20 @@ def main(argv: list[str] | None = None) -> int:
     done = [s for s in sequences if s.ended is not None]
     durations = sorted(s.ended - s.started for s in done if s.ended is not None)
     waited = [float(d["seconds"]) for r in rollouts for d in r["drains"] if d["ok"]]
+    good = [r for r in rollouts if "cut" not in r]
     summary = {
         "rollouts": len(rollouts),
-        "converged": sum(1 for r in rollouts if r["code"] == 0),
+        "converged": sum(1 for r in good if r["code"] == 0),
+        "aborted": sum(1 for r in rollouts if "cut" in r and r["code"] != 0),
         "sequences": len(sequences),
         "broken": sum(1 for s in sequences if s.broken),
+        "broken_in_good_rollouts": sum(r["broken"] for r in good),
+        "broken_before_abort": sum(r.get("broken_before_abort", 0) for r in rollouts),
+        # Cut by a switch back after the on-call's abort, some after apply returned (the
+        # revert's unload of the aborted version): the rest.
+        "broken_after_abort": sum(1 for s in sequences if s.broken)
+        - sum(r["broken"] for r in good)
+        - sum(r.get("broken_before_abort", 0) for r in rollouts),
         "broken_why": sorted({(s.broken or "")[:120] for s in sequences if s.broken}),
         "sequence_seconds": {
             "median": round(statistics.median(durations), 3) if durations else None,
@@ -259,7 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.output:
         args.output.write_text(json.dumps(report_out, indent=2, default=str) + "\n")
-    return 0 if summary["broken"] == 0 and summary["converged"] == len(rollouts) else 1
+    aborted_ok = summary["aborted"] == len(rollouts) - len(good)
+    clean = summary["broken_in_good_rollouts"] == 0 and summary["broken_before_abort"] == 0
+    return 0 if clean and aborted_ok and summary["converged"] == len(good) else 1
 
 
 if __name__ == "__main__":

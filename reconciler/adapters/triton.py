@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.config_memory import CachedConfig, ConfigMemory, ServerConfigs
 from reconciler.adapters.model_repository import read_model, store_trouble
-from reconciler.adapters.triton_sequence import correlation_id, whole_sequence
+from reconciler.adapters.triton_sequence import correlation_id, start_deadline, whole_sequence
 from reconciler.adapters.triton_stream import StreamRequest, stream_once
 from reconciler.core.exchange import MAX_RESPONSES, Reply
 from reconciler.core.smoke import as_array
@@ -499,12 +499,16 @@ class TritonServerClient:
         requests: int,
         timeout: float | None = None,
     ) -> Reply:
-        """A whole sequence of ``inputs`` pinned to ``version`` (``adapters/triton_sequence``)."""
-        request, key = infer_inputs(inputs), correlation_id(self._loaded_config(model) or {})
+        """A whole sequence of ``inputs`` pinned to ``version`` (``adapters/triton_sequence``);
+        its START may wait for a slot as long as ``start_deadline`` says."""
+        config = self._loaded_config(model) or {}
+        request, key = infer_inputs(inputs), correlation_id(config)
+        first = start_deadline(config, timeout)
 
         def call(index: int, part: str) -> dict[str, npt.NDArray[np.generic]]:
             place = (key, index == 0, index == requests - 1, part)
-            return self._call(model, version, request, outputs, timeout, place)
+            deadline = first if index == 0 else timeout
+            return self._call(model, version, request, outputs, deadline, place)
 
         return whole_sequence(call, requests, self._clock)
 

@@ -35,6 +35,24 @@ def correlation_id(config: Mapping[str, Any]) -> int | str:
     return (1 << 62) + random.getrandbits(61)
 
 
+# Triton's max_sequence_idle_microseconds when a config sets none.
+DEFAULT_IDLE_SECONDS = 1.0
+
+
+def start_deadline(config: Mapping[str, Any], timeout: float | None) -> float | None:
+    """The deadline of a sequence's START: ``timeout`` plus the model's idle window. A new
+    sequence waits in the sequence batcher's backlog until a slot frees (Direct: each
+    instance holds max_batch_size sequences), as its clients' sequences wait; a slot held
+    by a silent sequence frees once it idles past max_sequence_idle_microseconds. Measured
+    (bench.sequence_rollouts --walk, 50 client sequences on 8 slots a server): a probe's
+    START unanswered within 1 s, twice, failed a good version's analysis."""
+    if timeout is None:
+        return None
+    batching = config.get("sequence_batching", {})
+    idle = batching.get("max_sequence_idle_microseconds") if isinstance(batching, Mapping) else None
+    return timeout + (int(idle) / 1e6 if idle else DEFAULT_IDLE_SECONDS)
+
+
 def whole_sequence(
     call: Callable[[int, str], Answer], requests: int, clock: Callable[[], float]
 ) -> Reply:

@@ -16,9 +16,6 @@ sequences in flight on it: the report says what still reached it when they were 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +25,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 
 from testkit.cli_run import Reconciler
-from testkit.envoy import POOL_HEADER, LocalEnvoy, pool_weight
+from testkit.envoy import POOL_HEADER, LocalEnvoy
 from testkit.local_triton import LocalTriton
 from testkit.manifests import (
     SEQUENCE_MODEL,
@@ -37,6 +34,7 @@ from testkit.manifests import (
     sequence_deployment_doc,
     server_doc,
 )
+from testkit.on_call import AbortAt
 from testkit.sequences import Sequence, SequenceLoad, broken_between, started_between
 from tests.integration.flows import ready_versions
 from tests.services import envoy_or_skip
@@ -76,41 +74,6 @@ def _steps(report: dict[str, Any], server: str) -> list[dict[str, Any]]:
     (change,) = [c for c in report["result"]["changes"] if c["server"] == server]
     steps: list[dict[str, Any]] = change["steps"]
     return steps
-
-
-class AbortAtHalf:
-    """The on-call's ``abort`` of the counter's rollout, as a command of its own, ``after``
-    seconds after Envoy's runtime first gives the canary half the requests."""
-
-    def __init__(self, envoy: LocalEnvoy, state: Path, after: float = 1.5) -> None:
-        self.envoy, self.state, self.after = envoy, state, after
-        self.given: float | None = None
-        self.answer = ""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-
-    def __enter__(self) -> AbortAtHalf:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-    def _watch(self) -> None:
-        since: float | None = None
-        while not self._stop.is_set() and self.given is None:
-            if pool_weight(self.envoy.admin_url, "canary") == 5_000:
-                since = time.monotonic() if since is None else since
-                if time.monotonic() - since >= self.after:
-                    self.given = time.monotonic()
-                    done = subprocess.run(
-                        [sys.executable, "-m", "reconciler", "abort", SEQUENCE_MODEL,
-                         "--state", str(self.state), "--reason", "on call: switch back"],
-                        capture_output=True, text=True, timeout=60, check=False,
-                    )  # fmt: skip
-                    self.answer = done.stdout + done.stderr
-            time.sleep(0.05)
 
 
 def test_a_sequence_model_rolls_through_envoy_without_breaking_a_client_sequence(
@@ -156,7 +119,9 @@ def test_a_sequence_model_rolls_through_envoy_without_breaking_a_client_sequence
         # what it cut.
         manifests.write("counter.yaml", _counter(1))
         manifests.commit("counter 1 again")
-        with AbortAtHalf(envoy, tmp_path / "reconciler" / "state.db") as abort:
+        with AbortAt(
+            envoy.admin_url, tmp_path / "reconciler" / "state.db", SEQUENCE_MODEL
+        ) as abort:
             aborted = reconciler.apply("--output", "json")
         time.sleep(1.0)
     sequences = load.snapshot()
