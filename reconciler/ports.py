@@ -28,7 +28,7 @@ from reconciler.model.history import (
     Rollout,
     Suspension,
 )
-from reconciler.model.plan import Step
+from reconciler.model.plan import Exchange, Step
 from reconciler.model.results import Draining
 from reconciler.model.servers import TritonServer
 from reconciler.model.serving import DeviceMemory, ModelInterface, ModelState, ServerState
@@ -482,13 +482,16 @@ class LoadTester(Protocol):
         count: int,
         batched: bool = False,
         *,
-        streaming: bool = False,
+        exchange: Exchange = Exchange.UNARY,
     ) -> LoadFigures:
         """``count`` requests (the given ones, round robin), ``concurrency`` at a time, after
         a short warm-up; failures are counted, never raised. ``batched``: the model's config
-        has a batch dimension (the requests' first dimension). ``streaming``: the model is
-        decoupled; each request is one stream (gRPC; AIPerf's: HTTP server-sent events),
-        read to Triton's final flag, and its latency the time to the first response."""
+        has a batch dimension (the requests' first dimension). ``exchange``: how the model
+        is asked (``model.plan.Exchange``). STREAM: it is decoupled; each request is one
+        stream (gRPC; AIPerf's: HTTP server-sent events), read to Triton's final flag, and
+        its latency the time to the first response. SEQUENCE: it keeps state per sequence;
+        each concurrent worker sends its requests as sequences of its own (START ... END),
+        each request timed and counted as one."""
         ...
 
 

@@ -47,6 +47,7 @@ from reconciler.adapters.local_triton import end_process_group
 from reconciler.core.smoke import as_array
 from reconciler.model.errors import StepFailed
 from reconciler.model.gate import LoadFigures
+from reconciler.model.plan import Exchange
 from reconciler.model.spec import Tensor
 
 AIPERF_VARIABLE = "TRITON_GITOPS_AIPERF"
@@ -254,9 +255,9 @@ class AIPerf:
         count: int,
         batched: bool = False,
         *,
-        streaming: bool = False,
+        exchange: Exchange = Exchange.UNARY,
     ) -> LoadFigures:
-        if not streaming:
+        if exchange is not Exchange.STREAM:
             raise StepFailed(
                 f"aiperf drives streaming models only (Triton's generate_stream); {model} is "
                 "not decoupled: the built-in generator or perf_analyzer measures it"

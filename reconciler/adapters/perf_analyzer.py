@@ -34,6 +34,7 @@ import numpy as np
 from reconciler.core.smoke import as_array
 from reconciler.model.errors import StepFailed
 from reconciler.model.gate import LoadFigures
+from reconciler.model.plan import Exchange
 from reconciler.model.spec import Tensor
 
 
@@ -112,8 +113,11 @@ class PerfAnalyzer:
         count: int,
         batched: bool = False,
         *,
-        streaming: bool = False,
+        exchange: Exchange = Exchange.UNARY,
     ) -> LoadFigures:
+        # A sequence model's sequences perf_analyzer makes itself, from the model's config
+        # (its --sequence-length, 20 by default, with a correlation ID of each one's own).
+        streaming = exchange is Exchange.STREAM
         data = self._data_file(requests, batched)
         report = self.workdir / f"{model}-{version}-c{concurrency}.csv"
         report.unlink(missing_ok=True)

@@ -14,27 +14,71 @@ probes and verify use), on the worker's own client. Either way an exchange comes
 seconds from sending it to each of its responses, and one function makes the figures of
 both: the latency is the time to the first response, and for streams the times between
 responses and the responses per second come with it.
+
+A sequence model (``sequence_batching``) refuses a request that names no sequence: each
+worker sends its requests as sequences of its own (a fresh correlation ID of the type the
+model takes, START on the first, END on the SEQUENCE_LENGTH-th, as perf_analyzer's default
+``--sequence-length``), each request timed and counted as one; a failed request ends its
+sequence, and a sequence still open when the count is reached is ended by one request
+after the clock stops, so that no slot stays held into the next measurement.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.triton import infer_inputs
+from reconciler.adapters.triton_sequence import correlation_id
 from reconciler.adapters.triton_stream import StreamRequest, stream_on
 from reconciler.core.exchange import MAX_RESPONSES
 from reconciler.model.errors import ReconcileError, StepFailed
 from reconciler.model.gate import LoadFigures
+from reconciler.model.plan import Exchange
 from reconciler.model.spec import Tensor
 
 WARMUP_PER_WORKER = 5
+SEQUENCE_LENGTH = 20  # requests per sequence of a sequence model: perf_analyzer's default
+
+
+class _Sequences:
+    """One worker's place in its sequences: the next request's correlation ID and flags."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.key: int | str = 0
+        self.sent = SEQUENCE_LENGTH  # none open
+
+    @property
+    def open(self) -> bool:
+        return self.sent < SEQUENCE_LENGTH
+
+    def next(self) -> dict[str, Any]:
+        """The sequence arguments of tritonclient's ``infer`` for the next request."""
+        if not self.open:
+            self.key, self.sent = correlation_id(self.config), 0
+        self.sent += 1
+        return {
+            "sequence_id": self.key,
+            "sequence_start": self.sent == 1,
+            "sequence_end": self.sent == SEQUENCE_LENGTH,
+        }
+
+    def last(self) -> dict[str, Any]:
+        """The arguments of a request that ends the open sequence now."""
+        self.sent = SEQUENCE_LENGTH
+        return {"sequence_id": self.key, "sequence_end": True}
+
+    def broken(self) -> None:
+        self.sent = SEQUENCE_LENGTH  # the next request starts a sequence of its own
 
 
 class GrpcLoadTester:
@@ -56,9 +100,12 @@ class GrpcLoadTester:
         count: int,
         batched: bool = False,  # the requests carry their batch dimension as they are
         *,
-        streaming: bool = False,  # a decoupled model: each request is one stream
+        exchange: Exchange = Exchange.UNARY,
     ) -> LoadFigures:
+        streaming = exchange is Exchange.STREAM
+        config = self._config(model) if exchange is Exchange.SEQUENCE else None
         exchanges: list[tuple[float, ...]] = []
+        finished: list[float] = []  # when each worker's last counted exchange ended
         errors: list[str] = []
         lock = threading.Lock()
         ready = threading.Barrier(concurrency + 1)
@@ -74,6 +121,7 @@ class GrpcLoadTester:
             try:
                 # Inputs are built per worker: an InferInput is not shared between threads.
                 prepared = [infer_inputs(request) for request in requests]
+                sequences = _Sequences(config) if config is not None else None
 
                 def send(index: int) -> tuple[tuple[float, ...], str | None]:
                     """The seconds to each response of one exchange, or why it failed."""
@@ -93,8 +141,11 @@ class GrpcLoadTester:
                             model_version=str(version),
                             outputs=wanted,
                             client_timeout=self.request_timeout,
+                            **(sequences.next() if sequences is not None else {}),
                         )
                     except InferenceServerException as exc:
+                        if sequences is not None:
+                            sequences.broken()
                         return (), exc.message() or str(exc)
                     except ReconcileError as exc:  # a stream that failed, was cut or timed out
                         return (), str(exc)
@@ -114,9 +165,17 @@ class GrpcLoadTester:
                         mine.append(seconds)
                     else:
                         failed.append(error)
+                ended = time.perf_counter()
+                if sequences is not None and sequences.open:
+                    with contextlib.suppress(InferenceServerException):
+                        client.infer(
+                            model, prepared[0], model_version=str(version), outputs=wanted,
+                            client_timeout=self.request_timeout, **sequences.last(),
+                        )  # fmt: skip
                 with lock:
                     exchanges.extend(mine)
                     errors.extend(failed)
+                    finished.append(ended)
             except BaseException:
                 ready.abort()
                 raise
@@ -138,8 +197,18 @@ class GrpcLoadTester:
         started = time.perf_counter()
         for thread in threads:
             thread.join()
-        elapsed = time.perf_counter() - started
+        elapsed = max(finished, default=time.perf_counter()) - started
         return figures(concurrency, exchanges, errors, elapsed, streamed=streaming)
+
+    def _config(self, model: str) -> dict[str, Any]:
+        """The loaded model's config (its correlation ID's type), as Triton answers it."""
+        with triton_grpc.InferenceServerClient(url=self.address) as client:
+            try:
+                answer = client.get_model_config(model, as_json=True)
+            except InferenceServerException as exc:
+                raise StepFailed(f"load test of {model}: reading its config: {exc}") from exc
+        config: dict[str, Any] = answer.get("config", {})
+        return config
 
 
 def figures(

@@ -239,20 +239,20 @@ def _measure(
     batched: bool,
     first: int = 0,
     *,
-    streaming: bool = False,
+    exchange: Exchange = Exchange.UNARY,
 ) -> dict[int, list[LoadFigures]]:
     """Every version at every level, ``spec.rounds`` times (rounds ``first`` on),
-    interleaved: the order of the versions flips from round to round. ``streaming``: by
-    streams (a decoupled model)."""
+    interleaved: the order of the versions flips from round to round. ``exchange``: how
+    the model is asked (by streams, by sequences, by calls)."""
     measured: dict[int, list[LoadFigures]] = {v: [] for v in versions}
-    tester = load_tester(server, streaming)
+    tester = load_tester(server, exchange is Exchange.STREAM)
     for number in range(first, first + spec.rounds):
         order = versions if number % 2 == 0 else tuple(reversed(versions))
         for level in spec.concurrency:
             for version in order:
                 figures = tester.measure(
                     model, version, requests, (), level, spec.requests, batched,
-                    streaming=streaming,
+                    exchange=exchange,
                 )  # fmt: skip
                 memory = server.memory.version_memory(model, version)
                 measured[version].append(replace(figures, memory_bytes=memory))
@@ -268,7 +268,7 @@ def ab_test(
     batched: bool,
     memory: tuple[int | None, int | None, int | None],
     *,
-    streaming: bool = False,
+    exchange: Exchange = Exchange.UNARY,
 ) -> tuple[list[LoadFigures], list[LoadFigures], tuple[GateCheck, ...], int]:
     """The old version (``versions[0]``) against the new, ``spec.rounds`` interleaved rounds,
     judged; when a check is inconclusive, as many rounds again, once, and all of them judged
@@ -276,16 +276,14 @@ def ab_test(
     is reported so). ``memory``: the server's before anything, after the base, after the
     head. The old's and the new's figures, the checks, and how many rounds were measured."""
     old, new = versions
-    measured = _measure(server, model, versions, spec, requests, batched, streaming=streaming)
+    measured = _measure(server, model, versions, spec, requests, batched, exchange=exchange)
     rounds = spec.rounds
     while True:
         old_figures, new_figures = _with_memory_fallback(measured[old], measured[new], *memory)
         checks = judge(spec, old_figures, new_figures)
         if rounds > spec.rounds or all(c.verdict is not GateVerdict.INCONCLUSIVE for c in checks):
             return old_figures, new_figures, checks, rounds
-        more = _measure(
-            server, model, versions, spec, requests, batched, rounds, streaming=streaming
-        )
+        more = _measure(server, model, versions, spec, requests, batched, rounds, exchange=exchange)
         measured = {v: measured[v] + more[v] for v in versions}
         rounds += spec.rounds
 
@@ -377,7 +375,7 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
         requests, source = _requests(head, server, new)
         if old is not None:
             old_figures, new_figures, checks, rounds = ab_test(
-                server, model, (old, new), spec, requests, batched, memory, streaming=streaming
+                server, model, (old, new), spec, requests, batched, memory, exchange=exchange
             )
             if rounds > spec.rounds:
                 notes.append(
@@ -393,7 +391,7 @@ def run_gate(target: GateTarget, server: IsolatedServer) -> list[ModelGate]:
         else:
             old_figures = []
             new_figures = _measure(
-                server, model, (new,), spec, requests, batched, streaming=streaming
+                server, model, (new,), spec, requests, batched, exchange=exchange
             )[new]
             checks = judge_alone(spec, new_figures)
         results.append(

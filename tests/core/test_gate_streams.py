@@ -13,6 +13,7 @@ from reconciler.core.gate import judge
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.loop.gate import _measure, load_tester
 from reconciler.model.gate import GateReport, GateSpec, GateVerdict, LoadFigures, ModelGate
+from reconciler.model.plan import Exchange
 from reconciler.views.gate import gate_json, gate_markdown, gate_text
 
 SPEC = GateSpec(max_latency_increase=0.3, max_between_responses_increase=0.3)
@@ -129,7 +130,11 @@ def test_figures_of_streams_are_first_response_latency_pooled_gaps_and_responses
 class _Recorder:
     def __init__(self, name: str = "fake") -> None:
         self.name = name
-        self.streaming: list[bool] = []
+        self.exchanges: list[Exchange] = []
+
+    @property
+    def streaming(self) -> list[bool]:
+        return [e is Exchange.STREAM for e in self.exchanges]
 
     def measure(
         self,
@@ -141,9 +146,9 @@ class _Recorder:
         count,
         batched=False,
         *,
-        streaming=False,
+        exchange=Exchange.UNARY,
     ):  # type: ignore[no-untyped-def]
-        self.streaming.append(streaming)
+        self.exchanges.append(exchange)
         return streams(concurrency, 40.0)
 
 
@@ -163,8 +168,19 @@ class _Server:
 def test_a_streaming_model_is_measured_by_streams_every_round() -> None:
     server = _Server()
     spec = GateSpec(concurrency=(1, 2), rounds=2, requests=20)
-    _measure(server, "gen", (1, 2), spec, [()], False, streaming=True)  # type: ignore[arg-type]
+    _measure(server, "gen", (1, 2), spec, [()], False, exchange=Exchange.STREAM)  # type: ignore[arg-type]
     assert server.load_tester.streaming == [True] * 8
+
+
+def test_a_sequence_model_is_measured_by_sequences_by_the_generator_of_every_model() -> None:
+    """A sequence model refuses a request that names no sequence: the generator is told
+    (the built-in one sends sequences of its own; perf_analyzer makes them from the
+    config); AIPerf, which drives streams only, is not chosen for it."""
+    server = _Server(streams=_Recorder("aiperf"))
+    spec = GateSpec(concurrency=(2,), rounds=1, requests=20)
+    _measure(server, "counter", (1, 2), spec, [()], False, exchange=Exchange.SEQUENCE)  # type: ignore[arg-type]
+    assert server.load_tester.exchanges == [Exchange.SEQUENCE] * 2
+    assert server.stream_load_tester is not None and server.stream_load_tester.exchanges == []
 
 
 def test_a_streaming_model_goes_to_the_stream_generator_when_there_is_one() -> None:
@@ -172,7 +188,7 @@ def test_a_streaming_model_goes_to_the_stream_generator_when_there_is_one() -> N
     every model that does not stream; the report names the one that measured."""
     server = _Server(streams=_Recorder("aiperf"))
     spec = GateSpec(concurrency=(2,), rounds=1, requests=20)
-    _measure(server, "gen", (1, 2), spec, [()], False, streaming=True)  # type: ignore[arg-type]
+    _measure(server, "gen", (1, 2), spec, [()], False, exchange=Exchange.STREAM)  # type: ignore[arg-type]
     _measure(server, "scorer", (1, 2), spec, [()], False)  # type: ignore[arg-type]
     assert server.stream_load_tester is not None
     assert server.stream_load_tester.streaming == [True, True]
