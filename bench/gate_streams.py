@@ -90,6 +90,7 @@ from reconciler import wiring
 from reconciler.loop.gate import ab_test
 from reconciler.model.errors import ReconcileError
 from reconciler.model.gate import GateSpec, LoadFigures
+from reconciler.model.plan import Exchange
 from reconciler.model.spec import DesiredState
 from testkit.manifests import (
     GENERATOR,
@@ -330,7 +331,7 @@ def calibrate(first_ms: Sequence[str], perf: str | None) -> dict[str, Any]:
                 server.control.load(GENERATOR, generator_config([1, 5], _parameters(ms)))
                 old, new, checks, rounds = ab_test(
                     server, GENERATOR, (1, 5), spec, requests, False, (None, None, None),
-                    streaming=True,
+                    exchange=Exchange.STREAM,
                 )  # fmt: skip
                 (latency,) = [c for c in checks if c.name == "latency"]
 

@@ -547,16 +547,19 @@ def test_documents_from_the_schema_load_or_are_located(documents: list[Any]) -> 
 
 def test_the_schema_strategy_reaches_valid_states() -> None:
     # The property above is weak if it never produces a valid revision: make sure it does.
+    # With a fixed seed: over random ones, a clean run of the suite once met 150 examples with
+    # no valid ModelDeployment among them (a rare draw, not a change of the strategy).
     valid = []
 
-    @settings(max_examples=150, deadline=None, database=None)
+    @settings(max_examples=150, deadline=None, database=None, derandomize=True)
     @given(revisions_from_schema())
     def collect(documents: list[Any]) -> None:
         if check_loader({"a.yaml": dump(documents)}) is not None:
             valid.append(documents)
 
     collect()
-    assert any(any(d["kind"] == "ModelDeployment" for d in docs) for docs in valid)
+    kinds = [sorted({str(d.get("kind")) for d in docs}) for docs in valid]
+    assert any("ModelDeployment" in k for k in kinds), f"{len(valid)} valid, kinds: {kinds}"
 
 
 @FUZZ

@@ -21,6 +21,7 @@ import tritonclient.grpc as triton_grpc
 
 from reconciler.adapters.aiperf import AIPerf
 from reconciler.core.triton_config import parse_pbtxt
+from reconciler.model.plan import Exchange
 from reconciler.model.spec import Tensor
 from testkit.local_triton import LocalTriton, shared_between_tests
 from testkit.manifests import GENERATOR, LLM, generator_config, write_generator_repository
@@ -66,7 +67,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalTrit
 
 def test_streams_are_measured_to_their_first_response(served: tuple[LocalTriton, AIPerf]) -> None:
     _, tester = served
-    found = tester.measure(GENERATOR, GOOD, PROMPTS, (), 2, 20, streaming=True)
+    found = tester.measure(GENERATOR, GOOD, PROMPTS, (), 2, 20, exchange=Exchange.STREAM)
     assert (found.requests, found.errors, found.note, found.streamed) == (20, 0, "", True)
     assert 0 < found.p50_ms <= found.p95_ms <= found.p99_ms
     assert found.throughput > 0
@@ -82,7 +83,7 @@ def test_vllm_shaped_inputs_stream_too(served: tuple[LocalTriton, AIPerf]) -> No
         Tensor("stream", "BOOL", (1,), (True,)),
         Tensor("sampling_parameters", "BYTES", (1,), (b'{"max_tokens": 6}',)),
     )
-    found = tester.measure(LLM, GOOD, [request], (), 1, 10, streaming=True)
+    found = tester.measure(LLM, GOOD, [request], (), 1, 10, exchange=Exchange.STREAM)
     assert (found.requests, found.errors) == (10, 0)
     assert found.p50_ms > 0
     assert found.responses_per_second == pytest.approx(6 * found.throughput)
@@ -100,6 +101,6 @@ def test_streams_that_fail_are_the_failures(
     served: tuple[LocalTriton, AIPerf], version: int, why: str
 ) -> None:
     _, tester = served
-    found = tester.measure(GENERATOR, version, PROMPTS, (), 2, 10, streaming=True)
+    found = tester.measure(GENERATOR, version, PROMPTS, (), 2, 10, exchange=Exchange.STREAM)
     assert found.requests == found.errors == 10
     assert found.note == f"10 failed, first: {why}"
