@@ -117,7 +117,8 @@ def try_it(workdir: Path, options: list[str], work: Path) -> list[str]:
         f"triton-gitops status {' '.join(options)}",
         f"triton-gitops plan {' '.join(options)}",
         f"triton-gitops history --state {state}",
-        f"cd {work}    # the manifests' clone: edit, git commit, git push origin HEAD:main,",
+        f"cd {work}    # the manifests' clone, the revert pulled in: edit, git commit, "
+        "git push origin HEAD:main,",
         f"triton-gitops apply {' '.join(options)}    # ...then apply it",
     ]
 
@@ -223,6 +224,9 @@ def demo(workdir: Path, stay_up: bool = False) -> int:
         run("history", "--state", str(workdir / "state.db"))
         print("\ndemo finished: every step behaved as intended")
         if stay_up:
+            # The reconciler pushed its revert: the clone takes it, so that an edit made
+            # there pushes without a rejected push first.
+            git(work, "pull", "--quiet", "--ff-only", "origin", "main")
             stay(try_it(workdir, options, work))
         return 0
     finally:

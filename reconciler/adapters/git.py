@@ -286,7 +286,14 @@ class GitManifests:
 
     def _commit(self, revision: str) -> git.Commit:
         found = self._commits.get(revision)
-        return found if found is not None else self.source._repo().commit(revision)
+        if found is not None:
+            return found
+        try:
+            return self.source._repo().commit(revision)
+        except ValueError as exc:  # GitPython's answer for a sha the mirror does not have
+            raise SourceUnavailable(
+                f"{redact(self.source.url)} has no commit {revision[:12]} (rewritten away?)"
+            ) from exc
 
     def read(self, revision: str, path: str) -> Revision:
         return self.source.read(self._commit(revision), path)

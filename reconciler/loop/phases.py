@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
 
 from reconciler.core.conditions import pass_transitions
 from reconciler.core.orders import resumed_since
@@ -43,6 +45,7 @@ from reconciler.core.records import (
     rollouts_from,
 )
 from reconciler.core.spec.desired import read_manifests
+from reconciler.core.undo import deployment_document
 from reconciler.engine.apply import apply as execute
 from reconciler.engine.context import Timing
 from reconciler.engine.journal import Journal, unpushed
@@ -76,7 +79,7 @@ from reconciler.model.errors import (
     UnsafeRevision,
     ValidationError,
 )
-from reconciler.model.history import AlertEvent, History, Hold, PassRecord
+from reconciler.model.history import AlertEvent, AppliedSpec, History, Hold, PassRecord
 from reconciler.model.plan import Plan
 from reconciler.model.reports import PassReport, SavedPlan
 from reconciler.model.results import ApplyResult, Progress, StepResult
@@ -536,6 +539,20 @@ def revert(
             result,
             (*holds, *retried),
             run.ports.reverts,
+            partial(_converged_spec, run),
         )
     except ReconcileError as exc:
         return (f"revert write-back failed: {exc}",)
+
+
+def _converged_spec(run: PassRun, applied: AppliedSpec) -> Mapping[str, Any] | None:
+    """The spec of ``applied``'s ModelDeployment as written at the revision it converged
+    at; None when that revision cannot be read or no longer holds that very spec."""
+    try:
+        files = run.ports.manifests.read(applied.revision, run.source.path).files
+    except ReconcileError:
+        return None
+    document = deployment_document(files, applied.deployment)
+    if document is None or document.fingerprint != applied.fingerprint:
+        return None
+    return document.spec

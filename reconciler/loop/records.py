@@ -4,9 +4,10 @@ corrected, revert write-back to Git. Called by the pass's record and revert phas
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from reconciler.model.history import ALL_DEPLOYMENTS, History, Hold
+from reconciler.model.history import ALL_DEPLOYMENTS, AppliedSpec, History, Hold
 from reconciler.model.plan import Action, Plan
 from reconciler.model.results import ApplyResult, Outcome
 from reconciler.model.settings import RevertMode, Settings
@@ -99,8 +100,14 @@ def write_back(
     result: ApplyResult,
     holds: tuple[Hold, ...],
     writer: RevertWriter,
+    spec_of: Callable[[AppliedSpec], Mapping[str, Any] | None] = lambda _: None,
 ) -> tuple[str, ...]:
-    """Push a commit restoring the held ModelDeployments' previous versions and config."""
+    """Push a commit restoring the held ModelDeployments' specs as they last converged
+    (``spec_of``: the whole spec at that revision, where it can still be read; else their
+    versions and config alone). The whole spec: a failed commit that bumped the versions
+    also bumped what goes with them (a smoke case's expected answer), and a revert of the
+    versions alone left a manifest whose smoke case fails the version it serves (seen
+    walking the demo, issue 45)."""
     if settings.revert.mode is RevertMode.HOLD or not holds:
         return ()
     edits, notes = [], []
@@ -120,6 +127,7 @@ def write_back(
                 hold.fingerprint,
                 previous.versions,
                 previous.config,
+                spec_of(previous),
             )
         )
     if not edits:

@@ -72,6 +72,7 @@ class FakeManifests:
         self.head = ""
         self.unavailable: str | None = None  # fetch fails with this message
         self.fast_forward = True
+        self.unreadable: set[str] = set()  # revisions whose files cannot be read
         self.fetched: list[str] = []
 
     def commit(self, files: Mapping[str, str]) -> str:
@@ -89,6 +90,8 @@ class FakeManifests:
 
     def read(self, revision: str, path: str) -> Revision:
         prefix = path.strip("/")
+        if revision not in self.revisions or revision in self.unreadable:
+            raise SourceUnavailable(f"{self.location} has no commit {revision[:12]}")
         files = self.revisions[revision]
         return Revision(revision, {p: b for p, b in files.items() if p.startswith(prefix)})
 

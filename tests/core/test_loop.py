@@ -335,6 +335,38 @@ def test_the_revert_is_pushed_in_commit_mode(world: World, settings: Settings) -
     assert world.state.reverted == {"echo": "f" * 40}
 
 
+def test_the_revert_restores_the_whole_spec_that_last_converged(
+    world: World, settings: Settings
+) -> None:
+    """A failed commit that bumped the versions also bumped what goes with them (here a
+    verify timeout, in the demo a smoke case's expected answer): the revert restores the
+    spec as written at the revision that last converged, not its versions alone, which left
+    a manifest whose smoke case fails the version it serves."""
+    committing = replace(settings, revert=RevertSettings(mode=RevertMode.COMMIT))
+    deploy(world, 1)
+    run(world, committing)
+    world.servers["s1"].failing.add(("echo", 2))
+    bumped = deployment_yaml("echo", [2], ["s1"]) + "  verify: {timeout: 90s}\n"
+    world.manifests.commit({"servers/s1.yaml": server_yaml("s1"), "models/echo.yaml": bumped})
+    run(world, committing)
+    ((_, (edit,), _, _),) = world.writer.pushed
+    assert edit.spec == {"servers": {"names": ["s1"]}, "versions": [1]}, edit
+
+
+def test_a_revert_whose_converged_revision_is_gone_restores_versions_and_config(
+    world: World, settings: Settings
+) -> None:
+    committing = replace(settings, revert=RevertSettings(mode=RevertMode.COMMIT))
+    first = deploy(world, 1)
+    run(world, committing)
+    world.manifests.unreadable.add(first)  # its files no longer readable
+    world.servers["s1"].failing.add(("echo", 2))
+    deploy(world, 2)
+    run(world, committing)
+    ((_, (edit,), _, _),) = world.writer.pushed
+    assert (edit.versions, edit.spec) == ((1,), None), edit
+
+
 def test_a_failing_revert_write_back_is_a_note_not_an_error(
     world: World, settings: Settings
 ) -> None:
