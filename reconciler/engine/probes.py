@@ -138,9 +138,9 @@ def chosen(
     there are none, when none): declared ones, else one synthesized from ``interface`` (the
     old versions'). A request judged against the old version is tried on it now (through
     ``old``, where it serves), and left out if the old version fails it too; with no old
-    version, only smoke cases: a request
-    with no expected answer is judged against the old version, and with none (a first
-    deployment) its failure says nothing about the new one (a model may reject zeros)."""
+    version, only smoke cases: a request with no expected answer is judged against the old
+    version, and with none (a first deployment) its failure says nothing about the new one
+    (a model may reject zeros)."""
     outputs = tuple(t.name for t in interface.outputs) if interface else ()
     requests = declared(step.smoke, step.shadow, outputs)
     if not requests and interface is not None:
