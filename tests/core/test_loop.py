@@ -4,6 +4,7 @@ when each of its phases fails. No Git, no Triton, no SQLite (see ``pass_fakes.py
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import replace
 
@@ -25,6 +26,7 @@ from reconciler.model.settings import RevertMode, RevertSettings, Settings
 from reconciler.model.source import Source
 from tests.core.pass_fakes import (
     FakeClient,
+    PhaseRecorder,
     World,
     deployment_yaml,
     pool_yaml,
@@ -64,6 +66,34 @@ def run(
     memory: PassMemory | None = None,
 ) -> PassReport:
     return reconcile(SOURCE, settings, world.ports(), apply_changes=apply_changes, memory=memory)
+
+
+class FrozenAtPlan(PhaseRecorder):
+    """Records how many objects the collector holds frozen as the plan phase starts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen: list[int] = []
+
+    def phase_started(self, phase: str) -> None:
+        super().phase_started(phase)
+        if phase == "plan":
+            self.frozen.append(gc.get_freeze_count())
+
+
+def test_only_a_one_shot_pass_keeps_its_values_from_full_collections(
+    world: World, settings: Settings
+) -> None:
+    """A one-shot pass freezes what it read (a full collection walking it again and again
+    cost a 1,000 x 100 pass 4 s of 12); the service's passes do not: with a freeze in every
+    pass its memory grew about 80 KB a pass (bench.soak, 100 swaps: 8.4 MB against 0.9)."""
+    world.hooks = FrozenAtPlan()
+    deploy(world, 1)
+    run(world, settings)
+    run(world, settings, memory=PassMemory())
+    one_shot, service = world.hooks.frozen
+    assert one_shot > 0 and service == 0, world.hooks.frozen
+    assert gc.get_freeze_count() == 0  # unfrozen after the pass
 
 
 def assert_closed_once_per_pass(world: World, passes: int) -> None:
