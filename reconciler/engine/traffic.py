@@ -378,32 +378,28 @@ def _prepare(
     assert step.analysis is not None
     watched = replace(
         step,
-        reason=f"{phase.name}: {step.reason}" + _left_here(run, server, step),
+        reason=f"{phase.name}: {step.reason}" + _left_here(plan, server in run.early, step),
         analysis=replace(step.analysis, duration=phase.watch),
     )
     change = replace(run.changes[server], steps=(watched,))
-    prepare_analysis(run.controls[server], change, context, run.timing, _old_at(run, server))
+    prepare_analysis(run.controls[server], change, context, run.timing, _old_at(run, plan, server))
     return watched, context
 
 
-def _old_at(run: Rollout, server: str) -> ModelControl | None:
+def _old_at(run: Rollout, plan: TrafficPlan, server: str) -> ModelControl | None:
     """Where ``server``'s analysis probes the old versions: there, until the rollout
     unloaded them there (``TrafficPlan.drop_old_first``); then on the old pool's server the
     plan names, which keeps them until the phases end."""
     if server not in run.early:
         return run.controls[server]
-    traffic = run.plan.traffic
-    elsewhere = traffic.old_probed_on if traffic is not None else None
-    return run.controls.get(elsewhere) if elsewhere is not None else None
+    return run.controls.get(plan.old_probed_on) if plan.old_probed_on is not None else None
 
 
-def _left_here(run: Rollout, server: str, step: Step) -> str:
-    """What the planned reason cannot say once the old versions left ``server``."""
-    if server not in run.early or not step.baseline:
+def _left_here(plan: TrafficPlan, gone: bool, step: Step) -> str:
+    """What the planned reason cannot say once the old versions left the server (``gone``)."""
+    if not gone or not step.baseline:
         return ""
-    traffic = run.plan.traffic
-    where = traffic.old_probed_on if traffic is not None else None
-    old = ", ".join(map(str, step.baseline))
+    old, where = ", ".join(map(str, step.baseline)), plan.old_probed_on
     return f" (since then {old} unloaded here; " + (
         f"its probes compare with {old} on {where})" if where else "no old version to probe)"
     )

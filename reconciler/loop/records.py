@@ -100,7 +100,7 @@ def write_back(
     result: ApplyResult,
     holds: tuple[Hold, ...],
     writer: RevertWriter,
-    spec_of: Callable[[AppliedSpec], Mapping[str, Any] | None] = lambda _: None,
+    spec_of: Callable[[AppliedSpec], Mapping[str, Any] | None],
 ) -> tuple[str, ...]:
     """Push a commit restoring the held ModelDeployments' specs as they last converged
     (``spec_of``: the whole spec at that revision, where it can still be read; else their
