@@ -18,8 +18,6 @@ import contextlib
 import itertools
 import json
 import math
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
@@ -47,6 +45,7 @@ from testkit.manifests import (
     server_doc,
     write_generator_repository,
 )
+from testkit.on_call import OnCallAbort
 from tests.integration.flows import ready_versions
 from tests.services import envoy_or_skip
 
@@ -300,10 +299,12 @@ class RouteLog:
     def __init__(
         self, pools: Pools, abort_on: tuple[str, Path] | None = None, abort_after: float = 1.0
     ) -> None:
-        self.pools, self.abort_on, self.abort_after = pools, abort_on, abort_after
+        self.pools = pools
         self.readings: list[tuple[float, str, dict[str, int]]] = []  # when, live pool, totals
-        self.abort: subprocess.Popen[str] | None = None
-        self.abort_given: float | None = None
+        self.abort_pool = abort_on[0] if abort_on is not None else None
+        self.abort = (
+            OnCallAbort(GENERATOR, abort_on[1], abort_after) if abort_on is not None else None
+        )
         self.missed: list[str] = []  # readings that failed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
@@ -316,7 +317,7 @@ class RouteLog:
         self._stop.set()
         self._thread.join(10)
         if self.abort is not None:
-            self.abort.communicate(timeout=30)
+            self.abort.end()
 
     def _totals(self) -> dict[str, int]:
         query = urllib.parse.urlencode({"filter": r"^cluster\.\w+\.upstream_rq_total$"})
@@ -326,7 +327,6 @@ class RouteLog:
         return {line.split(".")[1]: int(line.rsplit(":", 1)[1]) for line in lines if ":" in line}
 
     def _watch(self) -> None:
-        since: float | None = None
         while not self._stop.is_set():
             try:
                 weights = self.pools.router.observe().weights
@@ -340,16 +340,8 @@ class RouteLog:
             live = max(sorted(weights), key=lambda pool: weights[pool])
             now = time.monotonic()
             self.readings.append((now, live, totals))
-            if self.abort_on is not None and self.abort is None and live == self.abort_on[0]:
-                since = now if since is None else since
-                if now - since >= self.abort_after:
-                    self.abort_given = time.monotonic()
-                    state = str(self.abort_on[1])
-                    self.abort = subprocess.Popen(
-                        [sys.executable, "-m", "reconciler", "abort", GENERATOR,
-                         "--state", state, "--reason", "on call: switch back"],
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                    )  # fmt: skip
+            if self.abort is not None:
+                self.abort.seen(live == self.abort_pool)
             time.sleep(0.05)
 
     def switches(self) -> list[tuple[float, float, str]]:
@@ -421,8 +413,10 @@ def test_the_reconciler_switches_a_streaming_model_blue_green_and_back_without_a
         result = reconciler.apply("--output", "json")
         time.sleep(0.5)
     _whole_and_one_pool(clients.streams)
-    assert log.abort is not None, f"no switch to {old} to abort: {log.switches()}"
-    assert log.abort.returncode == 0, log.abort.stdout
+    assert log.abort is not None and log.abort.given is not None, (
+        f"no switch to {old} to abort: {log.switches()}"
+    )
+    assert log.abort.code == 0, log.abort.answer
     assert result.code != 0, result.explain()
     assert "abort" in result.out + result.err, result.explain()
     switches = log.switches()
@@ -439,7 +433,7 @@ def test_the_reconciler_switches_a_streaming_model_blue_green_and_back_without_a
     assert min(p[v] for v, p in zip(("2", "1", "2"), placed, strict=True)) >= 3, placed
     assert ready_versions(pools.stable, GENERATOR) == {2}
     assert ready_versions(pools.canary, GENERATOR) == {2}
-    back = back_after - (log.abort_given or 0.0)
+    back = back_after - (log.abort.given or 0.0)
     print(f"switch: {first}; back: {len(clients.streams)} streams {placed}, route back "
           f"{back:.2f}s after the abort was given")  # fmt: skip
 
