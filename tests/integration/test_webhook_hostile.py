@@ -310,7 +310,11 @@ class Dribbler:
                 if n in self.closed:
                     continue
                 try:
-                    readable, _, _ = select.select([conn], [], [], 0)
+                    # poll, not select: select() takes no descriptor past 1,023, which a
+                    # test process running many files side by side can reach (a CI run did).
+                    poller = select.poll()
+                    poller.register(conn, select.POLLIN)
+                    readable = poller.poll(0)
                     if readable and not conn.recv(65536):
                         self.closed.add(n)  # the server closed it
                         continue
