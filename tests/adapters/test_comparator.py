@@ -28,21 +28,38 @@ pytestmark = pytest.mark.triton
 
 CONFIG = {
     **ECHO_CONFIG,
-    "parameters": {"scale": {"string_value": "1"}},
+    "parameters": {"scale": {"string_value": "1"}, "slow_ms": {"string_value": "600"}},
     "version_policy": {"specific": {"versions": [1, 2, 5]}},
 }
 
 
 @pytest.fixture(scope="module")
-def triton(model_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def module_triton(
+    model_repository: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalTriton]:
     logs = tmp_path_factory.mktemp("comparator")
     server = LocalTriton(model_repository, log_file=logs / "triton.log").start()
     try:
         with triton_grpc.InferenceServerClient(server.grpc_address) as client:
             client.load_model("echo", config=json.dumps(CONFIG))
-        yield server.grpc_address
+        yield server
     finally:
         server.stop()
+
+
+def still_running(server: LocalTriton, when: str) -> None:
+    """Fail naming the server's end (its exit code, its log's last lines) if it has ended:
+    the tests of this module share one tritonserver."""
+    assert server.process is not None
+    code = server.process.poll()
+    assert code is None, f"the module's tritonserver exited ({code}) {when}:\n{server.log_tail()}"
+
+
+@pytest.fixture
+def triton(module_triton: LocalTriton) -> Iterator[str]:
+    still_running(module_triton, "before this test")
+    yield module_triton.grpc_address
+    still_running(module_triton, "during this test")
 
 
 def request(model: str = "echo", **parameters: int) -> service_pb2.ModelInferRequest:
@@ -109,8 +126,10 @@ def test_a_slow_candidate_times_out_a_full_queue_drops_and_a_missing_version_is_
     triton: str,
 ) -> None:
     comparator = LiveComparator(f"127.0.0.1:{free_port('127.0.0.1')}")
-    # Version 5 answers 25 ms late; the calls may take 5 ms.
-    spec = LiveShadow(share=10_000, rate=10_000, max_share=1.0, timeout=0.005)
+    # Version 5 answers 600 ms late (the config's slow_ms); the calls may take 150 ms, time
+    # enough for version 1 on a loaded machine (5 ms was not: a CI run's 18 comparisons all
+    # ended with the serving version's call past it).
+    spec = LiveShadow(share=10_000, rate=10_000, max_share=1.0, timeout=0.15)
     session = comparator.begin(ShadowTarget("d", "echo", (triton,), 1, (triton,), 5, spec))
     missing = comparator.begin(ShadowTarget("e", "echo", (triton,), 3, (triton,), 1, spec))
     try:
@@ -126,9 +145,9 @@ def test_a_slow_candidate_times_out_a_full_queue_drops_and_a_missing_version_is_
         missing.end()
     assert slow.received == 60 and slow.candidate_timeouts >= 1, slow
     assert slow.comparison.candidate_count == slow.candidate_timeouts, slow
-    assert slow.comparison.first_candidate == "timed out after 0.005s"
+    assert slow.comparison.first_candidate == "timed out after 0.15s"
     # 60 at once, one comparison at a time, at most 16 waiting: the rest dropped.
-    # (A serving version's call past 5 ms leaves its request uncompared: primary_failed.)
+    # (A serving version's call past 150 ms leaves its request uncompared: primary_failed.)
     assert slow.dropped >= 1, slow
     assert slow.compared + slow.dropped + slow.primary_failed == 60, slow
     # Version 3 is not loaded: nothing to compare with, never the candidate's fault.
