@@ -124,6 +124,10 @@ class ManifestSource(Protocol):
 
     def read_file(self, revision: str, path: str) -> bytes | None: ...
 
+    def close(self) -> None:
+        """End what it keeps open between calls (the mirror's git processes)."""
+        ...
+
 
 class CommitChecks(Protocol):
     """What the approval phase asks of the mirror (``adapters.git.GitManifests``)."""
@@ -375,6 +379,17 @@ class Ports:
     # Where routers mirror live shadow traffic (--comparator-listen); none: a shadow phase
     # fails, saying so, and the old versions keep serving.
     comparator: Comparator | None = None
+
+    def close(self) -> None:
+        """End what the adapters keep open from call to call (the manifest mirror's git
+        processes); whoever built the ports closes them when its pass is done."""
+        self.manifests.close()
+
+    def __enter__(self) -> Ports:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 class ShadowComparison(Protocol):

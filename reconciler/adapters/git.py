@@ -148,10 +148,31 @@ class GitSource:
         self.url = str(local.resolve()) if "://" not in url and local.exists() else url
         key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
         self.cache = cache_dir / "repos" / key
+        # The repositories this source opened, closed together by ``close``. GitPython reads
+        # objects through two `git cat-file` processes per Repo (six pipes to this process)
+        # that end only when the Repo is closed or the garbage collector breaks its reference
+        # cycles: a Repo per pass, left to the collector, kept a test process at 399 pipes
+        # and 132 cat-file processes.
+        self._opened: list[git.Repo] = []
+        self._mirror: git.Repo | None = None  # one per source: its cat-file processes reused
+
+    def _open(self, path: Path | str, search_parent_directories: bool = False) -> git.Repo:
+        repo = git.Repo(path, search_parent_directories=search_parent_directories)
+        self._opened.append(repo)
+        return repo
+
+    def close(self) -> None:
+        """End the git processes of every repository this source opened. The commits it
+        gave can still be read: GitPython starts their processes again."""
+        opened, self._opened, self._mirror = self._opened, [], None
+        for repo in opened:
+            repo.close()
 
     def _repo(self) -> git.Repo:
         if (self.cache / "HEAD").exists():
-            return git.Repo(self.cache)
+            if self._mirror is None:
+                self._mirror = self._open(self.cache)
+            return self._mirror
         # Made once, by whoever comes first: two `git init`s into one directory fail on each
         # other's files, and one still running looks made (HEAD) to a reader. So the mirror
         # is made beside it, under the mirror's lock, and renamed into place whole.
@@ -162,7 +183,8 @@ class GitSource:
                 git.Repo.init(making, bare=True)
                 shutil.rmtree(self.cache, ignore_errors=True)  # an empty or broken one
                 making.rename(self.cache)
-        return git.Repo(self.cache)
+        self._mirror = self._open(self.cache)
+        return self._mirror
 
     @property
     def _lock_file(self) -> Path:
@@ -202,7 +224,7 @@ class GitSource:
         """``ref`` resolved in the local repository itself, as git there would (origin/main,
         HEAD, a branch or a SHA), without mirroring: for reviews in a CI checkout."""
         try:
-            return git.Repo(self.url, search_parent_directories=True).commit(ref)
+            return self._open(self.url, search_parent_directories=True).commit(ref)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError) as exc:
             raise SourceUnavailable(f"{redact(self.url)} is not a Git repository") from exc
         except (git.BadName, ValueError, git.GitCommandError) as exc:
@@ -278,6 +300,12 @@ class GitManifests:
         self.in_place = in_place
         self.location = redact(source.url)
         self._commits: dict[str, git.Commit] = {}
+
+    def close(self) -> None:
+        """End the mirror's git processes (``GitSource.close``); a pass closes its manifests
+        when it ends."""
+        self._commits = {}
+        self.source.close()
 
     def fetch(self, ref: str) -> str:
         commit = self.source.resolve_in_place(ref) if self.in_place else self.source.fetch(ref)
@@ -422,51 +450,54 @@ class GitWriter:
         with _exclusive(self.workdir.with_name(self.workdir.name + ".lock")):
             target = target_branch or branch
             for _ in range(attempts):
-                repo = self._checkout(branch)
-                earlier = self._pushed_before(repo, branch, target, reverted)
-                if earlier is not None:
-                    return PushedRevert(target, earlier, tuple(e.deployment for e in edits), ())
-                done, skipped = [], []
-                for edit in edits:
-                    path = self.workdir / edit.file
-                    text = path.read_text() if path.is_file() else ""
-                    restored = (
-                        restore_deployment(
-                            text,
-                            edit.deployment,
-                            edit.failed_fingerprint,
-                            edit.versions,
-                            edit.config,
+                # Closed after each attempt: its git processes end with it (GitSource).
+                with self._checkout(branch) as repo:
+                    earlier = self._pushed_before(repo, branch, target, reverted)
+                    if earlier is not None:
+                        return PushedRevert(target, earlier, tuple(e.deployment for e in edits), ())
+                    done, skipped = [], []
+                    for edit in edits:
+                        path = self.workdir / edit.file
+                        text = path.read_text() if path.is_file() else ""
+                        restored = (
+                            restore_deployment(
+                                text,
+                                edit.deployment,
+                                edit.failed_fingerprint,
+                                edit.versions,
+                                edit.config,
+                            )
+                            if edit.spec is None
+                            else restore_spec(
+                                text, edit.deployment, edit.failed_fingerprint, edit.spec
+                            )
                         )
-                        if edit.spec is None
-                        else restore_spec(text, edit.deployment, edit.failed_fingerprint, edit.spec)
-                    )
-                    if restored is None:
-                        skipped.append(edit.deployment)
-                        continue
-                    path.write_text(restored)
-                    repo.index.add([edit.file])
-                    done.append(edit.deployment)
-                if not done:
-                    return None
-                commit = repo.index.commit(message, author=self.author, committer=self.author)
-                fault_point("git.push.before")
-                try:
-                    repo.git.push(
-                        "--quiet",
-                        self.url,
-                        f"HEAD:refs/heads/{target}",
-                        env=self.source.env,
-                        kill_after_timeout=self.source.fetch_timeout,
-                    )
-                except git.GitCommandError as exc:
-                    if "rejected" in str(exc.stderr) or "non-fast-forward" in str(exc.stderr):
-                        continue  # the branch moved: start again from its new head
-                    raise SourceUnavailable(
-                        f"cannot push to {redact(self.url)}: {git_error(exc)}"
-                    ) from exc
-                fault_point("git.push.after")
-                return PushedRevert(target, commit.hexsha, tuple(done), tuple(skipped))
+                        if restored is None:
+                            skipped.append(edit.deployment)
+                            continue
+                        path.write_text(restored)
+                        repo.index.add([edit.file])
+                        done.append(edit.deployment)
+                    if not done:
+                        return None
+                    commit = repo.index.commit(message, author=self.author, committer=self.author)
+                    fault_point("git.push.before")
+                    try:
+                        repo.git.push(
+                            "--quiet",
+                            self.url,
+                            f"HEAD:refs/heads/{target}",
+                            env=self.source.env,
+                            kill_after_timeout=self.source.fetch_timeout,
+                        )
+                    except git.GitCommandError as exc:
+                        if "rejected" in str(exc.stderr) or "non-fast-forward" in str(exc.stderr):
+                            continue  # the branch moved: start again from its new head
+                        raise SourceUnavailable(
+                            f"cannot push to {redact(self.url)}: {git_error(exc)}"
+                        ) from exc
+                    fault_point("git.push.after")
+                    return PushedRevert(target, commit.hexsha, tuple(done), tuple(skipped))
             raise SourceUnavailable(
                 f"{redact(self.url)} branch {target} kept moving; gave up after {attempts} attempts"
             )

@@ -36,9 +36,8 @@ def _check(args: argparse.Namespace) -> int:
     from reconciler.loop.preflight import preflight
 
     source, settings = Source(args.repo, args.ref, args.path), settings_of(args)
-    lines = preflight(
-        source, settings, wiring.ports(settings, source), not_ready, servers=not args.pre
-    )
+    with wiring.ports(settings, source) as ports:
+        lines = preflight(source, settings, ports, not_ready, servers=not args.pre)
     print_as(
         args.output,
         {"json": lambda: preflight_json(lines), "text": lambda: preflight_text(lines)},

@@ -271,8 +271,11 @@ def _undo(args: argparse.Namespace) -> int:
     source, settings = Source(args.repo, args.ref, args.path), settings_of(args)
     request = UndoRequest(args.deployment, actor(args), args.to_revision, args.reason, args.dry_run)
     # A dry run pushes nothing: it needs no lock.
-    with nullcontext() if args.dry_run else one_reconciler(args, settings):
-        done = undo(request, source, settings, wiring.ports(settings, source))
+    with (
+        nullcontext() if args.dry_run else one_reconciler(args, settings),
+        wiring.ports(settings, source) as ports,
+    ):
+        done = undo(request, source, settings, ports)
     if args.dry_run:
         print(done.patch, end="")
         print(f"undo: {done}", file=sys.stderr)

@@ -179,11 +179,14 @@ def _pass(args: argparse.Namespace, apply_changes: bool) -> int:
     lines = ApplyLines(5.0 if sys.stderr.isatty() else 30.0, args.log_format == "json")
     try:
         saved = load_saved_plan(args.plan, source) if getattr(args, "plan", None) else None
-        with one_reconciler(args, settings) if apply_changes else nullcontext():
+        with (
+            one_reconciler(args, settings) if apply_changes else nullcontext(),
+            wiring.ports(settings, source) as ports,
+        ):
             report = reconcile(
                 source,
                 settings,
-                wiring.ports(settings, source),
+                ports,
                 apply_changes=apply_changes,
                 progress=lines.ended,
                 saved=saved,

@@ -120,7 +120,8 @@ def _status(args: argparse.Namespace) -> int:
         return failed("status needs --repo (or --watch)")
     source, settings = Source(args.repo, args.ref, args.path), settings_of(args)
     # Every server is still observed: what a model's row says depends on the whole plan.
-    whole = status(source, settings, wiring.ports(settings, source))
+    with wiring.ports(settings, source) as ports:
+        whole = status(source, settings, ports)
     report = whole.narrowed(args.model, args.server)
     print_as(
         args.output, {"json": lambda: status_json(report), "text": lambda: status_text(report)}

@@ -190,17 +190,20 @@ class Daemon:
         number = self._started
         settings = self.settings_now()
         try:
-            report = reconcile(
-                self.source,
-                settings,
-                ports(settings, self.source, shadow_observer=self.metrics.shadow_compared),
-                apply_changes=not self.run_settings.dry_run,
-                progress=log_step,
-                skip=self._skip_list(),
-                stopping=self.stop_requested.is_set,
-                memory=self.memory,
-                events=self.serving_watch.events,  # /serving and the rollout metrics
-            )
+            with ports(
+                settings, self.source, shadow_observer=self.metrics.shadow_compared
+            ) as pass_ports:
+                report = reconcile(
+                    self.source,
+                    settings,
+                    pass_ports,
+                    apply_changes=not self.run_settings.dry_run,
+                    progress=log_step,
+                    skip=self._skip_list(),
+                    stopping=self.stop_requested.is_set,
+                    memory=self.memory,
+                    events=self.serving_watch.events,  # /serving and the rollout metrics
+                )
             self._fetched_once = True
             self._git_failures = 0
             result = self._record(report)
@@ -455,7 +458,8 @@ class Daemon:
             return 503, {**reply, "error": f"this reconciler does not hold {self.lock.where}"}
         settings = self.settings_now()
         try:
-            done = undo(request, self.source, settings, ports(settings, self.source))
+            with ports(settings, self.source) as undo_ports:
+                done = undo(request, self.source, settings, undo_ports)
         except UndoRefused as exc:
             return 409, {**reply, "error": str(exc)}
         except ReconcileError as exc:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import gc
+import os
 import shutil
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -11,6 +16,9 @@ from reconciler.adapters.git import GitSource
 from reconciler.core.spec.yaml import UnreadFile
 from reconciler.credentials import redact
 from reconciler.model.errors import SourceUnavailable
+from reconciler.model.settings import Settings
+from reconciler.model.source import Source
+from reconciler.wiring import ports
 from testkit.manifests import ManifestRepo, git
 
 
@@ -136,3 +144,60 @@ def test_reads_only_what_the_manifest_selection_selects(
     revision = GitSource(manifests.url, tmp_path / "cache").revision(path="deploy/prod")
 
     assert sorted(revision.files) == ["deploy/prod/a.yaml", "deploy/prod/gen/keep.generated.yaml"]
+
+
+def cat_file_processes() -> set[int]:
+    """This process's `git cat-file` children: GitPython reads objects through two per
+    repository it opened, each with three pipes to this process."""
+    found = subprocess.run(
+        ["pgrep", "-P", str(os.getpid()), "-f", "git cat-file"], capture_output=True, text=True
+    )
+    return {int(pid) for pid in found.stdout.split()}
+
+
+@contextmanager
+def collector_off() -> Iterator[None]:
+    """No garbage collection meanwhile: it, not the adapter, used to end those processes."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def test_a_passs_git_processes_end_with_its_ports_not_with_the_collector(
+    manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    manifests.write("a.yaml", "one: 1\n")
+    manifests.commit("first")
+    settings, source = Settings(tmp_path / "cache", tmp_path / "state.db"), Source(manifests.url)
+    before = cat_file_processes()
+    with collector_off():
+        for n in range(3):  # a service's passes, each with the ports wiring builds for it
+            with ports(settings, source) as pass_ports:
+                sha = pass_ports.manifests.fetch("HEAD")
+                assert pass_ports.manifests.read(sha, "").files == {"a.yaml": b"one: 1\n"}
+                reading = cat_file_processes() - before
+                # The check below could not fail if nothing started them.
+                assert reading, "GitPython read the commit without a cat-file process"
+            left = cat_file_processes() - before
+            assert not left, f"pass {n}: {len(left)} git cat-file process(es) left after it"
+
+
+def test_a_source_keeps_one_mirror_repository_and_reads_again_after_close(
+    manifests: ManifestRepo, tmp_path: Path
+) -> None:
+    manifests.write("a.yaml", "one: 1\n")
+    manifests.commit("first")
+    source = GitSource(manifests.url, tmp_path / "cache")
+    before = cat_file_processes()
+    with collector_off():
+        for _ in range(3):
+            assert source.revision().files == {"a.yaml": b"one: 1\n"}
+        started = cat_file_processes() - before
+        # One Repo for the three fetches: its two readers, not six.
+        assert len(started) == 2, f"{len(started)} cat-file processes for one mirror"
+        source.close()
+        assert not cat_file_processes() - before
+        assert source.revision().files == {"a.yaml": b"one: 1\n"}  # opened again
+        source.close()

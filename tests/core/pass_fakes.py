@@ -74,6 +74,7 @@ class FakeManifests:
         self.fast_forward = True
         self.unreadable: set[str] = set()  # revisions whose files cannot be read
         self.fetched: list[str] = []
+        self.closed = 0  # times the ports that hold it were closed
 
     def commit(self, files: Mapping[str, str]) -> str:
         text = repr((len(self.revisions), sorted(files.items())))
@@ -97,6 +98,9 @@ class FakeManifests:
 
     def read_file(self, revision: str, path: str) -> bytes | None:
         return self.revisions[revision].get(path.strip("/"))
+
+    def close(self) -> None:
+        self.closed += 1
 
     def is_fast_forward(self, old: str, new: str) -> bool:
         return self.fast_forward
