@@ -15,7 +15,7 @@ block every rollout). A smoke case is judged by its expectations.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from statistics import median
 
@@ -101,27 +101,44 @@ def declared(
     return ()
 
 
-def wrong(request: ProbeRequest, reply: Reply) -> str | None:
-    """Why an answered probe failed: no response, an output missing, or outside the
-    expectation (a stream judged reassembled: ``core.exchange.answer_of``)."""
+def unanswered(request: ProbeRequest, reply: Reply) -> str | None:
+    """Why a probe of an old version failed: no response, or an output asked for missing.
+    A smoke case's expectations are the new versions' (the change may be meant to answer
+    otherwise), so an old version answering differently has not failed: counted failed, it
+    read "old version ..., 4 of 4 failed" in a good rollout's report, and an old version
+    under its clients' load gave no baseline (``Prober.old_under_load`` leaves failed ones
+    out)."""
     if not reply.responses:
         return f"{request.name}: the stream ended with no response"
     answer = answer_of(reply)
     missing = [name for name in request.outputs if name not in answer]
     if missing:
         return f"{request.name}: output {', '.join(missing)} missing in the response"
-    if request.case is not None:
-        problems = reply_mismatches(request.case, reply)
-        if problems:
-            return f"{request.name}: {'; '.join(problems)}"
     return None
 
 
-def outcome(request: ProbeRequest, reply: Reply, version: int, elapsed: float) -> ProbeOutcome:
-    """An answered probe as the analysis counts it: failed as ``wrong`` says; its latency the
+def wrong(request: ProbeRequest, reply: Reply) -> str | None:
+    """Why a probe of a new version failed: unanswered, or outside its smoke case's
+    expectations (a stream judged reassembled: ``core.exchange.answer_of``)."""
+    why = unanswered(request, reply)
+    if why is None and request.case is not None:
+        problems = reply_mismatches(request.case, reply)
+        if problems:
+            return f"{request.name}: {'; '.join(problems)}"
+    return why
+
+
+# How a probe's answer is judged: ``wrong`` for the new versions, ``unanswered`` for the old.
+Judge = Callable[[ProbeRequest, Reply], str | None]
+
+
+def outcome(
+    request: ProbeRequest, reply: Reply, version: int, elapsed: float, judge: Judge = wrong
+) -> ProbeOutcome:
+    """An answered probe as the analysis counts it: failed as ``judge`` says; its latency the
     exchange's (a stream's time to its first response; ``elapsed``, the whole exchange, for
     one that brought none), and for a stream the median time between its responses."""
-    why = wrong(request, reply)
+    why = judge(request, reply)
     first = reply.first_seconds
     return ProbeOutcome(
         f"{why} (version {version})" if why else None,

@@ -26,7 +26,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from statistics import median_low
 
-from reconciler.core.probes import ProbeRequest, declared, outcome, synthesized
+from reconciler.core.probes import (
+    Judge,
+    ProbeRequest,
+    declared,
+    outcome,
+    synthesized,
+    unanswered,
+    wrong,
+)
 from reconciler.engine.exchange import ask
 from reconciler.model.analysis import ProbeFigures, ProbeOutcome, ProbeSpec
 from reconciler.model.errors import ProbeTimedOut, StreamCut, VerifyFailed
@@ -61,12 +69,19 @@ class Sent:
 
 
 class ProbeSender:
-    """Sends one probe to one version of the step's model and judges what came back."""
+    """Sends one probe to one version of the step's model and judges what came back, as
+    ``judge`` says (an old version's sender: ``core.probes.unanswered``)."""
 
     def __init__(
-        self, control: ModelControl, step: Step, timeout: float, clock: Callable[[], float]
+        self,
+        control: ModelControl,
+        step: Step,
+        timeout: float,
+        clock: Callable[[], float],
+        judge: Judge = wrong,
     ) -> None:
         self.control, self.step, self.timeout, self.clock = control, step, timeout, clock
+        self.judge = judge
 
     def send(self, request: ProbeRequest, version: int) -> Sent:
         """One probe; one that got no answer within its deadline is sent again at once and
@@ -125,7 +140,7 @@ class ProbeSender:
             )
             return Sent(failed, took, timed_out=timed_out)
         busy = self.clock() - started
-        return Sent(outcome(request, reply, version, busy), busy)
+        return Sent(outcome(request, reply, version, busy, self.judge), busy)
 
 
 def chosen(
@@ -253,9 +268,7 @@ class Prober:
         old = (
             None
             if old_at is None or not step.baseline
-            else sender
-            if old_at is control
-            else ProbeSender(old_at, step, spec.timeout, clock)
+            else ProbeSender(old_at, step, spec.timeout, clock, unanswered)
         )
         requests, figures = chosen(step, interface, old, unread)
         return cls(sender, spec, requests, figures, old)

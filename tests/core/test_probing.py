@@ -20,9 +20,10 @@ import pytest
 from reconciler.core.analysis import early_abort, evaluate, wilson_upper
 from reconciler.core.exchange import Reply
 from reconciler.core.plan.planner import plan
-from reconciler.core.probes import declared, synthesized, wrong
+from reconciler.core.probes import declared, synthesized, unanswered, wrong
 from reconciler.engine.apply import apply
 from reconciler.engine.context import Timing
+from reconciler.engine.probes import OLD_EVERY, Prober
 from reconciler.model.analysis import (
     AnalysisSpec,
     Baseline,
@@ -37,6 +38,7 @@ from reconciler.model.analysis import (
 )
 from reconciler.model.errors import ProbeTimedOut, VerifyFailed
 from reconciler.model.history import History
+from reconciler.model.plan import Action, Step
 from reconciler.model.results import ApplyResult, ChangeResult, Outcome
 from reconciler.model.serving import ModelInterface, TensorSignature
 from reconciler.model.spec import Expectation, SmokeCase, Tensor
@@ -266,6 +268,37 @@ def test_declared_probes_are_the_smoke_cases_with_their_expectations() -> None:
         "smoke ones: output OUTPUT0[0] is 3.0, expected 2.0 (tolerance 0.0)"
     )
     assert wrong(request, Reply.unary({})) == "smoke ones: output OUTPUT0 missing in the response"
+
+
+def test_an_old_version_answering_otherwise_than_a_smoke_case_has_not_failed() -> None:
+    """A smoke case expects the new version's answer; the old version answering otherwise
+    is what the change is for. Its probes fail only unanswered (an output missing, no
+    response): counted failed, a good rollout's report read "old version ..., 4 of 4
+    failed", and an old version probed under its clients' load kept no baseline."""
+    case = SmokeCase("ones", (Tensor("INPUT0", "FP32", (1, 2), (1.0, 1.0)),),
+                     (Expectation("OUTPUT0", (2.0, 2.0)),))  # fmt: skip
+    (request,) = declared((case,), None, ("OUTPUT0",))
+    version_1 = Reply.unary({"OUTPUT0": np.array([[1.0, 1.0]], dtype=np.float32)})
+    assert wrong(request, version_1) is not None and unanswered(request, version_1) is None
+    assert unanswered(request, Reply.unary({})) == (
+        "smoke ones: output OUTPUT0 missing in the response"
+    )
+
+    # The analysis's probes on the Triton fake (OUTPUT0 = INPUT0 x version): version 2 new,
+    # version 1 old, prober made as the analysis makes it.
+    clock = FakeClock()
+    fake = Clients(clock)
+    fake.serve("m", [1, 2])
+    step = Step("s1", "m", Action.ANALYZE, (2,), "probed", smoke=(case,), baseline=(1,))
+    paced = ProbeSpec(concurrency=1, max_share=1.0)
+    prober = Prober.prepare(fake, step, paced, clock.clock, None, None, old_at=fake)
+    for _ in range(3 * OLD_EVERY):
+        prober.round()
+    prober.close()
+    figures = prober.figures
+    assert figures.old_sent >= 3 and figures.sent >= 3, figures
+    assert (figures.failed, figures.old_failed) == (0, 0), str(figures)
+    assert "old version" in str(figures) and f"0 of {figures.old_sent} failed" in str(figures)
 
 
 def test_a_stream_is_judged_reassembled_and_by_its_first_response_time() -> None:
