@@ -151,7 +151,7 @@ def test_a_streaming_models_round_is_one_stream_to_each_version_side_by_side() -
     clock = FakeClock()
     fake = Streams(clock, first=0.010, gap=0.002)
     fake.serve("m", [1, 2, 3])
-    step = Step(Action.ANALYZE, "s1", "m", (2, 3), "probed", baseline=(1,), streaming=True)
+    step = Step("s1", "m", Action.ANALYZE, (2, 3), "probed", baseline=(1,), streaming=True)
     request = ProbeRequest("p", (Tensor("IN", "FP32", (1,), (0.0,)),), ())
     sender = ProbeSender(fake, step, 1.0, clock.clock)
     prober = Prober(sender, ProbeSpec(concurrency=4, max_share=1.0), (request,), old=sender)
