@@ -315,7 +315,8 @@ def one_swap(
 def run_arm(arm: str, library: Path | None, args: argparse.Namespace) -> dict[str, Any]:
     extra_env = {"LD_PRELOAD": str(library)} if library else {}
     print(f"arm {arm}: LD_PRELOAD={library or '(none)'}", file=sys.stderr)
-    # The work folder (server and service logs) is removed only when the arm succeeds.
+    # The work folder (server and service logs) is removed only when the arm succeeds with
+    # every swap as expected: a run whose swap 94 went otherwise kept no log to say why.
     root = Path(tempfile.mkdtemp(prefix=f"bench-soak-{arm}-"))
     repository = write_model_repository(root / "models")
     servers = [
@@ -402,7 +403,10 @@ def run_arm(arm: str, library: Path | None, args: argparse.Namespace) -> dict[st
             service.stop()
         for server in servers:
             server.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    if all(swap["as_expected"] for swap in swaps):
+        shutil.rmtree(root, ignore_errors=True)
+    else:
+        print(f"  [{arm}] a swap went otherwise: logs kept in {root}", file=sys.stderr)
     for swap, window in zip(swaps, attribution.windows, strict=True):
         swap["client"] = {
             "requests": window.requests,
