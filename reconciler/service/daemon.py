@@ -27,11 +27,11 @@
                               starts; exit 0, or 1 if the deadline passed first
 
 The pass itself is ``loop.reconcile``; this module only decides when to run it and reports.
-``Daemon`` keeps the lifecycle, the scheduler and the pass; the parts it is made of live
-beside it: service/http.py (the request handler, bounded reading, the listener),
-service/webhooks.py (webhook authentication and replays), service/watch.py (the watch
-between passes), service/backoff.py (the backoff of failing servers), service/telemetry.py
-(log lines and metrics). ``cli/service.py`` (``triton-gitops run``) makes one and calls ``serve``.
+``Daemon`` keeps the lifecycle, the scheduler and the pass; the parts it is made of live beside
+it: service/http.py (the request handler, bounded reading, the listener), service/webhooks.py
+(webhook authentication and replays), service/watch.py (the watch between passes),
+service/backoff.py (the backoff of failing servers), service/telemetry.py (log lines and
+metrics). ``cli/service.py`` (``triton-gitops run``) makes one and calls ``serve``.
 """
 
 from __future__ import annotations
@@ -132,8 +132,7 @@ class Daemon:
         self.backoff = ServerBackoff(self.rng)
         self._git_failures = 0
         self._last: PassReport | None = None
-        # Passes started so far, and the outcome of the last to finish (``reconcile`` waits
-        # for one that started after it asked).
+        # Passes started, and the last one's outcome (``reconcile`` waits for a later one).
         self._started = 0
         self._outcome: dict[str, Any] = {"number": 0}
         self.serving_watch = ServingWatch.of_service(
@@ -190,9 +189,8 @@ class Daemon:
         number = self._started
         settings = self.settings_now()
         try:
-            with ports(
-                settings, self.source, shadow_observer=self.metrics.shadow_compared
-            ) as pass_ports:
+            observer = self.metrics.shadow_compared
+            with ports(settings, self.source, shadow_observer=observer) as pass_ports:
                 report = reconcile(
                     self.source,
                     settings,
@@ -263,8 +261,7 @@ class Daemon:
             # What serves now, without waiting for the watch's next round.
             self.serving_watch.after_pass(report, self._watch)
         # A pass asked for meanwhile runs once this job has returned (``_job_ended``): asked
-        # from inside the job, the scheduler would find it still running and skip the run,
-        # and the request would wait for the next interval.
+        # from inside it, the scheduler would skip it as running, to the next interval.
         return report
 
     def _record(self, report: PassReport) -> str:
