@@ -22,6 +22,8 @@ ARG BASE=python:3.11-slim
 
 # -- build: the virtualenv, and nothing of this stage but it reaches the image ----------------
 FROM ${BASE} AS build
+# Named ours, as the image is: ./dev image removes the untagged ones an earlier build left.
+LABEL org.opencontainers.image.title="triton-gitops"
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
