@@ -37,12 +37,6 @@ RESULTS = Path(__file__).parent / "results"
 GOALS = {"1000x100": (10.0, 1024.0), "10x1000": (5.0, None)}  # seconds, MiB
 
 
-def cpu_seconds(pid: int) -> float:
-    """The CPU seconds (user and system) process ``pid`` has used so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass(frozen=True)
 class Applied:
     """One apply: wall seconds, peak resident MiB, its own CPU seconds, its output."""
@@ -87,9 +81,9 @@ def one_shape(instances: int, models: int, runs: int, root: Path) -> dict[str, A
             # The simulated servers share this machine's cores with the apply: what each
             # side spent says what bounds a pass here (a cold one's config calls cost the
             # simulator about as much CPU as the reconciler, issue 46).
-            fleet_before = sum(cpu_seconds(h.pid) for h in fleet.helpers)
+            fleet_before = fleet.cpu_seconds()
             one = applied([*base, *recheck])
-            fleet_cpu = sum(cpu_seconds(h.pid) for h in fleet.helpers) - fleet_before
+            fleet_cpu = fleet.cpu_seconds() - fleet_before
             records.append({"run": index, "kind": kind, "wall_s": round(one.wall, 3),
                             "peak_mib": round(one.peak_mib, 1), "cpu_s": round(one.cpu, 2),
                             "fleet_cpu_s": round(fleet_cpu, 2)})  # fmt: skip
