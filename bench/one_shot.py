@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,10 +47,14 @@ class Applied:
     output: str
 
 
-def applied(argv: Sequence[str]) -> Applied:
-    """One apply in a new process."""
+def applied(
+    argv: Sequence[str], cwd: Path | None = None, env: Mapping[str, str] | None = None
+) -> Applied:
+    """One apply in a new process (in ``cwd``, with ``env``: another code tree's)."""
     started = time.perf_counter()
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=cwd, env=env
+    )
     assert process.stdout is not None
     output = process.stdout.read().decode(errors="replace")
     _, status, usage = os.wait4(process.pid, 0)

@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,8 @@ from typing import Any
 from reconciler.model.serving import VersionState
 
 _log = logging.getLogger("triton_gitops")
+
+_DIGESTS_KEPT = 4096  # distinct configs whose digest is kept (a fleet runs few)
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS configs (digest TEXT PRIMARY KEY, body BLOB NOT NULL)",
@@ -104,6 +106,22 @@ class ServerConfigs:
             return cached
         return None
 
+    def of(
+        self,
+        loaded: Mapping[str, tuple[VersionState, ...]],
+        read: Callable[[Iterable[str]], Mapping[str, dict[str, Any] | None]],
+    ) -> dict[str, CachedConfig]:
+        """The config each loaded model runs with (by its index entries): the one kept where
+        it is ``current``, the others ``read`` from the server, together, and recorded."""
+        found: dict[str, CachedConfig] = {}
+        for model, versions in loaded.items():
+            cached = self.current(model, versions)
+            if cached is not None:
+                found[model] = cached
+        for model, config in read([m for m in loaded if m not in found]).items():
+            found[model] = self.record(model, loaded[model], config)
+        return found
+
     def record(
         self, model: str, versions: tuple[VersionState, ...], config: dict[str, Any] | None
     ) -> CachedConfig:
@@ -144,6 +162,7 @@ class ConfigMemory:
         self._lock = threading.Lock()
         self._recalled: dict[tuple[str, str], dict[str, Reading]] | None = None
         self._stored: set[str] = set()  # config digests in the file
+        self._digests: dict[int, tuple[dict[str, Any], str, bytes]] = {}
         self._broken = False
 
     def recall(self, server: str, address: str) -> dict[str, Reading]:
@@ -216,10 +235,9 @@ class ConfigMemory:
         for model, reading in sorted(readings.items()):
             digest = None
             if reading.config is not None:
-                text = json.dumps(reading.config, sort_keys=True, separators=(",", ":"))
-                digest = hashlib.sha256(text.encode()).hexdigest()
+                digest, text = self._digest(reading.config)
                 if digest not in self._stored:
-                    new_configs.append((digest, zlib.compress(text.encode())))
+                    new_configs.append((digest, zlib.compress(text)))
                     self._stored.add(digest)
             versions = [[v.version, v.state, v.reason] for v in reading.versions]
             rows.append([model, versions, digest, reading.read_at])
@@ -234,6 +252,21 @@ class ConfigMemory:
             )
         if self._recalled is not None:
             self._recalled[(server, address)] = dict(readings)
+
+    def _digest(self, config: dict[str, Any]) -> tuple[str, bytes]:
+        """A config's digest and text. Kept by the config object: the servers of a pool share
+        one object per config (``adapters/triton_configs``, and ``_recalled_from`` here), so
+        a fleet's 100,000 readings are dumped and hashed once per distinct config."""
+        known = self._digests.get(id(config))
+        if known is not None and known[0] is config:
+            return known[1], known[2]
+        text = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+        digest = hashlib.sha256(text).hexdigest()
+        if len(self._digests) >= _DIGESTS_KEPT:
+            self._digests.clear()
+        # The object is kept with its digest, so that its id cannot be reused meanwhile.
+        self._digests[id(config)] = (config, digest, text)
+        return digest, text
 
     def _give_up(self, doing: str, exc: Exception) -> None:
         if not self._broken:

@@ -25,11 +25,11 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 import tritonclient.grpc as triton_grpc
-from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
-from reconciler.adapters.config_memory import CachedConfig, ConfigMemory, ServerConfigs
+from reconciler.adapters.config_memory import ConfigMemory, ServerConfigs
 from reconciler.adapters.model_repository import read_model, store_trouble
+from reconciler.adapters.triton_configs import read_configs
 from reconciler.adapters.triton_sequence import correlation_id, start_deadline, whole_sequence
 from reconciler.adapters.triton_stream import StreamRequest, stream_once
 from reconciler.core.exchange import MAX_RESPONSES, Reply
@@ -278,13 +278,20 @@ class TritonServerClient:
                 dropped()
 
     def _loaded_config(self, model: str) -> dict[str, Any] | None:
-        try:
-            answer = self._client.get_model_config(model, client_timeout=self.call_timeout)
-        except InferenceServerException as exc:
-            if _unreachable(exc):
-                raise self._error(exc, f"reading the config of {model}") from exc
-            return None  # unloaded between the index and this call
-        return json_format.MessageToDict(answer.config, preserving_proto_field_name=True)
+        return self._loaded_configs([model])[model]
+
+    def _loaded_configs(self, models: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        """The config each of ``models`` runs with, read concurrently (``triton_configs``);
+        None for a model unloaded between the index and its call."""
+        answers = read_configs(self._client._client_stub, models, self.call_timeout)
+        configs: dict[str, dict[str, Any] | None] = {}
+        for model, answer in answers.items():
+            if isinstance(answer, InferenceServerException):
+                if _unreachable(answer):
+                    raise self._error(answer, f"reading the config of {model}") from answer
+                answer = None
+            configs[model] = answer
+        return configs
 
     @staticmethod
     def _by_model(entries: Iterable[Any]) -> dict[str, tuple[VersionState, ...]]:
@@ -301,14 +308,6 @@ class TritonServerClient:
 
     def model_state(self, model: str) -> ModelState:
         return ModelState(model, self._by_model(self._index()).get(model, ()))
-
-    def _config(self, model: str, versions: tuple[VersionState, ...]) -> CachedConfig:
-        """The config ``model`` runs with (and its generation): from ``ServerConfigs`` while
-        its index entries are the ones it was read with and its recheck is not due."""
-        cached = self._configs.current(model, versions)
-        if cached is not None:
-            return cached
-        return self._configs.record(model, versions, self._loaded_config(model))
 
     def server_version(self) -> str:
         """Triton's version, from its server metadata (``triton-gitops check``)."""
@@ -362,11 +361,17 @@ class TritonServerClient:
         token: list[Any] = [self._epoch]
         due = float("inf")
         try:
+            loaded_models = [
+                m for m in models if any(v.state == READY for v in by_model.get(m, ()))
+            ]
+            configs = self._configs.of(
+                {m: by_model[m] for m in loaded_models}, self._loaded_configs
+            )
             for model in models:
                 versions = by_model.get(model, ())
                 loaded = None
-                if any(v.state == READY for v in versions):
-                    cached = self._config(model, versions)
+                if model in configs:
+                    cached = configs[model]
                     loaded = cached.config
                     due = min(due, cached.due)
                     token.append((model, versions, cached.generation))

@@ -10,9 +10,11 @@ from __future__ import annotations
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from reconciler.adapters import config_memory
 from reconciler.adapters.config_memory import ConfigMemory, Reading, ServerConfigs
 from reconciler.adapters.triton import TritonServerClient
 from reconciler.core.triton_config import parse_pbtxt, with_versions
@@ -127,3 +129,30 @@ def test_a_new_client_starts_from_what_the_last_one_read(
             reading.close()
     finally:
         by_hand.close()
+
+
+def test_a_config_shared_by_servers_is_written_from_one_dump(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The servers of a pool share one config object per model (adapters/triton_configs):
+    it is dumped and hashed once, and an equal config in another object has its digest."""
+    dumps: list[object] = []
+    dump = config_memory.json.dumps
+
+    def counting(value: object, **options: Any) -> str:
+        if isinstance(value, dict):
+            dumps.append(value)
+        return dump(value, **options)
+
+    monkeypatch.setattr(config_memory.json, "dumps", counting)
+    memory = ConfigMemory(tmp_path / "state.db.configs")
+    shared = dict(CONFIG)
+    for server in ("a", "b", "c"):
+        memory.remember(server, f"{server}:1", {"echo": Reading(READY, shared, 1.0)})
+    assert dumps == [shared], dumps
+    memory.remember("d", "d:1", {"echo": Reading(READY, dict(CONFIG), 1.0)})
+    with sqlite3.connect(memory.path) as db:
+        (configs,) = db.execute("SELECT count(*) FROM configs").fetchone()
+    assert configs == 1, "an equal config in another object: the same digest"
+    again = ConfigMemory(memory.path)
+    assert [again.recall(s, f"{s}:1")["echo"].config for s in "abcd"] == [CONFIG] * 4

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tritonclient.grpc import service_pb2
@@ -28,13 +29,14 @@ def client(triton: LocalTriton, model_repository: Path) -> Iterator[TritonServer
 def config_reads(client: TritonServerClient) -> list[str]:
     """The models whose config ``client`` asks its server for, from now on, in order."""
     reads: list[str] = []
-    get_model_config = client._client.get_model_config
+    loaded_configs = client._loaded_configs
 
-    def counting(model: str, **options: object) -> object:
-        reads.append(model)
-        return get_model_config(model, **options)
+    def counting(models: Iterable[str]) -> dict[str, dict[str, Any] | None]:
+        models = list(models)
+        reads.extend(models)
+        return loaded_configs(models)
 
-    client._client.get_model_config = counting  # type: ignore[method-assign]
+    client._loaded_configs = counting  # type: ignore[method-assign]
     return reads
 
 
