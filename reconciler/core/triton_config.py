@@ -169,6 +169,26 @@ def config_drift(wanted: Mapping[str, Any], loaded: Mapping[str, Any]) -> list[s
     return sorted(drift)
 
 
+class DriftMemo:
+    """``config_drift`` for the (spec.config, loaded config) pairs of one plan, each pair of
+    objects compared once: the servers of a pool share one loaded config object per model
+    (the Triton adapter converts each distinct answer once, the config memory recalls one
+    object per digest), so a fleet's 100,000 pairs are about 100 comparisons (issue 46). One
+    per plan: it keeps the objects it has seen, so that their ids are not reused while it
+    lives, and nothing changes a config while a plan is made."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, int], tuple[object, object, tuple[str, ...]]] = {}
+
+    def __call__(self, wanted: Mapping[str, Any], loaded: Mapping[str, Any]) -> list[str]:
+        key = (id(wanted), id(loaded))
+        seen = self._seen.get(key)
+        if seen is None:
+            seen = (wanted, loaded, tuple(config_drift(wanted, loaded)))
+            self._seen[key] = seen
+        return list(seen[2])
+
+
 def is_complete(config: Mapping[str, Any]) -> bool:
     return "backend" in config or "platform" in config
 

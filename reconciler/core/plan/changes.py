@@ -8,8 +8,9 @@ Called by ``core/plan/planner.py`` and ``core/plan/held.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from functools import cache, partial
 from typing import Any
 
 from reconciler.core.interface import config_interface, interface_part
@@ -244,7 +245,11 @@ def plan_model(
     deployment: ModelDeployment,
     observed: ServerState,
     history: History | None = None,
+    drift_of: Callable[[Mapping[str, Any], Mapping[str, Any]], list[str]] = config_drift,
 ) -> ModelChange | PlanProblem | None:
+    """What ``deployment`` asks of its model on ``server``: the change, the problem that
+    stops it, or None when it serves as declared. ``drift_of``: ``config_drift``, or the
+    plan's ``DriftMemo`` of it."""
     history = history or History()
     model = observed.model(deployment.model)
     refusal = _refusal(server, deployment, observed, model)
@@ -253,16 +258,18 @@ def plan_model(
     base, why_not = _base_config(model, deployment)
     if base is None:
         return PlanProblem(server, deployment.model, why_not or "no base config")
-    target = merge(base, deployment.config)
-    wrong_shape = stream_case_refusal(server, deployment, model, target) or (
-        unprobed_latency_refusal(server, deployment, target)
+    # The config to run with, merged when first asked for: a model that serves as declared
+    # (most of a fleet's pairs) needs it only to refuse a stream case or to heal (issue 46).
+    declared = cache(partial(merge, base, deployment.config))
+    wrong_shape = stream_case_refusal(server, deployment, model, declared) or (
+        unprobed_latency_refusal(server, deployment, declared)
     )
     if wrong_shape is not None:
         return wrong_shape  # the probes between rollouts ask by the first case too
     ready = model.ready
     desired = frozenset(deployment.versions)
     drift = (
-        config_drift(deployment.config, without_heal_marker(model.loaded_config))
+        drift_of(deployment.config, without_heal_marker(model.loaded_config))
         if ready and model.loaded_config is not None
         else []
     )
@@ -275,7 +282,8 @@ def plan_model(
     )
     if desired == ready and not drift and not backend_change:
         # Serving as declared; versions whose probes stopped being answered are reloaded.
-        return heal_change(server, deployment, model, target)
+        return heal_change(server, deployment, model, declared)
+    target = declared()
     gate = _interface_refusal(server, deployment, model, target, desired)
     if gate is not None:
         return gate  # before anything is sent: the serving versions keep their config

@@ -9,7 +9,7 @@ and swaps them in once READY, which a load of the same config again does not do.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.core.triton_config import (
@@ -25,10 +25,14 @@ from reconciler.model.spec import ModelDeployment
 
 
 def heal_change(
-    server: str, deployment: ModelDeployment, model: ModelState, target: Mapping[str, Any]
+    server: str,
+    deployment: ModelDeployment,
+    model: ModelState,
+    target: Callable[[], Mapping[str, Any]],
 ) -> ModelChange | None:
     """The reload in place of ``model`` on ``server`` when versions it serves as declared
-    stopped answering; None when none did. ``target``: the config it is declared with."""
+    stopped answering; None when none did. ``target()``: the config it is declared with
+    (asked only when one did)."""
     broken = sorted(v for v in model.stopped_answering if v in model.ready)
     if not broken:
         return None
@@ -36,7 +40,7 @@ def heal_change(
     listed = ", ".join(map(str, versions))
     why = "; ".join(f"version {v} stopped answering: {model.stopped_answering[v]}" for v in broken)
     generation = heal_generation(model.loaded_config) + 1
-    config = with_heal_marker(with_versions(target, deployment.model, versions), generation)
+    config = with_heal_marker(with_versions(target(), deployment.model, versions), generation)
     # Nothing to put back: what serves now does not answer. A load or verify that fails
     # stops here; the probes go on, and the next pass tries again.
     load = Step(

@@ -12,6 +12,7 @@ from reconciler.core.plan.order import order_changes
 from reconciler.core.plan.settle import as_before_the_stop, await_load_in_progress
 from reconciler.core.plan.stages import staged_rollouts, with_restarted_finish
 from reconciler.core.plan.traffic import steady_routes, unroutable
+from reconciler.core.triton_config import DriftMemo
 from reconciler.model.history import ALL_DEPLOYMENTS, Held, History
 from reconciler.model.plan import ModelChange, Plan, PlanProblem
 from reconciler.model.serving import ServingState
@@ -41,6 +42,7 @@ def plan(
     phase is a problem, nothing of it touched).
     """
     everything_suspended = ALL_DEPLOYMENTS in history.suspended
+    drift_of = DriftMemo()
     changes: list[ModelChange] = []
     problems: list[PlanProblem] = []
     in_sync: list[tuple[str, str]] = []
@@ -76,7 +78,11 @@ def plan(
                 outcome = plan_held(server, deployment, hold, observed)
             else:
                 outcome = plan_model(
-                    server, deployment, as_before_the_stop(observed, deployment, history), history
+                    server,
+                    deployment,
+                    as_before_the_stop(observed, deployment, history),
+                    history,
+                    drift_of,
                 )
                 outcome = await_load_in_progress(outcome, observed.model(model_name))
             if outcome is None:

@@ -15,7 +15,7 @@ meet is one a stream cannot. Called by ``core/plan/changes.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from reconciler.core.triton_config import streams
@@ -25,13 +25,15 @@ from reconciler.model.spec import ModelDeployment
 
 
 def stream_case_refusal(
-    server: str, deployment: ModelDeployment, model: ModelState, target: Mapping[str, Any]
+    server: str,
+    deployment: ModelDeployment,
+    model: ModelState,
+    target: Callable[[], Mapping[str, Any]],
 ) -> PlanProblem | None:
-    """The smoke cases with ``stream`` on a model ``target`` says does not stream, refused."""
-    if streams(target):
-        return None
+    """The smoke cases with ``stream`` on a model ``target()`` says does not stream,
+    refused (``target`` is asked only where there are such cases)."""
     cases = [(i, c) for i, c in enumerate(deployment.smoke) if c.stream is not None]
-    if not cases:
+    if not cases or streams(target()):
         return None
     where = deployment.location.file
     named = ", ".join(
@@ -57,13 +59,13 @@ def stream_case_refusal(
 
 
 def unprobed_latency_refusal(
-    server: str, deployment: ModelDeployment, target: Mapping[str, Any]
+    server: str, deployment: ModelDeployment, target: Callable[[], Mapping[str, Any]]
 ) -> PlanProblem | None:
     """A latency check on a streaming model whose analysis turns its probes off, refused:
     the probes' streams are its only measure (Triton 2.51's counters do not time a stream),
     so it could never be judged."""
     analysis = deployment.analysis
-    if analysis is None or analysis.probes.enabled or not streams(target):
+    if analysis is None or analysis.probes.enabled or not streams(target()):
         return None
     latency = [i for i, c in enumerate(analysis.checks) if c.kind == "latency"]
     if not latency:
