@@ -20,7 +20,6 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2
-from tritonclient.grpc._utils import get_error_grpc
 from tritonclient.utils import InferenceServerException
 
 # Enough to keep a server's answers coming back to back without a long queue on it: Triton
@@ -65,7 +64,10 @@ def read_configs(
         try:
             answers[model] = as_json(future.result().config)
         except grpc.RpcError as exc:
-            answers[model] = get_error_grpc(exc)
+            # What tritonclient's own calls raise (its private grpc._utils.get_error_grpc).
+            answers[model] = InferenceServerException(
+                msg=exc.details(), status=str(exc.code()), debug_details=exc.debug_error_string()
+            )
 
     try:
         for model in models:
