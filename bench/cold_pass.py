@@ -25,47 +25,32 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.fleet import DNS, Group, SimulatedFleet, fleet_addresses, model_names, write_manifests
 from bench.harness.cli import envelope, markdown_main, section_head
-from bench.one_shot import applied
+from bench.harness.provenance import REPO_ROOT
+from bench.one_shot import started_fleet
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS = REPO_ROOT / "bench" / "results"
+RESULTS = Path(__file__).parent / "results"
 FIGURES = ("wall_s", "cpu_s", "fleet_cpu_s", "peak_mib")
 
 
 def one_shape(
     instances: int, models: int, rounds: int, trees: dict[str, Path], root: Path
 ) -> dict[str, Any]:
-    names = model_names(models)
-    addresses = fleet_addresses(instances, 13)
-    fleet = SimulatedFleet([Group("pool", addresses, tuple(names))], 2, root).start()
     runs: dict[str, list[dict[str, float]]] = {label: [] for label in trees}
-    try:
-        repo = write_manifests(root / "git", names, fleet.port)
-        hosts = root / "hosts"
-        hosts.write_text(f"{DNS} {' '.join(addresses)}\n")
+    with started_fleet(instances, models, root) as fleet:
         for index in range(rounds):
             order = list(trees) if index % 2 == 0 else list(trees)[::-1]
             for label in order:
                 where = root / f"apply-{index}-{label}"
-                (where / "state").mkdir(parents=True)
-                argv = [sys.executable, "-m", "reconciler", "apply", "--repo", repo.url]
-                argv += ["--state", str(where / "state" / "state.db")]
-                argv += ["--cache-dir", str(where / "cache"), "--hosts-file", str(hosts)]
-                before = fleet.cpu_seconds()
-                env = {**os.environ, "PYTHONPATH": str(trees[label])}
-                one = applied(argv, cwd=trees[label], env=env)
+                one, fleet_cpu = fleet.apply(where, tree=trees[label])
                 record = {
                     "wall_s": round(one.wall, 3),
                     "cpu_s": round(one.cpu, 2),
-                    "fleet_cpu_s": round(fleet.cpu_seconds() - before, 2),
+                    "fleet_cpu_s": round(fleet_cpu, 2),
                     "peak_mib": round(one.peak_mib, 1),
                 }
                 runs[label].append(record)
                 print(f"  {instances} x {models} round {index} {label}: {record}", file=sys.stderr)
-    finally:
-        fleet.stop()
     medians = {
         label: {f: statistics.median(r[f] for r in records) for f in FIGURES}
         for label, records in runs.items()

@@ -24,7 +24,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,37 @@ def applied(
     return Applied(wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime, output)
 
 
-def one_shape(instances: int, models: int, runs: int, root: Path) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Fleet:
+    """``bench.fleet``'s simulated fleet, its manifests committed to ``repo_url``, and the
+    hosts file that names its instances."""
+
+    simulated: SimulatedFleet
+    repo_url: str
+    hosts: Path
+
+    def apply(
+        self, where: Path, extra: Sequence[str] = (), tree: Path | None = None
+    ) -> tuple[Applied, float]:
+        """``python -m reconciler apply`` in a new process, its state store and Git cache in
+        ``where`` (``tree``: another code tree's); the apply, and the CPU seconds the
+        simulated fleet spent meanwhile. The simulated servers share this machine's cores
+        with the apply: what each side spent says what bounds a pass here (a cold one's
+        config calls cost the simulator about as much CPU as the reconciler, issue 46)."""
+        (where / "state").mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "reconciler", "apply", "--repo", self.repo_url]
+        argv += ["--state", str(where / "state" / "state.db"), "--cache-dir", str(where / "cache")]
+        argv += ["--hosts-file", str(self.hosts), *extra]
+        env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+        before = self.simulated.cpu_seconds()
+        one = applied(argv, cwd=tree, env=env)
+        return one, self.simulated.cpu_seconds() - before
+
+
+@contextmanager
+def started_fleet(instances: int, models: int, root: Path) -> Iterator[Fleet]:
+    """``instances`` simulated instances serving ``models`` models, all in sync; stopped at
+    the end."""
     names = model_names(models)
     addresses = fleet_addresses(instances, 13)
     fleet = SimulatedFleet([Group("pool", addresses, tuple(names))], 2, root).start()
@@ -73,29 +104,24 @@ def one_shape(instances: int, models: int, runs: int, root: Path) -> dict[str, A
         repo = write_manifests(root / "git", names, fleet.port)
         hosts = root / "hosts"
         hosts.write_text(f"{DNS} {' '.join(addresses)}\n")
-        state = root / "state" / "state.db"
-        state.parent.mkdir()
-        base = [sys.executable, "-m", "reconciler", "apply", "--repo", repo.url]
-        base += ["--state", str(state), "--cache-dir", str(root / "cache")]
-        base += ["--hosts-file", str(hosts)]
-        records: list[dict[str, Any]] = []
+        yield Fleet(fleet, repo.url, hosts)
+    finally:
+        fleet.stop()
+
+
+def one_shape(instances: int, models: int, runs: int, root: Path) -> dict[str, Any]:
+    records: list[dict[str, Any]] = []
+    with started_fleet(instances, models, root) as fleet:
         for index in range(runs + 2):
             recheck = ["--config-recheck", "0"] if index == runs + 1 else []
             kind = "configs not trusted" if recheck else ("nothing kept" if index == 0 else "kept")
-            # The simulated servers share this machine's cores with the apply: what each
-            # side spent says what bounds a pass here (a cold one's config calls cost the
-            # simulator about as much CPU as the reconciler, issue 46).
-            fleet_before = fleet.cpu_seconds()
-            one = applied([*base, *recheck])
-            fleet_cpu = fleet.cpu_seconds() - fleet_before
+            one, fleet_cpu = fleet.apply(root, recheck)
             records.append({"run": index, "kind": kind, "wall_s": round(one.wall, 3),
                             "peak_mib": round(one.peak_mib, 1), "cpu_s": round(one.cpu, 2),
                             "fleet_cpu_s": round(fleet_cpu, 2)})  # fmt: skip
             print(f"  {instances} x {models} apply {index}: {kind}, {one.wall:.2f} s, "
                   f"{one.peak_mib:.0f} MiB, CPU {one.cpu:.1f} s (simulated fleet "
                   f"{fleet_cpu:.1f} s)", file=sys.stderr)  # fmt: skip
-    finally:
-        fleet.stop()
     kept = [r for r in records if r["kind"] == "kept"]
     return {
         "shape": f"{instances}x{models}",

@@ -361,12 +361,10 @@ class TritonServerClient:
         token: list[Any] = [self._epoch]
         due = float("inf")
         try:
-            loaded_models = [
-                m for m in models if any(v.state == READY for v in by_model.get(m, ()))
-            ]
-            configs = self._configs.of(
-                {m: by_model[m] for m in loaded_models}, self._loaded_configs
-            )
+            ready = {
+                m: by_model[m] for m in models if any(v.state == READY for v in by_model.get(m, ()))
+            }
+            configs = self._configs.of(ready, self._loaded_configs)
             for model in models:
                 versions = by_model.get(model, ())
                 loaded = None
