@@ -40,17 +40,28 @@ class ServiceProcessError(RuntimeError):
 
 
 def wait_until(
-    condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.05
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    poll: float = 0.05,
+    explain: Callable[[], str] | None = None,
 ) -> float:
     """``time.monotonic()`` when ``condition`` first held (an exception counts as not yet);
-    ``ServiceProcessError`` after ``timeout`` seconds."""
+    ``ServiceProcessError`` after ``timeout`` seconds, with what ``explain`` says of the
+    state then (the reason a reader of the failure needs)."""
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(Exception):
             if condition():
                 return time.monotonic()
         if time.monotonic() > deadline:
-            raise ServiceProcessError(f"not within {timeout:g} s: {what}")
+            detail = ""
+            if explain is not None:
+                try:
+                    detail = "\n" + explain()
+                except Exception as exc:  # the explanation must not hide the timeout
+                    detail = f"\n(could not explain: {exc!r})"
+            raise ServiceProcessError(f"not within {timeout:g} s: {what}{detail}")
         time.sleep(poll)
 
 

@@ -225,7 +225,12 @@ def test_every_panel_and_rule_returns_data_or_evaluates_during_real_rollouts(
             manifests.write("echo.yaml", bad)
             sha = manifests.commit("echo 2, wrong on 2% of inputs")
             assert service.github_push(sha) in (200, 202)
-            wait_until(lambda: _not_converged(service) > 0, 120, "the failed rollout")
+            wait_until(
+                lambda: _not_converged(service) > 0,
+                120,
+                "the failed rollout",
+                explain=lambda: _rollout_state(service, servers),
+            )
             # A good one through the shadow phase and the canary step.
             manifests.write("echo.yaml", deployment(2, {"scale": "1"}))
             manifests.commit("echo 2")
@@ -234,6 +239,7 @@ def test_every_panel_and_rule_returns_data_or_evaluates_during_real_rollouts(
                 lambda: all(ready_versions(s, "echo") == {2} for s in servers.values()),
                 180,
                 "the good rollout",
+                explain=lambda: _rollout_state(service, servers),
             )
             time.sleep(3)  # the last scrapes of the rollout's end
         missing = [f"{title}: {expr}" for title, expr in checked if expr not in poller.seen]
@@ -264,4 +270,31 @@ def _not_converged(service: Service) -> float:
         v
         for k, v in values.items()
         if k.startswith("triton_gitops_rollouts_total{") and 'outcome="converged"' not in k
+    )
+
+
+# The service's series that say where a rollout stands: its outcome, step, traffic, the
+# shadow comparison's counts and the analysis' values.
+ROLLOUT_SERIES = (
+    "triton_gitops_rollouts_total",
+    "triton_gitops_rollout_step",
+    "triton_gitops_route_",
+    "triton_gitops_shadow_requests",
+    "triton_gitops_analysis_",
+    "triton_gitops_passes_total",
+)
+
+
+def _rollout_state(service: Service, servers: dict[str, LocalTriton]) -> str:
+    """Where the rollout stood when a wait gave up: each server's ready versions, the
+    service's rollout series and the end of its log."""
+    ready = {name: sorted(ready_versions(s, "echo")) for name, s in servers.items()}
+    series = sorted(
+        f"  {k} {v:g}" for k, v in service.metrics().items() if k.startswith(ROLLOUT_SERIES)
+    )
+    log = service.log.read_text()[-4000:]
+    return (
+        f"ready versions of echo: {ready}\nrollout series:\n"
+        + "\n".join(series)
+        + (f"\nthe service's log, its end:\n{log}")
     )
