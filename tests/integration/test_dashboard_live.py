@@ -23,8 +23,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -290,14 +291,24 @@ ROLLOUT_SERIES = (
 
 def _rollout_state(service: Service, servers: dict[str, LocalTriton]) -> str:
     """Where the rollout stood when a wait gave up: each server's ready versions, the
-    service's rollout series and the end of its log."""
-    ready = {name: sorted(ready_versions(s, "echo")) for name, s in servers.items()}
-    series = sorted(
-        f"  {k} {v:g}" for k, v in service.metrics().items() if k.startswith(ROLLOUT_SERIES)
-    )
-    log = service.log.read_text()[-4000:]
+    service's rollout series and the end of its log, each part told even when another
+    cannot be read (a server or the service gone)."""
+
+    def told(read: Callable[[], str]) -> str:
+        try:
+            return read()
+        except Exception as exc:
+            return f"(unreadable: {exc!r})"
+
+    def ready(server: LocalTriton) -> str:
+        return str(sorted(ready_versions(server, "echo")))
+
+    def series() -> str:
+        values = service.metrics().items()
+        return "\n".join(sorted(f"  {k} {v:g}" for k, v in values if k.startswith(ROLLOUT_SERIES)))
+
+    versions = {name: told(partial(ready, s)) for name, s in servers.items()}
     return (
-        f"ready versions of echo: {ready}\nrollout series:\n"
-        + "\n".join(series)
-        + (f"\nthe service's log, its end:\n{log}")
+        f"ready versions of echo: {versions}\nrollout series:\n{told(series)}\n"
+        f"the service's log, its end:\n{told(lambda: service.log.read_text()[-4000:])}"
     )
