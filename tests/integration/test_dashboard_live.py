@@ -224,7 +224,7 @@ def test_every_panel_and_rule_returns_data_or_evaluates_during_real_rollouts(
             # A rollout the shadow comparison fails (5% off on 10% of inputs), by webhook. Not
             # 2%: a loaded machine may compare only the 100 requests minRequests asks for, and
             # 0.98^100 = 13% of such runs see no wrong answer and converge the bad version
-            # (clean-clone CI once); 0.9^100 is 3e-5.
+            # (likely the clean-clone CI run that timed out here once); 0.9^100 is 3e-5.
             bad = deployment(2, {"scale": "1", "skew_every": "2:10"})
             manifests.write("echo.yaml", bad)
             sha = manifests.commit("echo 2, wrong on 10% of inputs")
