@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from functools import cache, partial
 from typing import Any
 
 from reconciler.core.interface import config_interface, interface_part
@@ -24,6 +23,7 @@ from reconciler.core.triton_config import (
     in_sequences,
     is_complete,
     merge,
+    merged_when_asked,
     streams,
     with_versions,
     without_heal_marker,
@@ -260,7 +260,7 @@ def plan_model(
         return PlanProblem(server, deployment.model, why_not or "no base config")
     # The config to run with, merged when first asked for: a model that serves as declared
     # (most of a fleet's pairs) needs it only to refuse a stream case or to heal (issue 46).
-    declared = cache(partial(merge, base, deployment.config))
+    declared = merged_when_asked(base, deployment.config)
     wrong_shape = stream_case_refusal(server, deployment, model, declared) or (
         unprobed_latency_refusal(server, deployment, declared)
     )
