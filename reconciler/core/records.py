@@ -349,13 +349,21 @@ def _failed_alert(change: ChangeResult, revision: str, revert_action: str) -> Al
     what = "failed its analysis" if failed_analysis else "failed to load or verify"
     # The server stopped answering (or restarted) mid-change: nothing is known against the
     # versions, nothing is held, and the service tries again once the server answers.
+    # Or another caller unloaded a version it needed (by hand): nothing against the versions
+    # either, and the next pass comes at once.
     lost = change.failure is FailureKind.SERVER_LOST
-    if lost:
+    taken = change.failure is FailureKind.UNLOADED_MEANWHILE
+    if lost or taken:
         step = next(r.step.action for r in change.steps if not r.ok)
-        what = f"was cut short: the server was lost during {step}; tried again once it answers"
+        what = (
+            f"was cut short: the server was lost during {step}; tried again once it answers"
+            if lost
+            else f"was cut short: a version was unloaded by another caller during {step}, "
+            "not held; the next pass loads it again"
+        )
     return AlertEvent(
         "rollout-failed" if failed_analysis or aborted else "load-failed",
-        "warning" if lost else "critical",
+        "warning" if lost or taken else "critical",
         f"{model} {to} on {server} "
         + ("was aborted by an operator" if aborted else what)
         + (

@@ -181,7 +181,7 @@ def apply_change(
         # unload is left). Or the server is gone: nothing can be put back. Not held.
         return ChangeResult(change, Outcome.FAILED, tuple(results))
     if failed.step.action in (Action.VERIFY, Action.ANALYZE):
-        results[-1] = blame_restart(control, change.model, failed)
+        results[-1] = blame_elsewhere(control, change.model, failed)
     fault_point("apply.revert")
     again = ChangeContext(source, hooks=context.hooks)
     reverted = run_steps(control, change.revert, timing, progress, again, True)
@@ -199,21 +199,36 @@ def put_back(failure: FailureKind | None, reverted: list[StepResult]) -> Outcome
     return Outcome.REVERTED
 
 
-def blame_restart(control: ModelControl, model: str, failed: StepResult) -> StepResult:
-    """A verify or analysis that failed because the server lost the model meanwhile: no
-    version at all in its index (a version that failed or was unloaded stays listed), which
-    is a restarted server (EXPLICIT mode starts empty). Marked as a lost server so the spec
-    is not held; the revert still puts the old versions back."""
+def blame_elsewhere(control: ModelControl, model: str, failed: StepResult) -> StepResult:
+    """A verify or analysis that failed because of what happened to the server meanwhile,
+    not because of the versions; the revert still puts the old versions back, and the spec
+    is not held:
+
+    - no version at all in the model's index (a version that failed or was unloaded stays
+      listed): a restarted server (EXPLICIT mode starts empty). Marked as a lost server.
+    - a version the step needed, UNLOADING or unloaded ("unloaded", not a load error): an
+      unload call this pass did not make (a hand unload). Triton unloads nothing by itself
+      in EXPLICIT mode, and a version that fails says why."""
     try:
-        if control.model_state(model).versions:
-            return failed
+        state = control.model_state(model)
     except ReconcileError:
         return replace(failed, failure=FailureKind.SERVER_LOST)
+    if not state.versions:
+        return replace(
+            failed,
+            failure=FailureKind.SERVER_LOST,
+            error=f"{failed.error}; server {failed.step.server} lost every version of {model} "
+            "meanwhile (restarted?): not held, the next pass rolls out again",
+        )
+    taken = [v for v in failed.step.versions if v not in state.ready and state.unloaded(v)]
+    if not taken:
+        return failed
     return replace(
         failed,
-        failure=FailureKind.SERVER_LOST,
-        error=f"{failed.error}; server {failed.step.server} lost every version of {model} "
-        "meanwhile (restarted?): not held, the next pass rolls out again",
+        failure=FailureKind.UNLOADED_MEANWHILE,
+        error=f"{failed.error}; version {', '.join(map(str, taken))} of {model} on "
+        f"{failed.step.server} was unloaded meanwhile ({state.reason(taken[0])}), not by "
+        "this pass (by hand?): not held, the next pass loads it again",
     )
 
 

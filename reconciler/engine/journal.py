@@ -46,7 +46,8 @@ class Journal:
     revert_action: str  # what the write-back does with a failure (--revert-mode), for its alert
     deployments: list[str] = field(default_factory=list)  # the entries begun, to be ended
     # Holds written early; the pass's own outcome (``holds_from``) decides which stay: a
-    # failure found to be a restarted server after it was reported is not held.
+    # failure found after it was reported to be a restarted server, or a version unloaded
+    # by another caller (``engine.change.blame_elsewhere``), is not held.
     held: set[str] = field(default_factory=set)
     # The alerts written with those holds (``AlertEvent.identity``), for the pass's record.
     alerted: set[tuple[str, str, str, bool]] = field(default_factory=set)

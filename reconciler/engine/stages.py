@@ -14,7 +14,7 @@ from typing import Protocol
 
 from reconciler.core.readings import pooled
 from reconciler.engine.change import (
-    blame_restart,
+    blame_elsewhere,
     failed_step,
     no_stage_progress,
     prepare_analysis,
@@ -161,7 +161,7 @@ def _run_stage(
         for server, results in zip(stage, workers.map(forward, stage), strict=True):
             if results and not results[-1].ok:
                 if results[-1].step.action in (Action.VERIFY, Action.ANALYZE):
-                    results[-1] = blame_restart(run.controls[server], run.plan.model, results[-1])
+                    results[-1] = blame_elsewhere(run.controls[server], run.plan.model, results[-1])
                 failure = failure or results[-1]
             done[server] = results
     return failure

@@ -9,7 +9,7 @@ from typing import Any
 
 from reconciler.model.history import ALL_DEPLOYMENTS, AppliedSpec, History, Hold
 from reconciler.model.plan import Action, Plan
-from reconciler.model.results import ApplyResult, Outcome
+from reconciler.model.results import ApplyResult, FailureKind, Outcome
 from reconciler.model.settings import RevertMode, Settings
 from reconciler.model.source import RevertEdit, Source
 from reconciler.model.spec import DesiredState
@@ -171,7 +171,11 @@ def expected_serving(
     for held in plan_.held:
         expected.setdefault(held.server, {})[held.model] = held.versions
     for change in result.changes if result else ():
-        if change.outcome is Outcome.CONVERGED and change.change.desired:
+        # A change cut short by a hand unload is expected as planned: the watch finds it
+        # not serving and brings the next pass forward, as for a hand unload between passes.
+        if change.change.desired and (
+            change.outcome is Outcome.CONVERGED or change.failure is FailureKind.UNLOADED_MEANWHILE
+        ):
             expected.setdefault(change.change.server, {})[change.change.model] = (
                 change.change.desired
             )

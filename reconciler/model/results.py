@@ -87,6 +87,10 @@ class FailureKind(StrEnum):
     NOT_SWAPPED = "not-swapped"
     # An unload did not go through: the next pass retries it.
     UNLOAD_FAILED = "unload-failed"
+    # A version the step needed READY was unloaded meanwhile by another caller (a hand
+    # unload): put back, not held, and the service passes again at once, as for a hand
+    # unload found between passes.
+    UNLOADED_MEANWHILE = "unloaded-meanwhile"
 
     @property
     def transient(self) -> bool:
@@ -95,7 +99,12 @@ class FailureKind(StrEnum):
 
 
 _TRANSIENT = frozenset(
-    {FailureKind.SERVER_LOST, FailureKind.METRICS_UNAVAILABLE, FailureKind.UNLOAD_FAILED}
+    {
+        FailureKind.SERVER_LOST,
+        FailureKind.METRICS_UNAVAILABLE,
+        FailureKind.UNLOAD_FAILED,
+        FailureKind.UNLOADED_MEANWHILE,
+    }
 )
 
 

@@ -44,6 +44,15 @@ class ModelState:
     def ready(self) -> frozenset[int]:
         return frozenset(v.version for v in self.versions if v.state == READY)
 
+    def unloaded(self, version: int) -> bool:
+        """Whether ``version`` was taken out by an unload call: UNLOADING, or UNAVAILABLE with
+        Triton's reason "unloaded" (a version that failed to load says why instead)."""
+        return any(
+            v.version == version
+            and (v.state == "UNLOADING" or (v.state == "UNAVAILABLE" and v.reason == "unloaded"))
+            for v in self.versions
+        )
+
     def reason(self, version: int) -> str:
         for v in self.versions:
             if v.version == version:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from reconciler.core.plan.planner import plan
+from reconciler.core.records import alerts_from, holds_from
 from reconciler.engine.apply import apply
 from reconciler.engine.context import Timing
+from reconciler.loop.records import expected_serving
 from reconciler.model.errors import LoadFailed
 from reconciler.model.history import History
 from reconciler.model.plan import Action, Plan
-from reconciler.model.results import ApplyResult, ChangeResult, Outcome
+from reconciler.model.results import ApplyResult, ChangeResult, FailureKind, Outcome
+from reconciler.model.serving import ModelState, VersionState
 from reconciler.model.spec import DesiredState, Expectation, SmokeCase, Tensor
 from tests.core.fakes import (
     FakeClock,
@@ -252,3 +256,60 @@ def test_a_smoke_case_that_cannot_be_compared_reverts() -> None:
 
     assert change.outcome is Outcome.REVERTED
     assert fake.ready("m") == {1}
+
+
+class TouchedBetweenLoadAndVerify(FakeTriton):
+    """What another caller did to ``m`` between the pass's load and its verify: every
+    version ``state`` with ``reason``, as a hand unload leaves them (UNLOADING while its
+    requests finish, then UNAVAILABLE "unloaded"), or as a version that failed would be."""
+
+    def __init__(self, state: str, reason: str) -> None:
+        super().__init__("s1", {"m": range(1, 7)})
+        self.serve("m", [1])
+        self.touch, self._pending = VersionState(0, state, reason), False
+
+    def load(self, model: str, config: Mapping[str, Any]) -> None:
+        super().load(model, config)
+        self._pending = not any(c.startswith("load") for c in self.calls[:-1])  # forward only
+
+    def model_state(self, model: str) -> ModelState:
+        if self._pending:
+            self._pending = False
+            versions = self._models[model].versions
+            for v in versions:
+                versions[v] = replace(self.touch, version=v)
+        return super().model_state(model)
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "kind"),
+    [
+        ("UNLOADING", "", FailureKind.UNLOADED_MEANWHILE),
+        ("UNAVAILABLE", "unloaded", FailureKind.UNLOADED_MEANWHILE),
+        # Not an unload: a version that failed says why, and counts against the versions.
+        ("UNAVAILABLE", "stub process exited", FailureKind.AGAINST_VERSIONS),
+    ],
+)
+def test_a_version_unloaded_by_another_caller_during_its_verify_is_put_back_not_held(
+    state: str, reason: str, kind: FailureKind
+) -> None:
+    # Seen on a CI run: a hand unload between the load and the verify held the spec with a
+    # critical alert, and the model stayed unloaded until someone released it.
+    fake = TouchedBetweenLoadAndVerify(state, reason)
+    desired = desired_state(deploy("m", [2]))
+    p = plan_for(desired, {"s1": fake})
+
+    result = run(p, {"s1": fake}, FakeClock())
+
+    change = only(result)
+    taken = kind is FailureKind.UNLOADED_MEANWHILE
+    assert (change.outcome, change.failure) == (Outcome.REVERTED, kind), change.error
+    assert fake.ready("m") == {1}  # put back either way
+    assert change.error is not None and change.error.startswith("version 2 is not READY")
+    assert ("was unloaded meanwhile" in change.error) is taken, change.error
+    assert (holds_from(result, desired, History()) == ()) is taken
+    (alert,) = alerts_from(result, "hold")
+    assert alert.severity == ("warning" if taken else "critical"), alert
+    # Expected as planned: the service's watch finds it not serving and passes again at once.
+    expected = expected_serving(desired, p, result).get("s1", {})
+    assert expected.get("m") == ((2,) if taken else None), expected

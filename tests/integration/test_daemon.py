@@ -81,6 +81,9 @@ def echo_service(
     running = service_process(manifests.url, workdir, extra).start()
     try:
         wait_until(lambda: ready_versions(triton, "echo") == {1}, 30, "the first pass")
+        # READY comes before the pass's verify: a test that unloads by hand at once would
+        # do so inside the pass (a CI run did: the change was cut short, not drift).
+        wait_until(lambda: running.passes() >= 1, 30, "the first pass ended")
         yield running
     finally:
         running.stop()
@@ -169,6 +172,58 @@ def test_restarted_triton_and_hand_unloaded_model_are_restored(
     # How fast is measured by bench.daemon (restart to restored); here: that it happens (60 s:
     # under a load average of 12 this once took more than 30 s on the CI machine).
     wait_until(lambda: ready_versions(triton, "echo") == {1}, 60, "restored after restart")
+
+
+def _smoke_case(name: str) -> str:
+    return (
+        f"      - name: {name}\n        inputs:\n"
+        "          INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}\n"
+        "        expect:\n          OUTPUT0: {data: [2, 4, 6, 8], tolerance: 0.0001}\n"
+    )
+
+
+def test_a_version_unloaded_by_hand_during_its_verify_is_loaded_again_not_held(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    # Version 2 answers 1.2 s late (within the service's 2 s call timeout) and its verify
+    # asks it three times, so a hand unload made once it is READY lands inside the verify.
+    # A clean-clone CI run had one land there by chance (the fixture's unload, before the
+    # first pass had ended): the verify blamed version 1, held the spec with a critical
+    # alert, and nothing loaded it again.
+    late = "  config: {parameters: {delay_ms: {string_value: '2:1200'}}}\n"
+    cases = "".join(_smoke_case(name) for name in ("first", "second", "third"))
+    verify = "  verify:\n    smoke:\n" + cases
+    manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=late))
+    manifests.commit("echo 1")
+    service = service_process(manifests.url, tmp_path / "service").start()
+    try:
+        wait_until(lambda: ready_versions(triton, "echo") == {1}, 60, "echo 1 serves")
+        wait_until(lambda: service.passes() >= 1, 30, "the first pass ended")
+        manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], extra=verify + late))
+        manifests.commit("echo 2, asked three times")
+        assert service.github_push() == 202
+        wait_until(lambda: 2 in ready_versions(triton, "echo"), 30, "echo 2 loaded beside 1")
+        with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+            client.unload_model("echo")
+
+        def failures() -> list[dict[str, object]]:
+            return [e for e in service.events() if e.get("message") == "failure"]
+
+        wait_until(lambda: bool(failures()), 30, "the verify cut short")
+        # No webhook and a 300 s interval: the watch brings the next pass.
+        wait_until(lambda: ready_versions(triton, "echo") == {2}, 60, "echo 2 loaded again")
+        events = service.events()
+        (failure,) = failures()
+        assert (failure["kind"], failure["step"]) == ("unloaded-meanwhile", "verify"), failure
+        assert "was unloaded meanwhile" in str(failure["reason"]), failure
+        alerts = [e for e in events if e.get("message") == "alert" and not e.get("resolved")]
+        assert alerts and all(a["severity"] == "warning" for a in alerts), alerts
+        assert "unloaded by another caller during verify" in str(alerts[0]["summary"]), alerts
+        changes = [(e["outcome"], e["versions"]) for e in events if e.get("message") == "change"]
+        assert changes == [("converged", [1]), ("reverted", [2]), ("converged", [2])], changes
+    finally:
+        service.stop()
 
 
 def test_a_server_killed_mid_load_gets_the_change_once_it_is_back(
