@@ -12,6 +12,7 @@ either, the error names the store and its cause first, since Triton waits on it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import threading
@@ -29,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from reconciler.adapters.config_memory import ConfigMemory, ServerConfigs
 from reconciler.adapters.model_repository import read_model, store_trouble
+from reconciler.adapters.triton_channel import channel_options
 from reconciler.adapters.triton_configs import read_configs
 from reconciler.adapters.triton_sequence import correlation_id, start_deadline, whole_sequence
 from reconciler.adapters.triton_stream import StreamRequest, stream_once
@@ -89,25 +91,6 @@ class _LastObservation:
 
 _EPOCHS = itertools.count()
 
-# tritonclient's own channel options (message sizes, keepalive), plus a bound on gRPC's
-# reconnect backoff (1 s up to 120 s by default): a client kept from pass to pass must find a
-# restarted server within a second, not minutes after it came back.
-_KEEPALIVE = triton_grpc.KeepAliveOptions()
-_CHANNEL = [
-    ("grpc.max_send_message_length", triton_grpc.MAX_GRPC_MESSAGE_SIZE),
-    ("grpc.max_receive_message_length", triton_grpc.MAX_GRPC_MESSAGE_SIZE),
-    ("grpc.keepalive_time_ms", _KEEPALIVE.keepalive_time_ms),
-    ("grpc.keepalive_timeout_ms", _KEEPALIVE.keepalive_timeout_ms),
-    ("grpc.keepalive_permit_without_calls", _KEEPALIVE.keepalive_permit_without_calls),
-    ("grpc.http2.max_pings_without_data", _KEEPALIVE.http2_max_pings_without_data),
-    ("grpc.initial_reconnect_backoff_ms", 250),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-]
-# A connection kept to notice a restart (``keep_connection``) must not be closed for want of
-# calls: gRPC drops a channel's connection after 30 minutes without one, which would read
-# as a restart during a long pass (the watch reads nothing while a pass runs). INT_MAX
-# turns that timer off.
-_KEPT_CHANNEL = [*_CHANNEL, ("grpc.client_idle_timeout_ms", 2**31 - 1)]
 _READY = grpc.ChannelConnectivity.READY
 
 
@@ -155,7 +138,7 @@ class TritonServerClient:
         # Tokens of two clients never compare equal, even for one server.
         self._epoch = next(_EPOCHS)
         self._client = triton_grpc.InferenceServerClient(
-            url=address, channel_args=_KEPT_CHANNEL if keep_connection else _CHANNEL
+            url=address, channel_args=channel_options(keep_connection)
         )
         # Whether the connection answered a call since its last drop was told, and whom to
         # tell (``when_dropped``).
@@ -198,6 +181,19 @@ class TritonServerClient:
         if _unreachable(exc):
             return ServerUnavailable(self.name, f"{self.address} did not answer ({doing})")
         return StepFailed(f"server {self.name}: {doing}: {exc.message()}")
+
+    def _hung(self, exc: InferenceServerException) -> str | None:
+        """Why a call out of time on a server that answers at once is the version's; None
+        when it is not that. Taken for a lost server, a version that hangs was neither put
+        back nor held, and the next pass promoted it unverified (a hand check, 2026-12-07)."""
+        if str(exc.status()) == "StatusCode.DEADLINE_EXCEEDED":
+            with contextlib.suppress(InferenceServerException):
+                if self._client.is_server_live(client_timeout=min(self.call_timeout, 2.0)):
+                    return (
+                        f"no answer within {self.call_timeout:g}s (--call-timeout) while the "
+                        "server answers: the version hangs, or is slower than that"
+                    )
+        return None
 
     def _unobserved(self, exc: ServerUnavailable | StepFailed) -> str:
         # A ServerState names its server: its error says only why, so that a plan problem
@@ -545,9 +541,10 @@ class TritonServerClient:
                     f"server {self.name}: {doing}: no answer within {timeout:g}s"
                 ) from exc
             # "not at ready state" comes with the unreachable code too; the server answered.
-            if _unreachable(exc) and not _not_ready(exc):
+            hung = self._hung(exc)
+            if _unreachable(exc) and not _not_ready(exc) and hung is None:
                 raise self._error(exc, f"inferring {model} version {version}") from exc
-            raise VerifyFailed(f"server {self.name}: {doing}: {exc.message()}") from exc
+            raise VerifyFailed(f"server {self.name}: {doing}: {hung or exc.message()}") from exc
         answer: dict[str, npt.NDArray[np.generic]] = {}
         for name in outputs:
             array = result.as_numpy(name)

@@ -226,7 +226,9 @@ def _reconciler(parser: argparse.ArgumentParser) -> None:
         run,
         "--call-timeout",
         _TRITON.call_timeout,
-        "longest wait for any other Triton call (default %(default)g)",
+        "longest wait for any other Triton call (default %(default)g); a smoke case "
+        "without a deadline of its own that gets no answer by then, from a server that "
+        "answers, fails the version",
     )
     run.add_argument(
         "--leader-lease",

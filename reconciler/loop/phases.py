@@ -67,7 +67,7 @@ from reconciler.loop.pass_log import log_manifest_warnings
 from reconciler.loop.records import (
     drift_corrected,
     expected_serving,
-    loads_cut_off,
+    left_unverified,
     next_managed,
     write_back,
 )
@@ -490,7 +490,7 @@ def _stages_ended(target: Target, plan_: Plan, applied: Applied) -> list[str]:
     desired = target.desired
     return (
         [r.deployment for r in plan_.rollouts]
-        + [n for n in applied.journal.deployments if n not in loads_cut_off(applied.result)]
+        + [n for n in applied.journal.deployments if n not in left_unverified(applied.result)]
         + [
             name
             for name, record in target.history.staged.items()

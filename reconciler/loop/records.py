@@ -16,16 +16,20 @@ from reconciler.model.spec import DesiredState
 from reconciler.ports import RevertWriter, StateStore
 
 
-def loads_cut_off(result: ApplyResult) -> set[str]:
-    """Deployments whose load this pass left unfinished: cut off by --load-timeout (Triton
-    goes on loading) or by a server gone mid-load. Their journal entries stay, so the next
-    pass verifies and analyses the new versions even if the load ended in between and they
-    are READY by then (``plan._as_before``), rather than only dropping the old ones."""
+def left_unverified(result: ApplyResult) -> set[str]:
+    """Deployments whose new versions this pass may have left loaded and unverified: a
+    change cut short by a lost server, and not put back (nothing could be). A load cut off
+    by --load-timeout goes on in Triton; a version loaded before the server was lost on a
+    verify's call (a network drop) stays loaded. Their journal entries stay, so the next
+    pass verifies and analyses the new versions even if they are READY by then
+    (``core.plan.settle.as_before_the_stop``), rather than only dropping the old ones."""
     return {
         c.change.deployment
         for c in result.changes
         if c.change.deployment
-        and any(r.unreachable and r.step.action is Action.LOAD for r in c.steps)
+        and not c.revert
+        and any(r.step.action is Action.LOAD for r in c.steps)
+        and any(r.unreachable for r in c.steps)
     }
 
 

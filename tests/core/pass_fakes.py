@@ -23,6 +23,7 @@ from reconciler.model.history import (
     OperatorOrder,
     PassRecord,
     Rollout,
+    StagedRecord,
 )
 from reconciler.model.servers import TritonServer
 from reconciler.model.serving import ServerState
@@ -142,8 +143,16 @@ class FakeState:
         self.bound: tuple[str, str] | None = None  # the repository and folder it records
 
     def history(self) -> History:
+        staged = {
+            name: StagedRecord(fingerprint, completed, started, revision)
+            for name, (fingerprint, revision, completed, started) in self.stages.items()
+        }
         return History(
-            self.revision, dict(self.managed), dict(self.holds), transitions=dict(self.transitions)
+            self.revision,
+            dict(self.managed),
+            dict(self.holds),
+            staged=staged,
+            transitions=dict(self.transitions),
         )
 
     def last_pass(self) -> dict[str, Any] | None:

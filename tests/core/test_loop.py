@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -21,7 +23,7 @@ from reconciler.model.errors import (
 )
 from reconciler.model.history import AlertEvent
 from reconciler.model.reports import PassReport
-from reconciler.model.results import Outcome
+from reconciler.model.results import FailureKind, Outcome
 from reconciler.model.settings import RevertMode, RevertSettings, Settings
 from reconciler.model.source import Source
 from tests.core.pass_fakes import (
@@ -305,6 +307,43 @@ def test_a_failing_load_is_reverted_held_and_alerted(world: World, settings: Set
     assert world.state.open == {("echo", "s1", "load-failed")}
     assert report.reverts == ()  # --revert-mode hold: nothing pushed
     assert world.writer.pushed == []
+
+
+class LostOnVerify(FakeClient):
+    """Stops answering once, after the first load of version 2: the verify's call is the
+    first to meet it (a network drop; the server keeps what it loaded)."""
+
+    lost = False
+
+    def load(self, model: str, config: Mapping[str, Any]) -> None:
+        super().load(model, config)
+        if 2 in self.ready(model) and not self.lost:
+            self.unreachable = self.lost = True
+
+
+def test_a_version_whose_verify_lost_the_server_is_verified_by_the_next_pass(
+    world: World, settings: Settings
+) -> None:
+    server = world.servers["s1"] = LostOnVerify("s1", {"echo": [1, 2]})
+    deploy(world, 1)
+    run(world, settings)
+    deploy(world, 2)
+
+    report = run(world, settings)
+
+    assert report.result is not None
+    (change,) = report.result.changes
+    assert (change.outcome, change.failure) == (Outcome.FAILED, FailureKind.SERVER_LOST)
+    assert server.ready("echo") == {1, 2}  # nothing could be put back: 2 stays, unverified
+    server.unreachable = False
+    again = run(world, settings)
+    # Not "unload 1" alone, which promoted 2 without a verify: 2 is verified first.
+    (planned,) = again.plan.changes
+    assert [str(s.action) for s in planned.steps] == ["load", "verify", "unload"], [
+        s.reason for s in planned.steps
+    ]
+    assert again.result is not None and again.ok, [c.error for c in again.result.changes]
+    assert server.ready("echo") == {2}
 
 
 def test_a_pass_that_fails_logs_one_event_per_failed_server_or_model(

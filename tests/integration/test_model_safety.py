@@ -346,6 +346,39 @@ def _echo_config(triton: LocalTriton) -> dict[str, Any]:
     return config
 
 
+def test_a_version_that_hangs_past_the_call_timeout_is_put_back_and_held(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """Version 2 answers 4 s late; the reconciler's calls time out after 2 s. The timeout
+    read as a lost server before: version 2 was left loaded beside 1 (a client that names no
+    version got it), nothing was held, and the next pass promoted it without a verify."""
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    late = "  config: {parameters: {delay_ms: {string_value: '2:4000'}}}\n"
+    _servers(manifests, ("edge-a", triton, model_repository))
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=late))
+    manifests.commit("echo 1")
+    assert reconciler.apply("--call-timeout", "2").code == 0
+    manifests.write(
+        "echo.yaml", deployment_doc("echo", [2], ["edge-a"], expect_factor=2, extra=late)
+    )
+    manifests.commit("echo 2, which hangs past the call timeout")
+
+    hung = reconciler.apply("--call-timeout", "2", "--output", "json")
+
+    why = hung.explain()
+    assert hung.code == 1, why
+    (change,) = hung.json()["result"]["changes"]
+    assert change["outcome"] == "reverted", why
+    assert "no answer within 2s (--call-timeout) while the server answers" in why, why
+    assert ready_versions(triton, "echo") == {1}
+    again = reconciler.apply("--call-timeout", "2")
+    assert again.code == 0 and "edge-a/echo: ModelDeployment echo at revision" in again.out, (
+        again.out + again.err
+    )
+    assert "held at 1: server edge-a: inference on echo version 2: no answer" in again.out
+    assert ready_versions(triton, "echo") == {1}  # held: neither tried again nor promoted
+
+
 def test_a_renamed_output_is_refused_before_anything_is_loaded_unless_allowed(
     manifests: ManifestRepo,
     triton: LocalTriton,
