@@ -176,9 +176,12 @@ def apply_change(
     if all(r.ok for r in results):
         return ChangeResult(change, Outcome.CONVERGED, tuple(results))
     failed = results[-1]
-    if failed.step.on_failure is OnFailure.STOP or failed.failure is FailureKind.SERVER_LOST:
+    if failed.step.on_failure is OnFailure.STOP or (
+        failed.failure is FailureKind.SERVER_LOST and not answers_again(control, failed)
+    ):
         # Planned so: nothing to put back (a drain swapped nothing; only the old versions'
-        # unload is left). Or the server is gone: nothing can be put back. Not held.
+        # unload is left). Or the server is gone: nothing can be put back, and the next
+        # pass verifies what is loaded first (``loop.records.left_unverified``). Not held.
         return ChangeResult(change, Outcome.FAILED, tuple(results))
     if failed.step.action in (Action.VERIFY, Action.ANALYZE):
         results[-1] = blame_elsewhere(control, change.model, failed)
@@ -197,6 +200,20 @@ def put_back(failure: FailureKind | None, reverted: list[StepResult]) -> Outcome
     if failure is FailureKind.INTERRUPTED:
         return Outcome.INTERRUPTED
     return Outcome.REVERTED
+
+
+def answers_again(control: ModelControl, failed: StepResult) -> bool:
+    """A verify or analysis that lost the server on a call, on a server that answers again
+    (a dropped connection, a quick restart): what it loaded is put back now, rather than
+    left to serve unverified (to every client that names no version) until the next pass.
+    Not a load cut off: Triton goes on with it, and a load to put back would queue behind."""
+    if failed.step.action not in (Action.VERIFY, Action.ANALYZE):
+        return False
+    try:
+        control.model_state(failed.step.model)
+    except ReconcileError:
+        return False
+    return True
 
 
 def blame_elsewhere(control: ModelControl, model: str, failed: StepResult) -> StepResult:

@@ -313,3 +313,52 @@ def test_a_version_unloaded_by_another_caller_during_its_verify_is_put_back_not_
     # Expected as planned: the service's watch finds it not serving and passes again at once.
     expected = expected_serving(desired, p, result).get("s1", {})
     assert expected.get("m") == ((2,) if taken else None), expected
+
+
+class DropsTheVerifysFirstCall(FakeTriton):
+    """A connection that drops once, on the verify's first call after the forward load;
+    the server keeps what it loaded and answers again (``gone``: it stays unreachable)."""
+
+    def __init__(self, gone: bool) -> None:
+        super().__init__("s1", {"m": range(1, 7)})
+        self.serve("m", [1])
+        self.gone, self._drops = gone, False
+
+    def load(self, model: str, config: Mapping[str, Any]) -> None:
+        super().load(model, config)
+        self._drops = self.calls.count(f"load {model}") == 1
+
+    def model_state(self, model: str) -> ModelState:
+        if self._drops:
+            self._drops = False
+            self.unreachable = True
+            try:
+                return super().model_state(model)
+            finally:
+                self.unreachable = self.gone
+        return super().model_state(model)
+
+
+@pytest.mark.parametrize("gone", [False, True])
+def test_a_verify_that_lost_the_server_puts_back_once_it_answers_again(gone: bool) -> None:
+    fake = DropsTheVerifysFirstCall(gone)
+    desired = desired_state(deploy("m", [2]))
+    p = plan_for(desired, {"s1": fake})
+
+    result = run(p, {"s1": fake}, FakeClock())
+
+    change = only(result)
+    assert change.failure is FailureKind.SERVER_LOST, change.error
+    assert holds_from(result, desired, History()) == ()  # transient either way
+    (alert,) = alerts_from(result, "hold")
+    assert alert.severity == "warning", alert
+    if gone:
+        # Nothing can be put back; the next pass verifies 2 first (test_loop.py).
+        assert (change.outcome, change.revert) == (Outcome.FAILED, ())
+        fake.unreachable = False
+        assert fake.ready("m") == {1, 2}
+    else:
+        # Answers again: 2 is not left to serve unverified until the next pass.
+        assert change.outcome is Outcome.REVERTED, change.error
+        assert fake.ready("m") == {1}
+        assert alert.summary.endswith("; 1 serves again"), alert.summary
