@@ -227,7 +227,7 @@ def _reconciler(parser: argparse.ArgumentParser) -> None:
         "--call-timeout",
         _TRITON.call_timeout,
         "longest wait for any other Triton call (default %(default)g); a smoke case "
-        "without a deadline of its own that gets no answer by then, from a server that "
+        "without a timeout of its own that gets no answer by then, from a server that "
         "answers, fails the version",
     )
     run.add_argument(

@@ -47,10 +47,11 @@ class ProbeRequest:
 
 def limits(case: SmokeCase | None, timeout: float | None) -> tuple[float | None, int]:
     """The deadline and the cap on responses of an exchange: those of a smoke case's
-    ``stream``, else ``timeout`` and MAX_RESPONSES."""
+    ``stream``, else its own ``timeout`` or ``timeout``, and MAX_RESPONSES."""
     stream = case.stream if case is not None else None
     if stream is None:
-        return timeout, MAX_RESPONSES
+        own = case.timeout if case is not None else None
+        return (own if own is not None else timeout), MAX_RESPONSES
     return stream.deadline, stream.cap
 
 

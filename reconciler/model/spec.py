@@ -51,6 +51,9 @@ class SmokeCase:
     inputs: tuple[Tensor, ...]
     expect: tuple[Expectation, ...] = ()
     stream: StreamExpectation | None = None
+    # The answer by then (seconds), else the case fails; None: the reconciler's call timeout.
+    # A streaming case's is its stream's deadline.
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The schemas are the one home of the defaults of optional manifest fields: the builders
-(core/spec/build.py) read every default from them and write none of their own."""
+(core/spec/build.py, core/spec/smoke_cases.py) read every default from them, through
+``schema.or_default``, and write none of their own."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from reconciler.core.spec import build
+from reconciler.core.spec import build, schema, smoke_cases
 from reconciler.core.spec.desired import load_desired_state
 from reconciler.core.spec.durations import duration_seconds
 from reconciler.core.spec.schema import KIND_SCHEMAS, schema_defaults
@@ -149,7 +150,7 @@ def test_the_builder_reads_every_schema_default_and_only_those(
         asked.add((kind, path))
         return schema_default(kind, *path)  # a KeyError if the schema has no default there
 
-    monkeypatch.setattr(build, "default", spy)
+    monkeypatch.setattr(schema, "default", spy)
     load()
     in_schemas = {(kind, path) for kind in KIND_SCHEMAS for path in schema_defaults(kind)}
     assert asked == in_schemas
@@ -162,7 +163,7 @@ def test_a_changed_schema_default_changes_what_is_built(monkeypatch: pytest.Monk
             return given
         return {"120s": "7s", "refuse": "replace"}.get(given, given)
 
-    monkeypatch.setattr(build, "default", other)
+    monkeypatch.setattr(schema, "default", other)
     deployment = load().deployments["resnet"]
     assert (deployment.verify_timeout, deployment.when_no_headroom) == (7.0, "replace")
 
@@ -179,10 +180,11 @@ def _own_value(fallback: ast.expr) -> bool:
     return False
 
 
-def test_the_builder_writes_no_default_of_its_own() -> None:
+@pytest.mark.parametrize("builder", [build, smoke_cases])
+def test_the_builder_writes_no_default_of_its_own(builder: Any) -> None:
     fallbacks = [
-        f"build.py:{node.lineno}: {ast.unparse(node)}"
-        for node in ast.walk(ast.parse(inspect.getsource(build)))
+        f"{builder.__name__}:{node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(ast.parse(inspect.getsource(builder)))
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == "get"

@@ -378,6 +378,18 @@ def test_a_version_that_hangs_past_the_call_timeout_is_put_back_and_held(
     assert "held at 1: server edge-a: inference on echo version 2: no answer" in again.out
     assert ready_versions(triton, "echo") == {1}  # held: neither tried again nor promoted
 
+    # A model that slow on purpose says how long its case may take: a commit releases the
+    # hold, and the case's own timeout, not --call-timeout, bounds its answer.
+    patient = "        timeout: 6s\n"
+    manifests.write(
+        "echo.yaml",
+        deployment_doc("echo", [2], ["edge-a"], expect_factor=2) + patient + late,
+    )
+    manifests.commit("echo 2, its smoke case given 6 s")
+    slow = reconciler.apply("--call-timeout", "2", "--output", "json")
+    assert slow.code == 0, slow.explain()
+    assert ready_versions(triton, "echo") == {2}
+
 
 def test_a_renamed_output_is_refused_before_anything_is_loaded_unless_allowed(
     manifests: ManifestRepo,

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from reconciler.core.spec.durations import duration_seconds
+from reconciler.core.spec.durations import schema_seconds
 from reconciler.core.spec.pointed import pointed_at
 from reconciler.core.spec.promql import promql_syntax_error
-from reconciler.core.spec.schema import ANY, JsonPath, default
+from reconciler.core.spec.schema import ANY, JsonPath, or_default
+from reconciler.core.spec.smoke_cases import smoke_cases
 from reconciler.core.spec.yaml import Document
 from reconciler.core.triton_config import canonical
 from reconciler.model.analysis import AnalysisSpec, Check, EarlyAbort, NoTraffic, ProbeSpec
@@ -29,15 +29,11 @@ from reconciler.model.servers import Discovery, Location, TritonServer
 from reconciler.model.shadow import LiveShadow, Tolerance, Uncomparable, WhenShort
 from reconciler.model.spec import (
     BackendSpec,
-    Expectation,
     ModelDeployment,
     RolloutSpec,
     SequencePolicy,
     ServingProbes,
     ShadowSpec,
-    SmokeCase,
-    StreamExpectation,
-    Tensor,
 )
 from reconciler.model.traffic import (
     WEIGHT_SCALE,
@@ -54,13 +50,6 @@ from reconciler.model.traffic import (
 _SIZE = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti)?$")
 
 
-def _seconds(text: str) -> float:
-    """A duration as the schema writes it (90s, 1m30s, 2h, 500ms, 1.5s) in seconds."""
-    seconds = duration_seconds(text)
-    assert seconds is not None  # the schema's pattern guarantees the form
-    return seconds
-
-
 def _bytes(value: int | str) -> int:
     if isinstance(value, int):
         return value
@@ -75,28 +64,14 @@ _ANALYSIS = (*_VERIFY, "analysis")
 _CHECKS = (*_ANALYSIS, "checks", ANY)
 
 
-def _or_default(values: Mapping[str, Any], kind: str, *path: str) -> Any:
-    """The field at ``path`` in a ``kind`` document, ``values`` being the object that holds
-    it; the schema's default when it is left out (a KeyError if the schema has none, even
-    when it is given: every default is the schema's)."""
-    return values.get(path[-1], default(kind, *path))
-
-
 def _serving_probes(probes: Mapping[str, Any]) -> ServingProbes:
     path = ("spec", "servingProbes")
     return ServingProbes(
-        enabled=bool(_or_default(probes, _DEPLOYMENT, *path, "enabled")),
-        interval=_seconds(_or_default(probes, _DEPLOYMENT, *path, "interval")),
-        failures=int(_or_default(probes, _DEPLOYMENT, *path, "failures")),
-        timeout=_seconds(_or_default(probes, _DEPLOYMENT, *path, "timeout")),
+        enabled=bool(or_default(probes, _DEPLOYMENT, *path, "enabled")),
+        interval=schema_seconds(or_default(probes, _DEPLOYMENT, *path, "interval")),
+        failures=int(or_default(probes, _DEPLOYMENT, *path, "failures")),
+        timeout=schema_seconds(or_default(probes, _DEPLOYMENT, *path, "timeout")),
     )
-
-
-def flat(data: list[Any]) -> list[Any]:
-    out: list[Any] = []
-    for item in data:
-        out.extend(flat(item) if isinstance(item, list) else [item])
-    return out
 
 
 def build_server(doc: Document, spec: dict[str, Any], problems: list[Problem]) -> TritonServer:
@@ -125,7 +100,7 @@ def build_server(doc: Document, spec: dict[str, Any], problems: list[Problem]) -
                 discovery["dns"],
                 discovery["grpcPort"],
                 discovery.get("metricsPort"),
-                _seconds(_or_default(discovery, _SERVER, "spec", "discovery", "refresh")),
+                schema_seconds(or_default(discovery, _SERVER, "spec", "discovery", "refresh")),
                 discovery.get("httpPort"),
             )
             if discovery
@@ -145,7 +120,7 @@ def build_deployment(
     config = body.get("config", {})
     _check_config(doc, config, model, problems)
     verify = body.get("verify", {})
-    smoke = _smoke_cases(doc, verify, problems)
+    smoke = smoke_cases(doc, verify, problems)
     versions, digests = _versions(doc, body, problems)
     servers = body["servers"]
     analysis = verify.get("analysis")
@@ -158,9 +133,9 @@ def build_deployment(
         match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
         config=config,
         smoke=smoke,
-        verify_timeout=_seconds(_or_default(verify, _DEPLOYMENT, *_VERIFY, "timeout")),
+        verify_timeout=schema_seconds(or_default(verify, _DEPLOYMENT, *_VERIFY, "timeout")),
         analysis=_analysis(analysis) if analysis is not None else None,
-        suspend=bool(_or_default(body, _DEPLOYMENT, "spec", "suspend")),
+        suspend=bool(or_default(body, _DEPLOYMENT, "spec", "suspend")),
         digests=digests,
         depends_on=tuple(body.get("dependsOn", ())),
         sequence=_sequence(body),
@@ -168,9 +143,9 @@ def build_deployment(
         memory_per_version=(
             _bytes(body["resources"]["memory"]) if "memory" in body.get("resources", {}) else None
         ),
-        allow_interface_change=bool(_or_default(body, _DEPLOYMENT, "spec", "allowInterfaceChange")),
+        allow_interface_change=bool(or_default(body, _DEPLOYMENT, "spec", "allowInterfaceChange")),
         serving_probes=_serving_probes(body.get("servingProbes", {})),
-        when_no_headroom=_or_default(
+        when_no_headroom=or_default(
             body.get("rollout", {}), _DEPLOYMENT, "spec", "rollout", "whenNoHeadroom"
         ),
         rollout=_rollout(doc, body.get("rollout", {})),
@@ -223,102 +198,6 @@ def _check_promql(doc: Document, analysis: dict[str, Any], problems: list[Proble
             )
 
 
-def _smoke_cases(
-    doc: Document, verify: dict[str, Any], problems: list[Problem]
-) -> tuple[SmokeCase, ...]:
-    """spec.verify.smoke; data that does not fill its shape is a problem (the schema cannot
-    relate the two)."""
-    smoke: list[SmokeCase] = []
-    for index, case in enumerate(verify.get("smoke", [])):
-        path: JsonPath = ("spec", "verify", "smoke", index)
-        inputs = []
-        for name, tensor in case["inputs"].items():
-            data = flat(tensor["data"])
-            if math.prod(tensor["shape"]) != len(data):
-                problems.append(
-                    doc.problem(
-                        (*path, "inputs", name, "data"),
-                        f"input {name}: shape {tensor['shape']} holds "
-                        f"{math.prod(tensor['shape'])} values, data has {len(data)}",
-                    )
-                )
-            inputs.append(Tensor(name, tensor["datatype"], tuple(tensor["shape"]), tuple(data)))
-        expect = [
-            _expectation(doc, (*path, "expect", name), name, expected, problems)
-            for name, expected in case.get("expect", {}).items()
-        ]
-        stream = (
-            _stream(doc, (*path, "stream"), case["stream"], problems) if "stream" in case else None
-        )
-        smoke.append(
-            SmokeCase(case.get("name", f"smoke[{index}]"), tuple(inputs), tuple(expect), stream)
-        )
-    return tuple(smoke)
-
-
-def _stream(
-    doc: Document, path: JsonPath, stream: dict[str, Any], problems: list[Problem]
-) -> StreamExpectation:
-    """A smoke case's ``stream``; a range whose min exceeds its max is a problem."""
-    count = stream.get("responses", {})
-    low, high = (count, count) if isinstance(count, int) else (count.get("min"), count.get("max"))
-    if low is not None and high is not None and low > high:
-        problems.append(doc.problem((*path, "responses"), f"min {low} is above max {high}"))
-    each = tuple(
-        tuple(
-            _expectation(doc, (*path, "each", i, name), name, expected, problems, _EACH)
-            for name, expected in response.items()
-        )
-        for i, response in enumerate(stream.get("each", []))
-    )
-    where = (*_VERIFY, "smoke", ANY, "stream")
-    deadline = _seconds(_or_default(stream, _DEPLOYMENT, *where, "deadline"))
-    first = stream.get("firstResponse")
-    first_response = None if first is None else _seconds(first)
-    if first_response is not None and first_response > deadline:
-        problems.append(
-            doc.problem(
-                (*path, "firstResponse"),
-                f"{first} is past the stream's deadline ({deadline:g}s): the first response "
-                "could never be late",
-            )
-        )
-    cap = int(_or_default(stream, _DEPLOYMENT, *where, "maxResponses"))
-    return StreamExpectation(low, high, each, deadline, cap, first_response)
-
-
-# Where the schema keeps an expectation's defaults: a smoke case's ``expect``, and each
-# response's of its ``stream``.
-_EXPECT = (*_VERIFY, "smoke", ANY, "expect", ANY)
-_EACH = (*_VERIFY, "smoke", ANY, "stream", "each", ANY, ANY)
-
-
-def _expectation(
-    doc: Document,
-    path: JsonPath,
-    name: str,
-    expected: dict[str, Any],
-    problems: list[Problem],
-    defaults: tuple[str, ...] = _EXPECT,
-) -> Expectation:
-    data = flat(expected["data"])
-    shape = expected.get("shape")
-    if shape is not None and math.prod(shape) != len(data):
-        problems.append(
-            doc.problem(
-                (*path, "data"),
-                f"output {name}: shape {shape} holds {math.prod(shape)} values, "
-                f"data has {len(data)}",
-            )
-        )
-    return Expectation(
-        name,
-        tuple(data),
-        tuple(shape) if shape is not None else None,
-        float(_or_default(expected, _DEPLOYMENT, *defaults, "tolerance")),
-    )
-
-
 def _versions(
     doc: Document, body: dict[str, Any], problems: list[Problem]
 ) -> tuple[tuple[int, ...], dict[int, str]]:
@@ -349,8 +228,8 @@ def _sequence(body: dict[str, Any]) -> SequencePolicy | None:
         return None
     sequence = body["sequence"]
     return SequencePolicy(
-        _seconds(_or_default(sequence, _DEPLOYMENT, "spec", "sequence", "drainTimeout")),
-        _seconds(_or_default(sequence, _DEPLOYMENT, "spec", "sequence", "idle")),
+        schema_seconds(or_default(sequence, _DEPLOYMENT, "spec", "sequence", "drainTimeout")),
+        schema_seconds(or_default(sequence, _DEPLOYMENT, "spec", "sequence", "idle")),
         sequence.get("drainWebhook"),
     )
 
@@ -375,12 +254,12 @@ def _shadow(doc: Document, verify: dict[str, Any]) -> ShadowSpec | None:
     compare = shadow.get("compare", {})
     return ShadowSpec(
         shadow["requests"],
-        float(_or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "tolerance")),
-        float(_or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "minAgreement")),
+        float(or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "tolerance")),
+        float(or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "minAgreement")),
         compare.get("maxLatencyIncrease"),
         location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
         relative_tolerance=float(
-            _or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "relativeTolerance")
+            or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "relativeTolerance")
         ),
         top_k={str(k): int(v) for k, v in compare.get("topK", {}).items()},
     )
@@ -396,10 +275,10 @@ def _gate(gate: dict[str, Any]) -> GateSpec:
         min_throughput_ratio=gate.get("minThroughputRatio"),
         max_memory_increase=share,
         max_memory_increase_bytes=_bytes(memory) if memory is not None and share is None else None,
-        max_error_rate=_or_default(gate, _DEPLOYMENT, *path, "maxErrorRate"),
-        concurrency=tuple(_or_default(gate, _DEPLOYMENT, *path, "concurrency")),
-        rounds=_or_default(gate, _DEPLOYMENT, *path, "rounds"),
-        requests=_or_default(gate, _DEPLOYMENT, *path, "requests"),
+        max_error_rate=or_default(gate, _DEPLOYMENT, *path, "maxErrorRate"),
+        concurrency=tuple(or_default(gate, _DEPLOYMENT, *path, "concurrency")),
+        rounds=or_default(gate, _DEPLOYMENT, *path, "rounds"),
+        requests=or_default(gate, _DEPLOYMENT, *path, "requests"),
     )
 
 
@@ -428,12 +307,12 @@ def _traffic(doc: Document, spec: dict[str, Any]) -> TrafficSpec:
         strategy=strategy,
         pools=pools,
         steps=steps,
-        mirror=_share(_or_default(spec, _DEPLOYMENT, *path, "mirror")),
-        keep_old=_seconds(_or_default(spec, _DEPLOYMENT, *path, "keepOld")),
+        mirror=_share(or_default(spec, _DEPLOYMENT, *path, "mirror")),
+        keep_old=schema_seconds(or_default(spec, _DEPLOYMENT, *path, "keepOld")),
         location=Location(doc.file, doc.line(path)),
         shadow=_live_shadow(spec["shadow"]) if "shadow" in spec else None,
         allow_without_affinity=bool(
-            _or_default(spec, _DEPLOYMENT, *path, "allowWithoutSequenceAffinity")
+            or_default(spec, _DEPLOYMENT, *path, "allowWithoutSequenceAffinity")
         ),
     )
 
@@ -444,7 +323,7 @@ def _live_shadow(shadow: dict[str, Any]) -> LiveShadow:
 
     def given(*where: str) -> Any:
         holder = compare if where[0] == "compare" else shadow
-        return _or_default(holder, _DEPLOYMENT, *path, *where)
+        return or_default(holder, _DEPLOYMENT, *path, *where)
 
     return LiveShadow(
         share=_share(given("share")),
@@ -459,9 +338,9 @@ def _live_shadow(shadow: dict[str, Any]) -> LiveShadow:
         min_requests=int(given("minRequests")),
         rate=float(given("rate")),
         max_share=float(given("maxShare")),
-        timeout=_seconds(given("timeout")),
+        timeout=schema_seconds(given("timeout")),
         when_short=WhenShort(given("whenShort")),
-        max_wait=_seconds(given("maxWait")),
+        max_wait=schema_seconds(given("maxWait")),
         uncomparable=Uncomparable(given("uncomparable")),
         allow_side_effects=bool(given("allowSideEffects")),
         whole_sequences=given("sequences") == "whole",
@@ -489,8 +368,8 @@ def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
         ),
         envoy=EnvoyRoute(
             envoy["admin"].rstrip("/"),
-            _or_default(envoy, _ROUTER, *where, "weightPrefix"),
-            _or_default(envoy, _ROUTER, *where, "mirrorPrefix"),
+            or_default(envoy, _ROUTER, *where, "weightPrefix"),
+            or_default(envoy, _ROUTER, *where, "mirrorPrefix"),
             envoy.get("routesFile"),
         )
         if envoy is not None
@@ -498,7 +377,7 @@ def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
         gateway=GatewayRoute(
             gateway["namespace"],
             gateway["grpcRoute"],
-            _or_default(gateway, _ROUTER, "spec", "gatewayAPI", "rule"),
+            or_default(gateway, _ROUTER, "spec", "gatewayAPI", "rule"),
             gateway.get("kubeconfig"),
         )
         if gateway is not None
@@ -517,8 +396,8 @@ def _affinity(doc: Document, affinity: dict[str, Any]) -> SequenceAffinity:
     path = ("spec", "sequenceAffinity")
     return SequenceAffinity(
         header=affinity["header"],
-        pool_header=_or_default(affinity, _ROUTER, *path, "poolHeader"),
-        mechanism=AffinityMechanism(_or_default(affinity, _ROUTER, *path, "mechanism")),
+        pool_header=or_default(affinity, _ROUTER, *path, "poolHeader"),
+        mechanism=AffinityMechanism(or_default(affinity, _ROUTER, *path, "mechanism")),
         location=Location(doc.file, doc.line(path)),
     )
 
@@ -544,7 +423,7 @@ def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
             checks.append(Check(check["name"], "successRate", min=check["successRate"]["min"]))
         elif "latency" in check:
             latency = check["latency"]
-            of = str(_or_default(latency, _DEPLOYMENT, *_CHECKS, "latency", "of"))
+            of = str(or_default(latency, _DEPLOYMENT, *_CHECKS, "latency", "of"))
             bound = latency["maxIncrease"]
             checks.append(Check(check["name"], "latency", max_increase=bound, of=of))
         elif "memory" in check:
@@ -568,26 +447,26 @@ def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
     probes, abort = spec.get("probes", {}), spec.get("earlyAbort", {})
     probe_path, abort_path = (*_ANALYSIS, "probes"), (*_ANALYSIS, "earlyAbort")
     return AnalysisSpec(
-        interval=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "interval")),
-        duration=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "duration")),
-        failure_limit=_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "failureLimit"),
-        no_traffic=NoTraffic(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "noTraffic")),
+        interval=schema_seconds(or_default(spec, _DEPLOYMENT, *_ANALYSIS, "interval")),
+        duration=schema_seconds(or_default(spec, _DEPLOYMENT, *_ANALYSIS, "duration")),
+        failure_limit=or_default(spec, _DEPLOYMENT, *_ANALYSIS, "failureLimit"),
+        no_traffic=NoTraffic(or_default(spec, _DEPLOYMENT, *_ANALYSIS, "noTraffic")),
         checks=tuple(checks),
-        inconclusive_limit=_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "inconclusiveLimit"),
-        min_evidence=_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "minEvidence"),
-        initial_delay=_seconds(_or_default(spec, _DEPLOYMENT, *_ANALYSIS, "initialDelay")),
+        inconclusive_limit=or_default(spec, _DEPLOYMENT, *_ANALYSIS, "inconclusiveLimit"),
+        min_evidence=or_default(spec, _DEPLOYMENT, *_ANALYSIS, "minEvidence"),
+        initial_delay=schema_seconds(or_default(spec, _DEPLOYMENT, *_ANALYSIS, "initialDelay")),
         probes=ProbeSpec(
-            enabled=_or_default(probes, _DEPLOYMENT, *probe_path, "enabled"),
-            rate=float(_or_default(probes, _DEPLOYMENT, *probe_path, "rate")),
-            concurrency=_or_default(probes, _DEPLOYMENT, *probe_path, "concurrency"),
-            timeout=_seconds(_or_default(probes, _DEPLOYMENT, *probe_path, "timeout")),
-            max_share=float(_or_default(probes, _DEPLOYMENT, *probe_path, "maxShare")),
+            enabled=or_default(probes, _DEPLOYMENT, *probe_path, "enabled"),
+            rate=float(or_default(probes, _DEPLOYMENT, *probe_path, "rate")),
+            concurrency=or_default(probes, _DEPLOYMENT, *probe_path, "concurrency"),
+            timeout=schema_seconds(or_default(probes, _DEPLOYMENT, *probe_path, "timeout")),
+            max_share=float(or_default(probes, _DEPLOYMENT, *probe_path, "maxShare")),
         ),
         early_abort=EarlyAbort(
-            consecutive_probe_failures=_or_default(
+            consecutive_probe_failures=or_default(
                 abort, _DEPLOYMENT, *abort_path, "consecutiveProbeFailures"
             ),
-            confidence=float(_or_default(abort, _DEPLOYMENT, *abort_path, "confidence")),
-            every=_seconds(_or_default(abort, _DEPLOYMENT, *abort_path, "every")),
+            confidence=float(or_default(abort, _DEPLOYMENT, *abort_path, "confidence")),
+            every=schema_seconds(or_default(abort, _DEPLOYMENT, *abort_path, "every")),
         ),
     )

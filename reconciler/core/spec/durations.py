@@ -27,6 +27,14 @@ def duration_seconds(text: str) -> float | None:
     )
 
 
+def schema_seconds(text: str) -> float:
+    """A duration in a manifest that validated (90s, 1m30s, 2h, 500ms, 1.5s), in seconds:
+    the schema's pattern guarantees the form."""
+    seconds = duration_seconds(text)
+    assert seconds is not None
+    return seconds
+
+
 def option_seconds(text: str) -> float:
     """An option's duration: a bare number of seconds (30, 0.5) or a duration (1m, 1m30s,
     500ms). ValueError saying both forms otherwise."""

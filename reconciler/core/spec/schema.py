@@ -79,6 +79,13 @@ def default(kind: str, *path: str) -> Any:
     return schema_defaults(kind)[path]
 
 
+def or_default(values: Mapping[str, Any], kind: str, *path: str) -> Any:
+    """The field at ``path`` in a ``kind`` document, ``values`` being the object that holds
+    it; the schema's default when it is left out (a KeyError if the schema has none, even
+    when it is given: every default is the schema's)."""
+    return values.get(path[-1], default(kind, *path))
+
+
 @cache
 def schema_defaults(kind: str) -> Mapping[tuple[str, ...], Any]:
     """Every ``default`` in the schema of ``kind``, by the path of its field."""

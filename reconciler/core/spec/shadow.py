@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import jsonschema
 
-from reconciler.core.spec.build import flat
 from reconciler.core.spec.schema import kind_validators, schema_documents, schema_message
+from reconciler.core.spec.smoke_cases import flat
 from reconciler.model.errors import ValidationError
 from reconciler.model.problems import Problem
 from reconciler.model.spec import DesiredState, Tensor
