@@ -258,26 +258,43 @@ def test_a_smoke_case_that_cannot_be_compared_reverts() -> None:
     assert fake.ready("m") == {1}
 
 
-class TouchedBetweenLoadAndVerify(FakeTriton):
-    """What another caller did to ``m`` between the pass's load and its verify: every
-    version ``state`` with ``reason``, as a hand unload leaves them (UNLOADING while its
-    requests finish, then UNAVAILABLE "unloaded"), or as a version that failed would be."""
+class MeddledBeforeVerify(FakeTriton):
+    """Serves ``m`` 1. Once, between the pass's forward load and its verify, something else
+    happens to the server (``meddle``): the verify's first call (``model_state``) returns
+    what ``meddle`` returns."""
 
-    def __init__(self, state: str, reason: str) -> None:
+    def __init__(self) -> None:
         super().__init__("s1", {"m": range(1, 7)})
         self.serve("m", [1])
-        self.touch, self._pending = VersionState(0, state, reason), False
+        self._due = False
 
     def load(self, model: str, config: Mapping[str, Any]) -> None:
         super().load(model, config)
-        self._pending = not any(c.startswith("load") for c in self.calls[:-1])  # forward only
+        self._due = self.calls.count(f"load {model}") == 1  # the forward load, not the revert's
 
     def model_state(self, model: str) -> ModelState:
-        if self._pending:
-            self._pending = False
-            versions = self._models[model].versions
-            for v in versions:
-                versions[v] = replace(self.touch, version=v)
+        if self._due:
+            self._due = False
+            return self.meddle(model)
+        return super().model_state(model)
+
+    def meddle(self, model: str) -> ModelState:
+        raise NotImplementedError
+
+
+class TouchedBetweenLoadAndVerify(MeddledBeforeVerify):
+    """Another caller leaves every version of ``m`` ``state`` with ``reason``, as a hand
+    unload leaves them (UNLOADING while its requests finish, then UNAVAILABLE "unloaded"),
+    or as a version that failed would be."""
+
+    def __init__(self, state: str, reason: str) -> None:
+        super().__init__()
+        self.touch = VersionState(0, state, reason)
+
+    def meddle(self, model: str) -> ModelState:
+        versions = self._models[model].versions
+        for v in versions:
+            versions[v] = replace(self.touch, version=v)
         return super().model_state(model)
 
 
@@ -315,28 +332,20 @@ def test_a_version_unloaded_by_another_caller_during_its_verify_is_put_back_not_
     assert expected.get("m") == ((2,) if taken else None), expected
 
 
-class DropsTheVerifysFirstCall(FakeTriton):
-    """A connection that drops once, on the verify's first call after the forward load;
-    the server keeps what it loaded and answers again (``gone``: it stays unreachable)."""
+class DropsTheVerifysFirstCall(MeddledBeforeVerify):
+    """A connection that drops once, on the verify's first call; the server keeps what it
+    loaded and answers again (``gone``: it stays unreachable)."""
 
     def __init__(self, gone: bool) -> None:
-        super().__init__("s1", {"m": range(1, 7)})
-        self.serve("m", [1])
-        self.gone, self._drops = gone, False
+        super().__init__()
+        self.gone = gone
 
-    def load(self, model: str, config: Mapping[str, Any]) -> None:
-        super().load(model, config)
-        self._drops = self.calls.count(f"load {model}") == 1
-
-    def model_state(self, model: str) -> ModelState:
-        if self._drops:
-            self._drops = False
-            self.unreachable = True
-            try:
-                return super().model_state(model)
-            finally:
-                self.unreachable = self.gone
-        return super().model_state(model)
+    def meddle(self, model: str) -> ModelState:
+        self.unreachable = True
+        try:
+            return super().model_state(model)
+        finally:
+            self.unreachable = self.gone
 
 
 @pytest.mark.parametrize("gone", [False, True])
