@@ -31,7 +31,8 @@ from prometheus_client import start_http_server
 from reconciler.service.telemetry import ReconcilerMetrics
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, router_doc, server_doc
-from tests.integration.test_daemon import service_process, wait_until
+from testkit.service_process import wait_until
+from tests.integration.test_daemon import service_process
 from tests.integration.test_packaging import (
     ALERTS_MUST_HAVE,
     alert_rules,

@@ -11,7 +11,7 @@ import socket
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,25 +21,12 @@ import tritonclient.grpc as triton_grpc
 from reconciler.service.telemetry import fewer_malloc_arenas
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
-from testkit.service_process import Service, ServiceOptions
+from testkit.service_process import Service, ServiceOptions, wait_until
 from tests.integration.flows import ready_versions
 from tests.services import StartPrometheus
 
 SECRET = "webhook-s3cret-value"
 TOKEN = "reconcile-t0ken-value"
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> float:
-    """Seconds it took for ``condition`` to hold; fails the test after ``timeout``."""
-    started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        try:
-            if condition():
-                return time.monotonic() - started
-        except Exception:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout}s: {what}")
 
 
 def push_a_slow_load(service: Service, manifests: ManifestRepo, triton: LocalTriton) -> None:
@@ -112,9 +99,8 @@ def test_signed_webhook_is_served_and_unsigned_refused(
     assert ready_versions(triton, "echo") == {1}
 
     assert service.github_push() == 202
-    took = wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "echo 2 serves")
-    # Triton's own load of a Python model takes about 1.4 s here; the rest is ours.
-    assert took < 10
+    # How fast the pushed change serves is measured by bench.daemon; here: that it does.
+    wait_until(lambda: ready_versions(triton, "echo") == {2}, 30, "echo 2 serves")
 
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"]))
     manifests.commit("echo 1 again")
@@ -210,9 +196,24 @@ def test_a_version_unloaded_by_hand_during_its_verify_is_loaded_again_not_held(
         def failures() -> list[dict[str, object]]:
             return [e for e in service.events() if e.get("message") == "failure"]
 
+        def changes() -> list[tuple[object, object]]:
+            return [
+                (e["outcome"], e["versions"])
+                for e in service.events()
+                if e.get("message") == "change"
+            ]
+
         wait_until(lambda: bool(failures()), 30, "the verify cut short")
-        # No webhook and a 300 s interval: the watch brings the next pass.
-        wait_until(lambda: ready_versions(triton, "echo") == {2}, 60, "echo 2 loaded again")
+        # No webhook and a 300 s interval: the watch brings the next pass. Its change is
+        # logged once the pass has ended, after the unload of 1 that Triton already shows
+        # (a clean-clone CI run read the events in between): wait for the record itself.
+        wait_until(
+            lambda: len(changes()) >= 3,
+            60,
+            "echo 2 loaded again",
+            explain=lambda: f"changes {changes()}, Triton {ready_versions(triton, 'echo')}",
+        )
+        assert ready_versions(triton, "echo") == {2}
         events = service.events()
         (failure,) = failures()
         assert (failure["kind"], failure["step"]) == ("unloaded-meanwhile", "verify"), failure
@@ -220,8 +221,7 @@ def test_a_version_unloaded_by_hand_during_its_verify_is_loaded_again_not_held(
         alerts = [e for e in events if e.get("message") == "alert" and not e.get("resolved")]
         assert alerts and all(a["severity"] == "warning" for a in alerts), alerts
         assert "unloaded by another caller during verify" in str(alerts[0]["summary"]), alerts
-        changes = [(e["outcome"], e["versions"]) for e in events if e.get("message") == "change"]
-        assert changes == [("converged", [1]), ("reverted", [2]), ("converged", [2])], changes
+        assert changes() == [("converged", [1]), ("reverted", [2]), ("converged", [2])], changes()
     finally:
         service.stop()
 

@@ -39,10 +39,10 @@ from testkit.cli_run import Reconciler
 from testkit.loadgen import WITNESS_PAUSE, LoadGenerator
 from testkit.local_triton import LocalTriton, end_process_group, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.service_process import wait_until
 from testkit.services import Alertmanager, Prometheus
 from tests.integration.flows import ready_versions
 from tests.integration.test_analysis import analysed, wait_for_series
-from tests.integration.test_daemon import wait_until
 from tests.services import StartPrometheus
 
 SUCCESS_ONLY = """\

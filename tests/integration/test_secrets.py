@@ -29,9 +29,10 @@ from reconciler.service.daemon import Daemon
 from testkit.cli_run import CliRun, Reconciler, cli
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
+from testkit.service_process import wait_until
 from testkit.services import Alertmanager
 from tests.integration.flows import ready_versions
-from tests.integration.test_daemon import service_process, wait_until
+from tests.integration.test_daemon import service_process
 
 
 @dataclass

@@ -23,9 +23,9 @@ import tritonclient.grpc as triton_grpc
 from testkit.loadgen import WITNESS_PAUSE, LoadGenerator, SequenceClient
 from testkit.local_triton import LocalTriton
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
-from testkit.service_process import Service
+from testkit.service_process import Service, wait_until
 from tests.integration.flows import ready_versions
-from tests.integration.test_daemon import echo_service, service_process, wait_until
+from tests.integration.test_daemon import echo_service, service_process
 
 pytestmark = pytest.mark.triton
 
@@ -191,15 +191,18 @@ def test_a_version_whose_stub_died_is_taken_out_and_reloaded_in_place_under_load
                 recent = [s for s in load.samples[-20:] if s.started > killed]
                 return len(recent) == 20 and all(s.error is None for s in recent)
 
-            try:
-                took = wait_until(healed, 60, "requests answered again after the reload")
-            except AssertionError as exc:
-                said = [
-                    {k: e.get(k) for k in ("message", "reason", "error", "kind", "summary")}
-                    for e in service.events()
-                    if "skipped: maximum number" not in str(e.get("message"))
-                ][-25:]
-                raise AssertionError(f"{exc}; the service said: {said}") from None
+            def said() -> str:
+                return "the service said: " + str(
+                    [
+                        {k: e.get(k) for k in ("message", "reason", "error", "kind", "summary")}
+                        for e in service.events()
+                        if "skipped: maximum number" not in str(e.get("message"))
+                    ][-25:]
+                )
+
+            healed_at = wait_until(
+                healed, 60, "requests answered again after the reload", explain=said
+            )
             wait_until(lambda: truth(service)[0] == 200, 15, "serving again")
         failed = [s for s in load.samples if s.error is not None]
         # Only requests answered after the kill failed (some were in flight at the kill).
@@ -215,7 +218,7 @@ def test_a_version_whose_stub_died_is_taken_out_and_reloaded_in_place_under_load
         alerts = [e for e in events if e.get("kind") == "stopped-answering"]
         assert alerts, [e.get("message") for e in events][-30:]
         print(
-            f"kill to healed: {took:.1f} s, {len(failed)} failed requests "
+            f"kill to healed: {healed_at - killed:.1f} s, {len(failed)} failed requests "
             f"of {len(load.samples)} (2 client threads)"
         )
     finally:

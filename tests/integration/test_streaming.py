@@ -34,8 +34,9 @@ from testkit.manifests import (
     server_doc,
     write_generator_repository,
 )
+from testkit.service_process import wait_until
 from tests.integration.flows import ready_versions
-from tests.integration.test_daemon import service_process, wait_until
+from tests.integration.test_daemon import service_process
 
 pytestmark = pytest.mark.triton
 

@@ -30,9 +30,9 @@ from reconciler.service.framing import BadRequest, BodyTooLarge, read_chunked
 from reconciler.service.webhooks import DeliveryMemory
 from testkit.local_triton import LocalTriton, free_port
 from testkit.manifests import ManifestRepo, deployment_doc
-from testkit.service_process import Service
+from testkit.service_process import Service, wait_until
 from tests.integration.flows import ready_versions
-from tests.integration.test_daemon import SECRET, echo_service, wait_until
+from tests.integration.test_daemon import SECRET, echo_service
 
 GITLAB_TOKEN = "gitlab-t0ken-value"
 LIMIT = 1 << 20  # RunSettings.max_body_bytes, the default the service runs with
