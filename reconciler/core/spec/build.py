@@ -17,7 +17,15 @@ from typing import Any
 from reconciler.core.spec.durations import schema_seconds
 from reconciler.core.spec.pointed import pointed_at
 from reconciler.core.spec.promql import promql_syntax_error
-from reconciler.core.spec.schema import ANY, JsonPath, or_default
+from reconciler.core.spec.schema import (
+    ANY,
+    DEPLOYMENT,
+    ROUTER,
+    SERVER,
+    VERIFY,
+    JsonPath,
+    or_default,
+)
 from reconciler.core.spec.smoke_cases import smoke_cases
 from reconciler.core.spec.yaml import Document
 from reconciler.core.triton_config import canonical
@@ -58,19 +66,17 @@ def _bytes(value: int | str) -> int:
     return int(match.group(1)) << {None: 0, "Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40}[match.group(2)]
 
 
-_SERVER, _DEPLOYMENT, _ROUTER = "TritonServer", "ModelDeployment", "Router"
-_VERIFY = ("spec", "verify")
-_ANALYSIS = (*_VERIFY, "analysis")
+_ANALYSIS = (*VERIFY, "analysis")
 _CHECKS = (*_ANALYSIS, "checks", ANY)
 
 
 def _serving_probes(probes: Mapping[str, Any]) -> ServingProbes:
     path = ("spec", "servingProbes")
     return ServingProbes(
-        enabled=bool(or_default(probes, _DEPLOYMENT, *path, "enabled")),
-        interval=schema_seconds(or_default(probes, _DEPLOYMENT, *path, "interval")),
-        failures=int(or_default(probes, _DEPLOYMENT, *path, "failures")),
-        timeout=schema_seconds(or_default(probes, _DEPLOYMENT, *path, "timeout")),
+        enabled=bool(or_default(probes, DEPLOYMENT, *path, "enabled")),
+        interval=schema_seconds(or_default(probes, DEPLOYMENT, *path, "interval")),
+        failures=int(or_default(probes, DEPLOYMENT, *path, "failures")),
+        timeout=schema_seconds(or_default(probes, DEPLOYMENT, *path, "timeout")),
     )
 
 
@@ -100,7 +106,7 @@ def build_server(doc: Document, spec: dict[str, Any], problems: list[Problem]) -
                 discovery["dns"],
                 discovery["grpcPort"],
                 discovery.get("metricsPort"),
-                schema_seconds(or_default(discovery, _SERVER, "spec", "discovery", "refresh")),
+                schema_seconds(or_default(discovery, SERVER, "spec", "discovery", "refresh")),
                 discovery.get("httpPort"),
             )
             if discovery
@@ -133,9 +139,9 @@ def build_deployment(
         match_labels=dict(servers["matchLabels"]) if "matchLabels" in servers else None,
         config=config,
         smoke=smoke,
-        verify_timeout=schema_seconds(or_default(verify, _DEPLOYMENT, *_VERIFY, "timeout")),
+        verify_timeout=schema_seconds(or_default(verify, DEPLOYMENT, *VERIFY, "timeout")),
         analysis=_analysis(analysis) if analysis is not None else None,
-        suspend=bool(or_default(body, _DEPLOYMENT, "spec", "suspend")),
+        suspend=bool(or_default(body, DEPLOYMENT, "spec", "suspend")),
         digests=digests,
         depends_on=tuple(body.get("dependsOn", ())),
         sequence=_sequence(body),
@@ -143,10 +149,10 @@ def build_deployment(
         memory_per_version=(
             _bytes(body["resources"]["memory"]) if "memory" in body.get("resources", {}) else None
         ),
-        allow_interface_change=bool(or_default(body, _DEPLOYMENT, "spec", "allowInterfaceChange")),
+        allow_interface_change=bool(or_default(body, DEPLOYMENT, "spec", "allowInterfaceChange")),
         serving_probes=_serving_probes(body.get("servingProbes", {})),
         when_no_headroom=or_default(
-            body.get("rollout", {}), _DEPLOYMENT, "spec", "rollout", "whenNoHeadroom"
+            body.get("rollout", {}), DEPLOYMENT, "spec", "rollout", "whenNoHeadroom"
         ),
         rollout=_rollout(doc, body.get("rollout", {})),
         shadow=_shadow(doc, verify),
@@ -228,8 +234,8 @@ def _sequence(body: dict[str, Any]) -> SequencePolicy | None:
         return None
     sequence = body["sequence"]
     return SequencePolicy(
-        schema_seconds(or_default(sequence, _DEPLOYMENT, "spec", "sequence", "drainTimeout")),
-        schema_seconds(or_default(sequence, _DEPLOYMENT, "spec", "sequence", "idle")),
+        schema_seconds(or_default(sequence, DEPLOYMENT, "spec", "sequence", "drainTimeout")),
+        schema_seconds(or_default(sequence, DEPLOYMENT, "spec", "sequence", "idle")),
         sequence.get("drainWebhook"),
     )
 
@@ -254,19 +260,19 @@ def _shadow(doc: Document, verify: dict[str, Any]) -> ShadowSpec | None:
     compare = shadow.get("compare", {})
     return ShadowSpec(
         shadow["requests"],
-        float(or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "tolerance")),
-        float(or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "minAgreement")),
+        float(or_default(compare, DEPLOYMENT, *VERIFY, "shadow", "compare", "tolerance")),
+        float(or_default(compare, DEPLOYMENT, *VERIFY, "shadow", "compare", "minAgreement")),
         compare.get("maxLatencyIncrease"),
         location=Location(doc.file, doc.line(("spec", "verify", "shadow", "requests"))),
         relative_tolerance=float(
-            or_default(compare, _DEPLOYMENT, *_VERIFY, "shadow", "compare", "relativeTolerance")
+            or_default(compare, DEPLOYMENT, *VERIFY, "shadow", "compare", "relativeTolerance")
         ),
         top_k={str(k): int(v) for k, v in compare.get("topK", {}).items()},
     )
 
 
 def _gate(gate: dict[str, Any]) -> GateSpec:
-    path = (*_VERIFY, "gate")
+    path = (*VERIFY, "gate")
     memory = gate.get("maxMemoryIncrease")
     share = float(memory.rstrip("%")) / 100 if isinstance(memory, str) and "%" in memory else None
     return GateSpec(
@@ -275,10 +281,10 @@ def _gate(gate: dict[str, Any]) -> GateSpec:
         min_throughput_ratio=gate.get("minThroughputRatio"),
         max_memory_increase=share,
         max_memory_increase_bytes=_bytes(memory) if memory is not None and share is None else None,
-        max_error_rate=or_default(gate, _DEPLOYMENT, *path, "maxErrorRate"),
-        concurrency=tuple(or_default(gate, _DEPLOYMENT, *path, "concurrency")),
-        rounds=or_default(gate, _DEPLOYMENT, *path, "rounds"),
-        requests=or_default(gate, _DEPLOYMENT, *path, "requests"),
+        max_error_rate=or_default(gate, DEPLOYMENT, *path, "maxErrorRate"),
+        concurrency=tuple(or_default(gate, DEPLOYMENT, *path, "concurrency")),
+        rounds=or_default(gate, DEPLOYMENT, *path, "rounds"),
+        requests=or_default(gate, DEPLOYMENT, *path, "requests"),
     )
 
 
@@ -307,12 +313,12 @@ def _traffic(doc: Document, spec: dict[str, Any]) -> TrafficSpec:
         strategy=strategy,
         pools=pools,
         steps=steps,
-        mirror=_share(or_default(spec, _DEPLOYMENT, *path, "mirror")),
-        keep_old=schema_seconds(or_default(spec, _DEPLOYMENT, *path, "keepOld")),
+        mirror=_share(or_default(spec, DEPLOYMENT, *path, "mirror")),
+        keep_old=schema_seconds(or_default(spec, DEPLOYMENT, *path, "keepOld")),
         location=Location(doc.file, doc.line(path)),
         shadow=_live_shadow(spec["shadow"]) if "shadow" in spec else None,
         allow_without_affinity=bool(
-            or_default(spec, _DEPLOYMENT, *path, "allowWithoutSequenceAffinity")
+            or_default(spec, DEPLOYMENT, *path, "allowWithoutSequenceAffinity")
         ),
     )
 
@@ -323,7 +329,7 @@ def _live_shadow(shadow: dict[str, Any]) -> LiveShadow:
 
     def given(*where: str) -> Any:
         holder = compare if where[0] == "compare" else shadow
-        return or_default(holder, _DEPLOYMENT, *path, *where)
+        return or_default(holder, DEPLOYMENT, *path, *where)
 
     return LiveShadow(
         share=_share(given("share")),
@@ -368,8 +374,8 @@ def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
         ),
         envoy=EnvoyRoute(
             envoy["admin"].rstrip("/"),
-            or_default(envoy, _ROUTER, *where, "weightPrefix"),
-            or_default(envoy, _ROUTER, *where, "mirrorPrefix"),
+            or_default(envoy, ROUTER, *where, "weightPrefix"),
+            or_default(envoy, ROUTER, *where, "mirrorPrefix"),
             envoy.get("routesFile"),
         )
         if envoy is not None
@@ -377,7 +383,7 @@ def build_router(doc: Document, spec: dict[str, Any]) -> RouterSpec:
         gateway=GatewayRoute(
             gateway["namespace"],
             gateway["grpcRoute"],
-            or_default(gateway, _ROUTER, "spec", "gatewayAPI", "rule"),
+            or_default(gateway, ROUTER, "spec", "gatewayAPI", "rule"),
             gateway.get("kubeconfig"),
         )
         if gateway is not None
@@ -396,8 +402,8 @@ def _affinity(doc: Document, affinity: dict[str, Any]) -> SequenceAffinity:
     path = ("spec", "sequenceAffinity")
     return SequenceAffinity(
         header=affinity["header"],
-        pool_header=or_default(affinity, _ROUTER, *path, "poolHeader"),
-        mechanism=AffinityMechanism(or_default(affinity, _ROUTER, *path, "mechanism")),
+        pool_header=or_default(affinity, ROUTER, *path, "poolHeader"),
+        mechanism=AffinityMechanism(or_default(affinity, ROUTER, *path, "mechanism")),
         location=Location(doc.file, doc.line(path)),
     )
 
@@ -423,7 +429,7 @@ def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
             checks.append(Check(check["name"], "successRate", min=check["successRate"]["min"]))
         elif "latency" in check:
             latency = check["latency"]
-            of = str(or_default(latency, _DEPLOYMENT, *_CHECKS, "latency", "of"))
+            of = str(or_default(latency, DEPLOYMENT, *_CHECKS, "latency", "of"))
             bound = latency["maxIncrease"]
             checks.append(Check(check["name"], "latency", max_increase=bound, of=of))
         elif "memory" in check:
@@ -447,26 +453,26 @@ def _analysis(spec: dict[str, Any]) -> AnalysisSpec:
     probes, abort = spec.get("probes", {}), spec.get("earlyAbort", {})
     probe_path, abort_path = (*_ANALYSIS, "probes"), (*_ANALYSIS, "earlyAbort")
     return AnalysisSpec(
-        interval=schema_seconds(or_default(spec, _DEPLOYMENT, *_ANALYSIS, "interval")),
-        duration=schema_seconds(or_default(spec, _DEPLOYMENT, *_ANALYSIS, "duration")),
-        failure_limit=or_default(spec, _DEPLOYMENT, *_ANALYSIS, "failureLimit"),
-        no_traffic=NoTraffic(or_default(spec, _DEPLOYMENT, *_ANALYSIS, "noTraffic")),
+        interval=schema_seconds(or_default(spec, DEPLOYMENT, *_ANALYSIS, "interval")),
+        duration=schema_seconds(or_default(spec, DEPLOYMENT, *_ANALYSIS, "duration")),
+        failure_limit=or_default(spec, DEPLOYMENT, *_ANALYSIS, "failureLimit"),
+        no_traffic=NoTraffic(or_default(spec, DEPLOYMENT, *_ANALYSIS, "noTraffic")),
         checks=tuple(checks),
-        inconclusive_limit=or_default(spec, _DEPLOYMENT, *_ANALYSIS, "inconclusiveLimit"),
-        min_evidence=or_default(spec, _DEPLOYMENT, *_ANALYSIS, "minEvidence"),
-        initial_delay=schema_seconds(or_default(spec, _DEPLOYMENT, *_ANALYSIS, "initialDelay")),
+        inconclusive_limit=or_default(spec, DEPLOYMENT, *_ANALYSIS, "inconclusiveLimit"),
+        min_evidence=or_default(spec, DEPLOYMENT, *_ANALYSIS, "minEvidence"),
+        initial_delay=schema_seconds(or_default(spec, DEPLOYMENT, *_ANALYSIS, "initialDelay")),
         probes=ProbeSpec(
-            enabled=or_default(probes, _DEPLOYMENT, *probe_path, "enabled"),
-            rate=float(or_default(probes, _DEPLOYMENT, *probe_path, "rate")),
-            concurrency=or_default(probes, _DEPLOYMENT, *probe_path, "concurrency"),
-            timeout=schema_seconds(or_default(probes, _DEPLOYMENT, *probe_path, "timeout")),
-            max_share=float(or_default(probes, _DEPLOYMENT, *probe_path, "maxShare")),
+            enabled=or_default(probes, DEPLOYMENT, *probe_path, "enabled"),
+            rate=float(or_default(probes, DEPLOYMENT, *probe_path, "rate")),
+            concurrency=or_default(probes, DEPLOYMENT, *probe_path, "concurrency"),
+            timeout=schema_seconds(or_default(probes, DEPLOYMENT, *probe_path, "timeout")),
+            max_share=float(or_default(probes, DEPLOYMENT, *probe_path, "maxShare")),
         ),
         early_abort=EarlyAbort(
             consecutive_probe_failures=or_default(
-                abort, _DEPLOYMENT, *abort_path, "consecutiveProbeFailures"
+                abort, DEPLOYMENT, *abort_path, "consecutiveProbeFailures"
             ),
-            confidence=float(or_default(abort, _DEPLOYMENT, *abort_path, "confidence")),
-            every=schema_seconds(or_default(abort, _DEPLOYMENT, *abort_path, "every")),
+            confidence=float(or_default(abort, DEPLOYMENT, *abort_path, "confidence")),
+            every=schema_seconds(or_default(abort, DEPLOYMENT, *abort_path, "every")),
         ),
     )

@@ -28,14 +28,17 @@ API_VERSION = f"{API_GROUP}/v1alpha1"
 # The first spelling, without a DNS group: still read, with a deprecation warning.
 LEGACY_API_VERSION = "triton-gitops/v1alpha1"
 API_GROUPS = (API_GROUP, LEGACY_API_VERSION.partition("/")[0])
+SERVER, DEPLOYMENT, ROUTER = "TritonServer", "ModelDeployment", "Router"
 KIND_SCHEMAS = {
-    "TritonServer": "triton-server.schema.json",
-    "ModelDeployment": "model-deployment.schema.json",
-    "Router": "router.schema.json",
+    SERVER: "triton-server.schema.json",
+    DEPLOYMENT: "model-deployment.schema.json",
+    ROUTER: "router.schema.json",
 }
 
 
 JsonPath = tuple[str | int, ...]
+# Where a ModelDeployment says how its versions are judged (smoke cases, analysis, gate).
+VERIFY: tuple[str, ...] = ("spec", "verify")
 
 
 def schema_dir() -> Path:

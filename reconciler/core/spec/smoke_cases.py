@@ -8,13 +8,16 @@ import math
 from typing import Any
 
 from reconciler.core.spec.durations import schema_seconds
-from reconciler.core.spec.schema import ANY, JsonPath, or_default
+from reconciler.core.spec.schema import (
+    ANY,
+    DEPLOYMENT,
+    VERIFY,
+    JsonPath,
+    or_default,
+)
 from reconciler.core.spec.yaml import Document
 from reconciler.model.problems import Problem
 from reconciler.model.spec import Expectation, SmokeCase, StreamExpectation, Tensor
-
-_DEPLOYMENT = "ModelDeployment"
-_VERIFY = ("spec", "verify")
 
 
 def flat(data: list[Any]) -> list[Any]:
@@ -96,8 +99,8 @@ def _stream(
         )
         for i, response in enumerate(stream.get("each", []))
     )
-    where = (*_VERIFY, "smoke", ANY, "stream")
-    deadline = schema_seconds(or_default(stream, _DEPLOYMENT, *where, "deadline"))
+    where = (*VERIFY, "smoke", ANY, "stream")
+    deadline = schema_seconds(or_default(stream, DEPLOYMENT, *where, "deadline"))
     first = stream.get("firstResponse")
     first_response = None if first is None else schema_seconds(first)
     if first_response is not None and first_response > deadline:
@@ -108,14 +111,14 @@ def _stream(
                 "could never be late",
             )
         )
-    cap = int(or_default(stream, _DEPLOYMENT, *where, "maxResponses"))
+    cap = int(or_default(stream, DEPLOYMENT, *where, "maxResponses"))
     return StreamExpectation(low, high, each, deadline, cap, first_response)
 
 
 # Where the schema keeps an expectation's defaults: a smoke case's ``expect``, and each
 # response's of its ``stream``.
-_EXPECT = (*_VERIFY, "smoke", ANY, "expect", ANY)
-_EACH = (*_VERIFY, "smoke", ANY, "stream", "each", ANY, ANY)
+_EXPECT = (*VERIFY, "smoke", ANY, "expect", ANY)
+_EACH = (*VERIFY, "smoke", ANY, "stream", "each", ANY, ANY)
 
 
 def _expectation(
@@ -140,5 +143,5 @@ def _expectation(
         name,
         tuple(data),
         tuple(shape) if shape is not None else None,
-        float(or_default(expected, _DEPLOYMENT, *defaults, "tolerance")),
+        float(or_default(expected, DEPLOYMENT, *defaults, "tolerance")),
     )
