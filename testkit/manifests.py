@@ -300,14 +300,19 @@ def deployment_doc(
         f"  versions: [{', '.join(map(str, versions))}]",
     ]
     if expect_factor is not None:
-        lines += [
-            "  verify:",
-            "    smoke:",
-            "      - name: doubles",
+        lines += ["  verify:", "    smoke:", echo_smoke_case("doubles", expect_factor)]
+    return "\n".join(lines) + "\n" + extra
+
+
+def echo_smoke_case(name: str, factor: float) -> str:
+    """One item of ``spec.verify.smoke`` (indented for it): the echo models' input
+    [1, 2, 3, 4], expected back times ``factor``."""
+    return "\n".join(
+        [
+            f"      - name: {name}",
             "        inputs:",
             "          INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}",
             "        expect:",
-            f"          OUTPUT0: {{data: {[x * expect_factor for x in (1, 2, 3, 4)]}, "
-            "tolerance: 0.0001}",
+            f"          OUTPUT0: {{data: {[x * factor for x in (1, 2, 3, 4)]}, tolerance: 0.0001}}",
         ]
-    return "\n".join(lines) + "\n" + extra
+    )

@@ -20,7 +20,7 @@ import tritonclient.grpc as triton_grpc
 
 from reconciler.service.telemetry import fewer_malloc_arenas
 from testkit.local_triton import LocalTriton, free_port
-from testkit.manifests import ManifestRepo, deployment_doc, git, server_doc
+from testkit.manifests import ManifestRepo, deployment_doc, echo_smoke_case, git, server_doc
 from testkit.service_process import Service, ServiceOptions, wait_until
 from tests.integration.flows import ready_versions
 from tests.services import StartPrometheus
@@ -160,14 +160,6 @@ def test_restarted_triton_and_hand_unloaded_model_are_restored(
     wait_until(lambda: ready_versions(triton, "echo") == {1}, 60, "restored after restart")
 
 
-def _smoke_case(name: str) -> str:
-    return (
-        f"      - name: {name}\n        inputs:\n"
-        "          INPUT0: {datatype: FP32, shape: [1, 4], data: [1, 2, 3, 4]}\n"
-        "        expect:\n          OUTPUT0: {data: [2, 4, 6, 8], tolerance: 0.0001}\n"
-    )
-
-
 def test_a_version_unloaded_by_hand_during_its_verify_is_loaded_again_not_held(
     manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
 ) -> None:
@@ -177,7 +169,7 @@ def test_a_version_unloaded_by_hand_during_its_verify_is_loaded_again_not_held(
     # first pass had ended): the verify blamed version 1, held the spec with a critical
     # alert, and nothing loaded it again.
     late = "  config: {parameters: {delay_ms: {string_value: '2:1200'}}}\n"
-    cases = "".join(_smoke_case(name) for name in ("first", "second", "third"))
+    cases = "".join(echo_smoke_case(name, 2) + "\n" for name in ("first", "second", "third"))
     verify = "  verify:\n    smoke:\n" + cases
     manifests.write("servers.yaml", server_doc("edge-a", triton.grpc_address, model_repository))
     manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=late))
