@@ -137,11 +137,14 @@ def test_restarted_triton_and_hand_unloaded_model_are_restored(
     wait_until(lambda: ready_versions(triton, "echo") == set(), 10, "the hand unload")
     # 60 s, as for the restart below: a clean-clone CI run (three test processes and the
     # image build on two cores) once took more than 30 s; the service's log says why.
-    try:
-        wait_until(lambda: ready_versions(triton, "echo") == {1}, 60, "the model is restored")
-    except AssertionError as exc:
-        tail = "\n".join(service.log.read_text().splitlines()[-30:])
-        raise AssertionError(f"{exc}; the service's log ends:\n{tail}") from None
+    wait_until(
+        lambda: ready_versions(triton, "echo") == {1},
+        60,
+        "the model is restored",
+        explain=lambda: (
+            "the service's log ends:\n" + "\n".join(service.log.read_text().splitlines()[-30:])
+        ),
+    )
 
     # The series is there from the first pass, at 0 (issue 41, point 6): counted, now. The
     # count comes at the end of the pass that restored it, a moment after the model is READY
