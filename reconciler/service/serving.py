@@ -290,7 +290,9 @@ class ServingWatch:
         began = time.monotonic()  # a drop heard after this keeps its server out
         ready = watch.readings(report)
         self.unloads.read(watch.unloading, report.revision)
-        self.probes.round(report, ready)
+        # Out of service and reloads wanted are what the probes found up to now; a round of
+        # them that changes that asks for the next reading at once.
+        self.probes.round_aside(report, ready, self._read_soon)
         self.board.read(report, ready, self.probes.out_of_service(report), began)
         stopped = self._stopped_answering(report)
         return watch.reason_for_a_pass(report, ready) or stopped

@@ -7,7 +7,8 @@ found, taken out of service (service/serving.py) and reloaded in place by the ne
 A probe is the deployment's first smoke case (judged by its expectations, from the first
 probe on), else a request synthesized from the version's inputs (any answer passes; judged
 only once the version has answered one, as a model may reject zeros); it is pinned to the
-version, with the deployment's timeout. A server that does not answer at all is the
+version, with the case's own time (``timeout``, a stream's ``deadline``) where it has one,
+else the deployment's ``servingProbes.timeout``. A server that does not answer at all is the
 backoff's business, not the version's: its probes are not counted. Run from the watch
 (``Daemon.watch``), never during a pass. A probe stream to a streaming model gives its
 version's time to the first response and between responses to ``ReconcilerMetrics``
@@ -48,9 +49,37 @@ class ServingProbes:
         self._records: dict[Key, Answering] = {}
         # Each version's probe, and whether its model answers by streams.
         self._requests: dict[Key, tuple[ProbeRequest, Exchange] | None] = {}
-        # A watch round that began before a pass may still run when the pass's end judges
-        # its reloads (another thread): the records are read and written under this.
+        # A round runs in a thread of its own (``round_aside``) while the watch and the
+        # passes go on: the records are read and written under this.
         self._lock = threading.Lock()
+        self._passes_ended = 0  # by ``reloaded``: a probe out across a pass's end is not counted
+        self._aside: threading.Thread | None = None
+
+    def round_aside(
+        self, report: PassReport, readings: Mapping[str, Reading], found: Callable[[], None]
+    ) -> bool:
+        """``round`` in a thread of its own, unless the last one still runs (False: its
+        versions are due again next time); ``found`` is called when it changed which
+        versions are out of service. A probe may take its smoke case's own time (a stream's
+        deadline is 30 s unless it says): what the watch reads of every server (a restart,
+        the truth of GET /serving) must not wait on a version that hangs."""
+        if self._aside is not None and self._aside.is_alive():
+            return False
+
+        def probe() -> None:
+            before = self.out_of_service(report)
+            self.round(report, readings)
+            if self.out_of_service(report) != before:
+                found()
+
+        self._aside = threading.Thread(target=probe, name="serving-probes", daemon=True)
+        self._aside.start()
+        return True
+
+    def wait_aside(self, timeout: float | None = None) -> None:
+        """Until the round in its own thread (if any) has ended, or ``timeout``."""
+        if self._aside is not None:
+            self._aside.join(timeout)
 
     def round(self, report: PassReport, readings: Mapping[str, Reading]) -> None:
         """Probe every version READY now whose probe is due; forget versions gone."""
@@ -99,6 +128,12 @@ class ServingProbes:
                         # the first probe, not only once it has answered one.
                         with self._lock:
                             self._records.setdefault(key, Answering(answered=True))
+                    # A smoke case's own time (its timeout, its stream's deadline and cap)
+                    # holds here as in verify: a model slow by design would otherwise fail
+                    # every probe and be reloaded again and again.
+                    deadline, cap = request.limits(deployment.serving_probes.timeout)
+                    with self._lock:
+                        ended = self._passes_ended
                     sent = self.clock()
                     try:
                         reply = ask(
@@ -108,7 +143,8 @@ class ServingProbes:
                             request.inputs,
                             request.outputs,
                             exchange=exchange,
-                            timeout=deployment.serving_probes.timeout,
+                            timeout=deadline,
+                            max_responses=cap,
                         )
                         error = wrong(request, reply)
                         if reply.streamed and reply.first_seconds is not None and self.metrics:
@@ -118,6 +154,10 @@ class ServingProbes:
                     except StepFailed as exc:
                         error = str(exc)
                     with self._lock:
+                        if self._passes_ended != ended:
+                            # A pass ended while this probe was out: it may have reloaded
+                            # or unloaded the version it asked. The next round asks again.
+                            continue
                         record = self._records.get(key, Answering())
                         self._records[key] = after_probe(record, sent, error)
         except ServerUnavailable:
@@ -159,6 +199,8 @@ class ServingProbes:
 
     def reloaded(self, report: PassReport) -> None:
         """A pass ended: the versions it reloaded in place are judged afresh."""
+        with self._lock:
+            self._passes_ended += 1
         for change in report.result.changes if report.result else ():
             if change.change.heals and change.outcome is Outcome.CONVERGED:
                 for version in change.change.heals:

@@ -34,7 +34,7 @@ from testkit.manifests import (
     server_doc,
     write_generator_repository,
 )
-from testkit.service_process import wait_until
+from testkit.service_process import Service, wait_until
 from tests.integration.flows import ready_versions
 from tests.integration.test_daemon import service_process
 
@@ -419,36 +419,45 @@ def test_an_unload_past_its_stream_deadline_fails_and_alerts_the_version(
     assert "version(s) 1 still UNLOADING" in json.dumps(alert["details"]), alert
 
 
+def _probed_every_second(
+    manifests: ManifestRepo, tmp_path: Path, verify: str, token_ms: int
+) -> Service:
+    """The service over gen 1 (its tokens ``token_ms`` apart), probed and watched every
+    second between rollouts, started."""
+    paced = (
+        f"  config: {{parameters: {{token_ms: {{string_value: '{token_ms}'}}}}}}\n"
+        "  servingProbes: {interval: 1s}\n"
+    )
+    manifests.write("gen.yaml", _gen(1, verify + paced))
+    manifests.commit(f"gen 1, tokens {token_ms} ms apart, probed every second")
+    service = service_process(manifests.url, tmp_path / "service", ("--watch-interval", "1"))
+    return service.start()
+
+
 def test_the_probe_streams_between_rollouts_give_each_version_its_stream_timings(
     generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler, tmp_path: Path
 ) -> None:
     """Issue 42, point 6: the service's probes between rollouts stream to gen version 1
     (5 tokens 50 ms apart); its /metrics give the version's time to the first response and
     between responses as histograms, which the dashboard's streaming panels read."""
-    paced = (
-        "  config: {parameters: {token_ms: {string_value: '50'}}}\n"
-        "  servingProbes: {interval: 1s}\n"
-    )
-    manifests.write("gen.yaml", _gen(1, paced))
-    manifests.commit("gen 1, probed every second")
-    service = service_process(manifests.url, tmp_path / "service", ("--watch-interval", "1"))
-    service.start()
+    service = _probed_every_second(manifests, tmp_path, "", token_ms=50)
     labels = '{model="gen",server="a",version="1"}'
     first, gap = (
         "triton_gitops_probe_first_response_seconds",
         "triton_gitops_probe_response_gap_seconds",
     )
+
+    def said() -> str:
+        series = {k: v for k, v in service.metrics().items() if "probe" in k}
+        return f"its probe series: {series}; its log: {service.events()[-6:]}"
+
     try:
-        try:
-            wait_until(
-                lambda: service.metrics().get(f"{first}_count{labels}", 0) >= 3,
-                30,
-                "three probe streams to gen 1 on the service's /metrics",
-            )
-        except AssertionError as exc:
-            series = {k: v for k, v in service.metrics().items() if "probe" in k}
-            said = service.events()[-6:]
-            raise AssertionError(f"{exc}; its probe series: {series}; its log: {said}") from exc
+        wait_until(
+            lambda: service.metrics().get(f"{first}_count{labels}", 0) >= 3,
+            30,
+            "three probe streams to gen 1 on the service's /metrics",
+            explain=said,
+        )
         metrics = service.metrics()
     finally:
         service.stop()
@@ -461,6 +470,33 @@ def test_the_probe_streams_between_rollouts_give_each_version_its_stream_timings
     assert 0 < mean_first < 0.5, f"time to the first response out of range: {mean_first}"
     print(f"probe streams: {streams:g}, first response {mean_first * 1e3:.1f} ms, gap "
           f"{mean_gap * 1e3:.1f} ms")  # fmt: skip
+
+
+def test_a_probe_between_rollouts_gives_a_stream_its_smoke_cases_deadline(
+    generator_server: LocalTriton, manifests: ManifestRepo, reconciler: Reconciler, tmp_path: Path
+) -> None:
+    """A stream that takes about 3 s (5 tokens 600 ms apart), within its smoke case's 10 s
+    deadline: the probes between rollouts ask it within that deadline too. They used to
+    give every probe servingProbes.timeout (2 s): the version failed three probes in a row,
+    was taken out of service and reloaded in place, again and again."""
+    service = _probed_every_second(manifests, tmp_path, SMOKE, token_ms=600)
+    streams = 'triton_gitops_probe_first_response_seconds_count{model="gen",server="a",version="1"}'
+
+    def stopped() -> list[dict[str, object]]:
+        return [e for e in service.events() if "stopped answering" in str(e.get("message"))]
+
+    try:
+        wait_until(
+            lambda: service.metrics().get(streams, 0) >= 3 or bool(stopped()),
+            45,
+            "three probe streams to gen 1, or gen 1 taken out",
+            explain=lambda: f"its log: {service.events()[-8:]}",
+        )
+        status, body = service.get("/serving/a")
+        assert not stopped(), f"gen 1 taken out by its probes: {stopped()}"
+        assert status == 200, body
+    finally:
+        service.stop()
 
 
 LLM_VERIFY = (

@@ -5,6 +5,7 @@ given as the watch hands them over; test_serving_truth.py (integration) reads a 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -12,13 +13,14 @@ from typing import ClassVar
 
 import pytest
 
+from reconciler.core.exchange import Reply
 from reconciler.core.serving_truth import ServingTruth
 from reconciler.model.errors import VerifyFailed
 from reconciler.model.history import AlertEvent
 from reconciler.model.plan import Action, Plan, Step
 from reconciler.model.reports import PassReport
 from reconciler.model.serving import ModelInterface, ModelState, ServerState, TensorSignature
-from reconciler.model.spec import ModelDeployment, SmokeCase, Tensor
+from reconciler.model.spec import ModelDeployment, SmokeCase, StreamExpectation, Tensor
 from reconciler.model.spec import ServingProbes as Spec
 from reconciler.service import serving_probes
 from reconciler.service.connections import ServerConnections
@@ -152,6 +154,119 @@ def test_probes_take_a_stopped_version_out_unless_its_deployment_opts_out(
             assert probes.reloads_wanted(report) == {("edge-a", "counter"): {1: ANY_ERROR}}
         else:
             assert probes.out_of_service(report) == {} and probes.reloads_wanted(report) == {}
+
+
+class Timed(DeadStub):
+    """A Triton client whose versions answer every probe; it records the deadline (and,
+    for a stream, the cap on responses) each probe was sent with."""
+
+    config: ClassVar[dict[str, object] | None] = None
+    sent: ClassVar[list[tuple[float | None, int | None]]] = []
+
+    def observe(self, models: Iterable[str]) -> ServerState:
+        return ServerState(
+            "edge-a", {model: ModelState(model, loaded_config=Timed.config) for model in models}
+        )
+
+    def infer(self, model: str, version: int, *args: object) -> dict[str, object]:
+        Timed.sent.append((args[2], None))  # inputs, outputs, timeout
+        return {}
+
+    def stream(
+        self,
+        model: str,
+        version: int,
+        inputs: object,
+        outputs: object,
+        timeout: float | None,
+        max_responses: int,
+    ) -> Reply:
+        Timed.sent.append((timeout, max_responses))
+        return Reply((), (), streamed=True)
+
+
+DECOUPLED = {"model_transaction_policy": {"decoupled": True}}
+
+
+@pytest.mark.parametrize(
+    ("smoke", "config", "sent"),
+    [
+        # The probe is the case the version must answer: its own time, not the probes' 2 s
+        # (a model slow by design, given 20 s, was taken out and reloaded every 30 s).
+        ((replace(CASE, timeout=20.0),), None, (20.0, None)),
+        ((replace(CASE, stream=StreamExpectation(deadline=45.0, cap=64)),), DECOUPLED, (45.0, 64)),
+        # A case without a time of its own, or no case (a request made up from the inputs):
+        # the probes' own timeout.
+        ((CASE,), None, (2.0, None)),
+        ((), None, (2.0, None)),
+    ],
+    ids=["case-timeout", "stream-deadline", "case", "synthesized"],
+)
+def test_a_probe_is_sent_with_its_smoke_cases_own_time_else_the_probes_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+    smoke: tuple[SmokeCase, ...],
+    config: dict[str, object] | None,
+    sent: tuple[float | None, int | None],
+) -> None:
+    monkeypatch.setattr(serving_probes, "watch_client", Timed)
+    monkeypatch.setattr(Timed, "config", config)
+    monkeypatch.setattr(Timed, "sent", [])
+    deployment = ModelDeployment("counter", "counter", (1,), smoke=smoke)
+    assert deployment.serving_probes.timeout == 2.0
+    report = replace(REPORT, placed={("edge-a", "counter"): deployment})
+    ServingProbes(clock=lambda: 1000.0).round(report, SERVING)
+    assert Timed.sent == [sent]
+
+
+class Hanging(DeadStub):
+    """A dead stub whose every answer waits until ``released`` is set (a stub that hangs
+    before it fails), and that can end a pass while a probe is out (``during``)."""
+
+    released = threading.Event()
+    during: ClassVar[Callable[[], None]] = staticmethod(lambda: None)
+
+    def infer(self, model: str, version: int, *args: object) -> dict[str, object]:
+        Hanging.during()
+        assert Hanging.released.wait(10), "never released"
+        return super().infer(model, version, *args)
+
+
+def test_a_round_of_probes_runs_aside_and_says_when_it_took_a_version_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(serving_probes, "watch_client", Hanging)
+    monkeypatch.setattr(Hanging, "released", threading.Event())
+    deployment = ModelDeployment("counter", "counter", (1,), smoke=(CASE,),
+                                 serving_probes=Spec(failures=1))  # fmt: skip
+    report = replace(REPORT, placed={("edge-a", "counter"): deployment})
+    found: list[str] = []
+    probes = ServingProbes(clock=lambda: 1000.0)
+    assert probes.round_aside(report, SERVING, lambda: found.append("found"))
+    # The probe hangs: the watch's round goes on, and the next one does not start another.
+    assert not probes.round_aside(report, SERVING, lambda: found.append("again"))
+    assert probes.out_of_service(report) == {} and found == []
+    Hanging.released.set()
+    probes.wait_aside(10)
+    assert found == ["found"], found
+    assert list(probes.out_of_service(report)) == [("edge-a", "counter")]
+
+
+def test_a_probe_out_when_a_pass_ended_is_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(serving_probes, "watch_client", Hanging)
+    monkeypatch.setattr(Hanging, "released", threading.Event())
+    Hanging.released.set()
+    deployment = ModelDeployment("counter", "counter", (1,), smoke=(CASE,),
+                                 serving_probes=Spec(failures=1))  # fmt: skip
+    report = replace(REPORT, placed={("edge-a", "counter"): deployment})
+    probes = ServingProbes(clock=lambda: 1000.0)
+    # The pass may have reloaded or unloaded the version the probe asked: its failure says
+    # nothing of the version serving now.
+    monkeypatch.setattr(Hanging, "during", staticmethod(lambda: probes.reloaded(report)))
+    probes.round(report, SERVING)
+    assert probes.out_of_service(report) == {} and probes.reloads_wanted(report) == {}
+    monkeypatch.setattr(Hanging, "during", staticmethod(lambda: None))
+    probes.round(report, {"edge-a": {"counter": frozenset({1})}})
+    assert probes.reloads_wanted(report) == {("edge-a", "counter"): {1: ANY_ERROR}}
 
 
 class Sent:
