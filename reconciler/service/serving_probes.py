@@ -9,8 +9,10 @@ probe on), else a request synthesized from the version's inputs (any answer pass
 only once the version has answered one, as a model may reject zeros); it is pinned to the
 version, with the case's own time (``timeout``, a stream's ``deadline``) where it has one,
 else the deployment's ``servingProbes.timeout``. A server that does not answer at all is the
-backoff's business, not the version's: its probes are not counted. Run from the watch
-(``Daemon.watch``), never during a pass. A probe stream to a streaming model gives its
+backoff's business, not the version's: its probes are not counted. Started by the watch
+(``Daemon.watch``), never during a pass, in a thread of their own (``round_aside``): a round
+begun before a pass may run into it, and a probe still out when the pass ends is not
+counted. A probe stream to a streaming model gives its
 version's time to the first response and between responses to ``ReconcilerMetrics``
 (``triton_gitops_probe_first_response_seconds``, ``..._response_gap_seconds``).
 """
