@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from reconciler.core.plan.planner import plan
 from reconciler.core.records import alerts_from, holds_from
 from reconciler.engine.apply import apply
+from reconciler.engine.change import ANSWER_AGAIN_WITHIN
 from reconciler.engine.context import Timing
 from reconciler.loop.records import expected_serving
 from reconciler.model.errors import LoadFailed
@@ -333,37 +335,50 @@ def test_a_version_unloaded_by_another_caller_during_its_verify_is_put_back_not_
 
 
 class DropsTheVerifysFirstCall(MeddledBeforeVerify):
-    """A connection that drops once, on the verify's first call; the server keeps what it
-    loaded and answers again (``gone``: it stays unreachable)."""
+    """A connection that drops on the verify's first call; the server keeps what it loaded.
+    The next ``down_for`` calls fail too (a gRPC channel reconnecting after its backoff),
+    then it answers again; ``None``: it stays unreachable."""
 
-    def __init__(self, gone: bool) -> None:
+    def __init__(self, down_for: int | None) -> None:
         super().__init__()
-        self.gone = gone
+        self.down_for = down_for
+        self._failing: float = 0
 
     def meddle(self, model: str) -> ModelState:
         self.unreachable = True
-        try:
-            return super().model_state(model)
-        finally:
-            self.unreachable = self.gone
+        self._failing = math.inf if self.down_for is None else self.down_for
+        return super().model_state(model)  # the verify's call: raises
+
+    def model_state(self, model: str) -> ModelState:
+        if self.unreachable and not self._due:
+            if self._failing == 0:
+                self.unreachable = False
+            else:
+                self._failing -= 1
+        return super().model_state(model)
 
 
-@pytest.mark.parametrize("gone", [False, True])
-def test_a_verify_that_lost_the_server_puts_back_once_it_answers_again(gone: bool) -> None:
-    fake = DropsTheVerifysFirstCall(gone)
+@pytest.mark.parametrize("down_for", [0, 3, None], ids=["answers-at-once", "after-3", "gone"])
+def test_a_verify_that_lost_the_server_puts_back_once_it_answers_again(
+    down_for: int | None,
+) -> None:
+    fake = DropsTheVerifysFirstCall(down_for)
     desired = desired_state(deploy("m", [2]))
     p = plan_for(desired, {"s1": fake})
+    clock = FakeClock()
 
-    result = run(p, {"s1": fake}, FakeClock())
+    result = run(p, {"s1": fake}, clock)
 
     change = only(result)
     assert change.failure is FailureKind.SERVER_LOST, change.error
     assert holds_from(result, desired, History()) == ()  # transient either way
     (alert,) = alerts_from(result, "hold")
     assert alert.severity == "warning", alert
-    if gone:
-        # Nothing can be put back; the next pass verifies 2 first (test_loop.py).
+    if down_for is None:
+        # Nothing can be put back; the next pass verifies 2 first (test_loop.py). It was
+        # asked for ANSWER_AGAIN_WITHIN, a quarter second apart.
         assert (change.outcome, change.revert) == (Outcome.FAILED, ())
+        assert clock.now - clock.start == pytest.approx(ANSWER_AGAIN_WITHIN), clock.sleeps
         fake.unreachable = False
         assert fake.ready("m") == {1, 2}
     else:

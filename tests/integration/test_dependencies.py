@@ -15,7 +15,6 @@ test_force_push_is_refused_until_accepted).
 
 from __future__ import annotations
 
-import contextlib
 import re
 import socket
 import subprocess
@@ -41,6 +40,7 @@ from testkit.local_triton import LocalTriton, end_process_group, free_port
 from testkit.manifests import ManifestRepo, deployment_doc, server_doc
 from testkit.service_process import wait_until
 from testkit.services import Alertmanager, Prometheus
+from testkit.tcp_proxy import TcpProxy
 from tests.integration.flows import ready_versions
 from tests.integration.test_analysis import analysed, wait_for_series
 from tests.services import StartPrometheus
@@ -411,60 +411,15 @@ def test_alerts_wait_in_the_state_store_until_alertmanager_returns(
 # -- a Git remote that stalls -----------------------------------------------------------------
 
 
-class StallingProxy:
-    """A TCP proxy to ``target``; while ``stalled`` is set it accepts and then says nothing."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.stalled = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._held: list[socket.socket] = []
-        self._closing = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self.stalled.is_set():
-                self._held.append(client)  # never answered
-                continue
-            upstream = socket.create_connection(self.target)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while data := source.recv(65536):
-                sink.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for end in (source, sink):
-                with contextlib.suppress(OSError):
-                    end.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self._closing.set()
-        self._listener.close()
-        for held in self._held:
-            held.close()
-
-
 @pytest.fixture
-def git_daemon(manifests: ManifestRepo) -> Iterator[StallingProxy]:
-    """``git daemon`` serving the manifests' bare remote, behind a StallingProxy."""
+def git_daemon(manifests: ManifestRepo) -> Iterator[TcpProxy]:
+    """``git daemon`` serving the manifests' bare remote, behind a proxy that can stall."""
     port = free_port()
     process = subprocess.Popen(
         ["git", "daemon", "--export-all", "--reuseaddr", "--listen=127.0.0.1",
          f"--port={port}", f"--base-path={manifests.bare.parent}", str(manifests.bare.parent)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    proxy = StallingProxy(("127.0.0.1", port))
     try:
 
         def answers() -> bool:
@@ -472,15 +427,15 @@ def git_daemon(manifests: ManifestRepo) -> Iterator[StallingProxy]:
                 return True
 
         wait_until(answers, 30, "git daemon listens")
-        yield proxy
+        with TcpProxy(f"127.0.0.1:{port}") as proxy:
+            yield proxy
     finally:
-        proxy.close()
         end_process_group(process, 10)
 
 
 def test_a_stalling_git_remote_times_out_with_its_name_and_recovers(
     manifests: ManifestRepo,
-    git_daemon: StallingProxy,
+    git_daemon: TcpProxy,
     triton: LocalTriton,
     model_repository: Path,
     tmp_path: Path,

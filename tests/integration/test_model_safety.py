@@ -3,6 +3,7 @@ memory headroom, interface changes and tampered artifacts."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import threading
@@ -13,11 +14,19 @@ from typing import Any
 
 import pytest
 import tritonclient.grpc as triton_grpc
+from tritonclient.utils import InferenceServerException
 
 from testkit.cli_run import Reconciler, cli
 from testkit.loadgen import WITNESS_PAUSE, LoadGenerator, SequenceClient
 from testkit.local_triton import LocalTriton
-from testkit.manifests import ManifestRepo, deployment_doc, server_doc, write_model_repository
+from testkit.manifests import (
+    ManifestRepo,
+    deployment_doc,
+    echo_smoke_case,
+    server_doc,
+    write_model_repository,
+)
+from testkit.tcp_proxy import TcpProxy
 from tests.integration.flows import ready_versions
 
 
@@ -389,6 +398,73 @@ def test_a_version_that_hangs_past_the_call_timeout_is_put_back_and_held(
     slow = reconciler.apply("--call-timeout", "2", "--output", "json")
     assert slow.code == 0, slow.explain()
     assert ready_versions(triton, "echo") == {2}
+
+
+def test_a_verify_cut_by_a_network_drop_puts_the_old_version_back_and_holds_nothing(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """The reconciler reaches Triton through a TCP proxy. Version 2 answers 1.5 s late and
+    its verify asks it three times; once Triton has it READY, every connection through the
+    proxy is cut, inside the verify. The server answers again at once (a new connection):
+    the old version is put back in the same pass, not held, and the next apply promotes 2
+    after a verify of its own. Before (fixes of 9c08889 and b371a85, tested with fakes
+    then): the pass failed server-lost and left 2 loaded beside 1, and the next one dropped
+    1 without verifying 2."""
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    late = "  config: {parameters: {delay_ms: {string_value: '2:1500'}}}\n"
+    cases = "".join(echo_smoke_case(name, 2) + "\n" for name in ("first", "second", "third"))
+    verify = "  verify:\n    smoke:\n" + cases
+    with TcpProxy(triton.grpc_address) as proxy:
+        manifests.write(
+            "servers.yaml", server_doc("edge-a", proxy.address, model_repository, "{pool: edge}")
+        )
+        manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=late))
+        manifests.commit("echo 1")
+        assert reconciler.apply().code == 0
+        manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], extra=verify + late))
+        manifests.commit("echo 2, asked three times")
+        cut: list[int] = []
+
+        def answered_by_2() -> int:
+            with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+                stats = client.get_inference_statistics("echo", "2", as_json=True)
+            return int(stats["model_stats"][0].get("inference_count", 0))
+
+        def cut_inside_the_verify() -> None:
+            # Once version 2 has answered the first case, the verify asks the second (1.5 s):
+            # half a second on, the cut lands inside that call. (At once, it can land before
+            # the call is sent, and gRPC sends it on a new connection: one run of ten here.)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with contextlib.suppress(InferenceServerException):
+                    if answered_by_2() >= 1:
+                        break
+                time.sleep(0.02)
+            time.sleep(0.5)
+            cut.append(proxy.cut())
+
+        cutter = threading.Thread(target=cut_inside_the_verify)
+        cutter.start()
+        dropped = reconciler.apply("--output", "json")
+        cutter.join()
+        why = dropped.explain()
+        assert cut and cut[0] >= 1, f"no connection to cut: {cut}; {why}"
+        assert dropped.code == 1, why
+        (change,) = dropped.json()["result"]["changes"]
+        # The server lost inside the verify (the version not blamed), then put back.
+        assert change["outcome"] == "reverted", why
+        assert "did not answer (inferring echo version 2)" in change["error"], why
+        assert [(r["action"], r["versions"], r["ok"]) for r in change["revert"]] == [
+            ("load", [1], True),
+            ("verify", [1], True),
+        ], why
+        assert ready_versions(triton, "echo") == {1}, why  # put back in the same pass
+
+        again = reconciler.apply("--output", "json")
+        assert again.code == 0, again.explain()
+        (change,) = again.json()["result"]["changes"]
+        assert change["outcome"] == "converged", again.explain()  # not held: verified, then 2
+        assert ready_versions(triton, "echo") == {2}
 
 
 def test_a_renamed_output_is_refused_before_anything_is_loaded_unless_allowed(
