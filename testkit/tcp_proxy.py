@@ -13,9 +13,10 @@ from types import TracebackType
 
 
 class TcpProxy:
-    def __init__(self, upstream: str, host: str = "127.0.0.1") -> None:
+    def __init__(self, upstream: str, host: str = "127.0.0.1", port: int = 0) -> None:
         self.upstream = upstream  # host:port
-        self._listener = socket.create_server((host, 0))  # a free port, no race for it
+        # Port 0: a free one, no race for it; a given port: a proxy back where one went away.
+        self._listener = socket.create_server((host, port))
         self.port = int(self._listener.getsockname()[1])
         self.address = f"{host}:{self.port}"
         self.stalled = threading.Event()
@@ -31,9 +32,17 @@ class TcpProxy:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        self.go_away()
+        self._accepting.join(5)
+
+    def go_away(self) -> None:
+        """Stop listening (a new connection is refused) and cut every open one: the server
+        gone, as far as its clients can tell."""
+        # shutdown wakes the thread blocked in accept(); close alone does not (5 s lost).
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
         self._listener.close()
         self.cut()
-        self._accepting.join(5)
 
     def cut(self) -> int:
         """Close every connection open through the proxy (both sides); how many."""

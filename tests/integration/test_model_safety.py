@@ -8,7 +8,7 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ import pytest
 import tritonclient.grpc as triton_grpc
 from tritonclient.utils import InferenceServerException
 
-from testkit.cli_run import Reconciler, cli
+from testkit.cli_run import CliRun, Reconciler, cli
 from testkit.loadgen import WITNESS_PAUSE, LoadGenerator, SequenceClient
 from testkit.local_triton import LocalTriton
 from testkit.manifests import (
@@ -400,55 +400,69 @@ def test_a_version_that_hangs_past_the_call_timeout_is_put_back_and_held(
     assert ready_versions(triton, "echo") == {2}
 
 
-def test_a_verify_cut_by_a_network_drop_puts_the_old_version_back_and_holds_nothing(
-    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
-) -> None:
-    """The reconciler reaches Triton through a TCP proxy. Version 2 answers 1.5 s late and
-    its verify asks it three times; once Triton has it READY, every connection through the
-    proxy is cut, inside the verify. The server answers again at once (a new connection):
-    the old version is put back in the same pass, not held, and the next apply promotes 2
-    after a verify of its own. Before (fixes of 9c08889 and b371a85, tested with fakes
-    then): the pass failed server-lost and left 2 loaded beside 1, and the next one dropped
-    1 without verifying 2."""
-    reconciler = Reconciler(manifests.url, tmp_path / "r")
+def _verify_cut(
+    manifests: ManifestRepo,
+    triton: LocalTriton,
+    model_repository: Path,
+    reconciler: Reconciler,
+    proxy: TcpProxy,
+    cut: Callable[[], object],
+) -> CliRun:
+    """echo 1 applied with edge-a reached through ``proxy``; then the apply of echo 2, which
+    answers 1.5 s late and whose verify asks it three times, with ``cut`` called inside
+    that verify. Before (fixes of 9c08889 and b371a85, tested with fakes then), a verify
+    that lost its server left 2 loaded beside 1 (a client that names no version got it),
+    and the next pass dropped 1 without verifying 2."""
     late = "  config: {parameters: {delay_ms: {string_value: '2:1500'}}}\n"
     cases = "".join(echo_smoke_case(name, 2) + "\n" for name in ("first", "second", "third"))
     verify = "  verify:\n    smoke:\n" + cases
+    manifests.write(
+        "servers.yaml", server_doc("edge-a", proxy.address, model_repository, "{pool: edge}")
+    )
+    manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=late))
+    manifests.commit("echo 1")
+    assert reconciler.apply().code == 0
+    manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], extra=verify + late))
+    manifests.commit("echo 2, asked three times")
+    done: list[float] = []
+
+    def answered_by_2() -> int:
+        with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
+            stats = client.get_inference_statistics("echo", "2", as_json=True)
+        return int(stats["model_stats"][0].get("inference_count", 0))
+
+    def cut_inside_the_verify() -> None:
+        # Once version 2 has answered the first case, the verify asks the second (1.5 s):
+        # half a second on, the cut lands inside that call. (At once, it can land before
+        # the call is sent, and gRPC sends it on a new connection: one run of ten here.)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(InferenceServerException):
+                if answered_by_2() >= 1:
+                    break
+            time.sleep(0.02)
+        time.sleep(0.5)
+        cut()
+        done.append(time.monotonic())
+
+    cutter = threading.Thread(target=cut_inside_the_verify)
+    cutter.start()
+    dropped = reconciler.apply("--output", "json")
+    cutter.join()
+    assert done and proxy.cuts >= 1, f"no connection was cut: {dropped.explain()}"
+    return dropped
+
+
+def test_a_verify_cut_by_a_network_drop_puts_the_old_version_back_and_holds_nothing(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """Every connection through the proxy is cut inside the verify, and the server answers
+    again at once (a new connection): the old version is put back in the same pass, not
+    held, and the next apply promotes 2 after a verify of its own."""
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
     with TcpProxy(triton.grpc_address) as proxy:
-        manifests.write(
-            "servers.yaml", server_doc("edge-a", proxy.address, model_repository, "{pool: edge}")
-        )
-        manifests.write("echo.yaml", deployment_doc("echo", [1], ["edge-a"], extra=late))
-        manifests.commit("echo 1")
-        assert reconciler.apply().code == 0
-        manifests.write("echo.yaml", deployment_doc("echo", [2], ["edge-a"], extra=verify + late))
-        manifests.commit("echo 2, asked three times")
-        cut: list[int] = []
-
-        def answered_by_2() -> int:
-            with triton_grpc.InferenceServerClient(triton.grpc_address) as client:
-                stats = client.get_inference_statistics("echo", "2", as_json=True)
-            return int(stats["model_stats"][0].get("inference_count", 0))
-
-        def cut_inside_the_verify() -> None:
-            # Once version 2 has answered the first case, the verify asks the second (1.5 s):
-            # half a second on, the cut lands inside that call. (At once, it can land before
-            # the call is sent, and gRPC sends it on a new connection: one run of ten here.)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                with contextlib.suppress(InferenceServerException):
-                    if answered_by_2() >= 1:
-                        break
-                time.sleep(0.02)
-            time.sleep(0.5)
-            cut.append(proxy.cut())
-
-        cutter = threading.Thread(target=cut_inside_the_verify)
-        cutter.start()
-        dropped = reconciler.apply("--output", "json")
-        cutter.join()
+        dropped = _verify_cut(manifests, triton, model_repository, reconciler, proxy, proxy.cut)
         why = dropped.explain()
-        assert cut and cut[0] >= 1, f"no connection to cut: {cut}; {why}"
         assert dropped.code == 1, why
         (change,) = dropped.json()["result"]["changes"]
         # The server lost inside the verify (the version not blamed), then put back.
@@ -465,6 +479,34 @@ def test_a_verify_cut_by_a_network_drop_puts_the_old_version_back_and_holds_noth
         (change,) = again.json()["result"]["changes"]
         assert change["outcome"] == "converged", again.explain()  # not held: verified, then 2
         assert ready_versions(triton, "echo") == {2}
+
+
+def test_a_verify_whose_server_stays_gone_leaves_the_next_pass_to_verify_first(
+    manifests: ManifestRepo, triton: LocalTriton, model_repository: Path, tmp_path: Path
+) -> None:
+    """The proxy goes away inside the verify (connections cut, new ones refused) and does
+    not come back within the 2 s the pass asks for: nothing can be put back, nothing is
+    held, and version 2 stays loaded beside 1. Once the server is reachable again, the next
+    apply verifies 2 before it drops 1."""
+    reconciler = Reconciler(manifests.url, tmp_path / "r")
+    with TcpProxy(triton.grpc_address) as proxy:
+        dropped = _verify_cut(manifests, triton, model_repository, reconciler, proxy, proxy.go_away)
+    why = dropped.explain()
+    assert dropped.code == 1, why
+    (change,) = dropped.json()["result"]["changes"]
+    assert (change["outcome"], change["revert"]) == ("failed", []), why
+    assert "did not answer (inferring echo version 2)" in change["error"], why
+    assert ready_versions(triton, "echo") == {1, 2}, why  # 2 stays, unverified
+
+    with TcpProxy(triton.grpc_address, port=proxy.port):  # the server reachable again
+        again = reconciler.apply("--output", "json")
+    why = again.explain()
+    assert again.code == 0, why
+    (change,) = again.json()["result"]["changes"]
+    assert change["outcome"] == "converged", why
+    steps = [(r["action"], r["versions"]) for r in change["steps"]]
+    assert steps[:2] == [("load", [1, 2]), ("verify", [2])], why  # verified before 1 goes
+    assert ready_versions(triton, "echo") == {2}
 
 
 def test_a_renamed_output_is_refused_before_anything_is_loaded_unless_allowed(
