@@ -12,8 +12,8 @@ else the deployment's ``servingProbes.timeout``. A server that does not answer a
 backoff's business, not the version's: its probes are not counted. Started by the watch
 (``Daemon.watch``), never during a pass, in a thread of their own (``round_aside``): a round
 begun before a pass may run into it, and a probe still out when the pass ends is not
-counted. A probe stream to a streaming model gives its
-version's time to the first response and between responses to ``ReconcilerMetrics``
+counted. A probe stream to a streaming model gives its version's time to the first
+response and between responses to ``ReconcilerMetrics``
 (``triton_gitops_probe_first_response_seconds``, ``..._response_gap_seconds``).
 """
 

@@ -231,14 +231,19 @@ class Hanging(DeadStub):
         return super().infer(model, version, *args)
 
 
+def _out_at_one_failure() -> PassReport:
+    """The pass that placed counter, whose smoke case's first failure takes it out."""
+    deployment = ModelDeployment("counter", "counter", (1,), smoke=(CASE,),
+                                 serving_probes=Spec(failures=1))  # fmt: skip
+    return replace(REPORT, placed={("edge-a", "counter"): deployment})
+
+
 def test_a_round_of_probes_runs_aside_and_says_when_it_took_a_version_out(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(serving_probes, "watch_client", Hanging)
     monkeypatch.setattr(Hanging, "released", threading.Event())
-    deployment = ModelDeployment("counter", "counter", (1,), smoke=(CASE,),
-                                 serving_probes=Spec(failures=1))  # fmt: skip
-    report = replace(REPORT, placed={("edge-a", "counter"): deployment})
+    report = _out_at_one_failure()
     found: list[str] = []
     probes = ServingProbes(clock=lambda: 1000.0)
     assert probes.round_aside(report, SERVING, lambda: found.append("found"))
@@ -255,9 +260,7 @@ def test_a_probe_out_when_a_pass_ended_is_not_counted(monkeypatch: pytest.Monkey
     monkeypatch.setattr(serving_probes, "watch_client", Hanging)
     monkeypatch.setattr(Hanging, "released", threading.Event())
     Hanging.released.set()
-    deployment = ModelDeployment("counter", "counter", (1,), smoke=(CASE,),
-                                 serving_probes=Spec(failures=1))  # fmt: skip
-    report = replace(REPORT, placed={("edge-a", "counter"): deployment})
+    report = _out_at_one_failure()
     probes = ServingProbes(clock=lambda: 1000.0)
     # The pass may have reloaded or unloaded the version the probe asked: its failure says
     # nothing of the version serving now.
@@ -265,7 +268,7 @@ def test_a_probe_out_when_a_pass_ended_is_not_counted(monkeypatch: pytest.Monkey
     probes.round(report, SERVING)
     assert probes.out_of_service(report) == {} and probes.reloads_wanted(report) == {}
     monkeypatch.setattr(Hanging, "during", staticmethod(lambda: None))
-    probes.round(report, {"edge-a": {"counter": frozenset({1})}})
+    probes.round(report, SERVING)
     assert probes.reloads_wanted(report) == {("edge-a", "counter"): {1: ANY_ERROR}}
 
 

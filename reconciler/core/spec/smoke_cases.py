@@ -35,7 +35,7 @@ def smoke_cases(
     relate the two)."""
     smoke: list[SmokeCase] = []
     for index, case in enumerate(verify.get("smoke", [])):
-        path: JsonPath = ("spec", "verify", "smoke", index)
+        path: JsonPath = (*VERIFY, "smoke", index)
         inputs = []
         for name, tensor in case["inputs"].items():
             data = flat(tensor["data"])
